@@ -1,0 +1,7 @@
+"""tank_log: file-level reader and writer for the on-disk data of the TANK broker.
+
+The format reference is TANK_FORMAT.md (shared with the project); modules cite its sections.
+This package never imports Spark.
+"""
+
+__version__ = "0.1.0"

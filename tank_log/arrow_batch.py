@@ -1,0 +1,49 @@
+"""Decoded message columns → `pyarrow.RecordBatch`, without a Python object per message.
+
+Keys and values sit interleaved with message headers in the decoded buffer. We view the buffer as one binary
+array whose elements alternate value / gap (offsets = start0, end0, start1, end1, ...) and `take` the even
+elements: Arrow copies the bytes in C++.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from .decode import MessageColumns
+
+SCHEMA = pa.schema(
+    [
+        pa.field("seq", pa.uint64(), nullable=False),
+        pa.field("ts", pa.uint64(), nullable=False),  # producer timestamp, ms by convention (TANK_FORMAT.md §3.7)
+        pa.field("key", pa.binary()),  # null = no key
+        pa.field("value", pa.binary(), nullable=False),
+    ]
+)
+
+
+def _gather(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    n = len(off)
+    if n == 0:
+        return pa.array([], pa.binary())
+    bounds = np.empty(2 * n, dtype=np.int64)
+    bounds[0::2] = off
+    bounds[1::2] = off + length
+    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), data])
+    picks = np.arange(0, 2 * n, 2, dtype=np.int64)
+    idx = pa.array(picks, mask=None if valid is None else ~valid)
+    return spans.take(idx).cast(pa.binary())
+
+
+def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> pa.RecordBatch:
+    """Build a batch of SCHEMA from decoded columns; `select` is an optional boolean row mask."""
+    seq, ts, koff, klen, voff, vlen = cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len
+    if select is not None:
+        seq, ts, koff, klen, voff, vlen = (a[select] for a in (seq, ts, koff, klen, voff, vlen))
+    has_key = koff >= 0
+    # a missing key gets a zero-length span at its value's start, keeping the offsets monotonic
+    koff = np.where(has_key, koff, voff)
+    data = pa.py_buffer(cols.data)
+    keys = _gather(data, koff, klen, has_key)
+    values = _gather(data, voff, vlen)
+    return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=SCHEMA)

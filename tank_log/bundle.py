@@ -1,0 +1,239 @@
+"""Bundle header and message encoding (TANK_FORMAT.md §3.3–§3.7).
+
+Decoding of whole files lives in `decode.py` (vectorised); this module holds the scalar header parser and the
+encoder used by writers. Encoders follow the broker's conventions exactly so that re-encoding decoded bundles with
+the same choices (codec, sparse, count form) reproduces the original bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+from . import snappy_codec
+from .errors import TankFormatError
+from .varint import U32_MAX, decode_varint, encode_varint
+
+# bundle flags (§3.3)
+CODEC_MASK = 0x03
+SPARSE = 0x40
+RESERVED = 0x80
+# message flags (§3.5)
+HAVE_KEY = 0x01
+USE_LAST_TS = 0x02
+SEQ_PREV_PLUS_ONE = 0x04
+
+MAX_KEY_LEN = 255
+_U64 = struct.Struct("<Q")
+
+
+class Codec(IntEnum):
+    NONE = 0
+    SNAPPY = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message. `key` None (or b"") means no key; `ts` is the producer's u64 (ms by convention, §3.7)."""
+
+    seq: int
+    ts: int
+    key: bytes | None
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BundleHeader:
+    """A parsed bundle header. `offset` is where the length varint starts; `size` covers varint + bundle."""
+
+    offset: int
+    size: int
+    flags: int
+    count: int
+    first_seq: int
+    last_seq: int
+    set_offset: int  # where the (possibly compressed) message set starts
+    varint_count: bool
+
+    @property
+    def codec(self) -> int:
+        return self.flags & CODEC_MASK
+
+    @property
+    def sparse(self) -> bool:
+        return bool(self.flags & SPARSE)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+def parse_bundle_header(buf, pos: int, end: int, next_seq: int) -> BundleHeader:
+    """Parse the framed bundle at `pos` (its length varint); `next_seq` is the running counter of §3.6.
+
+    Raises TankFormatError (offset relative to `buf`) for anything the broker's writers never produce: zero length,
+    overrun, bit 7, codec 2/3, count 0, sparse first 0 or going backwards.
+    """
+    blen, hp = decode_varint(buf, pos, end)
+    if blen == 0:
+        raise TankFormatError("zero-length bundle", offset=pos)
+    bend = hp + blen
+    if bend > end:
+        raise TankFormatError(f"bundle of {blen} bytes runs past the end of the data", offset=pos)
+    flags = buf[hp]
+    if flags & RESERVED:
+        raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
+    if flags & CODEC_MASK > 1:
+        raise TankFormatError(f"unsupported codec {flags & CODEC_MASK}", offset=pos)
+    count = (flags >> 2) & 0x0F
+    q = hp + 1
+    varint_count = count == 0
+    if varint_count:
+        count, q = _varint_in_bundle(buf, q, bend, pos)
+        if count == 0:
+            raise TankFormatError("bundle message count 0", offset=pos)
+    if flags & SPARSE:
+        if q + 8 > bend:
+            raise TankFormatError("sparse header runs past the end of the bundle", offset=pos)
+        first = _U64.unpack_from(buf, q)[0]
+        q += 8
+        if first == 0:
+            raise TankFormatError("sparse bundle with first sequence number 0", offset=pos)
+        if first < next_seq:
+            raise TankFormatError(
+                f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos)
+        if count != 1:
+            span, q = _varint_in_bundle(buf, q, bend, pos)
+            last = first + span + 1
+        else:
+            last = first
+    else:
+        first = next_seq
+        last = next_seq + count - 1
+    return BundleHeader(pos, bend - pos, flags, count, first, last, q, varint_count)
+
+
+def _varint_in_bundle(buf, q: int, bend: int, bundle_pos: int) -> tuple[int, int]:
+    try:
+        return decode_varint(buf, q, bend)
+    except TankFormatError as err:
+        raise TankFormatError(f"bad varint in bundle header: {err.message}", offset=bundle_pos) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# encoding
+
+
+class SnappyPolicy(Enum):
+    """When to Snappy-compress a message set (§3.4)."""
+
+    CLIENT = "client"  # TANK client: > 512 messages or Σ(key+value) > 1024 bytes, even if it grows
+    WHEN_SMALLER = "when_smaller"  # compaction: uncompressed set > 1024 bytes and the result strictly smaller
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+def is_contiguous(messages: Sequence[Message], expected_next: int) -> bool:
+    """True if the messages carry exactly expected_next, expected_next+1, ... (Appendix B: may be non-sparse)."""
+    return all(m.seq == expected_next + i for i, m in enumerate(messages))
+
+
+def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
+    """Encode messages per §3.5 with the writers' conventions (§3.6, §3.7)."""
+    out = bytearray()
+    n = len(messages)
+    prev_seq = prev_ts = None
+    for i, m in enumerate(messages):
+        flags = 0
+        key = m.key or b""
+        if len(key) > MAX_KEY_LEN:
+            raise ValueError(f"key of {len(key)} bytes exceeds {MAX_KEY_LEN}")
+        if key:
+            flags |= HAVE_KEY
+        if i and m.ts == prev_ts:
+            flags |= USE_LAST_TS
+        delta = None
+        if sparse and 0 < i < n - 1:
+            gap = m.seq - prev_seq - 1  # type: ignore[operator]
+            if gap < 0 or gap > U32_MAX:
+                raise ValueError(f"sequence numbers not strictly increasing or gap >= 2**32 at seq {m.seq}")
+            if gap == 0:
+                flags |= SEQ_PREV_PLUS_ONE
+            else:
+                delta = gap
+        out.append(flags)
+        if delta is not None:
+            out += encode_varint(delta)
+        if not flags & USE_LAST_TS:
+            out += _U64.pack(m.ts)
+        if key:
+            out.append(len(key))
+            out += key
+        out += encode_varint(len(m.value))
+        out += m.value
+        prev_seq, prev_ts = m.seq, m.ts
+    return bytes(out)
+
+
+def choose_codec(policy: SnappyPolicy, messages: Sequence[Message], message_set: bytes) -> tuple[Codec, bytes]:
+    """Apply a compression policy; return the codec and the bytes to store."""
+    if policy is SnappyPolicy.NEVER:
+        return Codec.NONE, message_set
+    if policy is SnappyPolicy.CLIENT:
+        payload = sum(len(m.key or b"") + len(m.value) for m in messages)
+        if len(messages) > 512 or payload > 1024:
+            return Codec.SNAPPY, snappy_codec.compress(message_set)
+        return Codec.NONE, message_set
+    if policy is SnappyPolicy.ALWAYS:
+        return Codec.SNAPPY, snappy_codec.compress(message_set)
+    if len(message_set) > 1024:
+        packed = snappy_codec.compress(message_set)
+        if len(packed) < len(message_set):
+            return Codec.SNAPPY, packed
+    return Codec.NONE, message_set
+
+
+def encode_bundle(
+    messages: Sequence[Message],
+    *,
+    sparse: bool,
+    codec: Codec | SnappyPolicy = Codec.NONE,
+    varint_count: bool | None = None,
+) -> bytes:
+    """Encode one bundle (without its length prefix; see `frame`).
+
+    `sparse`: write the sparse header (absolute first, last-first-1, §3.3). A non-sparse bundle is only valid when
+    its messages continue the running counter (§3.6) — the caller checks that (see `is_contiguous`).
+    `codec`: a fixed codec or a SnappyPolicy. `varint_count`: force the count into a varint even when < 16
+    (None = the writers' rule: 4-bit field iff count < 16).
+    """
+    count = len(messages)
+    if count == 0:
+        raise ValueError("a bundle needs at least one message")
+    first, last = messages[0].seq, messages[-1].seq
+    if first < 1 or last < first:
+        raise ValueError(f"invalid bundle sequence range {first}..{last}")
+    if sparse and count > 1 and last - first - 1 > U32_MAX:
+        raise ValueError("sparse bundle span exceeds the u32 varint")
+    message_set = encode_message_set(messages, sparse)
+    if isinstance(codec, SnappyPolicy):
+        codec, payload = choose_codec(codec, messages, message_set)
+    else:
+        payload = snappy_codec.compress(message_set) if codec == Codec.SNAPPY else message_set
+    use_varint = count >= 16 if varint_count is None else (varint_count or count >= 16)
+    flags = int(codec) | (0 if use_varint else count << 2) | (SPARSE if sparse else 0)
+    header = bytearray([flags])
+    if use_varint:
+        header += encode_varint(count)
+    if sparse:
+        header += _U64.pack(first)
+        if count != 1:
+            header += encode_varint(last - first - 1)
+    return bytes(header) + payload
+
+
+def frame(bundle: bytes) -> bytes:
+    """Prefix a bundle with its length varint (§3.1)."""
+    return encode_varint(len(bundle)) + bundle

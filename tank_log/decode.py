@@ -1,0 +1,354 @@
+"""Bulk decoding of segment bytes (TANK_FORMAT.md §3).
+
+Two stages:
+1. `walk_bundles` — a sequential pass over the framing (§3.1) and bundle headers (§3.3), deriving each bundle's
+   first/last sequence number (§3.6) and collecting its (decompressed, §3.4) message set into one buffer.
+2. `decode_messages` — decodes the messages (§3.5) of all collected bundles at once with numpy: every bundle is
+   advanced by one message per step ("lockstep"), so the Python cost is per step, not per message.
+
+All errors are TankFormatError with offsets relative to the walked buffer; callers add the file path/base offset.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import snappy_codec
+from .bundle import CODEC_MASK, RESERVED, SPARSE
+from .errors import TankFormatError
+from .varint import decode_varint
+
+_U64 = struct.Struct("<Q")
+U64_MAX = (1 << 64) - 1
+# Reads of one message step can run at most 1+5+8+1+255+5 bytes past a message set's end before the overrun check.
+_PAD = b"\0" * 512
+
+# stop reasons of walk_bundles
+COMPLETE = "complete"  # every byte consumed
+INCOMPLETE = "incomplete"  # the last bundle (or its length varint) continues past the buffer
+ZERO = "zero"  # a zero length varint: trailing zero bytes (torn tail) or corruption
+LIMIT = "limit"  # stopped early at max_bytes / stop_seq
+
+
+@dataclass
+class BundleTable:
+    """Headers of consecutive bundles plus, when collected, their decompressed message sets in `data`."""
+
+    offsets: list[int] = field(default_factory=list)  # buffer offset of each length varint
+    sizes: list[int] = field(default_factory=list)  # varint + bundle bytes
+    flags: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    firsts: list[int] = field(default_factory=list)
+    lasts: list[int] = field(default_factory=list)
+    set_offsets: list[int] = field(default_factory=list)  # buffer offset of the (compressed) message set
+    varint_counts: list[bool] = field(default_factory=list)
+    set_starts: list[int] = field(default_factory=list)  # position of each message set in `data`
+    set_ends: list[int] = field(default_factory=list)
+    data: bytes = b""
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+@dataclass
+class WalkResult:
+    table: BundleTable
+    stop: int  # buffer position where the walk stopped: end of the last complete bundle
+    next_seq: int  # running counter after the last complete bundle
+    reason: str
+    need: int = 0  # with INCOMPLETE: buffer position where the incomplete bundle would end (0 if unknown)
+
+
+def walk_bundles(
+    buf: bytes,
+    start: int,
+    next_seq: int,
+    *,
+    collect: bool = True,
+    max_bytes: int | None = None,
+    stop_seq: int | None = None,
+) -> WalkResult:
+    """Walk framed bundles of `buf` from `start`; see module docstring.
+
+    `collect`: decompress and gather message sets (for `decode_messages`); otherwise headers only.
+    `max_bytes`: stop after the bundle that brings the walked bytes to this size. `stop_seq`: stop after the
+    bundle whose last seq is >= stop_seq.
+    """
+    t = BundleTable()
+    offsets, sizes, flags_l, counts = t.offsets, t.sizes, t.flags, t.counts
+    firsts, lasts, set_offsets, vcounts = t.firsts, t.lasts, t.set_offsets, t.varint_counts
+    set_starts, set_ends = t.set_starts, t.set_ends
+    parts: list = []
+    mv = memoryview(buf)
+    n = len(buf)
+    pos = start
+    data_len = 0
+    limit = n if max_bytes is None else min(n, start + max_bytes)
+    unpack_u64 = _U64.unpack_from
+    decompress = snappy_codec.decompress
+    reason = COMPLETE
+    need = 0
+    try:
+        while pos < n:
+            b = buf[pos]
+            if b < 0x80:
+                blen = b
+                hp = pos + 1
+            else:
+                try:
+                    blen, hp = decode_varint(buf, pos, n)
+                except TankFormatError:
+                    if n - pos < 5 and all(x >= 0x80 for x in buf[pos:]):
+                        reason = INCOMPLETE  # a length varint cut by the end of the buffer
+                        break
+                    raise TankFormatError("bad bundle length varint", offset=pos) from None
+            if blen == 0:
+                reason = ZERO
+                break
+            end = hp + blen
+            if end > n:
+                reason, need = INCOMPLETE, end
+                break
+            f = buf[hp]
+            if f & RESERVED:
+                raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
+            codec = f & CODEC_MASK
+            if codec > 1:
+                raise TankFormatError(f"unsupported codec {codec} (bundle flags 0x{f:02x})", offset=pos)
+            c = (f >> 2) & 0x0F
+            q = hp + 1
+            vcount = c == 0
+            if vcount:
+                c, q = _header_varint(buf, q, end, pos, "message count")
+                if c == 0:
+                    raise TankFormatError("bundle message count 0", offset=pos)
+            if f & SPARSE:
+                if q + 8 > end:
+                    raise TankFormatError("sparse bundle header runs past the end of the bundle", offset=pos)
+                first = unpack_u64(buf, q)[0]
+                q += 8
+                if first == 0:
+                    raise TankFormatError("sparse bundle with first sequence number 0", offset=pos)
+                if first < next_seq:
+                    raise TankFormatError(
+                        f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos)
+                if c != 1:
+                    span, q = _header_varint(buf, q, end, pos, "sparse last-first-1")
+                    last = first + span + 1
+                else:
+                    last = first
+            else:
+                first = next_seq
+                last = next_seq + c - 1
+            if last > U64_MAX:
+                raise TankFormatError("sequence number overflows u64", offset=pos)
+            if c > end - q:
+                # every message takes at least 2 bytes (flags + length), even compressed sets hold >= 1 byte each
+                if not codec or c > 22 * (end - q) + 64:
+                    raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
+            if collect:
+                if codec:
+                    try:
+                        part = decompress(mv[q:end])
+                    except TankFormatError as err:
+                        raise TankFormatError(err.message, offset=pos) from None
+                else:
+                    part = mv[q:end]
+                parts.append(part)
+                set_starts.append(data_len)
+                data_len += len(part)
+                set_ends.append(data_len)
+            offsets.append(pos)
+            sizes.append(end - pos)
+            flags_l.append(f)
+            counts.append(c)
+            firsts.append(first)
+            lasts.append(last)
+            set_offsets.append(q)
+            vcounts.append(vcount)
+            next_seq = last + 1
+            pos = end
+            if pos >= limit or (stop_seq is not None and last >= stop_seq):
+                reason = LIMIT if pos < n else COMPLETE
+                break
+    finally:
+        if collect:
+            parts.append(_PAD)
+            t.data = b"".join(parts)
+    return WalkResult(t, pos, next_seq, reason, need)
+
+
+def _header_varint(buf, q: int, end: int, pos: int, what: str) -> tuple[int, int]:
+    try:
+        return decode_varint(buf, q, end)
+    except TankFormatError as err:
+        raise TankFormatError(f"bad {what} varint in bundle header: {err.message}", offset=pos) from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# messages
+
+
+@dataclass
+class MessageColumns:
+    """Decoded messages of a BundleTable as numpy columns; keys/values are (offset, length) into `data`."""
+
+    seq: np.ndarray  # uint64
+    ts: np.ndarray  # uint64
+    key_off: np.ndarray  # int64, -1 = no key
+    key_len: np.ndarray  # int64
+    val_off: np.ndarray  # int64
+    val_len: np.ndarray  # int64
+    bundle: np.ndarray  # int64: index of the message's bundle in the table
+    data: bytes
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def key(self, i: int) -> bytes | None:
+        off = int(self.key_off[i])
+        return None if off < 0 else self.data[off : off + int(self.key_len[i])]
+
+    def value(self, i: int) -> bytes:
+        off = int(self.val_off[i])
+        return self.data[off : off + int(self.val_len[i])]
+
+
+_AR5 = np.arange(5, dtype=np.int64)
+_AR8 = np.arange(8, dtype=np.int64)
+_SHIFT5 = np.array([0, 7, 14, 21, 28], dtype=np.int64)
+
+
+class _VecError(Exception):
+    def __init__(self, where: np.ndarray, message: str):
+        self.where = where  # bool mask over the active rows
+        self.message = message
+
+
+def _varints(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode the varints at positions q; return (values int64, positions after)."""
+    b0 = buf[q]
+    if not (b0 & 0x80).any():
+        return b0.astype(np.int64), q + 1
+    w = buf[q[:, None] + _AR5]
+    cont = w >= 0x80
+    if cont.all(axis=1).any():
+        raise _VecError(cont.all(axis=1), "varint longer than 5 bytes")
+    length = np.argmin(cont, axis=1) + 1
+    bad5 = (length == 5) & (w[:, 4] > 0x0F)
+    if bad5.any():
+        raise _VecError(bad5, "varint above 2**32-1")
+    parts = (w & 0x7F).astype(np.int64) << _SHIFT5
+    parts[_AR5[None, :] >= length[:, None]] = 0
+    return parts.sum(axis=1), q + length
+
+
+def _varints_sub(buf: np.ndarray, p: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_varints` at p[rows]; errors are reported against all rows."""
+    try:
+        return _varints(buf, p[rows])
+    except _VecError as err:
+        full = np.zeros(len(p), dtype=bool)
+        full[np.flatnonzero(rows)[err.where]] = True
+        raise _VecError(full, err.message) from None
+
+
+def _u64s(buf: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(buf[q[:, None] + _AR8]).view("<u8").ravel()
+
+
+def decode_messages(table: BundleTable) -> MessageColumns:
+    """Decode every message of `table` (collected with `walk_bundles(collect=True)`)."""
+    nb = len(table)
+    data = table.data
+    buf = np.frombuffer(data, dtype=np.uint8)
+    counts = np.array(table.counts, dtype=np.int64)
+    total = int(counts.sum())
+    out_start = np.cumsum(counts) - counts
+    seq_out = np.empty(total, np.uint64)
+    ts_out = np.empty(total, np.uint64)
+    key_off = np.full(total, -1, np.int64)
+    key_len = np.zeros(total, np.int64)
+    val_off = np.empty(total, np.int64)
+    val_len = np.empty(total, np.int64)
+    bundle_of = np.repeat(np.arange(nb, dtype=np.int64), counts)
+
+    ids = np.arange(nb, dtype=np.int64)
+    p = np.array(table.set_starts, dtype=np.int64)
+    end = np.array(table.set_ends, dtype=np.int64)
+    remaining = counts.copy()
+    flags = np.array(table.flags, dtype=np.uint8)
+    sparse = (flags & SPARSE) != 0
+    first = np.array(table.firsts, dtype=np.uint64)
+    last = np.array(table.lasts, dtype=np.uint64)
+    prev_seq = first
+    prev_ts = np.zeros(nb, np.uint64)
+    step = 0
+    try:
+        while ids.size:
+            f = buf[p]
+            bad = (f & 0xF8) != 0
+            if bad.any():
+                raise _VecError(bad, "message flags with unknown bits 3-7")
+            p = p + 1
+            is_last = remaining == 1
+            if step == 0:
+                seq = first.copy()
+            else:
+                seq = prev_seq + np.uint64(1)
+                mid = sparse & ~is_last
+                need = mid & ((f & 0x04) == 0)
+                if need.any():
+                    d, p_after = _varints_sub(buf, p, need)
+                    seq[need] += d.astype(np.uint64)
+                    p[need] = p_after
+                tail = sparse & is_last
+                seq[tail] = last[tail]
+                bad = (mid & (seq >= last)) | (tail & (last <= prev_seq))
+                if bad.any():
+                    raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
+            has_ts = (f & 0x02) == 0
+            ts = prev_ts.copy() if step else np.zeros(ids.size, np.uint64)
+            if has_ts.any():
+                q = p[has_ts]
+                ts[has_ts] = _u64s(buf, q)
+                p[has_ts] = q + 8
+            has_key = (f & 0x01) != 0
+            out = out_start[ids] + step
+            if has_key.any():
+                q = p[has_key]
+                kl = buf[q].astype(np.int64)
+                present = kl > 0  # HaveKey with key_len 0 decodes as "no key" (§3.5)
+                key_off[out[has_key][present]] = (q + 1)[present]
+                key_len[out[has_key][present]] = kl[present]
+                p[has_key] = q + 1 + kl
+            vl, p = _varints(buf, p)
+            val_off[out] = p
+            val_len[out] = vl
+            p = p + vl
+            over = p > end
+            if over.any():
+                raise _VecError(over, "message runs past the end of its message set")
+            seq_out[out] = seq
+            ts_out[out] = ts
+            remaining = remaining - 1
+            done = remaining == 0
+            if done.any():
+                extra = done & (p != end)
+                if extra.any():
+                    raise _VecError(extra, "message count does not match the message set (bytes left over)")
+                keep = ~done
+                ids, p, end, remaining, sparse = ids[keep], p[keep], end[keep], remaining[keep], sparse[keep]
+                first, last, seq, ts = first[keep], last[keep], seq[keep], ts[keep]
+            prev_seq, prev_ts = seq, ts
+            step += 1
+    except _VecError as err:
+        row = int(np.flatnonzero(err.where)[0])
+        b = int(ids[row])
+        raise TankFormatError(
+            f"{err.message} (message {step} of bundle with {table.counts[b]} messages)",
+            offset=table.offsets[b]) from None
+    return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)

@@ -1,0 +1,145 @@
+"""File names of a partition directory (TANK_FORMAT.md §2.1, §2.6 scan, §6.4 compaction temporaries).
+
+The broker splits a name at its first `.`; the stem carries unpadded decimal numbers. It parses `.ilog` numbers
+without validating digits, so garbage names become garbage segments: we reject anything that is not canonical
+decimal (no sign, no leading zero), out of range (seq u64 >= 1, ts u32), or `last < base` (an assertion abort in
+the broker).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from .errors import SegmentNameError
+
+U64_MAX = (1 << 64) - 1
+U32_MAX = (1 << 32) - 1
+
+_NUM = r"(0|[1-9][0-9]*)"
+_RO_RE = re.compile(rf"{_NUM}-{_NUM}(?:_{_NUM})?")
+_ACTIVE_RE = re.compile(rf"{_NUM}(?:_{_NUM})?")
+_INDEX_RE = re.compile(rf"{_NUM}(_64)?")
+
+COMPACTION_SUFFIXES = (".cleaned", ".swap", ".old")
+
+
+class Kind(Enum):
+    RO = "ilog"
+    ACTIVE = "log"
+    INDEX = "index"
+
+
+@dataclass(frozen=True, order=True)
+class FileName:
+    """A parsed segment log or index name.
+
+    `last` is set for RO logs only; `ts` is None for legacy names (TANK_FORMAT.md §2.1: "ts treated as 0");
+    `wide` marks `<base>_64.index` (§4.6, never written by the broker, crashes it).
+    """
+
+    base: int
+    kind: Kind
+    last: int | None = None
+    ts: int | None = None
+    wide: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.kind is Kind.RO:
+            return format_ro_name(self.base, self.last, self.ts)  # type: ignore[arg-type]
+        if self.kind is Kind.ACTIVE:
+            return format_active_name(self.base, self.ts)
+        return format_index_name(self.base, wide=self.wide)
+
+
+@dataclass(frozen=True)
+class CompactionTemp:
+    """A compaction leftover `<inner>.cleaned|.swap|.old` (TANK_FORMAT.md §6.4); `inner` is the final name."""
+
+    inner: FileName
+    stage: str  # "cleaned" | "swap" | "old"
+
+
+def _num(text: str, name: str, limit: int, what: str) -> int:
+    value = int(text)
+    if value > limit:
+        raise SegmentNameError(f"{what} {value} out of range in file name {name!r}")
+    return value
+
+
+def _parse_plain(name: str, stem: str, rest: str) -> FileName | None:
+    if rest == "ilog":
+        m = _RO_RE.fullmatch(stem)
+        if not m:
+            raise SegmentNameError(f"not a valid segment name (want <base>-<last>[_<ts>].ilog): {name!r}")
+        base = _num(m[1], name, U64_MAX, "base")
+        last = _num(m[2], name, U64_MAX, "last")
+        ts = _num(m[3], name, U32_MAX, "timestamp") if m[3] is not None else None
+        if base == 0:
+            raise SegmentNameError(f"base sequence number 0 is never assigned: {name!r}")
+        if last < base:
+            raise SegmentNameError(f"last < base in segment name (the broker aborts on it): {name!r}")
+        return FileName(base, Kind.RO, last, ts)
+    if rest == "log":
+        m = _ACTIVE_RE.fullmatch(stem)
+        if not m:
+            raise SegmentNameError(f"not a valid active segment name (want <base>[_<ts>].log): {name!r}")
+        base = _num(m[1], name, U64_MAX, "base")
+        ts = _num(m[2], name, U32_MAX, "timestamp") if m[2] is not None else None
+        if base == 0:
+            raise SegmentNameError(f"base sequence number 0 is never assigned: {name!r}")
+        return FileName(base, Kind.ACTIVE, None, ts)
+    if rest == "index":
+        m = _INDEX_RE.fullmatch(stem)
+        if not m:
+            raise SegmentNameError(f"not a valid index name (want <base>.index): {name!r}")
+        return FileName(_num(m[1], name, U64_MAX, "base"), Kind.INDEX, wide=m[2] is not None)
+    return None
+
+
+def parse_name(name: str) -> FileName | CompactionTemp | None:
+    """Parse a partition-directory entry name.
+
+    Returns None for names the broker ignores or treats specially (`.`-prefixed, `config`, other extensions);
+    raises SegmentNameError for names with a segment/index extension that are not canonical.
+    """
+    if not name or name.startswith(".") or name == "config":
+        return None
+    stem, dot, rest = name.partition(".")
+    if not dot:
+        return None
+    for suffix in COMPACTION_SUFFIXES:
+        if rest.endswith(suffix):
+            inner_rest = rest[: -len(suffix)]
+            inner = _parse_plain(name, stem, inner_rest)
+            if inner is None:
+                return None
+            return CompactionTemp(inner, suffix[1:])
+    return _parse_plain(name, stem, rest)
+
+
+def format_ro_name(base: int, last: int, ts: int | None) -> str:
+    """`<base>-<last>_<ts>.ilog` (or legacy `<base>-<last>.ilog` when ts is None)."""
+    if not 1 <= base <= last <= U64_MAX:
+        raise ValueError(f"invalid RO segment range {base}-{last}")
+    return f"{base}-{last}.ilog" if ts is None else f"{base}-{last}_{_check_ts(ts)}.ilog"
+
+
+def format_active_name(base: int, ts: int | None) -> str:
+    """`<base>_<ts>.log` (or legacy `<base>.log` when ts is None)."""
+    if not 1 <= base <= U64_MAX:
+        raise ValueError(f"invalid segment base {base}")
+    return f"{base}.log" if ts is None else f"{base}_{_check_ts(ts)}.log"
+
+
+def format_index_name(base: int, *, wide: bool = False) -> str:
+    """`<base>.index` (`<base>_64.index` only to name the reserved wide form; never write it)."""
+    return f"{base}_64.index" if wide else f"{base}.index"
+
+
+def _check_ts(ts: int) -> int:
+    if not 0 <= ts <= U32_MAX:
+        raise ValueError(f"name timestamp out of u32 range: {ts}")
+    return ts
