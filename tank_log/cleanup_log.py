@@ -1,0 +1,78 @@
+"""`.cleanup.log` in the base path (TANK_FORMAT.md §1.6): per compacted partition, the highest seq covered by its
+last compaction. Binary records `topic_len:u8 topic partition:u16 seq:u64`, no header; last record wins."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import CleanupLogError
+from .fsutil import atomic_write
+
+FILE_NAME = ".cleanup.log"
+_TAIL = struct.Struct("<HQ")
+
+
+@dataclass(frozen=True)
+class CleanupRecord:
+    topic: str
+    partition: int
+    seq: int
+
+
+def parse_cleanup_log(data: bytes, path: str | None = None) -> list[CleanupRecord]:
+    """Decode every record, in file order; a truncated record raises CleanupLogError (the broker would read past
+    its mapping)."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        tlen = data[pos]
+        if pos + 1 + tlen + _TAIL.size > len(data):
+            raise CleanupLogError("truncated record", path, pos)
+        topic = data[pos + 1 : pos + 1 + tlen].decode("utf-8", errors="surrogateescape")
+        partition, seq = _TAIL.unpack_from(data, pos + 1 + tlen)
+        out.append(CleanupRecord(topic, partition, seq))
+        pos += 1 + tlen + _TAIL.size
+    return out
+
+
+def encode_cleanup_log(records: Iterable[CleanupRecord]) -> bytes:
+    out = bytearray()
+    for r in records:
+        topic = r.topic.encode("utf-8", errors="surrogateescape")
+        if not 0 < len(topic) <= 255 or not 0 <= r.partition < 0xFFFF or not 0 <= r.seq < 1 << 64:
+            raise ValueError(f"cannot encode {r}")
+        out.append(len(topic))
+        out += topic
+        out += _TAIL.pack(r.partition, r.seq)
+    return bytes(out)
+
+
+def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]:
+    """(topic, partition) → lastCleanupMaxSeqNum as the broker loads it: last record wins, seq 0 skipped."""
+    path = os.path.join(os.fspath(base_path), FILE_NAME)
+    try:
+        with open(path, "rb") as fh:
+            records = parse_cleanup_log(fh.read(), path)
+    except FileNotFoundError:
+        return {}
+    return {(r.topic, r.partition): r.seq for r in records if r.seq}
+
+
+def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, int], int]) -> None:
+    """Write all records atomically (temp + fsync + rename + directory fsync)."""
+    records = [CleanupRecord(t, p, s) for (t, p), s in sorted(marks.items())]
+    atomic_write(os.path.join(os.fspath(base_path), FILE_NAME), encode_cleanup_log(records))
+
+
+def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
+    """Set (or, with None, remove) records for some partitions, keeping the others."""
+    marks = read_cleanup_log(base_path)
+    for key, seq in updates.items():
+        if seq is None:
+            marks.pop(key, None)
+        else:
+            marks[key] = seq
+    write_cleanup_log(base_path, marks)

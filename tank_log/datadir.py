@@ -1,0 +1,235 @@
+"""Discovering topics, partitions and segments of a broker base path, as the broker does (TANK_FORMAT.md §1, §2.6).
+
+What the broker ignores is ignored here too (`.`-prefixed names, non-directories at the top, unknown names in a
+partition); what it would mis-parse, crash on or silently drop is reported as a Problem instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .cleanup_log import FILE_NAME as CLEANUP_LOG
+from .cleanup_log import read_cleanup_log
+from .config import PartitionConfig, load_config
+from .errors import TankFormatError
+from .names import CompactionTemp, FileName, Kind, format_index_name, parse_name
+from .problems import Problem
+from .segment import Segment
+
+
+@dataclass
+class SegmentFile:
+    """A segment log on disk with its parsed name."""
+
+    path: str
+    name: FileName
+    size: int
+
+    @property
+    def base(self) -> int:
+        return self.name.base
+
+    @property
+    def last(self) -> int | None:
+        return self.name.last
+
+    @property
+    def is_active(self) -> bool:
+        return self.name.kind is Kind.ACTIVE
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(os.path.dirname(self.path), format_index_name(self.base))
+
+    def open(self) -> Segment:
+        return Segment(self.path, self.base)
+
+
+@dataclass
+class Partition:
+    topic: str
+    id: int
+    path: str
+    config: PartitionConfig
+    ro: list[SegmentFile] = field(default_factory=list)  # sorted by base
+    active: SegmentFile | None = None
+    leftovers: list[tuple[str, CompactionTemp]] = field(default_factory=list)  # interrupted compaction files
+    index_files: dict[int, str] = field(default_factory=dict)  # base → path of <base>.index
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def segments(self) -> list[SegmentFile]:
+        """RO segments then the active one: the partition's data in seq order."""
+        return self.ro + ([self.active] if self.active else [])
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.id)
+
+
+@dataclass
+class Topic:
+    name: str
+    path: str
+    config: PartitionConfig
+    partitions: list[Partition] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+
+@dataclass
+class DataDir:
+    path: str
+    topics: list[Topic] = field(default_factory=list)
+    cleanup_marks: dict[tuple[str, int], int] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def partitions(self) -> list[Partition]:
+        return [p for t in self.topics for p in t.partitions]
+
+    def all_problems(self) -> list[Problem]:
+        out = list(self.problems)
+        for t in self.topics:
+            out += t.problems
+            for p in t.partitions:
+                out += p.problems
+        return out
+
+
+def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | None = None) -> Partition:
+    """List one partition directory (§2.6 scan) and load its partition-level config on top of `config`."""
+    problems: list[Problem] = []
+    config, cfg_problems = load_config(os.path.join(path, "config"), config or PartitionConfig())
+    part = Partition(topic, pid, path, config, problems=problems + cfg_problems)
+    logs: list[SegmentFile] = []
+    for entry in sorted(os.listdir(path)):
+        full = os.path.join(path, entry)
+        try:
+            parsed = parse_name(entry)
+        except TankFormatError as err:
+            part.problems.append(Problem(full, None, "bad-name", err.message))
+            continue
+        if parsed is None:
+            if not entry.startswith(".") and entry != "config":
+                part.problems.append(Problem(full, None, "unexpected-name",
+                                             "unexpected name (the broker logs and ignores it)", "warning"))
+            continue
+        if isinstance(parsed, CompactionTemp):
+            part.leftovers.append((full, parsed))
+            continue
+        if parsed.kind is Kind.INDEX:
+            if parsed.wide:
+                part.problems.append(Problem(full, None, "wide-index",
+                                             "_64.index is not implemented: the broker aborts on this segment (§4.6)"))
+            else:
+                part.index_files[parsed.base] = full
+            continue
+        try:
+            size = os.stat(full).st_size
+        except FileNotFoundError:  # renamed/unlinked by a live broker since the listing (§9 rule 2)
+            continue
+        logs.append(SegmentFile(full, parsed, size))
+    ro = sorted((s for s in logs if s.name.kind is Kind.RO), key=lambda s: (s.base, s.last))
+    actives = sorted((s for s in logs if s.is_active), key=lambda s: s.base)
+    part.ro = ro
+    if actives:
+        part.active = actives[-1]
+        for other in actives[:-1]:
+            part.problems.append(Problem(other.path, None, "several-active",
+                                         "more than one .log in the partition (the broker keeps one, §2.6)"))
+    if part.active is not None and part.active.size == 0:
+        part.problems.append(Problem(part.active.path, None, "empty-active",
+                                     "0-byte active segment: the broker deletes it at open (§2.6)", "warning"))
+    return part
+
+
+def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> Topic:
+    """A topic directory: its `config` and its digit-named partitions (§1.3, §1.4)."""
+    config, problems = load_config(os.path.join(path, "config"), config or PartitionConfig())
+    topic = Topic(name, path, config, problems=problems)
+    digit_names = sorted((e for e in os.listdir(path) if e.isdigit()), key=lambda e: (int(e), e))
+    count = len(digit_names)
+    if not count:
+        topic.problems.append(Problem(path, None, "no-partitions",
+                                      "topic without partition directories (the broker skips it)", "warning"))
+        return topic
+    ids = [int(e) for e in digit_names]
+    if min(ids) != 0 or max(ids) != count - 1 or len(set(ids)) != count:
+        topic.problems.append(Problem(
+            path, None, "partition-ids",
+            f"partition directories {digit_names} are not 0..{count - 1}: the broker serves partitions "
+            f"0..{count - 1} by count (§1.4) and ignores or aborts on the others"))
+    for entry in digit_names:
+        full = os.path.join(path, entry)
+        pid = int(entry)
+        if entry != str(pid):
+            topic.problems.append(Problem(full, None, "partition-name",
+                                          f"non-canonical partition directory name (the broker opens {pid!s}/)"))
+            continue
+        if not os.path.isdir(full):
+            topic.problems.append(Problem(full, None, "partition-not-dir",
+                                          "digit-named non-directory: the broker aborts opening it (§1.4)"))
+            continue
+        if pid >= count:
+            continue  # reported above; the broker never opens it
+        topic.partitions.append(scan_partition(full, name, pid, config))
+    return topic
+
+
+def scan_data_dir(path: str | os.PathLike) -> DataDir:
+    """A broker base path (§1.2): every directory not starting with `.` is a topic (symlinks followed)."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"not a directory: {path}")
+    dd = DataDir(path)
+    try:
+        dd.cleanup_marks = read_cleanup_log(path)
+    except TankFormatError as err:
+        dd.problems.append(Problem(os.path.join(path, CLEANUP_LOG), err.offset, "cleanup-log", err.message))
+    for entry in sorted(os.listdir(path)):
+        full = os.path.join(path, entry)
+        if entry.startswith("."):
+            if os.path.isdir(full):
+                dd.problems.append(Problem(full, None, "stray-topic",
+                                           "stray or half-created topic (the broker ignores it)", "warning"))
+            continue
+        try:
+            is_dir = os.path.isdir(full) and os.stat(full) is not None
+        except OSError:
+            dd.problems.append(Problem(full, None, "stat-failed", "cannot stat: the broker aborts startup (§1.2)"))
+            continue
+        if is_dir:
+            dd.topics.append(scan_topic(full, entry))
+    return dd
+
+
+def classify_path(path: str | os.PathLike) -> str:
+    """What a user-given path is: "segment", "partition", "topic" or "base"."""
+    path = os.fspath(path).rstrip("/") or "/"
+    name = os.path.basename(path)
+    if os.path.isfile(path):
+        return "segment"
+    if name.isdigit() and os.path.isdir(path):
+        return "partition"
+    entries = os.listdir(path)
+    if any(e.isdigit() for e in entries) and not any(
+        os.path.isdir(os.path.join(path, e)) and not e.isdigit() and not e.startswith(".") for e in entries
+    ):
+        return "topic"
+    return "base"
+
+
+def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> list[Partition]:
+    """Partitions under a partition, topic or base path (used by the CLI and the jobs)."""
+    path = os.fspath(path).rstrip("/") or "/"
+    kind = classify_path(path)
+    if kind == "partition":
+        topic_dir = os.path.dirname(path)
+        topic_cfg, _ = load_config(os.path.join(topic_dir, "config"))
+        return [scan_partition(path, os.path.basename(topic_dir), int(os.path.basename(path)), topic_cfg)]
+    if kind == "topic":
+        return scan_topic(path, os.path.basename(path)).partitions
+    if kind == "base":
+        dd = scan_data_dir(path)
+        return [p for t in dd.topics if topics is None or t.name in topics for p in t.partitions]
+    raise ValueError(f"{path} is a file, not a directory")

@@ -1,0 +1,165 @@
+"""Index files `<base>.index` (TANK_FORMAT.md §4): read, look up, verify against the log, build.
+
+An entry is (rel_seq u32, file_offset u32), little-endian, pointing at the length varint of a bundle whose first
+message has seq base+rel_seq. The index is sparse; three writers space entries differently (§4.3):
+- append rule (`build_append_rule`): active-segment appends, `log.index.interval.bytes`;
+- rebuild rule (`build_rebuild_rule`): the broker's rebuild of a missing index, fixed 4096 step;
+- compaction rule (`build_compaction_rule`): > 10000 bytes or > 128 messages since the last entry.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+from collections.abc import Iterable, Sequence
+
+from .bundle import BundleHeader
+from .errors import IndexFormatError, TankFormatError
+from .problems import Problem
+
+ENTRY = struct.Struct("<II")
+REBUILD_STEP = 4096  # §4.5: "TODO: respect configuration"
+DEFAULT_INDEX_INTERVAL = 4096  # §1.5 log.index.interval.bytes default
+COMPACTION_BYTES = 10000  # §6.3
+COMPACTION_MESSAGES = 128
+REL_SEQ_LIMIT = 1 << 31  # Appendix B: keep relative seqs < 2**31 (§4.6: wider needs the unimplemented _64 index)
+
+Entry = tuple[int, int]
+
+
+def parse_index(data: bytes, path: str | None = None) -> list[Entry]:
+    """Decode index bytes; a size that is not a multiple of 8 raises IndexFormatError."""
+    if len(data) % ENTRY.size:
+        raise IndexFormatError(f"index size {len(data)} is not a multiple of 8", path, len(data) - len(data) % 8)
+    return list(ENTRY.iter_unpack(data))
+
+
+def read_index(path: str | os.PathLike) -> list[Entry]:
+    with open(path, "rb") as fh:
+        return parse_index(fh.read(), os.fspath(path))
+
+
+def encode_index(entries: Iterable[Entry]) -> bytes:
+    return b"".join(ENTRY.pack(rel, off) for rel, off in entries)
+
+
+def lookup(entries: Sequence[Entry], rel_seq: int) -> Entry:
+    """Greatest entry with rel ≤ rel_seq, else the first entry (§4.4 step 3); (0, 0) for an empty index."""
+    if not entries:
+        return (0, 0)
+    i = bisect.bisect_right(entries, (rel_seq, 0xFFFFFFFF))
+    return entries[i - 1] if i else entries[0]
+
+
+# ---- building ---------------------------------------------------------------------------------------------------
+
+
+def _entry(h: BundleHeader, base: int) -> Entry:
+    rel = h.first_seq - base
+    if not 0 <= rel < REL_SEQ_LIMIT:
+        raise TankFormatError(f"relative seq {rel} does not fit the index (needs a _64 index, §4.6)", offset=h.offset)
+    if h.offset > 0xFFFFFFFF:
+        raise TankFormatError("bundle offset beyond 4 GiB (§8)", offset=h.offset)
+    return rel, h.offset
+
+
+def build_rebuild_rule(headers: Iterable[BundleHeader], base: int) -> list[Entry]:
+    """Entries exactly as the broker's `rebuild_index` writes them (§4.5): the first bundle, then every bundle
+    whose header ends at or beyond the previously indexed bundle's start + 4096."""
+    out: list[Entry] = []
+    last_start = -1
+    for h in headers:
+        if last_start < 0 or h.set_offset >= last_start + REBUILD_STEP:
+            out.append(_entry(h, base))
+            last_start = h.offset
+    return out
+
+
+def build_append_rule(headers: Iterable[BundleHeader], base: int, interval: int = DEFAULT_INDEX_INTERVAL) -> list[Entry]:
+    """Entries as `append_bundle` writes them when a segment is written in one broker run (§4.3): the first bundle,
+    then a bundle when more than `interval` bytes were appended since the start of the last indexed bundle."""
+    out: list[Entry] = []
+    since = None
+    for h in headers:
+        if since is None or since > interval:
+            out.append(_entry(h, base))
+            since = 0
+        since += h.size
+    return out
+
+
+def build_compaction_rule(headers: Iterable[BundleHeader], base: int) -> list[Entry]:
+    """Entries as the broker's compaction writes them (§6.3): the first bundle, then before a bundle when more than
+    10000 bytes or more than 128 messages were written since the last entry."""
+    out: list[Entry] = []
+    nbytes = nmsgs = 0
+    for h in headers:
+        if not out or nbytes > COMPACTION_BYTES or nmsgs > COMPACTION_MESSAGES:
+            out.append(_entry(h, base))
+            nbytes = nmsgs = 0
+        nbytes += h.size
+        nmsgs += h.count
+    return out
+
+
+# ---- verification -----------------------------------------------------------------------------------------------
+
+
+def verify_index(
+    index_path: str,
+    data: bytes | None,
+    headers: Sequence[BundleHeader],
+    base: int,
+    log_size: int,
+    *,
+    active: bool,
+) -> list[Problem]:
+    """Check an index against its log's bundle headers (§4.1, §4.2); `data` None = the index file is missing.
+
+    What kafka-dump-log checks for Kafka: first entry (0,0), strictly increasing, each entry at a bundle start whose
+    first seq matches, no offset past the end, size a multiple of 8. Plus the broker's crash cases: a 0-byte RO
+    index (§4.2) and, for the active segment, an entry at or beyond the log size (§2.6).
+    """
+    problems: list[Problem] = []
+
+    def bad(offset: int | None, code: str, message: str, severity: str = "error") -> None:
+        problems.append(Problem(index_path, offset, code, message, severity))
+
+    if data is None:
+        if not active:
+            bad(None, "index-missing", "RO index missing (the broker rebuilds it on first read; needs write access)",
+                "warning")
+        else:
+            bad(None, "index-missing", "active segment index missing (rebuilt at open; fails in -r mode)", "warning")
+        return problems
+    if not data:
+        if not active and headers:
+            bad(0, "index-empty", "0-byte RO index: the broker aborts on the first read (§4.2); delete or rebuild it")
+        elif active and headers:
+            bad(0, "index-empty", "empty active index (the broker rebuilds it at open)", "warning")
+        return problems
+    if len(data) % ENTRY.size:
+        bad(len(data) - len(data) % 8, "index-size", f"index size {len(data)} is not a multiple of 8")
+    entries = list(ENTRY.iter_unpack(data[: len(data) - len(data) % 8]))
+    if entries[0] != (0, 0):
+        bad(0, "index-first-entry", f"first entry is {entries[0]}, must be (0, 0)")
+    starts = {h.offset: h.first_seq for h in headers}
+    prev: Entry | None = None
+    for i, (rel, off) in enumerate(entries):
+        pos = i * ENTRY.size
+        if prev is not None and (rel <= prev[0] or off <= prev[1]):
+            bad(pos, "index-order", f"entry {i} ({rel}, {off}) does not strictly increase after {prev}")
+        prev = (rel, off)
+        if off >= log_size:
+            if active:
+                bad(pos, "index-past-eof", f"entry {i} offset {off} >= log size {log_size} (the broker aborts at open)")
+            else:
+                bad(pos, "index-past-eof", f"entry {i} offset {off} >= log size {log_size}")
+            continue
+        if off not in starts:
+            bad(pos, "index-not-bundle-start", f"entry {i} offset {off} is not the start of a bundle")
+        elif starts[off] != base + rel:
+            bad(pos, "index-seq-mismatch",
+                f"entry {i} says seq {base + rel} at offset {off}, the bundle there starts at seq {starts[off]}")
+    return problems

@@ -1,0 +1,21 @@
+"""A problem found by a check (verify, index verification, data-directory scan), reported rather than raised."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str
+    offset: int | None  # byte offset in the file (or line number for config files), None if not applicable
+    code: str  # short stable identifier, e.g. "index-entry-mismatch"
+    message: str
+    severity: str = "error"  # "error" (the broker may crash or mis-serve) | "warning"
+
+    def __str__(self) -> str:
+        where = self.path if self.offset is None else f"{self.path} @{self.offset}"
+        return f"{self.severity}: {where}: [{self.code}] {self.message}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

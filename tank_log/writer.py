@@ -1,0 +1,241 @@
+"""Writing new segments (TANK_FORMAT.md Appendix B).
+
+Bundles are non-sparse only when they continue the running counter, sparse otherwise (§3.6); Snappy per a policy
+(§3.4); index entries by the append rule (§4.3) or the compaction rule (§6.3). Files are written under
+`.`-prefixed temporary names, fsynced, and renamed into place index first, then log, then the directory is fsynced
+(Appendix B step 4) — or handed back un-renamed (`finish`) for callers with their own protocol (compaction).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .bundle import Message, SnappyPolicy, encode_bundle, frame
+from .fsutil import fsync_dir, temp_path
+from .index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
+from .names import format_active_name, format_index_name, format_ro_name
+
+SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
+
+
+@dataclass(frozen=True)
+class BundlePolicy:
+    """How messages are grouped into bundles.
+
+    Defaults favour read speed and compression (100 messages / 64 KiB, Snappy when it pays) over the broker's
+    5-message compaction bundles (§6.3).
+    """
+
+    max_messages: int = 100
+    max_bytes: int = 64 << 10  # Σ(key + value + 8) per bundle, like compaction's 64 KiB cut
+    snappy: SnappyPolicy = SnappyPolicy.WHEN_SMALLER
+
+
+@dataclass(frozen=True)
+class WrittenSegment:
+    """A finished segment: temp files (fsynced), or final files after `commit`."""
+
+    directory: str
+    base: int
+    last: int
+    ts: int | None
+    active: bool
+    log_path: str
+    index_path: str
+    size: int
+    messages: int
+    bundles: int
+
+    @property
+    def log_name(self) -> str:
+        return format_active_name(self.base, self.ts) if self.active else format_ro_name(self.base, self.last, self.ts)
+
+    @property
+    def index_name(self) -> str:
+        return format_index_name(self.base)
+
+
+class SegmentWriter:
+    """Streams messages (or pre-encoded bundles) into one new segment.
+
+    `index_rule`: "append" (`log.index.interval.bytes`, §4.3) or "compaction" (> 10000 B or > 128 messages, §6.3).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        active: bool = False,
+        ts: int | None = None,
+        policy: BundlePolicy = BundlePolicy(),
+        index_rule: str = "append",
+        index_interval: int = DEFAULT_INDEX_INTERVAL,
+    ):
+        if index_rule not in ("append", "compaction"):
+            raise ValueError(f"unknown index rule {index_rule!r}")
+        self.directory = os.fspath(directory)
+        self.active = active
+        self.ts = int(time.time()) if ts is None else ts
+        self.policy = policy
+        self.index_rule = index_rule
+        self.index_interval = index_interval
+        self.base: int | None = None
+        self.last: int | None = None
+        self.size = 0
+        self.messages = 0
+        self.bundles = 0
+        self._pending: list[Message] = []
+        self._pending_bytes = 0
+        self._entries: list[tuple[int, int]] = []
+        self._since_entry: int | None = None  # append rule: bytes since the last indexed bundle start
+        self._since_msgs = 0
+        self._fh = None
+        self._log_tmp = temp_path(self.directory, "segment.log")
+        self._index_tmp = temp_path(self.directory, "segment.index")
+        self._closed = False
+
+    # ---- input -------------------------------------------------------------------------------------------------
+
+    @property
+    def expected_next(self) -> int | None:
+        """Seq a message must have to continue the running counter (non-sparse)."""
+        if self._pending:
+            return self._pending[-1].seq + 1
+        return None if self.last is None else self.last + 1
+
+    def add(self, message: Message) -> None:
+        prev = self._pending[-1].seq if self._pending else self.last
+        if prev is not None and message.seq <= prev:
+            raise ValueError(f"sequence numbers must increase: {message.seq} after {prev}")
+        if message.seq < 1:
+            raise ValueError("sequence number 0 is never assigned (§3.6)")
+        if self.base is not None and message.seq - self.base >= REL_SEQ_LIMIT:
+            raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
+        self._pending.append(message)
+        self._pending_bytes += len(message.key or b"") + len(message.value) + 8
+        if len(self._pending) >= self.policy.max_messages or self._pending_bytes >= self.policy.max_bytes:
+            self.flush_bundle()
+
+    def add_all(self, messages: Iterable[Message]) -> None:
+        for m in messages:
+            self.add(m)
+
+    def flush_bundle(self) -> None:
+        """Encode the pending messages as one bundle."""
+        if not self._pending:
+            return
+        msgs = self._pending
+        expected = self.base if self.last is None else self.last + 1
+        sparse = expected is not None and msgs[0].seq != expected or any(
+            b.seq != a.seq + 1 for a, b in zip(msgs, msgs[1:], strict=False))
+        bundle = encode_bundle(msgs, sparse=sparse, codec=self.policy.snappy)
+        self._pending, self._pending_bytes = [], 0
+        self._append(frame(bundle), msgs[0].seq, msgs[-1].seq, len(msgs))
+
+    def add_bundle(self, framed: bytes, first_seq: int, last_seq: int, count: int, *, sparse: bool) -> None:
+        """Append an already-encoded, framed bundle (e.g. copied from another segment).
+
+        A non-sparse bundle must continue the running counter (its seqs are implicit, §3.6).
+        """
+        self.flush_bundle()
+        if not sparse and self.last is not None and first_seq != self.last + 1:
+            raise ValueError(f"non-sparse bundle at seq {first_seq} does not continue the counter ({self.last + 1})")
+        if self.last is not None and first_seq <= self.last:
+            raise ValueError(f"bundle at seq {first_seq} does not follow {self.last}")
+        self._append(framed, first_seq, last_seq, count)
+
+    # ---- output ------------------------------------------------------------------------------------------------
+
+    def _append(self, framed: bytes, first: int, last: int, count: int) -> None:
+        if self.base is None:
+            self.base = first
+            self._fh = open(self._log_tmp, "wb")
+        if self.size + len(framed) > SEGMENT_SIZE_LIMIT:
+            raise ValueError("segment would exceed 4 GiB (§8); start a new segment")
+        if self.index_rule == "append":
+            if self._since_entry is None or self._since_entry > self.index_interval:
+                self._entries.append((first - self.base, self.size))
+                self._since_entry = 0
+            self._since_entry += len(framed)
+        else:
+            if not self._entries or self._since_entry > 10000 or self._since_msgs > 128:
+                self._entries.append((first - self.base, self.size))
+                self._since_entry = self._since_msgs = 0
+            self._since_entry += len(framed)
+            self._since_msgs += count
+        self._fh.write(framed)
+        self.size += len(framed)
+        self.messages += count
+        self.bundles += 1
+        self.last = last
+
+    def finish(self) -> WrittenSegment | None:
+        """Flush, fsync both temp files and return them un-renamed (None if nothing was written)."""
+        self.flush_bundle()
+        self._closed = True
+        if self._fh is None:
+            return None
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._fh.close()
+        with open(self._index_tmp, "wb") as fh:
+            fh.write(encode_index(self._entries))
+            fh.flush()
+            os.fsync(fh.fileno())
+        return WrittenSegment(self.directory, self.base, self.last, self.ts, self.active,  # type: ignore[arg-type]
+                              self._log_tmp, self._index_tmp, self.size, self.messages, self.bundles)
+
+    def close(self) -> WrittenSegment | None:
+        """Finish and move into place under the final names."""
+        written = self.finish()
+        return None if written is None else commit(written)
+
+    def abort(self) -> None:
+        """Drop everything written so far."""
+        if self._fh is not None and not self._fh.closed:
+            self._fh.close()
+        for path in (self._log_tmp, self._index_tmp):
+            if os.path.exists(path):
+                os.unlink(path)
+        self._closed = True
+
+    def __enter__(self) -> SegmentWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self._closed:
+            self.close()
+
+
+def commit(written: WrittenSegment) -> WrittenSegment:
+    """Rename a finished segment into place: index first, then log, then fsync the directory (Appendix B step 4).
+
+    Refuses to overwrite existing files.
+    """
+    d = written.directory
+    index_final = os.path.join(d, written.index_name)
+    log_final = os.path.join(d, written.log_name)
+    for path in (index_final, log_final):
+        if os.path.exists(path):
+            raise FileExistsError(f"refusing to overwrite {path}")
+    os.rename(written.index_path, index_final)
+    os.rename(written.log_path, log_final)
+    fsync_dir(d)
+    return WrittenSegment(d, written.base, written.last, written.ts, written.active, log_final, index_final,
+                          written.size, written.messages, written.bundles)
+
+
+def write_segment(directory: str | os.PathLike, messages: Iterable[Message], **kwargs) -> WrittenSegment | None:
+    """Write `messages` (increasing seqs) as one new segment; see SegmentWriter for options."""
+    writer = SegmentWriter(directory, **kwargs)
+    try:
+        writer.add_all(messages)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.close()
