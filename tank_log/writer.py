@@ -239,3 +239,56 @@ def write_segment(directory: str | os.PathLike, messages: Iterable[Message], **k
         writer.abort()
         raise
     return writer.close()
+
+
+def write_partition(
+    directory: str | os.PathLike,
+    messages: Iterable[Message],
+    *,
+    segment_bytes: int = 1 << 30,
+    with_active: bool = True,
+    policy: BundlePolicy = BundlePolicy(),
+    index_interval: int = DEFAULT_INDEX_INTERVAL,
+) -> list[WrittenSegment]:
+    """Write messages into a fresh partition directory as the broker would lay them out: RO segments rolled once
+    larger than `segment_bytes` (§2.4), the rest as the active segment (`with_active`) or one more RO segment.
+
+    Name timestamps: RO = newest message ts in seconds (≈ mtime at roll, §2.2); active = its first message's.
+    """
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    done: list[WrittenSegment] = []
+    writer: SegmentWriter | None = None
+    newest = first_ts = 0
+    try:
+        for m in messages:
+            if writer is None:
+                writer = SegmentWriter(directory, policy=policy, index_interval=index_interval)
+                newest = first_ts = m.ts
+            writer.add(m)
+            newest = max(newest, m.ts)
+            if writer.size > segment_bytes:
+                writer.ts = newest // 1000
+                done.append(commit(writer.finish()))  # type: ignore[arg-type]
+                writer = None
+        if writer is not None:
+            written = writer.finish()
+            if written is not None:
+                if with_active:
+                    from dataclasses import replace
+
+                    written = replace(written, active=True, ts=first_ts // 1000)
+                else:
+                    written = replace_ts(written, newest // 1000)
+                done.append(commit(written))
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    return done
+
+
+def replace_ts(written: WrittenSegment, ts: int) -> WrittenSegment:
+    from dataclasses import replace
+
+    return replace(written, ts=ts)

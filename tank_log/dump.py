@@ -1,0 +1,58 @@
+"""`tank-log dump`: messages as JSON lines in the fixtures' dump format, or bundle headers (`--bundles`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterator
+
+from .datadir import classify_path, partitions_at
+from .segment import Segment
+
+_PRINTABLE = bytes(range(0x20, 0x7F))
+
+
+def _text(raw: bytes) -> str | None:
+    """Text only when every byte is printable ASCII (0x20..0x7e), as in the fixtures' dumps."""
+    return raw.decode("ascii") if not raw.translate(None, _PRINTABLE) else None
+
+
+def message_records(segment: Segment, topic: str | None, partition: int | None) -> Iterator[dict]:
+    for chunk in segment.chunks():
+        c = chunk.cols
+        seqs, tss = c.seq.tolist(), c.ts.tolist()
+        for i in range(len(c)):
+            key = c.key(i) or b""
+            value = c.value(i)
+            yield {"topic": topic, "partition": partition, "seq": seqs[i], "ts": tss[i],
+                   "key": _text(key), "key_b64": base64.b64encode(key).decode(),
+                   "value": _text(value), "value_b64": base64.b64encode(value).decode()}
+
+
+def bundle_records(segment: Segment) -> Iterator[dict]:
+    for h in segment.bundles():
+        yield {"file": os.path.basename(segment.path), "offset": h.offset, "length": h.size,
+               "codec": "snappy" if h.codec else "none", "count": h.count, "varint_count": h.varint_count,
+               "sparse": h.sparse, "first_seq": h.first_seq, "last_seq": h.last_seq}
+
+
+def _segment_location(path: str) -> tuple[str | None, int | None]:
+    part_dir = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(part_dir)
+    if name.isdigit():
+        return os.path.basename(os.path.dirname(part_dir)), int(name)
+    return None, None
+
+
+def dump_path(path: str | os.PathLike, *, bundles: bool = False, topics: list[str] | None = None) -> Iterator[str]:
+    """JSON lines for a segment file, partition, topic or base path (sequence order per partition)."""
+    path = os.fspath(path)
+    if classify_path(path) == "segment":
+        targets = [(Segment(path), *_segment_location(path))]
+    else:
+        targets = [(s.open(), p.topic, p.id) for p in partitions_at(path, topics) for s in p.segments]
+    for seg, topic, partition in targets:
+        records = bundle_records(seg) if bundles else message_records(seg, topic, partition)
+        for rec in records:
+            yield json.dumps(rec, separators=(",", ":"))

@@ -1,0 +1,84 @@
+"""`tank-log stats`: per-partition figures (segments, bytes, messages, seq/time ranges, key kinds, bundle kinds)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .bundle import CODEC_MASK, SPARSE
+from .datadir import Partition, partitions_at
+
+
+@dataclass
+class PartitionStats:
+    topic: str
+    partition: int
+    segments: int = 0
+    ro_segments: int = 0
+    bytes: int = 0
+    messages: int = 0
+    first_seq: int | None = None
+    last_seq: int | None = None
+    min_ts: int | None = None
+    max_ts: int | None = None
+    keyed: int = 0
+    keyless: int = 0
+    keyless_empty: int = 0
+    tombstones: int = 0
+    distinct_keys: int = 0
+    bundles: int = 0
+    snappy_bundles: int = 0
+    sparse_bundles: int = 0
+    torn_bytes: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def partition_stats(part: Partition, *, distinct_keys: bool = True) -> PartitionStats:
+    st = PartitionStats(part.topic, part.id, segments=len(part.segments), ro_segments=len(part.ro))
+    keys: set[bytes] = set()
+    for sf in part.segments:
+        st.bytes += sf.size
+        seg = sf.open()
+        for chunk in seg.chunks():
+            c = chunk.cols
+            if not len(c):
+                continue
+            flags = np.array(chunk.table.flags, dtype=np.uint8)
+            st.bundles += len(flags)
+            st.snappy_bundles += int(((flags & CODEC_MASK) != 0).sum())
+            st.sparse_bundles += int(((flags & SPARSE) != 0).sum())
+            st.messages += len(c)
+            st.first_seq = int(c.seq[0]) if st.first_seq is None else st.first_seq
+            st.last_seq = int(c.seq[-1])
+            lo, hi = int(c.ts.min()), int(c.ts.max())
+            st.min_ts = lo if st.min_ts is None else min(st.min_ts, lo)
+            st.max_ts = hi if st.max_ts is None else max(st.max_ts, hi)
+            keyed = c.key_off >= 0
+            empty = c.val_len == 0
+            st.keyed += int(keyed.sum())
+            st.keyless += int((~keyed).sum())
+            st.keyless_empty += int((~keyed & empty).sum())
+            st.tombstones += int((keyed & empty).sum())
+            if distinct_keys:
+                for i in np.flatnonzero(keyed).tolist():
+                    keys.add(c.key(i))  # type: ignore[arg-type]
+        st.torn_bytes += seg.tail.torn_bytes if seg.tail else 0
+    st.distinct_keys = len(keys)
+    return st
+
+
+def stats_path(path: str | os.PathLike, topics: list[str] | None = None) -> list[PartitionStats]:
+    return [partition_stats(p) for p in partitions_at(path, topics)]
+
+
+def format_table(rows: list[PartitionStats]) -> str:
+    cols = ["topic", "partition", "segments", "bytes", "messages", "first_seq", "last_seq", "keyed", "keyless",
+            "tombstones", "distinct_keys", "bundles", "snappy_bundles", "sparse_bundles", "torn_bytes"]
+    table = [cols] + [["" if getattr(r, c) is None else str(getattr(r, c)) for c in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    return "\n".join("  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths,
+                     strict=True))) for row in table)
