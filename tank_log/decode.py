@@ -289,6 +289,9 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     step = 0
     try:
         while ids.size:
+            short = p >= end
+            if short.any():
+                raise _VecError(short, "message count exceeds the messages in the set")
             f = buf[p]
             bad = (f & 0xF8) != 0
             if bad.any():

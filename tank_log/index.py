@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from .bundle import BundleHeader
 from .errors import IndexFormatError, TankFormatError
 from .problems import Problem
+from .varint import unframed_size
 
 ENTRY = struct.Struct("<II")
 REBUILD_STEP = 4096  # §4.5: "TODO: respect configuration"
@@ -76,7 +77,9 @@ def build_rebuild_rule(headers: Iterable[BundleHeader], base: int) -> list[Entry
     return out
 
 
-def build_append_rule(headers: Iterable[BundleHeader], base: int, interval: int = DEFAULT_INDEX_INTERVAL) -> list[Entry]:
+def build_append_rule(
+    headers: Iterable[BundleHeader], base: int, interval: int = DEFAULT_INDEX_INTERVAL
+) -> list[Entry]:
     """Entries as `append_bundle` writes them when a segment is written in one broker run (§4.3): the first bundle,
     then a bundle when more than `interval` bytes were appended since the start of the last indexed bundle."""
     out: list[Entry] = []
@@ -91,14 +94,15 @@ def build_append_rule(headers: Iterable[BundleHeader], base: int, interval: int 
 
 def build_compaction_rule(headers: Iterable[BundleHeader], base: int) -> list[Entry]:
     """Entries as the broker's compaction writes them (§6.3): the first bundle, then before a bundle when more than
-    10000 bytes or more than 128 messages were written since the last entry."""
+    10000 bytes or more than 128 messages were written since the last entry. The byte count excludes each bundle's
+    length varint (matches every compaction output in the fixtures)."""
     out: list[Entry] = []
     nbytes = nmsgs = 0
     for h in headers:
         if not out or nbytes > COMPACTION_BYTES or nmsgs > COMPACTION_MESSAGES:
             out.append(_entry(h, base))
             nbytes = nmsgs = 0
-        nbytes += h.size
+        nbytes += unframed_size(h.size)
         nmsgs += h.count
     return out
 

@@ -48,3 +48,11 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, end: int | None
         if byte < 0x80:
             return result, p
         shift += 7
+
+
+def unframed_size(framed_size: int) -> int:
+    """Bundle length L given len(varint(L)) + L (canonical varint)."""
+    for k in range(1, 6):
+        if varint_size(framed_size - k) == k:
+            return framed_size - k
+    raise ValueError(f"no canonical framing has size {framed_size}")

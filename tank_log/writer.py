@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .bundle import Message, SnappyPolicy, encode_bundle, frame
 from .fsutil import fsync_dir, temp_path
 from .index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
+from .varint import unframed_size
 from .names import format_active_name, format_index_name, format_ro_name
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
@@ -164,7 +165,7 @@ class SegmentWriter:
             if not self._entries or self._since_entry > 10000 or self._since_msgs > 128:
                 self._entries.append((first - self.base, self.size))
                 self._since_entry = self._since_msgs = 0
-            self._since_entry += len(framed)
+            self._since_entry += unframed_size(len(framed))  # bundle bytes without the length varint (§6.3)
             self._since_msgs += count
         self._fh.write(framed)
         self.size += len(framed)

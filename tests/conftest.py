@@ -1,0 +1,89 @@
+"""Shared test helpers: fixture locations (copied from ../shared/fixtures, written by the real broker) and dumps."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import shutil
+from collections import defaultdict
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "data", "fixtures")
+
+# every data directory with its ground-truth dump
+DATASETS = {
+    "A_multi": "A_multi",
+    "B2_compaction_live": "B2_compaction_live",
+    "B_before": "B_compaction_restart/before",
+    "B_after": "B_compaction_restart/after",
+    "C_misc": "C_misc",
+    "C_before_roll": "C_misc/before_roll",
+    "E_before": "E_compaction_exact/before",
+    "E_after": "E_compaction_exact/after",
+    "M_mirror": "M_mirror",
+}
+
+
+def data_dir(name: str) -> str:
+    return os.path.join(FIXTURES, DATASETS[name], "data")
+
+
+def dump_path(name: str) -> str:
+    return os.path.join(FIXTURES, DATASETS[name], "dump.jsonl.gz")
+
+
+def load_dump_lines(name: str) -> dict[tuple[str, int], list[str]]:
+    """Raw dump lines grouped by (topic, partition), in file order (seq order per partition)."""
+    out: dict[tuple[str, int], list[str]] = defaultdict(list)
+    with gzip.open(dump_path(name), "rt") as fh:
+        for line in fh:
+            o = json.loads(line)
+            out[(o["topic"], o["partition"])].append(line.rstrip("\n"))
+    return dict(out)
+
+
+def load_dump(name: str) -> dict[tuple[str, int], list[tuple[int, int, bytes | None, bytes]]]:
+    """(seq, ts, key or None, value) per partition."""
+    out: dict[tuple[str, int], list] = {}
+    for key, lines in load_dump_lines(name).items():
+        rows = []
+        for line in lines:
+            o = json.loads(line)
+            rows.append((o["seq"], o["ts"], base64.b64decode(o["key_b64"]) or None, base64.b64decode(o["value_b64"])))
+        out[key] = rows
+    return out
+
+
+def copy_tree(src: str, dst: str) -> str:
+    shutil.copytree(src, dst)
+    for root, dirs, files in os.walk(dst):
+        for d in dirs:
+            os.chmod(os.path.join(root, d), 0o755)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o644)
+    return dst
+
+
+def tree_digest(path: str) -> dict[str, bytes]:
+    """Every file (relative path → content) under `path`, for before/after comparisons."""
+    out = {}
+    for root, _, files in os.walk(path):
+        for f in files:
+            full = os.path.join(root, f)
+            with open(full, "rb") as fh:
+                out[os.path.relpath(full, path)] = fh.read()
+    return out
+
+
+@pytest.fixture
+def fixture_copy(tmp_path):
+    """Copy a fixture data dir into tmp and return its path: fixture_copy("A_multi")."""
+
+    def make(name: str) -> str:
+        return copy_tree(data_dir(name), str(tmp_path / name))
+
+    return make

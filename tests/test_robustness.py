@@ -1,0 +1,103 @@
+"""Thousands of mutated fixture segments raise only TankFormatError (or are reported by verify) and never hang."""
+
+import os
+import random
+import signal
+
+import pytest
+from conftest import data_dir
+
+from tank_log.bundle import Codec, Message, encode_bundle, frame
+from tank_log.datadir import partitions_at
+from tank_log.errors import TankFormatError
+from tank_log.segment import Segment
+from tank_log.verify import check_segment
+
+
+def _samples():
+    """Small prefixes (a few bundles) of varied fixture segments: plain, Snappy, sparse, varint counts."""
+    out = []
+    for name, topic in [("A_multi", "events"), ("A_multi", "seqgap"), ("B2_compaction_live", "kvlive"),
+                        ("B_after", "kv"), ("C_misc", "bigmsg"), ("E_after", "kv")]:
+        for part in partitions_at(data_dir(name)):
+            if part.topic != topic:
+                continue
+            for sf in part.segments[:2]:
+                raw = open(sf.path, "rb").read()
+                headers = list(sf.open().bundles())
+                end = headers[min(len(headers) - 1, 6)].end
+                out.append((os.path.basename(sf.path), sf.base, raw[: min(end, 60000)]))
+    return out
+
+
+class Hang(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Hang()
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    b = bytearray(data)
+    kind = rng.randrange(6)
+    if kind == 0:  # truncation
+        return bytes(b[: rng.randrange(len(b))])
+    if kind == 1:  # bit flips
+        for _ in range(rng.randrange(1, 4)):
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+    elif kind == 2:  # random byte
+        b[rng.randrange(len(b))] = rng.randrange(256)
+    elif kind == 3:  # bad varint run
+        i = rng.randrange(len(b))
+        b[i : i + 6] = b"\xff" * 6
+    elif kind == 4:  # wrong count in the first bundle's flags
+        i = 1 if b[0] < 0x80 else 2
+        b[i] = (b[i] & 0xC3) | (rng.randrange(16) << 2)
+    else:  # garbage in the middle
+        i = rng.randrange(len(b))
+        b[i : i + 8] = os.urandom(8)
+    return bytes(b)
+
+
+def test_mutations_raise_only_format_errors(tmp_path):
+    rng = random.Random(1234)
+    samples = _samples()
+    old = signal.signal(signal.SIGALRM, _alarm)
+    outcomes = {"ok": 0, "error": 0, "torn": 0}
+    try:
+        for n in range(3000):
+            name, base, data = samples[n % len(samples)]
+            path = tmp_path / name
+            path.write_bytes(mutate(rng, data))
+            signal.alarm(5)
+            try:
+                seg = Segment(str(path), base)
+                for _ in seg.batches():
+                    pass
+                outcomes["torn" if seg.tail.torn_bytes else "ok"] += 1
+            except TankFormatError as err:
+                assert err.path == str(path) and err.offset is not None
+                outcomes["error"] += 1
+            finally:
+                signal.alarm(0)
+            if n % 10 == 0:
+                signal.alarm(5)
+                try:
+                    check_segment(str(path))  # verify never raises
+                finally:
+                    signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert outcomes["error"] > 500 and outcomes["ok"] > 100, outcomes
+
+
+def test_bad_snappy_length_claim_does_not_allocate(tmp_path):
+    good = frame(encode_bundle([Message(1, 0, None, b"q" * 5000)], sparse=False, codec=Codec.SNAPPY))
+    b = bytearray(good)
+    b[3:8] = b"\xff\xff\xff\xff\x0f"  # uncompressed length claims 4 GiB
+    path = tmp_path / "1_1.log"
+    path.write_bytes(bytes(b))
+    with pytest.raises(TankFormatError, match="Snappy"):
+        list(Segment(str(path)).messages())
