@@ -103,7 +103,8 @@ def parse_bundle_header(buf, pos: int, end: int, next_seq: int) -> BundleHeader:
             raise TankFormatError("sparse bundle with first sequence number 0", offset=pos)
         if first < next_seq:
             raise TankFormatError(
-                f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos)
+                f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos
+            )
         if count != 1:
             span, q = _varint_in_bundle(buf, q, bend, pos)
             last = first + span + 1

@@ -16,20 +16,55 @@ from .problems import Problem
 U32_MAX = (1 << 32) - 1
 
 DURATION_UNITS = {  # §1.5 parse_duration; "month" is a year in the broker (bug), kept for fidelity
-    "weeks": 604800, "week": 604800, "w": 604800,
-    "years": 31536000, "year": 31536000, "y": 31536000,
-    "months": 31536000, "month": 31536000, "mon": 31536000,
-    "days": 86400, "day": 86400, "d": 86400,
-    "hours": 3600, "hour": 3600, "h": 3600,
-    "minutes": 60, "minute": 60, "mins": 60, "min": 60,
-    "seconds": 1, "second": 1, "secs": 1, "sec": 1, "s": 1,
+    "weeks": 604800,
+    "week": 604800,
+    "w": 604800,
+    "years": 31536000,
+    "year": 31536000,
+    "y": 31536000,
+    "months": 31536000,
+    "month": 31536000,
+    "mon": 31536000,
+    "days": 86400,
+    "day": 86400,
+    "d": 86400,
+    "hours": 3600,
+    "hour": 3600,
+    "h": 3600,
+    "minutes": 60,
+    "minute": 60,
+    "mins": 60,
+    "min": 60,
+    "seconds": 1,
+    "second": 1,
+    "secs": 1,
+    "sec": 1,
+    "s": 1,
 }
 SIZE_UNITS = {  # §1.5 parse_size; "gigabyte" (singular) is not accepted by the broker (typo "gibabyte")
-    "terabytes": 1 << 40, "terabyte": 1 << 40, "tbs": 1 << 40, "tb": 1 << 40, "t": 1 << 40,
-    "gigabytes": 1 << 30, "gibabyte": 1 << 30, "gbs": 1 << 30, "gb": 1 << 30, "g": 1 << 30,
-    "megabytes": 1 << 20, "megabyte": 1 << 20, "mbs": 1 << 20, "mb": 1 << 20, "m": 1 << 20,
-    "kilobytes": 1 << 10, "kilobyte": 1 << 10, "kbs": 1 << 10, "kb": 1 << 10, "k": 1 << 10,
-    "bytes": 1, "byte": 1, "b": 1,
+    "terabytes": 1 << 40,
+    "terabyte": 1 << 40,
+    "tbs": 1 << 40,
+    "tb": 1 << 40,
+    "t": 1 << 40,
+    "gigabytes": 1 << 30,
+    "gibabyte": 1 << 30,
+    "gbs": 1 << 30,
+    "gb": 1 << 30,
+    "g": 1 << 30,
+    "megabytes": 1 << 20,
+    "megabyte": 1 << 20,
+    "mbs": 1 << 20,
+    "mb": 1 << 20,
+    "m": 1 << 20,
+    "kilobytes": 1 << 10,
+    "kilobyte": 1 << 10,
+    "kbs": 1 << 10,
+    "kb": 1 << 10,
+    "k": 1 << 10,
+    "bytes": 1,
+    "byte": 1,
+    "b": 1,
 }
 
 
@@ -161,8 +196,9 @@ KEYS = {
 }
 
 
-def parse_config(text: str, path: str = "config", base: PartitionConfig | None = None
-                 ) -> tuple[PartitionConfig, list[Problem]]:
+def parse_config(
+    text: str, path: str = "config", base: PartitionConfig | None = None
+) -> tuple[PartitionConfig, list[Problem]]:
     """Apply a config file's lines on top of `base`; return the result and the problems found.
 
     Broker rules: split on `\\n`; a `#` starts a comment; a line is skipped only if *exactly* empty after removing
@@ -181,13 +217,13 @@ def parse_config(text: str, path: str = "config", base: PartitionConfig | None =
             why = "no '=' on the line" if not eq else "value must be 1..127 bytes"
             if not line.strip():
                 why = "whitespace-only, indented-comment or CRLF-blank line"
-            problems.append(Problem(path, lineno, "config-line",
-                                    f"{why}: the broker aborts startup (line {raw!r})"))
+            problems.append(Problem(path, lineno, "config-line", f"{why}: the broker aborts startup (line {raw!r})"))
             continue
         spec = KEYS.get(key.lower())
         if spec is None:
-            problems.append(Problem(path, lineno, "config-unknown-key",
-                                    f"unknown key {key!r} (the broker ignores it)", "warning"))
+            problems.append(
+                Problem(path, lineno, "config-unknown-key", f"unknown key {key!r} (the broker ignores it)", "warning")
+            )
             continue
         field, parser = spec
         try:
@@ -197,8 +233,7 @@ def parse_config(text: str, path: str = "config", base: PartitionConfig | None =
     return config, problems
 
 
-def load_config(path: str | os.PathLike, base: PartitionConfig | None = None
-                ) -> tuple[PartitionConfig, list[Problem]]:
+def load_config(path: str | os.PathLike, base: PartitionConfig | None = None) -> tuple[PartitionConfig, list[Problem]]:
     """Read a config file (missing file = `base` unchanged)."""
     path = os.fspath(path)
     try:

@@ -111,16 +111,25 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             continue
         if parsed is None:
             if not entry.startswith(".") and entry != "config":
-                part.problems.append(Problem(full, None, "unexpected-name",
-                                             "unexpected name (the broker logs and ignores it)", "warning"))
+                part.problems.append(
+                    Problem(
+                        full, None, "unexpected-name", "unexpected name (the broker logs and ignores it)", "warning"
+                    )
+                )
             continue
         if isinstance(parsed, CompactionTemp):
             part.leftovers.append((full, parsed))
             continue
         if parsed.kind is Kind.INDEX:
             if parsed.wide:
-                part.problems.append(Problem(full, None, "wide-index",
-                                             "_64.index is not implemented: the broker aborts on this segment (§4.6)"))
+                part.problems.append(
+                    Problem(
+                        full,
+                        None,
+                        "wide-index",
+                        "_64.index is not implemented: the broker aborts on this segment (§4.6)",
+                    )
+                )
             else:
                 part.index_files[parsed.base] = full
             continue
@@ -135,11 +144,24 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
     if actives:
         part.active = actives[-1]
         for other in actives[:-1]:
-            part.problems.append(Problem(other.path, None, "several-active",
-                                         "more than one .log in the partition (the broker keeps one, §2.6)"))
+            part.problems.append(
+                Problem(
+                    other.path,
+                    None,
+                    "several-active",
+                    "more than one .log in the partition (the broker keeps one, §2.6)",
+                )
+            )
     if part.active is not None and part.active.size == 0:
-        part.problems.append(Problem(part.active.path, None, "empty-active",
-                                     "0-byte active segment: the broker deletes it at open (§2.6)", "warning"))
+        part.problems.append(
+            Problem(
+                part.active.path,
+                None,
+                "empty-active",
+                "0-byte active segment: the broker deletes it at open (§2.6)",
+                "warning",
+            )
+        )
     return part
 
 
@@ -150,25 +172,37 @@ def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> T
     digit_names = sorted((e for e in os.listdir(path) if e.isdigit()), key=lambda e: (int(e), e))
     count = len(digit_names)
     if not count:
-        topic.problems.append(Problem(path, None, "no-partitions",
-                                      "topic without partition directories (the broker skips it)", "warning"))
+        topic.problems.append(
+            Problem(path, None, "no-partitions", "topic without partition directories (the broker skips it)", "warning")
+        )
         return topic
     ids = [int(e) for e in digit_names]
     if min(ids) != 0 or max(ids) != count - 1 or len(set(ids)) != count:
-        topic.problems.append(Problem(
-            path, None, "partition-ids",
-            f"partition directories {digit_names} are not 0..{count - 1}: the broker serves partitions "
-            f"0..{count - 1} by count (§1.4) and ignores or aborts on the others"))
+        topic.problems.append(
+            Problem(
+                path,
+                None,
+                "partition-ids",
+                f"partition directories {digit_names} are not 0..{count - 1}: the broker serves partitions "
+                f"0..{count - 1} by count (§1.4) and ignores or aborts on the others",
+            )
+        )
     for entry in digit_names:
         full = os.path.join(path, entry)
         pid = int(entry)
         if entry != str(pid):
-            topic.problems.append(Problem(full, None, "partition-name",
-                                          f"non-canonical partition directory name (the broker opens {pid!s}/)"))
+            topic.problems.append(
+                Problem(
+                    full, None, "partition-name", f"non-canonical partition directory name (the broker opens {pid!s}/)"
+                )
+            )
             continue
         if not os.path.isdir(full):
-            topic.problems.append(Problem(full, None, "partition-not-dir",
-                                          "digit-named non-directory: the broker aborts opening it (§1.4)"))
+            topic.problems.append(
+                Problem(
+                    full, None, "partition-not-dir", "digit-named non-directory: the broker aborts opening it (§1.4)"
+                )
+            )
             continue
         if pid >= count:
             continue  # reported above; the broker never opens it
@@ -190,8 +224,9 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
         full = os.path.join(path, entry)
         if entry.startswith("."):
             if os.path.isdir(full):
-                dd.problems.append(Problem(full, None, "stray-topic",
-                                           "stray or half-created topic (the broker ignores it)", "warning"))
+                dd.problems.append(
+                    Problem(full, None, "stray-topic", "stray or half-created topic (the broker ignores it)", "warning")
+                )
             continue
         try:
             is_dir = os.path.isdir(full) and os.stat(full) is not None

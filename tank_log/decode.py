@@ -134,7 +134,8 @@ def walk_bundles(
                     raise TankFormatError("sparse bundle with first sequence number 0", offset=pos)
                 if first < next_seq:
                     raise TankFormatError(
-                        f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos)
+                        f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos
+                    )
                 if c != 1:
                     span, q = _header_varint(buf, q, end, pos, "sparse last-first-1")
                     last = first + span + 1
@@ -352,6 +353,6 @@ def decode_messages(table: BundleTable) -> MessageColumns:
         row = int(np.flatnonzero(err.where)[0])
         b = int(ids[row])
         raise TankFormatError(
-            f"{err.message} (message {step} of bundle with {table.counts[b]} messages)",
-            offset=table.offsets[b]) from None
+            f"{err.message} (message {step} of bundle with {table.counts[b]} messages)", offset=table.offsets[b]
+        ) from None
     return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)

@@ -24,8 +24,12 @@ def _orders(rng: random.Random, n: int, t0: int) -> list[Message]:
     out = []
     for i in range(n):
         oid = rng.randrange(n // 3)
-        body = {"order": oid, "status": rng.choice(["new", "paid", "shipped", "delivered"]),
-                "amount": round(rng.random() * 500, 2), "items": rng.randrange(1, 9)}
+        body = {
+            "order": oid,
+            "status": rng.choice(["new", "paid", "shipped", "delivered"]),
+            "amount": round(rng.random() * 500, 2),
+            "items": rng.randrange(1, 9),
+        }
         out.append(Message(i + 1, t0 + i * 60_000, b"order-%06d" % oid, json.dumps(body).encode()))
     return out
 
@@ -44,15 +48,21 @@ def _profiles(rng: random.Random, n: int, t0: int) -> list[Message]:
             if rng.random() < 0.05:
                 out.append(Message(i + 1, ts, b"user-%04d" % uid, b""))  # tombstone
             else:
-                body = {"user": uid, "name": f"user {uid}", "plan": rng.choice(["free", "pro", "team"]),
-                        "visits": rng.randrange(1000)}
+                body = {
+                    "user": uid,
+                    "name": f"user {uid}",
+                    "plan": rng.choice(["free", "pro", "team"]),
+                    "visits": rng.randrange(1000),
+                }
                 out.append(Message(i + 1, ts, b"user-%04d" % uid, json.dumps(body).encode()))
     return out
 
 
 def _clicks(rng: random.Random, n: int, t0: int) -> list[Message]:
-    return [Message(i + 1, t0 + i * 1000, None, b"/page/%d?ref=%d" % (rng.randrange(50), rng.randrange(5)))
-            for i in range(n)]
+    return [
+        Message(i + 1, t0 + i * 1000, None, b"/page/%d?ref=%d" % (rng.randrange(50), rng.randrange(5)))
+        for i in range(n)
+    ]
 
 
 def write_demo(directory: str | os.PathLike, *, seed: int = 7, now_ms: int | None = None) -> str:
@@ -65,14 +75,24 @@ def write_demo(directory: str | os.PathLike, *, seed: int = 7, now_ms: int | Non
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     rng = random.Random(seed)
     topics = {
-        "orders": ("log.segment.bytes=64kb\nlog.retention.secs=7days\n", 3,
-                   lambda: _orders(rng, 6000, now_ms - 14 * DAY_MS),
-                   BundlePolicy(max_messages=50, snappy=SnappyPolicy.CLIENT)),
-        "profiles": ("log.segment.bytes=32kb\nlog.cleanup.policy=cleanup\n", 2,
-                     lambda: _profiles(rng, 5000, now_ms - 2 * DAY_MS),
-                     BundlePolicy(max_messages=20, snappy=SnappyPolicy.CLIENT)),
-        "clicks": ("log.segment.bytes=16kb\n", 1, lambda: _clicks(rng, 2000, now_ms - DAY_MS),
-                   BundlePolicy(max_messages=1, snappy=SnappyPolicy.NEVER)),
+        "orders": (
+            "log.segment.bytes=64kb\nlog.retention.secs=7days\n",
+            3,
+            lambda: _orders(rng, 6000, now_ms - 14 * DAY_MS),
+            BundlePolicy(max_messages=50, snappy=SnappyPolicy.CLIENT),
+        ),
+        "profiles": (
+            "log.segment.bytes=32kb\nlog.cleanup.policy=cleanup\n",
+            2,
+            lambda: _profiles(rng, 5000, now_ms - 2 * DAY_MS),
+            BundlePolicy(max_messages=20, snappy=SnappyPolicy.CLIENT),
+        ),
+        "clicks": (
+            "log.segment.bytes=16kb\n",
+            1,
+            lambda: _clicks(rng, 2000, now_ms - DAY_MS),
+            BundlePolicy(max_messages=1, snappy=SnappyPolicy.NEVER),
+        ),
     }
     for topic, (config, nparts, gen, policy) in topics.items():
         tdir = os.path.join(directory, topic)

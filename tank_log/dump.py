@@ -25,16 +25,31 @@ def message_records(segment: Segment, topic: str | None, partition: int | None) 
         for i in range(len(c)):
             key = c.key(i) or b""
             value = c.value(i)
-            yield {"topic": topic, "partition": partition, "seq": seqs[i], "ts": tss[i],
-                   "key": _text(key), "key_b64": base64.b64encode(key).decode(),
-                   "value": _text(value), "value_b64": base64.b64encode(value).decode()}
+            yield {
+                "topic": topic,
+                "partition": partition,
+                "seq": seqs[i],
+                "ts": tss[i],
+                "key": _text(key),
+                "key_b64": base64.b64encode(key).decode(),
+                "value": _text(value),
+                "value_b64": base64.b64encode(value).decode(),
+            }
 
 
 def bundle_records(segment: Segment) -> Iterator[dict]:
     for h in segment.bundles():
-        yield {"file": os.path.basename(segment.path), "offset": h.offset, "length": h.size,
-               "codec": "snappy" if h.codec else "none", "count": h.count, "varint_count": h.varint_count,
-               "sparse": h.sparse, "first_seq": h.first_seq, "last_seq": h.last_seq}
+        yield {
+            "file": os.path.basename(segment.path),
+            "offset": h.offset,
+            "length": h.size,
+            "codec": "snappy" if h.codec else "none",
+            "count": h.count,
+            "varint_count": h.varint_count,
+            "sparse": h.sparse,
+            "first_seq": h.first_seq,
+            "last_seq": h.last_seq,
+        }
 
 
 def _segment_location(path: str) -> tuple[str | None, int | None]:

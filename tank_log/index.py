@@ -132,8 +132,12 @@ def verify_index(
 
     if data is None:
         if not active:
-            bad(None, "index-missing", "RO index missing (the broker rebuilds it on first read; needs write access)",
-                "warning")
+            bad(
+                None,
+                "index-missing",
+                "RO index missing (the broker rebuilds it on first read; needs write access)",
+                "warning",
+            )
         else:
             bad(None, "index-missing", "active segment index missing (rebuilt at open; fails in -r mode)", "warning")
         return problems
@@ -164,6 +168,9 @@ def verify_index(
         if off not in starts:
             bad(pos, "index-not-bundle-start", f"entry {i} offset {off} is not the start of a bundle")
         elif starts[off] != base + rel:
-            bad(pos, "index-seq-mismatch",
-                f"entry {i} says seq {base + rel} at offset {off}, the bundle there starts at seq {starts[off]}")
+            bad(
+                pos,
+                "index-seq-mismatch",
+                f"entry {i} says seq {base + rel} at offset {off}, the bundle there starts at seq {starts[off]}",
+            )
     return problems

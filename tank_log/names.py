@@ -56,9 +56,14 @@ class FileName:
 
 @dataclass(frozen=True)
 class CompactionTemp:
-    """A compaction leftover `<inner>.cleaned|.swap|.old` (TANK_FORMAT.md §6.4); `inner` is the final name."""
+    """A compaction leftover `<inner>.cleaned|.swap|.old` (TANK_FORMAT.md §6.4); `inner` is the final name.
 
-    inner: FileName
+    `inner` is None only for `.cleaned` files whose name is not a valid segment name, such as the broker's
+    placeholder `<base>-0_0.ilog.cleaned` written before the output's last seq is known (the broker unlinks every
+    `.cleaned` at open, whatever its name, §2.6).
+    """
+
+    inner: FileName | None
     stage: str  # "cleaned" | "swap" | "old"
 
 
@@ -113,7 +118,12 @@ def parse_name(name: str) -> FileName | CompactionTemp | None:
     for suffix in COMPACTION_SUFFIXES:
         if rest.endswith(suffix):
             inner_rest = rest[: -len(suffix)]
-            inner = _parse_plain(name, stem, inner_rest)
+            try:
+                inner = _parse_plain(name, stem, inner_rest)
+            except SegmentNameError:
+                if suffix != ".cleaned":
+                    raise
+                return CompactionTemp(None, "cleaned")
             if inner is None:
                 return None
             return CompactionTemp(inner, suffix[1:])

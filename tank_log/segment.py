@@ -78,8 +78,15 @@ class Segment:
 
     # ---- walking -------------------------------------------------------------------------------------------------
 
-    def _walk(self, *, collect: bool, start: int = 0, next_seq: int | None = None,
-              chunk_bytes: int = DEFAULT_CHUNK_BYTES, stop_seq: int | None = None):
+    def _walk(
+        self,
+        *,
+        collect: bool,
+        start: int = 0,
+        next_seq: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        stop_seq: int | None = None,
+    ):
         """Yield (WalkResult, file offset of its buffer) per chunk; sets `self.tail` at the end of the file."""
         next_seq = self.base if next_seq is None else next_seq
         self.tail = None
@@ -119,14 +126,29 @@ class Segment:
         for res, base in self._walk(collect=False, start=start, next_seq=next_seq):
             t = res.table
             for i in range(len(t)):
-                yield BundleHeader(t.offsets[i] + base, t.sizes[i], t.flags[i], t.counts[i], t.firsts[i],
-                                   t.lasts[i], t.set_offsets[i] + base, t.varint_counts[i])
+                yield BundleHeader(
+                    t.offsets[i] + base,
+                    t.sizes[i],
+                    t.flags[i],
+                    t.counts[i],
+                    t.firsts[i],
+                    t.lasts[i],
+                    t.set_offsets[i] + base,
+                    t.varint_counts[i],
+                )
 
-    def chunks(self, *, start: int = 0, next_seq: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-               stop_seq: int | None = None) -> Iterator[Chunk]:
+    def chunks(
+        self,
+        *,
+        start: int = 0,
+        next_seq: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        stop_seq: int | None = None,
+    ) -> Iterator[Chunk]:
         """Decoded chunks of complete bundles."""
-        for res, base in self._walk(collect=True, start=start, next_seq=next_seq, chunk_bytes=chunk_bytes,
-                                    stop_seq=stop_seq):
+        for res, base in self._walk(
+            collect=True, start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=stop_seq
+        ):
             try:
                 cols = decode_messages(res.table)
             except TankFormatError as err:
@@ -135,8 +157,14 @@ class Segment:
 
     # ---- convenient views ----------------------------------------------------------------------------------------
 
-    def batches(self, *, min_seq: int | None = None, max_seq: int | None = None,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES, use_index: bool = True) -> Iterator[pa.RecordBatch]:
+    def batches(
+        self,
+        *,
+        min_seq: int | None = None,
+        max_seq: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        use_index: bool = True,
+    ) -> Iterator[pa.RecordBatch]:
         """Messages as Arrow batches (schema `arrow_batch.SCHEMA`), optionally restricted to a seq range.
 
         With `min_seq` the index is used to seek (TANK_FORMAT.md §4.4 step 3) when `use_index` and it exists.

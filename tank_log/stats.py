@@ -76,9 +76,26 @@ def stats_path(path: str | os.PathLike, topics: list[str] | None = None) -> list
 
 
 def format_table(rows: list[PartitionStats]) -> str:
-    cols = ["topic", "partition", "segments", "bytes", "messages", "first_seq", "last_seq", "keyed", "keyless",
-            "tombstones", "distinct_keys", "bundles", "snappy_bundles", "sparse_bundles", "torn_bytes"]
+    cols = [
+        "topic",
+        "partition",
+        "segments",
+        "bytes",
+        "messages",
+        "first_seq",
+        "last_seq",
+        "keyed",
+        "keyless",
+        "tombstones",
+        "distinct_keys",
+        "bundles",
+        "snappy_bundles",
+        "sparse_bundles",
+        "torn_bytes",
+    ]
     table = [cols] + [["" if getattr(r, c) is None else str(getattr(r, c)) for c in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
-    return "\n".join("  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths,
-                     strict=True))) for row in table)
+    return "\n".join(
+        "  ".join(v.ljust(w) if i < 1 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+        for row in table
+    )

@@ -43,9 +43,18 @@ def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> Segmen
             for i in range(len(t)):
                 from .bundle import BundleHeader
 
-                headers.append(BundleHeader(t.offsets[i] + chunk.file_offset, t.sizes[i], t.flags[i], t.counts[i],
-                                            t.firsts[i], t.lasts[i], t.set_offsets[i] + chunk.file_offset,
-                                            t.varint_counts[i]))
+                headers.append(
+                    BundleHeader(
+                        t.offsets[i] + chunk.file_offset,
+                        t.sizes[i],
+                        t.flags[i],
+                        t.counts[i],
+                        t.firsts[i],
+                        t.lasts[i],
+                        t.set_offsets[i] + chunk.file_offset,
+                        t.varint_counts[i],
+                    )
+                )
             if len(chunk.cols):
                 if result.first_seq is None:
                     result.first_seq = int(chunk.cols.seq[0])
@@ -63,8 +72,10 @@ def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> Segmen
     result.valid_end = tail.valid_end
     if tail.torn_bytes:
         if seg.is_active:
-            msg = (f"torn tail: {tail.torn_bytes} bytes after the last complete bundle (an append in flight if the "
-                   f"broker runs; offline the broker exits at open, §3.11; `rebuild_indexes --salvage` fixes it)")
+            msg = (
+                f"torn tail: {tail.torn_bytes} bytes after the last complete bundle (an append in flight if the "
+                f"broker runs; offline the broker exits at open, §3.11; `rebuild_indexes --salvage` fixes it)"
+            )
         else:
             msg = f"torn tail in an RO segment: {tail.torn_bytes} bytes after the last complete bundle (§3.11)"
         result.problems.append(Problem(seg.path, tail.valid_end, "torn-tail", msg))
@@ -73,12 +84,18 @@ def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> Segmen
             result.problems.append(Problem(seg.path, 0, "empty-segment", "RO segment without any complete bundle"))
         return result
     if result.first_seq != seg.base:
-        result.problems.append(Problem(seg.path, 0, "name-base",
-                                       f"name says base {seg.base}, first message has seq {result.first_seq}"))
+        result.problems.append(
+            Problem(seg.path, 0, "name-base", f"name says base {seg.base}, first message has seq {result.first_seq}")
+        )
     if not seg.is_active and result.last_seq != seg.last:
-        result.problems.append(Problem(
-            seg.path, headers[-1].offset, "name-last",
-            f"name says last {seg.last}, last message has seq {result.last_seq} (routing uses the name, §4.4)"))
+        result.problems.append(
+            Problem(
+                seg.path,
+                headers[-1].offset,
+                "name-last",
+                f"name says last {seg.last}, last message has seq {result.last_seq} (routing uses the name, §4.4)",
+            )
+        )
     if check_index:
         index_path = seg.index_path
         try:
@@ -94,8 +111,14 @@ def check_partition(part: Partition) -> list[Problem]:
     """Every segment of a partition plus the layout invariants of TANK_FORMAT.md §9 rules 3–4."""
     problems = list(part.problems)
     for path, temp in part.leftovers:
-        problems.append(Problem(path, None, "compaction-leftover",
-                                f"leftover of an interrupted compaction ({temp.stage}); run `tank-log repair` (§6.4)"))
+        problems.append(
+            Problem(
+                path,
+                None,
+                "compaction-leftover",
+                f"leftover of an interrupted compaction ({temp.stage}); run `tank-log repair` (§6.4)",
+            )
+        )
     checks = {s.path: check_segment(s) for s in part.segments}
     for c in checks.values():
         problems += c.problems
@@ -103,28 +126,50 @@ def check_partition(part: Partition) -> list[Problem]:
     prev: SegmentFile | None = None
     for s in part.ro:
         if prev is not None and s.base <= prev.last:  # type: ignore[operator]
-            problems.append(Problem(s.path, None, "overlap",
-                                    f"RO range {s.base}-{s.last} overlaps {os.path.basename(prev.path)}"))
+            problems.append(
+                Problem(s.path, None, "overlap", f"RO range {s.base}-{s.last} overlaps {os.path.basename(prev.path)}")
+            )
         prev = s
     if part.ro:
         last_ro = max(s.last for s in part.ro)  # type: ignore[type-var]
         if part.active is None or part.active.size == 0:
-            problems.append(Problem(part.path, None, "no-active",
-                                    "RO segments without a non-empty active segment: the broker hides all RO data "
-                                    "after the next append (§9 rule 4)"))
+            problems.append(
+                Problem(
+                    part.path,
+                    None,
+                    "no-active",
+                    "RO segments without a non-empty active segment: the broker hides all RO data "
+                    "after the next append (§9 rule 4)",
+                )
+            )
         elif part.active.base <= last_ro:
-            problems.append(Problem(part.active.path, None, "active-base",
-                                    f"active base {part.active.base} <= last RO seq {last_ro}"))
+            problems.append(
+                Problem(
+                    part.active.path, None, "active-base", f"active base {part.active.base} <= last RO seq {last_ro}"
+                )
+            )
         elif part.active.base != last_ro + 1:
-            problems.append(Problem(part.active.path, None, "gap-before-active",
-                                    f"seq gap {last_ro + 1}..{part.active.base - 1} between the last RO segment and "
-                                    f"the active segment: the broker aborts on a fetch inside it (§4.4)"))
+            problems.append(
+                Problem(
+                    part.active.path,
+                    None,
+                    "gap-before-active",
+                    f"seq gap {last_ro + 1}..{part.active.base - 1} between the last RO segment and "
+                    f"the active segment: the broker aborts on a fetch inside it (§4.4)",
+                )
+            )
     bases = {s.base for s in part.segments}
     for base, path in part.index_files.items():
         if base not in bases:
-            problems.append(Problem(path, None, "stale-index",
-                                    "index without its segment: appended to if this base becomes active (§2.3)",
-                                    "warning"))
+            problems.append(
+                Problem(
+                    path,
+                    None,
+                    "stale-index",
+                    "index without its segment: appended to if this base becomes active (§2.3)",
+                    "warning",
+                )
+            )
     return problems
 
 

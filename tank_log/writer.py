@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .bundle import Message, SnappyPolicy, encode_bundle, frame
 from .fsutil import fsync_dir, temp_path
 from .index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
-from .varint import unframed_size
 from .names import format_active_name, format_index_name, format_ro_name
+from .varint import unframed_size
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
 
@@ -113,6 +113,8 @@ class SegmentWriter:
             raise ValueError(f"sequence numbers must increase: {message.seq} after {prev}")
         if message.seq < 1:
             raise ValueError("sequence number 0 is never assigned (§3.6)")
+        if message.key is not None and len(message.key) > 255:
+            raise ValueError(f"key of {len(message.key)} bytes exceeds 255 (§3.8)")
         if self.base is not None and message.seq - self.base >= REL_SEQ_LIMIT:
             raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
         self._pending.append(message)
@@ -130,8 +132,11 @@ class SegmentWriter:
             return
         msgs = self._pending
         expected = self.base if self.last is None else self.last + 1
-        sparse = expected is not None and msgs[0].seq != expected or any(
-            b.seq != a.seq + 1 for a, b in zip(msgs, msgs[1:], strict=False))
+        sparse = (
+            expected is not None
+            and msgs[0].seq != expected
+            or any(b.seq != a.seq + 1 for a, b in zip(msgs, msgs[1:], strict=False))
+        )
         bundle = encode_bundle(msgs, sparse=sparse, codec=self.policy.snappy)
         self._pending, self._pending_bytes = [], 0
         self._append(frame(bundle), msgs[0].seq, msgs[-1].seq, len(msgs))
@@ -186,8 +191,18 @@ class SegmentWriter:
             fh.write(encode_index(self._entries))
             fh.flush()
             os.fsync(fh.fileno())
-        return WrittenSegment(self.directory, self.base, self.last, self.ts, self.active,  # type: ignore[arg-type]
-                              self._log_tmp, self._index_tmp, self.size, self.messages, self.bundles)
+        return WrittenSegment(
+            self.directory,
+            self.base,
+            self.last,
+            self.ts,
+            self.active,  # type: ignore[arg-type]
+            self._log_tmp,
+            self._index_tmp,
+            self.size,
+            self.messages,
+            self.bundles,
+        )
 
     def close(self) -> WrittenSegment | None:
         """Finish and move into place under the final names."""
@@ -227,8 +242,18 @@ def commit(written: WrittenSegment) -> WrittenSegment:
     os.rename(written.index_path, index_final)
     os.rename(written.log_path, log_final)
     fsync_dir(d)
-    return WrittenSegment(d, written.base, written.last, written.ts, written.active, log_final, index_final,
-                          written.size, written.messages, written.bundles)
+    return WrittenSegment(
+        d,
+        written.base,
+        written.last,
+        written.ts,
+        written.active,
+        log_final,
+        index_final,
+        written.size,
+        written.messages,
+        written.bundles,
+    )
 
 
 def write_segment(directory: str | os.PathLike, messages: Iterable[Message], **kwargs) -> WrittenSegment | None:
@@ -254,6 +279,8 @@ def write_partition(
     """Write messages into a fresh partition directory as the broker would lay them out: RO segments rolled once
     larger than `segment_bytes` (§2.4), the rest as the active segment (`with_active`) or one more RO segment.
 
+    A segment is only rolled where the next message continues the counter, so no boundary — in particular the one
+    before the active segment (§4.4, §9 rule 3) — has a seq gap; very sparse input makes larger segments.
     Name timestamps: RO = newest message ts in seconds (≈ mtime at roll, §2.2); active = its first message's.
     """
     directory = os.fspath(directory)
@@ -261,35 +288,30 @@ def write_partition(
     done: list[WrittenSegment] = []
     writer: SegmentWriter | None = None
     newest = first_ts = 0
+    roll_due = False
     try:
         for m in messages:
+            if writer is not None and roll_due and m.seq == writer.expected_next:
+                writer.ts = newest // 1000
+                done.append(commit(writer.finish()))  # type: ignore[arg-type]
+                writer = None
             if writer is None:
                 writer = SegmentWriter(directory, policy=policy, index_interval=index_interval)
                 newest = first_ts = m.ts
             writer.add(m)
             newest = max(newest, m.ts)
-            if writer.size > segment_bytes:
-                writer.ts = newest // 1000
-                done.append(commit(writer.finish()))  # type: ignore[arg-type]
-                writer = None
+            roll_due = writer.size > segment_bytes
         if writer is not None:
             written = writer.finish()
             if written is not None:
-                if with_active:
-                    from dataclasses import replace
-
-                    written = replace(written, active=True, ts=first_ts // 1000)
-                else:
-                    written = replace_ts(written, newest // 1000)
+                written = (
+                    replace(written, active=True, ts=first_ts // 1000)
+                    if with_active
+                    else replace(written, ts=newest // 1000)
+                )
                 done.append(commit(written))
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
     return done
-
-
-def replace_ts(written: WrittenSegment, ts: int) -> WrittenSegment:
-    from dataclasses import replace
-
-    return replace(written, ts=ts)

@@ -6,8 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tank_log.bundle import (SPARSE, Codec, Message, SnappyPolicy, encode_bundle, frame, is_contiguous,
-                             parse_bundle_header)
+from tank_log.bundle import (
+    SPARSE,
+    Codec,
+    Message,
+    SnappyPolicy,
+    encode_bundle,
+    frame,
+    is_contiguous,
+    parse_bundle_header,
+)
 from tank_log.decode import decode_messages, walk_bundles
 from tank_log.errors import TankFormatError
 
@@ -48,8 +56,11 @@ def test_sparse_round_trip(msgs, codec, varint_count):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(keys, values, st.integers(0, 3)), min_size=1, max_size=60),
-       st.integers(1, 2**50), st.sampled_from(list(SnappyPolicy)))
+@given(
+    st.lists(st.tuples(keys, values, st.integers(0, 3)), min_size=1, max_size=60),
+    st.integers(1, 2**50),
+    st.sampled_from(list(SnappyPolicy)),
+)
 def test_contiguous_round_trip(rows, first, policy):
     msgs = []
     ts = 1_700_000_000_000
@@ -81,7 +92,12 @@ def test_sequence_derivation_across_bundles(groups):
 
 
 def test_header_fields_and_conventions():
-    msgs = [Message(10, 5, b"k", b"a"), Message(11, 5, None, b"b"), Message(15, 6, b"k2", b""), Message(16, 6, None, b"")]
+    msgs = [
+        Message(10, 5, b"k", b"a"),
+        Message(11, 5, None, b"b"),
+        Message(15, 6, b"k2", b""),
+        Message(16, 6, None, b""),
+    ]
     b = encode_bundle(msgs, sparse=True)
     assert b[0] == SPARSE | (4 << 2)
     assert struct.unpack_from("<Q", b, 1)[0] == 10
@@ -111,18 +127,22 @@ def test_snappy_policies():
     assert encode_bundle(big, sparse=False, codec=SnappyPolicy.CLIENT)[0] & 3 == 1
     assert encode_bundle(big, sparse=False, codec=SnappyPolicy.WHEN_SMALLER)[0] & 3 == 1
     import os
+
     noise = [Message(1, 0, None, os.urandom(3000))]
     assert encode_bundle(noise, sparse=False, codec=SnappyPolicy.WHEN_SMALLER)[0] & 3 == 0  # would grow
     assert encode_bundle(noise, sparse=False, codec=SnappyPolicy.CLIENT)[0] & 3 == 1  # client compresses anyway
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (lambda b: bytes([b[0], b[1] | 0x80]) + b[2:], "bit 7"),
-    (lambda b: bytes([b[0], (b[1] & ~3) | 2]) + b[2:], "codec"),
-    (lambda b: bytes([b[0], (b[1] & 0xC3) | (3 << 2)]) + b[2:], "count"),  # 3 instead of 2 messages
-    (lambda b: bytes([b[0], (b[1] & 0xC3) | (1 << 2)]) + b[2:], "count"),  # 1 instead of 2
-    (lambda b: bytes([b[0] + 1]) + b[1:] + b"\x00", "count"),  # an extra byte in the set
-])
+@pytest.mark.parametrize(
+    "mutate,needle",
+    [
+        (lambda b: bytes([b[0], b[1] | 0x80]) + b[2:], "bit 7"),
+        (lambda b: bytes([b[0], (b[1] & ~3) | 2]) + b[2:], "codec"),
+        (lambda b: bytes([b[0], (b[1] & 0xC3) | (3 << 2)]) + b[2:], "count"),  # 3 instead of 2 messages
+        (lambda b: bytes([b[0], (b[1] & 0xC3) | (1 << 2)]) + b[2:], "count"),  # 1 instead of 2
+        (lambda b: bytes([b[0] + 1]) + b[1:] + b"\x00", "count"),  # an extra byte in the set
+    ],
+)
 def test_strict_errors(mutate, needle):
     good = frame(encode_bundle([Message(1, 0, b"k", b"v"), Message(2, 0, None, b"w")], sparse=False))
     bad = mutate(good)

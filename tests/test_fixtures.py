@@ -2,7 +2,6 @@
 the Arrow path and `tank-log dump`; re-encoding its bundles with the same choices reproduces them."""
 
 import io
-import os
 from contextlib import redirect_stdout
 
 import numpy as np
@@ -52,6 +51,7 @@ def test_cli_dump_is_byte_identical(name):
         assert main(["dump", data_dir(name)]) == 0
     got: dict = {}
     import json
+
     for line in buf.getvalue().splitlines():
         o = json.loads(line)
         got.setdefault((o["topic"], o["partition"]), []).append(line)
@@ -87,8 +87,10 @@ def test_reencoding_bundles_reproduces_them(name):
                 t, c = chunk.table, chunk.cols
                 starts = np.searchsorted(c.bundle, np.arange(len(t)))
                 for i in range(len(t)):
-                    msgs = [Message(int(c.seq[j]), int(c.ts[j]), c.key(j), c.value(j))
-                            for j in range(starts[i], starts[i] + t.counts[i])]
+                    msgs = [
+                        Message(int(c.seq[j]), int(c.ts[j]), c.key(j), c.value(j))
+                        for j in range(starts[i], starts[i] + t.counts[i])
+                    ]
                     sparse = bool(t.flags[i] & 0x40)
                     off = chunk.file_offset + t.offsets[i]
                     orig = raw[off : off + t.sizes[i]]
@@ -103,7 +105,11 @@ def test_reencoding_bundles_reproduces_them(name):
                         assert header == bytes([plain[0] | 1]) + plain[1 : len(header)], (sf.path, off)
                         assert decompress(raw[set_start : off + t.sizes[i]]) == encode_message_set(msgs, sparse)
                         snappy_total += 1
-                        snappy_same += frame(encode_bundle(msgs, sparse=sparse, codec=Codec.SNAPPY,
-                                                           varint_count=t.varint_counts[i])) == orig
+                        snappy_same += (
+                            frame(
+                                encode_bundle(msgs, sparse=sparse, codec=Codec.SNAPPY, varint_count=t.varint_counts[i])
+                            )
+                            == orig
+                        )
     if snappy_total:
         assert snappy_same > 0  # identical compressor output for part of them (see docstring)

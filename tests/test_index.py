@@ -8,8 +8,15 @@ import pytest
 from conftest import FIXTURES, data_dir
 
 from tank_log.datadir import partitions_at
-from tank_log.index import (build_append_rule, build_compaction_rule, build_rebuild_rule, encode_index, lookup,
-                            read_index, verify_index)
+from tank_log.index import (
+    build_append_rule,
+    build_compaction_rule,
+    build_rebuild_rule,
+    encode_index,
+    lookup,
+    read_index,
+    verify_index,
+)
 from tank_log.segment import Segment
 
 D = os.path.join(FIXTURES, "D_index_rebuild")
@@ -22,12 +29,16 @@ def segment_for(index_rel: str) -> Segment:
     root = SET_DATA.get(setname, os.path.join(FIXTURES, setname, "data"))
     base = fname.split(".")[0]
     pdir = os.path.join(root, topic, part)
-    (log,) = [f for f in os.listdir(pdir) if f.endswith("log") and (f.startswith(base + "-") or f.startswith(base + "_"))]
+    (log,) = [
+        f for f in os.listdir(pdir) if f.endswith("log") and (f.startswith(base + "-") or f.startswith(base + "_"))
+    ]
     return Segment(os.path.join(pdir, log))
 
 
-REBUILT = sorted(os.path.relpath(p, os.path.join(D, "rebuilt"))
-                 for p in glob.glob(os.path.join(D, "rebuilt", "**", "*.index"), recursive=True))
+REBUILT = sorted(
+    os.path.relpath(p, os.path.join(D, "rebuilt"))
+    for p in glob.glob(os.path.join(D, "rebuilt", "**", "*.index"), recursive=True)
+)
 
 
 @pytest.mark.parametrize("rel", REBUILT)

@@ -17,8 +17,14 @@ from tank_log.verify import check_segment
 def _samples():
     """Small prefixes (a few bundles) of varied fixture segments: plain, Snappy, sparse, varint counts."""
     out = []
-    for name, topic in [("A_multi", "events"), ("A_multi", "seqgap"), ("B2_compaction_live", "kvlive"),
-                        ("B_after", "kv"), ("C_misc", "bigmsg"), ("E_after", "kv")]:
+    for name, topic in [
+        ("A_multi", "events"),
+        ("A_multi", "seqgap"),
+        ("B2_compaction_live", "kvlive"),
+        ("B_after", "kv"),
+        ("C_misc", "bigmsg"),
+        ("E_after", "kv"),
+    ]:
         for part in partitions_at(data_dir(name)):
             if part.topic != topic:
                 continue

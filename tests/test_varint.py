@@ -13,8 +13,10 @@ def test_round_trip_and_canonical_size(value):
     assert decode_varint(enc + b"\xff", 0) == (value, len(enc))
 
 
-@pytest.mark.parametrize("value,size", [(0, 1), (127, 1), (128, 2), (2**14 - 1, 2), (2**14, 3), (2**21, 4),
-                                        (2**28 - 1, 4), (2**28, 5), (2**32 - 1, 5)])
+@pytest.mark.parametrize(
+    "value,size",
+    [(0, 1), (127, 1), (128, 2), (2**14 - 1, 2), (2**14, 3), (2**21, 4), (2**28 - 1, 4), (2**28, 5), (2**32 - 1, 5)],
+)
 def test_sizes(value, size):
     assert len(encode_varint(value)) == size
 

@@ -1,0 +1,67 @@
+"""The `tank-log` command as a user runs it (a real subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import data_dir
+
+CLI = [sys.executable, "-m", "tank_log.cli"]
+
+
+def run(*args, **kw):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, **kw)
+
+
+def test_demo_stats_verify_dump(tmp_path):
+    demo = tmp_path / "demo"
+    r = run("demo", str(demo))
+    assert r.returncode == 0, r.stderr
+    r = run("stats", str(demo), "--json")
+    rows = json.loads(r.stdout)
+    assert {(x["topic"], x["partition"]) for x in rows} == {
+        ("clicks", 0),
+        ("orders", 0),
+        ("orders", 1),
+        ("orders", 2),
+        ("profiles", 0),
+        ("profiles", 1),
+    }
+    profiles = [x for x in rows if x["topic"] == "profiles"]
+    assert all(x["tombstones"] > 0 and x["keyless"] > 0 and x["ro_segments"] >= 2 for x in profiles)
+    assert all(x["snappy_bundles"] > 0 for x in rows if x["topic"] == "orders")
+    r = run("verify", str(demo))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run("dump", str(demo / "clicks" / "0"))
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2000 and json.loads(lines[0])["seq"] == 1
+    assert run("demo", str(demo)).returncode == 2  # refuses to overwrite
+
+
+def test_bundles_listing():
+    seg = os.path.join(data_dir("A_multi"), "seqgap", "0", "1-881_1795261032.ilog")
+    r = run("dump", "--bundles", seg)
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert rows[0]["offset"] == 0 and rows[-1]["last_seq"] == 881
+    assert any(x["sparse"] for x in rows) and any(x["codec"] == "snappy" for x in rows)
+
+
+def test_verify_reports_and_fails(tmp_path):
+    import shutil
+
+    d = tmp_path / "d"
+    shutil.copytree(data_dir("A_multi"), d)
+    os.chmod(d / "small" / "0", 0o755)
+    idx = d / "small" / "0" / "106.index"
+    os.chmod(idx, 0o644)
+    idx.write_bytes(b"")
+    r = run("verify", str(d), "--json")
+    assert r.returncode == 1
+    problems = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [(p["code"], os.path.basename(p["path"])) for p in problems] == [("index-empty", "106.index")]
+
+
+def test_bad_path_is_a_usage_error(tmp_path):
+    r = run("stats", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "nope" in r.stderr

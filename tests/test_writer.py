@@ -1,0 +1,102 @@
+"""Segments we write follow Appendix B and read back exactly."""
+
+import os
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tank_log.bundle import Message, SnappyPolicy
+from tank_log.datadir import scan_partition
+from tank_log.index import build_append_rule, encode_index
+from tank_log.segment import Segment
+from tank_log.verify import check_partition
+from tank_log.writer import BundlePolicy, SegmentWriter, write_partition, write_segment
+
+
+def gen_messages(rng, n, start=1, gaps=True):
+    out, seq = [], start
+    for _ in range(n):
+        key = None if rng.random() < 0.2 else b"k%d" % rng.randrange(50)
+        out.append(Message(seq, 1_700_000_000_000 + seq // 3, key, b"v" * rng.randrange(0, 300)))
+        seq += 1 + (rng.randrange(5) if gaps and rng.random() < 0.1 else 0)
+    return out
+
+
+def test_write_and_read_back(tmp_path):
+    msgs = gen_messages(random.Random(1), 3000)
+    w = write_segment(tmp_path, msgs, ts=1795000000, policy=BundlePolicy(max_messages=50))
+    assert w.log_name == f"1-{msgs[-1].seq}_1795000000.ilog"
+    assert sorted(os.listdir(tmp_path)) == sorted([w.log_name, "1.index"])  # no temp files left
+    assert list(Segment(w.log_path).messages()) == msgs
+    seg = Segment(w.log_path)
+    assert open(w.index_path, "rb").read() == encode_index(build_append_rule(seg.bundles(), 1))
+
+
+def test_sparse_only_when_needed(tmp_path):
+    contiguous = [Message(i, 0, None, b"x") for i in range(10, 30)]
+    os.makedirs(tmp_path / "a")
+    w = write_segment(tmp_path / "a", contiguous, policy=BundlePolicy(max_messages=7))
+    assert not any(h.sparse for h in Segment(w.log_path).bundles())
+    gappy = contiguous[:5] + [Message(100, 0, None, b"y")] + [Message(101, 0, None, b"z")]
+    os.makedirs(tmp_path / "b")
+    w = write_segment(tmp_path / "b", gappy, policy=BundlePolicy(max_messages=3))
+    # [10,11,12] [13,14,100] [101]: only the bundle with the gap is sparse; [101] continues the counter
+    assert [h.sparse for h in Segment(w.log_path).bundles()] == [False, True, False]
+    more = gappy + [Message(102 + i, 0, None, b"w") for i in range(3)]
+    os.makedirs(tmp_path / "c")
+    w = write_segment(tmp_path / "c", more, policy=BundlePolicy(max_messages=3))
+    assert [h.sparse for h in Segment(w.log_path).bundles()] == [False, True, False, False]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from(list(SnappyPolicy)), st.integers(1, 120))
+def test_property_partition_round_trip(tmp_path_factory, seed, snappy, bundle_size):
+    d = tmp_path_factory.mktemp("p")
+    msgs = gen_messages(random.Random(seed), 800)
+    write_partition(d, msgs, segment_bytes=4 << 10, policy=BundlePolicy(max_messages=bundle_size, snappy=snappy))
+    part = scan_partition(str(d), "t", 0)
+    assert part.active is not None and len(part.ro) >= 1
+    got = [m for s in part.segments for m in s.open().messages()]
+    assert got == msgs
+    assert [p for p in check_partition(part) if p.severity == "error"] == []
+
+
+def test_active_segment_and_abort(tmp_path):
+    w = SegmentWriter(tmp_path, active=True, ts=42)
+    w.add(Message(5, 1, None, b"a"))
+    done = w.close()
+    assert os.path.basename(done.log_path) == "5_42.log"
+    w2 = SegmentWriter(tmp_path)
+    w2.add(Message(9, 1, None, b"a"))
+    w2.flush_bundle()
+    w2.abort()
+    assert sorted(os.listdir(tmp_path)) == ["5.index", "5_42.log"]
+
+
+def test_rejects_bad_input(tmp_path):
+    w = SegmentWriter(tmp_path)
+    w.add(Message(5, 1, None, b"a"))
+    with pytest.raises(ValueError):
+        w.add(Message(5, 1, None, b"b"))
+    with pytest.raises(ValueError):
+        w.add(Message(6, 1, b"k" * 256, b"b"))
+    w.abort()
+    with pytest.raises(FileExistsError):
+        write_segment(tmp_path, [Message(1, 0, None, b"x")], ts=1)
+        write_segment(tmp_path, [Message(1, 0, None, b"x")], ts=1)
+
+
+def test_copy_encoded_bundles(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    w = write_segment(src, gen_messages(random.Random(3), 500), ts=1)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    raw = open(w.log_path, "rb").read()
+    out = SegmentWriter(dst, ts=1)
+    for h in Segment(w.log_path).bundles():
+        out.add_bundle(raw[h.offset : h.end], h.first_seq, h.last_seq, h.count, sparse=h.sparse)
+    copy = out.close()
+    assert open(copy.log_path, "rb").read() == raw
