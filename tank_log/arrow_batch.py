@@ -1,8 +1,8 @@
 """Decoded message columns → `pyarrow.RecordBatch`, without a Python object per message.
 
 Keys and values sit interleaved with message headers in the decoded buffer. We view the buffer as one binary
-array whose elements alternate value / gap (offsets = start0, end0, start1, end1, ...) and `take` the even
-elements: Arrow copies the bytes in C++.
+array whose elements alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and
+`take` the value elements: Arrow copies the bytes in C++.
 """
 
 from __future__ import annotations
@@ -26,11 +26,17 @@ def _gather(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndar
     n = len(off)
     if n == 0:
         return pa.array([], pa.binary())
+    picks = np.arange(0, 2 * n, 2, dtype=np.int64)
+    if n > 1 and (off[1:] < off[:-1] + length[:-1]).any():
+        # spans out of buffer order (decompressed sets sit after the plain ones): sort them, pick by rank
+        order = np.argsort(off, kind="stable")
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64)
+        off, length, picks = off[order], length[order], 2 * rank
     bounds = np.empty(2 * n, dtype=np.int64)
     bounds[0::2] = off
     bounds[1::2] = off + length
     spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), data])
-    picks = np.arange(0, 2 * n, 2, dtype=np.int64)
     idx = pa.array(picks, mask=None if valid is None else ~valid)
     return spans.take(idx).cast(pa.binary())
 

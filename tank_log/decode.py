@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import snappy_codec
-from .bundle import CODEC_MASK, RESERVED, SPARSE
+from .bundle import CODEC_MASK, RESERVED, SPARSE, BundleHeader
 from .errors import TankFormatError
 from .varint import decode_varint
 
@@ -35,22 +35,51 @@ LIMIT = "limit"  # stopped early at max_bytes / stop_seq
 
 @dataclass
 class BundleTable:
-    """Headers of consecutive bundles plus, when collected, their decompressed message sets in `data`."""
+    """Headers of consecutive bundles plus, when collected, the bytes their messages are decoded from.
+
+    `data` is the walked buffer followed by the decompressed Snappy message sets (plain sets are decoded in place);
+    `set_starts`/`set_ends` locate each bundle's uncompressed message set in `data`.
+    """
 
     offsets: list[int] = field(default_factory=list)  # buffer offset of each length varint
-    sizes: list[int] = field(default_factory=list)  # varint + bundle bytes
+    ends: list[int] = field(default_factory=list)  # buffer offset just after each bundle
+    set_offsets: list[int] = field(default_factory=list)  # buffer offset of the (compressed) message set
     flags: list[int] = field(default_factory=list)
     counts: list[int] = field(default_factory=list)
     firsts: list[int] = field(default_factory=list)
     lasts: list[int] = field(default_factory=list)
-    set_offsets: list[int] = field(default_factory=list)  # buffer offset of the (compressed) message set
-    varint_counts: list[bool] = field(default_factory=list)
-    set_starts: list[int] = field(default_factory=list)  # position of each message set in `data`
-    set_ends: list[int] = field(default_factory=list)
+    set_starts: np.ndarray | None = None
+    set_ends: np.ndarray | None = None
     data: bytes = b""
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    @property
+    def sizes(self) -> list[int]:
+        """varint + bundle bytes of each bundle."""
+        return [e - o for o, e in zip(self.offsets, self.ends, strict=True)]
+
+    @property
+    def varint_counts(self) -> list[bool]:
+        """Whether each bundle's count is a varint (4-bit field 0)."""
+        return [(f >> 2) & 0x0F == 0 for f in self.flags]
+
+    def headers(self, file_offset: int = 0) -> list[BundleHeader]:
+        """One BundleHeader per bundle, with offsets shifted to file positions."""
+        return [
+            BundleHeader(o + file_offset, e - o, f, c, first, last, q + file_offset, (f >> 2) & 0x0F == 0)
+            for o, e, q, f, c, first, last in zip(
+                self.offsets,
+                self.ends,
+                self.set_offsets,
+                self.flags,
+                self.counts,
+                self.firsts,
+                self.lasts,
+                strict=True,
+            )
+        ]
 
 
 @dataclass
@@ -73,55 +102,57 @@ def walk_bundles(
 ) -> WalkResult:
     """Walk framed bundles of `buf` from `start`; see module docstring.
 
-    `collect`: decompress and gather message sets (for `decode_messages`); otherwise headers only.
+    `collect`: decompress Snappy message sets and build `data` (for `decode_messages`); otherwise headers only.
     `max_bytes`: stop after the bundle that brings the walked bytes to this size. `stop_seq`: stop after the
     bundle whose last seq is >= stop_seq.
     """
-    t = BundleTable()
-    offsets, sizes, flags_l, counts = t.offsets, t.sizes, t.flags, t.counts
-    firsts, lasts, set_offsets, vcounts = t.firsts, t.lasts, t.set_offsets, t.varint_counts
-    set_starts, set_ends = t.set_starts, t.set_ends
-    parts: list = []
+    rows: list[tuple[int, int, int, int, int, int, int]] = []
+    append = rows.append
+    packed_rows: list[int] = []  # row index of each Snappy bundle
+    packed_sets: list = []  # its decompressed message set
     mv = memoryview(buf)
     n = len(buf)
     pos = start
-    data_len = 0
     limit = n if max_bytes is None else min(n, start + max_bytes)
+    stop_at = U64_MAX + 1 if stop_seq is None else stop_seq
     unpack_u64 = _U64.unpack_from
-    decompress = snappy_codec.decompress
+    raw_decompress = snappy_codec.decompress_raw
+    check_claim = snappy_codec.check_claim
     reason = COMPLETE
     need = 0
-    try:
-        while pos < n:
-            b = buf[pos]
-            if b < 0x80:
-                blen = b
-                hp = pos + 1
-            else:
-                try:
-                    blen, hp = decode_varint(buf, pos, n)
-                except TankFormatError:
-                    if n - pos < 5 and all(x >= 0x80 for x in buf[pos:]):
-                        reason = INCOMPLETE  # a length varint cut by the end of the buffer
-                        break
-                    raise TankFormatError("bad bundle length varint", offset=pos) from None
-            if blen == 0:
-                reason = ZERO
-                break
-            end = hp + blen
-            if end > n:
-                reason, need = INCOMPLETE, end
-                break
-            f = buf[hp]
+    while pos < n:
+        b = buf[pos]
+        if b < 0x80:
+            blen = b
+            hp = pos + 1
+        else:
+            try:
+                blen, hp = decode_varint(buf, pos, n)
+            except TankFormatError:
+                if n - pos < 5 and all(x >= 0x80 for x in buf[pos:]):
+                    reason = INCOMPLETE  # a length varint cut by the end of the buffer
+                    break
+                raise TankFormatError("bad bundle length varint", offset=pos) from None
+        if blen == 0:
+            reason = ZERO
+            break
+        end = hp + blen
+        if end > n:
+            reason, need = INCOMPLETE, end
+            break
+        f = buf[hp]
+        c = (f >> 2) & 0x0F
+        q = hp + 1
+        if f & 0xC3 == 0 and c:  # plain, non-sparse, count in the flags: the common case
+            first = next_seq
+            next_seq += c
+        else:
             if f & RESERVED:
                 raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
             codec = f & CODEC_MASK
             if codec > 1:
                 raise TankFormatError(f"unsupported codec {codec} (bundle flags 0x{f:02x})", offset=pos)
-            c = (f >> 2) & 0x0F
-            q = hp + 1
-            vcount = c == 0
-            if vcount:
+            if not c:
                 c, q = _header_varint(buf, q, end, pos, "message count")
                 if c == 0:
                     raise TankFormatError("bundle message count 0", offset=pos)
@@ -138,47 +169,51 @@ def walk_bundles(
                     )
                 if c != 1:
                     span, q = _header_varint(buf, q, end, pos, "sparse last-first-1")
-                    last = first + span + 1
+                    next_seq = first + span + 2
                 else:
-                    last = first
+                    next_seq = first + 1
             else:
                 first = next_seq
-                last = next_seq + c - 1
-            if last > U64_MAX:
+                next_seq += c
+            if next_seq > U64_MAX + 1:
                 raise TankFormatError("sequence number overflows u64", offset=pos)
-            if c > end - q:
-                # every message takes at least 2 bytes (flags + length), even compressed sets hold >= 1 byte each
-                if not codec or c > 22 * (end - q) + 64:
+            if codec:
+                if c > 22 * (end - q) + 64:
                     raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
-            if collect:
-                if codec:
+                if collect:
+                    block = mv[q:end]
                     try:
-                        part = decompress(mv[q:end])
+                        if q >= end or buf[q] >= 0x80:
+                            check_claim(block)  # bound the uncompressed size before allocating it
+                        packed_sets.append(raw_decompress(block))
                     except TankFormatError as err:
                         raise TankFormatError(err.message, offset=pos) from None
-                else:
-                    part = mv[q:end]
-                parts.append(part)
-                set_starts.append(data_len)
-                data_len += len(part)
-                set_ends.append(data_len)
-            offsets.append(pos)
-            sizes.append(end - pos)
-            flags_l.append(f)
-            counts.append(c)
-            firsts.append(first)
-            lasts.append(last)
-            set_offsets.append(q)
-            vcounts.append(vcount)
-            next_seq = last + 1
-            pos = end
-            if pos >= limit or (stop_seq is not None and last >= stop_seq):
-                reason = LIMIT if pos < n else COMPLETE
-                break
-    finally:
-        if collect:
-            parts.append(_PAD)
-            t.data = b"".join(parts)
+                    except Exception as err:
+                        raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
+                    packed_rows.append(len(rows))
+        if c > end - q and not f & CODEC_MASK:
+            # every message takes at least 2 bytes (flags + length)
+            raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
+        append((pos, end, q, f, c, first, next_seq - 1))
+        pos = end
+        if pos >= limit or next_seq > stop_at:
+            reason = LIMIT if pos < n else COMPLETE
+            break
+    t = BundleTable()
+    if rows:
+        cols = list(zip(*rows, strict=True))
+        t.offsets, t.ends, t.set_offsets, t.flags, t.counts, t.firsts, t.lasts = (list(x) for x in cols)
+    if collect:
+        starts = np.array(t.set_offsets, dtype=np.int64)
+        ends = np.array(t.ends, dtype=np.int64)
+        if packed_rows:
+            rows_idx = np.array(packed_rows, dtype=np.int64)
+            lens = np.fromiter(map(len, packed_sets), dtype=np.int64, count=len(packed_sets))
+            set_ends = pos + np.cumsum(lens)
+            starts[rows_idx] = set_ends - lens
+            ends[rows_idx] = set_ends
+        t.data = b"".join([mv[:pos], *packed_sets, _PAD])
+        t.set_starts, t.set_ends = starts, ends
     return WalkResult(t, pos, next_seq, reason, need)
 
 
@@ -278,8 +313,8 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     bundle_of = np.repeat(np.arange(nb, dtype=np.int64), counts)
 
     ids = np.arange(nb, dtype=np.int64)
-    p = np.array(table.set_starts, dtype=np.int64)
-    end = np.array(table.set_ends, dtype=np.int64)
+    p = table.set_starts.copy()  # type: ignore[union-attr]
+    end = table.set_ends
     remaining = counts.copy()
     flags = np.array(table.flags, dtype=np.uint8)
     sparse = (flags & SPARSE) != 0

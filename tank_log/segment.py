@@ -124,18 +124,7 @@ class Segment:
     def bundles(self, *, start: int = 0, next_seq: int | None = None) -> Iterator[BundleHeader]:
         """Bundle headers in file order (no decompression)."""
         for res, base in self._walk(collect=False, start=start, next_seq=next_seq):
-            t = res.table
-            for i in range(len(t)):
-                yield BundleHeader(
-                    t.offsets[i] + base,
-                    t.sizes[i],
-                    t.flags[i],
-                    t.counts[i],
-                    t.firsts[i],
-                    t.lasts[i],
-                    t.set_offsets[i] + base,
-                    t.varint_counts[i],
-                )
+            yield from res.table.headers(base)
 
     def chunks(
         self,

@@ -39,22 +39,7 @@ def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> Segmen
     headers = []
     try:
         for chunk in reader.chunks():
-            t = chunk.table
-            for i in range(len(t)):
-                from .bundle import BundleHeader
-
-                headers.append(
-                    BundleHeader(
-                        t.offsets[i] + chunk.file_offset,
-                        t.sizes[i],
-                        t.flags[i],
-                        t.counts[i],
-                        t.firsts[i],
-                        t.lasts[i],
-                        t.set_offsets[i] + chunk.file_offset,
-                        t.varint_counts[i],
-                    )
-                )
+            headers += chunk.table.headers(chunk.file_offset)
             if len(chunk.cols):
                 if result.first_seq is None:
                     result.first_seq = int(chunk.cols.seq[0])

@@ -86,6 +86,7 @@ def test_reencoding_bundles_reproduces_them(name):
             for chunk in sf.open().chunks():
                 t, c = chunk.table, chunk.cols
                 starts = np.searchsorted(c.bundle, np.arange(len(t)))
+                sizes, varint_counts = t.sizes, t.varint_counts
                 for i in range(len(t)):
                     msgs = [
                         Message(int(c.seq[j]), int(c.ts[j]), c.key(j), c.value(j))
@@ -93,22 +94,20 @@ def test_reencoding_bundles_reproduces_them(name):
                     ]
                     sparse = bool(t.flags[i] & 0x40)
                     off = chunk.file_offset + t.offsets[i]
-                    orig = raw[off : off + t.sizes[i]]
+                    orig = raw[off : off + sizes[i]]
                     if t.flags[i] & 3 == 0:
-                        enc = frame(encode_bundle(msgs, sparse=sparse, varint_count=t.varint_counts[i]))
+                        enc = frame(encode_bundle(msgs, sparse=sparse, varint_count=varint_counts[i]))
                         assert enc == orig, (sf.path, off)
                     else:
                         _, header_start = decode_varint(raw, off)
                         set_start = chunk.file_offset + t.set_offsets[i]
-                        plain = encode_bundle(msgs, sparse=sparse, codec=Codec.NONE, varint_count=t.varint_counts[i])
+                        plain = encode_bundle(msgs, sparse=sparse, codec=Codec.NONE, varint_count=varint_counts[i])
                         header = raw[header_start:set_start]
                         assert header == bytes([plain[0] | 1]) + plain[1 : len(header)], (sf.path, off)
-                        assert decompress(raw[set_start : off + t.sizes[i]]) == encode_message_set(msgs, sparse)
+                        assert bytes(decompress(raw[set_start : off + sizes[i]])) == encode_message_set(msgs, sparse)
                         snappy_total += 1
                         snappy_same += (
-                            frame(
-                                encode_bundle(msgs, sparse=sparse, codec=Codec.SNAPPY, varint_count=t.varint_counts[i])
-                            )
+                            frame(encode_bundle(msgs, sparse=sparse, codec=Codec.SNAPPY, varint_count=varint_counts[i]))
                             == orig
                         )
     if snappy_total:

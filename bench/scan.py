@@ -1,0 +1,121 @@
+"""Scan throughput into Arrow (issue: tank_log library acceptance).
+
+Writes >= 1M generated messages (BENCH.md generator) per configuration — plain / Snappy, 1-message / 100-message
+bundles — then scans every segment into `pyarrow.RecordBatch`es. Also measures the raw Snappy decompression of the
+same compressed message sets (the ceiling for the Snappy cases).
+
+Run: python bench/scan.py [--messages 1000000] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import snappy  # noqa: E402
+from common import Timer, bundle_messages, machine  # noqa: E402
+
+from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.datadir import scan_partition  # noqa: E402
+from tank_log.writer import BundlePolicy, write_partition  # noqa: E402
+
+
+def messages(n: int):
+    seq = 1
+    for b in range((n + 99) // 100):
+        for ts, key, value in bundle_messages(b):
+            if seq > n:
+                return
+            yield Message(seq, ts, key, value)
+            seq += 1
+
+
+def scan(part_dir: str) -> tuple[int, int, float, float]:
+    part = scan_partition(part_dir, "bench", 0)
+    rows = 0
+    nbytes = sum(s.size for s in part.segments)
+    with Timer() as t:
+        for s in part.segments:
+            for batch in s.open().batches():
+                rows += batch.num_rows
+    return rows, nbytes, t.wall, t.cpu
+
+
+def snappy_ceiling(part_dir: str) -> tuple[float, int]:
+    """Seconds to raw-decompress every Snappy message set of the partition (best of 3)."""
+    part = scan_partition(part_dir, "bench", 0)
+    blocks = []
+    for s in part.segments:
+        raw = open(s.path, "rb").read()
+        for h in s.open().bundles():
+            if h.codec:
+                blocks.append(raw[h.set_offset : h.end])
+    best = None
+    for _ in range(3):
+        with Timer() as t:
+            for b in blocks:
+                snappy.decompress(b)
+        best = t.wall if best is None else min(best, t.wall)
+    return best or 0.0, len(blocks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--workdir")
+    ap.add_argument("--json", help="write results here")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-scan-")
+    results = []
+    configs = [
+        ("100-msg bundles, Snappy", 100, SnappyPolicy.ALWAYS),
+        ("100-msg bundles, plain", 100, SnappyPolicy.NEVER),
+        ("1-msg bundles, plain", 1, SnappyPolicy.NEVER),
+        ("1-msg bundles, Snappy", 1, SnappyPolicy.ALWAYS),
+    ]
+    for label, per_bundle, snap in configs:
+        d = os.path.join(work, label.replace(" ", "_").replace(",", ""))
+        shutil.rmtree(d, ignore_errors=True)
+        with Timer() as tw:
+            write_partition(
+                d,
+                messages(args.messages),
+                segment_bytes=64 << 20,
+                policy=BundlePolicy(max_messages=per_bundle, max_bytes=1 << 30, snappy=snap),
+            )
+        scan(d)  # warm the page cache
+        runs = [scan(d) for _ in range(3)]
+        rows, nbytes, wall, cpu = min(runs, key=lambda r: r[2])
+        res = {
+            "config": label,
+            "messages": rows,
+            "bytes_on_disk": nbytes,
+            "scan_wall_s": round(wall, 3),
+            "scan_cpu_s": round(cpu, 3),
+            "msgs_per_s": round(rows / wall),
+            "mb_per_s": round(nbytes / wall / 1e6, 1),
+            "write_s": round(tw.wall, 1),
+        }
+        if snap is SnappyPolicy.ALWAYS:
+            secs, blocks = snappy_ceiling(d)
+            res["snappy_decompress_only_s"] = round(secs, 3)
+            res["snappy_blocks"] = blocks
+            res["scan_over_decompress"] = round(wall / secs, 2) if secs else None
+        results.append(res)
+        print(json.dumps(res), flush=True)
+        shutil.rmtree(d, ignore_errors=True)
+    print(f"machine: {machine()}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": machine(), "results": results}, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
