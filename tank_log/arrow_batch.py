@@ -36,8 +36,11 @@ def _gather(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndar
     bounds = np.empty(2 * n, dtype=np.int64)
     bounds[0::2] = off
     bounds[1::2] = off + length
-    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), data])
     idx = pa.array(picks, mask=None if valid is None else ~valid)
+    if data.size < 1 << 31:  # int32 offsets: take yields `binary` directly
+        spans = pa.BinaryArray.from_buffers(pa.binary(), 2 * n - 1, [None, pa.py_buffer(bounds.astype(np.int32)), data])
+        return spans.take(idx)
+    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), data])
     return spans.take(idx).cast(pa.binary())
 
 

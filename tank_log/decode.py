@@ -143,9 +143,23 @@ def walk_bundles(
         f = buf[hp]
         c = (f >> 2) & 0x0F
         q = hp + 1
-        if f & 0xC3 == 0 and c:  # plain, non-sparse, count in the flags: the common case
+        if f & 0xC2 == 0 and c:  # codec none/Snappy, non-sparse, count (<= 15) in the flags: the common case
             first = next_seq
             next_seq += c
+            if f & 1:
+                if collect:
+                    block = mv[q:end]
+                    try:
+                        if q >= end or buf[q] >= 0x80:
+                            check_claim(block)  # bound the uncompressed size before allocating it
+                        packed_sets.append(raw_decompress(block))
+                    except TankFormatError as err:
+                        raise TankFormatError(err.message, offset=pos) from None
+                    except Exception as err:
+                        raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
+                    packed_rows.append(len(rows))
+            elif c > end - q:  # every message takes at least 2 bytes (flags + length)
+                raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         else:
             if f & RESERVED:
                 raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
@@ -177,6 +191,8 @@ def walk_bundles(
                 next_seq += c
             if next_seq > U64_MAX + 1:
                 raise TankFormatError("sequence number overflows u64", offset=pos)
+            if not codec and c > end - q:
+                raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
             if codec:
                 if c > 22 * (end - q) + 64:
                     raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
@@ -191,12 +207,9 @@ def walk_bundles(
                     except Exception as err:
                         raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
                     packed_rows.append(len(rows))
-        if c > end - q and not f & CODEC_MASK:
-            # every message takes at least 2 bytes (flags + length)
-            raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         append((pos, end, q, f, c, first, next_seq - 1))
         pos = end
-        if pos >= limit or next_seq > stop_at:
+        if next_seq > stop_at or pos >= limit:
             reason = LIMIT if pos < n else COMPLETE
             break
     t = BundleTable()
