@@ -68,11 +68,14 @@ def copy_tree(src: str, dst: str) -> str:
     return dst
 
 
-def tree_digest(path: str) -> dict[str, bytes]:
-    """Every file (relative path → content) under `path`, for before/after comparisons."""
+def tree_digest(path: str, *, include_lock: bool = False) -> dict[str, bytes]:
+    """Every file (relative path → content) under `path`, for before/after comparisons. The per-partition lock
+    file (holder info, rewritten by every mutating run) is left out unless `include_lock`."""
     out = {}
     for root, _, files in os.walk(path):
         for f in files:
+            if f == ".tank-log.lock" and not include_lock:
+                continue
             full = os.path.join(root, f)
             with open(full, "rb") as fh:
                 out[os.path.relpath(full, path)] = fh.read()

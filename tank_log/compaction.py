@@ -1,0 +1,458 @@
+"""Compaction of keyed partitions (TANK_FORMAT.md §6), crash-safe and with memory bounded by distinct keys.
+
+Semantics are the broker's (§6.2), so a partition compacted here reads as if the broker had compacted it:
+- only RO segments; the active segment is never read or modified;
+- keyed messages: only the highest seq per key survives; a tombstone (key + empty value) survives as its key's latest
+  value — unless `tombstone_retention_ms` is set: then tombstones older than that (by message ts) are dropped too,
+  which goes beyond the broker (like Kafka's delete.retention.ms);
+- keyless non-empty messages survive (unless `drop_keyless`, Kafka's behaviour); keyless empty ones are dropped;
+- the message with the highest seq of the compacted range always survives: dropping it would open a seq gap before
+  the active segment, on which the broker aborts (§4.4, §11.23 — the broker's own compaction has this bug);
+- survivors keep seq, ts, key, value and order (never the broker's key-order bug, §11.24); gaps are encoded as
+  sparse bundles (§3.6).
+
+Two passes: pass 1 collects key → last seq exactly (Arrow group-by in windows; no digests, so no collisions) and
+keeps only the sorted survivor seqs (8 bytes per key); pass 2 streams the inputs again and writes survivors —
+bundles that survive whole are copied verbatim when large enough, the rest are re-bundled (default 100 messages /
+64 KiB, Snappy when it pays).
+
+File protocol (compatible with the broker's, §6.4): outputs are written under `.`-prefixed temporary names, fsynced
+and renamed to `*.cleaned`; then A: `.cleaned → .swap`; B: inputs → `.old`; C: strip `.swap`; D: unlink `.old`;
+the directory is fsynced after every phase. `repair.repair_partition` recovers from a crash at any point. Finally
+the partition's `.cleanup.log` record is set to the last compacted seq, atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from .arrow_batch import binary_column
+from .bundle import Message, SnappyPolicy
+from .cleanup_log import update_cleanup_log
+from .datadir import Partition, SegmentFile, scan_partition
+from .errors import TankFormatError
+from .fsutil import fsync_dir
+from .locking import PartitionLock, PartitionLocked
+from .names import format_index_name
+from .repair import repair_partition
+from .segment import Segment
+from .writer import BundlePolicy, SegmentWriter, WrittenSegment
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CompactionOptions:
+    force: bool = False  # compact even when the dirty ratio is below the threshold
+    min_cleanable_ratio: float | None = None  # None: the partition's log.cleaner.min.cleanable.ratio
+    segment_bytes: int | None = None  # output size; None: the partition's log.segment.bytes
+    min_compaction_lag_ms: int = 0  # segments whose newest message is younger stay out of this round
+    tombstone_retention_ms: int | None = None  # None: keep tombstones forever (the broker's rule)
+    drop_keyless: bool = False
+    policy: BundlePolicy = BundlePolicy(max_messages=100, max_bytes=64 << 10, snappy=SnappyPolicy.WHEN_SMALLER)
+    broker_stopped: bool = False  # skip the liveness check
+    live_window_s: int = 300  # a partition whose active segment changed this recently looks live
+    dry_run: bool = False
+    pass1_window_rows: int = 1_000_000
+    now_ms: int | None = None  # for tests
+
+
+@dataclass
+class CompactionResult:
+    """One partition's outcome; `to_dict` is its entry in the JSON run report."""
+
+    topic: str
+    partition: int
+    path: str
+    status: str = "pending"  # compacted | nothing-to-do | skipped | failed | dry-run
+    reason: str = ""
+    dirty_ratio: float | None = None
+    range_first: int | None = None
+    range_last: int | None = None
+    segments_before: int = 0
+    bytes_before: int = 0
+    messages_before: int = 0
+    segments_after: int = 0
+    bytes_after: int | None = 0
+    messages_after: int = 0
+    distinct_keys: int = 0
+    tombstones_kept: int = 0
+    tombstones_dropped: int = 0
+    keyless_kept: int = 0
+    keyless_dropped: int = 0
+    key_state_bytes: int = 0
+    outputs: list[str] = field(default_factory=list)
+    repair: dict | None = None
+    duration_s: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---- planning ---------------------------------------------------------------------------------------------------
+
+
+def dirty_ratio(part: Partition, mark: int) -> float:
+    """§6.1 with real file sizes (the broker counts unopened segments as 0 bytes)."""
+    total = sum(s.size for s in part.ro)
+    dirty = sum(s.size for s in part.ro if s.base >= mark + 1)
+    return dirty / total if total else 0.0
+
+
+def segment_max_ts(sf: SegmentFile) -> int:
+    return max((int(c.cols.ts.max()) for c in sf.open().chunks() if len(c.cols)), default=0)
+
+
+def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> list[SegmentFile]:
+    """The RO segments of this round: all of them, minus a young tail (min_compaction_lag_ms, by newest message ts;
+    checked from the newest segment backwards, assuming timestamps grow with seqs as Kafka does)."""
+    inputs = list(part.ro)
+    if options.min_compaction_lag_ms > 0:
+        cutoff = now_ms - options.min_compaction_lag_ms
+        while inputs and segment_max_ts(inputs[-1]) > cutoff:
+            inputs.pop()
+    return inputs
+
+
+def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:
+    """Seconds since the partition last changed if within `window_s` (the broker may be writing), else None."""
+    now = time.time() if now is None else now
+    newest = 0.0
+    for s in part.segments:
+        try:
+            newest = max(newest, os.stat(s.path).st_mtime)
+        except FileNotFoundError:
+            return 0.0
+    age = now - newest
+    return age if part.segments and age < window_s else None
+
+
+# ---- pass 1 -----------------------------------------------------------------------------------------------------
+
+
+class KeyState:
+    """Exact key → last seq, reduced with Arrow group-by every `window` rows; memory ∝ distinct keys."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self.table: pa.Table | None = None
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+
+    def add(self, keys: pa.Array, seqs: np.ndarray) -> None:
+        if len(seqs):
+            self.pending.append(pa.table({"key": keys, "seq": pa.array(seqs)}))
+            self.pending_rows += len(seqs)
+            if self.pending_rows >= self.window:
+                self.reduce()
+
+    def reduce(self) -> None:
+        parts = ([self.table] if self.table is not None else []) + self.pending
+        if not parts:
+            return
+        merged = pa.concat_tables(parts).group_by("key").aggregate([("seq", "max")])
+        self.table = merged.rename_columns(["key", "seq"]).combine_chunks()
+        self.pending, self.pending_rows = [], 0
+
+    def survivor_seqs(self) -> np.ndarray:
+        self.reduce()
+        if self.table is None:
+            return np.zeros(0, dtype=np.uint64)
+        return np.sort(self.table.column("seq").to_numpy())
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.table is None else self.table.nbytes
+
+
+def _in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
+    if not len(sorted_set):
+        return np.zeros(len(values), dtype=bool)
+    idx = np.searchsorted(sorted_set, values)
+    idx[idx == len(sorted_set)] = 0
+    return sorted_set[idx] == values
+
+
+# ---- the job ----------------------------------------------------------------------------------------------------
+
+
+class _Outputs:
+    """Streams survivors into output segments (rolled past `segment_bytes`), tracking name timestamps."""
+
+    def __init__(self, directory: str, options: CompactionOptions, segment_bytes: int, index_interval: int):
+        self.directory = directory
+        self.options = options
+        self.segment_bytes = segment_bytes
+        self.index_interval = index_interval
+        self.done: list[WrittenSegment] = []
+        self.writer: SegmentWriter | None = None
+        self.input_ts: int | None = None
+        self.newest_ts = 0
+
+    def _ensure(self) -> SegmentWriter:
+        if self.writer is None:
+            self.writer = SegmentWriter(self.directory, policy=self.options.policy, index_interval=self.index_interval)
+            self.newest_ts = 0
+        return self.writer
+
+    def add(self, m: Message) -> None:
+        self._ensure().add(m)
+        self.newest_ts = max(self.newest_ts, m.ts)
+        self._maybe_roll()
+
+    def add_bundle(self, framed: bytes, first: int, last: int, count: int, sparse: bool, max_ts: int) -> None:
+        w = self._ensure()
+        if not sparse and w.expected_next is not None and first != w.expected_next:
+            raise ValueError("non-contiguous bundle must be re-encoded")
+        w.add_bundle(framed, first, last, count, sparse=sparse)
+        self.newest_ts = max(self.newest_ts, max_ts)
+        self._maybe_roll()
+
+    def _maybe_roll(self) -> None:
+        if self.writer is not None and self.writer.size > self.segment_bytes:
+            self.close_current()
+
+    def close_current(self) -> None:
+        if self.writer is None:
+            return
+        # name ts: the newest input absorbed (§6.3); legacy inputs without ts: the newest message's, in seconds
+        self.writer.ts = self.input_ts if self.input_ts is not None else self.newest_ts // 1000
+        written = self.writer.finish()
+        if written is not None:
+            self.done.append(written)
+        self.writer = None
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+        for w in self.done:
+            for p in (w.log_path, w.index_path):
+                if os.path.exists(p):
+                    os.unlink(p)
+
+
+def compact_partition(
+    part: Partition,
+    options: CompactionOptions = CompactionOptions(),
+    *,
+    base_path: str | None = None,
+    cleanup_mark: int = 0,
+    on_step: StepHook | None = None,
+) -> CompactionResult:
+    """Compact one partition; never raises for data problems (the result says `failed` and why).
+
+    `base_path`: the broker base path whose `.cleanup.log` gets the new record (None: not updated).
+    `on_step`: called after every file operation of the protocol (crash-injection tests).
+    """
+    t0 = time.monotonic()
+    res = CompactionResult(part.topic, part.id, part.path)
+    try:
+        if options.dry_run:  # read-only: no lock file, the tree stays byte-identical
+            _compact_locked(part, options, res, base_path, cleanup_mark, on_step or (lambda step: None))
+        else:
+            with PartitionLock(part.path, "compact"):
+                _compact_locked(part, options, res, base_path, cleanup_mark, on_step or (lambda step: None))
+    except PartitionLocked as err:
+        res.status, res.reason = "skipped", f"locked: {err}"
+    except TankFormatError as err:
+        res.status, res.error = "failed", str(err)
+    except Exception as err:  # a partition's failure is reported, never fatal for the run
+        log.exception("compaction of %s failed", part.path)
+        res.status, res.error = "failed", f"{type(err).__name__}: {err}"
+    res.duration_s = round(time.monotonic() - t0, 3)
+    return res
+
+
+def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> None:
+    now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
+    if not options.broker_stopped:
+        age = looks_live(part, options.live_window_s, now_ms / 1000)
+        if age is not None:
+            raise RuntimeError(
+                f"partition looks live (modified {age:.0f}s ago): compaction needs the broker stopped "
+                f"(TANK_FORMAT.md §9); stop it and pass --broker-stopped"
+            )
+    rep = repair_partition(part.path, dry_run=options.dry_run)
+    if rep.action != "none":
+        res.repair = rep.to_dict()
+        if not options.dry_run:
+            part = scan_partition(part.path, part.topic, part.id, part.config)
+    for a, b in zip(part.ro, part.ro[1:], strict=False):
+        if b.base <= a.last:
+            raise RuntimeError(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")
+    if part.ro and part.active is not None and part.active.base <= part.ro[-1].last:
+        raise RuntimeError("active segment base <= last RO seq; run verify first")
+
+    res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
+    threshold = (
+        options.min_cleanable_ratio if options.min_cleanable_ratio is not None else (part.config.min_cleanable_ratio)
+    )
+    inputs = select_inputs(part, options, now_ms)
+    if not inputs:
+        res.status, res.reason = "nothing-to-do", "no RO segment old enough" if part.ro else "no RO segments"
+        return
+    if not options.force and res.dirty_ratio < threshold:
+        res.status, res.reason = "nothing-to-do", f"dirty ratio {res.dirty_ratio} < {threshold}"
+        return
+    res.segments_before = len(inputs)
+    res.bytes_before = sum(s.size for s in inputs)
+    res.range_first, res.range_last = inputs[0].base, inputs[-1].last
+
+    # pass 1: key → last seq
+    state = KeyState(options.pass1_window_rows)
+    for sf in inputs:
+        seg = sf.open()
+        for chunk in seg.chunks():
+            c = chunk.cols
+            res.messages_before += len(c)
+            keyed = c.key_off >= 0
+            if keyed.any():
+                state.add(binary_column(c, keyed, "key"), c.seq[keyed])
+        _check_complete(seg)
+    survivors = state.survivor_seqs()
+    res.distinct_keys = len(survivors)
+    res.key_state_bytes = state.nbytes
+    del state
+
+    # pass 2: survivors → outputs
+    segment_bytes = min(options.segment_bytes or part.config.segment_bytes, (1 << 32) - (1 << 26))
+    out = None if options.dry_run else _Outputs(part.path, options, segment_bytes, part.config.index_interval_bytes)
+    cutoff = None if options.tombstone_retention_ms is None else now_ms - options.tombstone_retention_ms
+    try:
+        for sf in inputs:
+            if out is not None:
+                out.input_ts = sf.name.ts
+            _pass2_segment(sf, survivors, res, out, options, cutoff, res.range_last)
+        if res.messages_after == res.messages_before:
+            if out is not None:
+                out.abort()
+            res.status, res.reason = "nothing-to-do", "no message would be dropped"
+            _set_mark(base_path, part, res.range_last, options)
+            return
+        if out is None:
+            res.status, res.bytes_after = "dry-run", None
+            res.segments_after = 0
+            return
+        out.close_current()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    _swap_in(part, inputs, out.done, res, on_step)
+    _set_mark(base_path, part, res.range_last, options)
+    res.status = "compacted"
+
+
+def _check_complete(seg: Segment) -> None:
+    if seg.tail is not None and seg.tail.torn_bytes:
+        raise TankFormatError(
+            f"torn tail of {seg.tail.torn_bytes} bytes in an RO segment; salvage it first (rebuild_indexes --salvage)",
+            seg.path,
+            seg.tail.valid_end,
+        )
+
+
+def _pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
+    seg = sf.open()
+    min_copy = max(1, options.policy.max_messages // 2)
+    for chunk in seg.chunks():
+        c, t = chunk.cols, chunk.table
+        keyed = c.key_off >= 0
+        empty = c.val_len == 0
+        keep = np.where(keyed, _in_sorted(c.seq, survivors), ~empty & (not options.drop_keyless))
+        tomb = keyed & empty
+        if cutoff is not None:
+            expired = keep & tomb & (c.ts < np.uint64(max(cutoff, 0)))
+            keep &= ~expired
+        keep |= c.seq == np.uint64(range_last)  # never drop the range's last message (§4.4)
+        res.messages_after += int(keep.sum())
+        res.tombstones_kept += int((keep & tomb).sum())
+        res.tombstones_dropped += int((~keep & tomb).sum())
+        res.keyless_kept += int((keep & ~keyed).sum())
+        res.keyless_dropped += int((~keep & ~keyed).sum())
+        if out is None:
+            continue
+        per_bundle = np.bincount(c.bundle[keep], minlength=len(t))
+        starts = np.concatenate(([0], np.cumsum(t.counts)[:-1]))
+        data = t.data
+        for b in np.flatnonzero(per_bundle).tolist():
+            lo, n = int(starts[b]), t.counts[b]
+            sparse = bool(t.flags[b] & 0x40)
+            w = out.writer
+            contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
+            if per_bundle[b] == n and n >= min_copy and (sparse or contiguous):
+                out.add_bundle(
+                    data[t.offsets[b] : t.ends[b]], t.firsts[b], t.lasts[b], n, sparse, int(c.ts[lo : lo + n].max())
+                )
+                continue
+            for i in np.flatnonzero(keep[lo : lo + n]).tolist():
+                j = lo + i
+                out.add(Message(int(c.seq[j]), int(c.ts[j]), c.key(j), c.value(j)))
+
+
+def _swap_in(part: Partition, inputs: list[SegmentFile], outputs: list[WrittenSegment], res, on_step) -> None:
+    d = part.path
+    j = lambda n: os.path.join(d, n)  # noqa: E731
+    finals = [(w, w.log_name, w.index_name) for w in outputs]
+    # outputs become visible to the protocol as *.cleaned (the broker would unlink them: rollback)
+    for w, log_name, index_name in finals:
+        os.rename(w.index_path, j(index_name + ".cleaned"))
+        on_step(f"cleaned {index_name}")
+        os.rename(w.log_path, j(log_name + ".cleaned"))
+        on_step(f"cleaned {log_name}")
+    fsync_dir(d)
+    on_step("fsync cleaned")
+    for _, log_name, index_name in finals:  # A
+        os.rename(j(log_name + ".cleaned"), j(log_name + ".swap"))
+        on_step(f"A {log_name}")
+        os.rename(j(index_name + ".cleaned"), j(index_name + ".swap"))
+        on_step(f"A {index_name}")
+    fsync_dir(d)
+    on_step("fsync A")
+    for sf in inputs:  # B
+        name = os.path.basename(sf.path)
+        os.rename(sf.path, j(name + ".old"))
+        on_step(f"B {name}")
+        index = format_index_name(sf.base)
+        if os.path.exists(j(index)):
+            os.rename(j(index), j(index + ".old"))
+            on_step(f"B {index}")
+    fsync_dir(d)
+    on_step("fsync B")
+    for _, log_name, index_name in finals:  # C
+        os.rename(j(index_name + ".swap"), j(index_name))
+        on_step(f"C {index_name}")
+        os.rename(j(log_name + ".swap"), j(log_name))
+        on_step(f"C {log_name}")
+    fsync_dir(d)
+    on_step("fsync C")
+    for sf in inputs:  # D
+        name = os.path.basename(sf.path)
+        os.unlink(j(name + ".old"))
+        on_step(f"D {name}")
+        index = format_index_name(sf.base) + ".old"
+        if os.path.exists(j(index)):
+            os.unlink(j(index))
+            on_step(f"D {index}")
+    fsync_dir(d)
+    on_step("fsync D")
+    res.outputs = [log_name for _, log_name, _ in finals]
+    res.segments_after = len(finals)
+    res.bytes_after = sum(w.size for w in outputs)
+
+
+def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:
+    """§1.6 / §9 rule 10: the partition's `.cleanup.log` record = the last compacted seq."""
+    if base_path is None or last is None or options.dry_run:
+        return
+    update_cleanup_log(base_path, {(part.topic, part.id): last})

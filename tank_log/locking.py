@@ -1,0 +1,56 @@
+"""Per-partition lock so that two tank-log jobs never mutate the same partition.
+
+The lock is a `.`-prefixed file in the partition directory (the broker ignores such names, TANK_FORMAT.md §1.7)
+held with `flock`: the kernel releases it when the holder dies, so a crashed job never leaves a stale lock. The
+file's content (pid, host, job, start time) is only for humans. The broker itself takes no lock (§1.1), which is
+why mutations also require it to be stopped (§9).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+
+LOCK_NAME = ".tank-log.lock"
+
+
+class PartitionLocked(Exception):
+    """Another tank-log process holds the partition's lock."""
+
+
+class PartitionLock:
+    def __init__(self, partition_dir: str | os.PathLike, job: str = "tank-log"):
+        self.path = os.path.join(os.fspath(partition_dir), LOCK_NAME)
+        self.job = job
+        self._fd: int | None = None
+
+    def acquire(self) -> PartitionLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise PartitionLocked(
+                f"{os.path.dirname(self.path)} is locked by another job ({holder or 'unknown'})"
+            ) from None
+        info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": self.job, "since": time.time()})
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, info.encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> PartitionLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

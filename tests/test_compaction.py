@@ -1,0 +1,225 @@
+"""Compaction (TANK_FORMAT.md §6): agreement with the broker, Kafka-style invariants, crash safety, locking."""
+
+import os
+import random
+import time
+
+import pytest
+from conftest import copy_tree, data_dir, load_dump, tree_digest
+
+from tank_log.bundle import Message, SnappyPolicy
+from tank_log.cleanup_log import read_cleanup_log
+from tank_log.compaction import CompactionOptions, compact_partition
+from tank_log.datadir import scan_data_dir, scan_partition
+from tank_log.locking import PartitionLock
+from tank_log.repair import repair_partition
+from tank_log.verify import check_partition, verify_path
+from tank_log.writer import BundlePolicy, write_partition
+
+STOPPED = CompactionOptions(force=True, broker_stopped=True)
+
+
+def messages_of(part_dir):
+    part = scan_partition(part_dir, "t", 0)
+    return [(m.seq, m.ts, m.key, m.value) for s in part.segments for m in s.open().messages()]
+
+
+def only_partition(base):
+    (part,) = scan_data_dir(base).partitions()
+    return part
+
+
+def test_agrees_with_the_broker_on_E(tmp_path):
+    """E_compaction_exact: survivors with seq <= 8058 are exactly the broker's; the active segment is untouched."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    part = only_partition(base)
+    active_before = open(part.active.path, "rb").read()
+    res = compact_partition(part, STOPPED, base_path=base)
+    assert res.status == "compacted", res
+    got = messages_of(part.path)
+    expected = [m for m in load_dump("E_after")[("kv", 0)] if m[0] <= 8058]
+    assert [m for m in got if m[0] <= 8058] == expected
+    assert len(expected) == 1694 and expected[-1][0] == 8058  # the range's last message survives
+    assert open(part.active.path, "rb").read() == active_before
+    assert (res.tombstones_kept, res.keyless_kept, res.keyless_dropped) == (47, 296, 162)
+    assert res.messages_before == 8058 and res.messages_after == 1694 and res.distinct_keys == 1398
+    assert verify_path(base) == []
+    assert read_cleanup_log(base) == {("kv", 0): 8058}
+    assert res.bytes_after < res.bytes_before
+
+
+def test_B_before_compacts_cleanly(tmp_path):
+    base = copy_tree(data_dir("B_before"), str(tmp_path / "b"))
+    res = compact_partition(only_partition(base), STOPPED, base_path=base)
+    assert res.status == "compacted" and verify_path(base) == []
+    got = messages_of(os.path.join(base, "kv", "0"))
+    assert got[-1] == load_dump("B_before")[("kv", 0)][-1]  # active untouched, order preserved
+    assert [m[0] for m in got] == sorted(m[0] for m in got)
+
+
+def generated_partition(path, seed=1, n=6000, gaps=True):
+    rng = random.Random(seed)
+    msgs, seq = [], 1
+    for i in range(n):
+        r = rng.random()
+        if r < 0.05:
+            key, value = None, b""
+        elif r < 0.12:
+            key, value = None, b"keyless %d" % i
+        else:
+            key = b"key-%d" % int(rng.paretovariate(1.1) % 500)
+            value = b"" if rng.random() < 0.06 else (b"v%d-" % i) * rng.randrange(1, 20)
+        msgs.append(Message(seq, 1_700_000_000_000 + i * 1000, key, value))
+        seq += 1 + (rng.randrange(1, 4) if gaps and rng.random() < 0.05 else 0)  # gaps from earlier compactions
+    policy = BundlePolicy(max_messages=rng.choice([1, 7, 50]), snappy=rng.choice(list(SnappyPolicy)))
+    write_partition(path, msgs, segment_bytes=16 << 10, policy=policy)
+    return msgs
+
+
+def expected_survivors(msgs, last_seq, drop_keyless=False, tomb_cutoff=None):
+    latest = {}
+    for m in msgs:
+        if m.seq <= last_seq and m.key:
+            latest[m.key] = m.seq
+    out = []
+    for m in msgs:
+        if m.seq > last_seq:
+            out.append(m)
+        elif m.seq == last_seq:
+            out.append(m)  # always kept
+        elif m.key:
+            if latest[m.key] == m.seq and not (tomb_cutoff is not None and not m.value and m.ts < tomb_cutoff):
+                out.append(m)
+        elif m.value and not drop_keyless:
+            out.append(m)
+    return [(m.seq, m.ts, m.key, m.value) for m in out]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_invariants_on_generated_data(tmp_path, seed):
+    d = str(tmp_path / "t" / "0")
+    msgs = generated_partition(d, seed)
+    part = scan_partition(d, "t", 0)
+    last_ro = part.ro[-1].last
+    size_before = sum(s.size for s in part.segments)
+    res = compact_partition(part, STOPPED)
+    assert res.status == "compacted", res
+    got = messages_of(d)
+    assert got == expected_survivors(msgs, last_ro)
+    part = scan_partition(d, "t", 0)
+    assert [p for p in check_partition(part) if p.severity == "error"] == []
+    assert sum(s.size for s in part.segments) < size_before
+    # compacting again changes nothing
+    digest = tree_digest(d)
+    again = compact_partition(part, STOPPED)
+    assert again.status == "nothing-to-do" and again.reason == "no message would be dropped"
+    assert tree_digest(d) == digest
+
+
+def test_options_tombstone_retention_and_drop_keyless(tmp_path):
+    d = str(tmp_path / "t" / "0")
+    msgs = generated_partition(d, seed=11)
+    part = scan_partition(d, "t", 0)
+    last_ro = part.ro[-1].last
+    cutoff_ms = msgs[len(msgs) // 2].ts
+    now = 1_700_000_000_000 + 10**9
+    opts = CompactionOptions(
+        force=True, broker_stopped=True, drop_keyless=True, tombstone_retention_ms=now - cutoff_ms, now_ms=now
+    )
+    res = compact_partition(part, opts)
+    assert res.status == "compacted" and res.tombstones_dropped > 0 and res.keyless_kept <= 1
+    assert messages_of(d) == expected_survivors(msgs, last_ro, drop_keyless=True, tomb_cutoff=cutoff_ms)
+
+
+def test_planning_ratio_lag_and_dry_run(tmp_path):
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    part = only_partition(base)
+    res = compact_partition(part, CompactionOptions(broker_stopped=True), cleanup_mark=8058)
+    assert res.status == "nothing-to-do" and "dirty ratio 0.0" in res.reason
+    digest = tree_digest(base, include_lock=True)
+    res = compact_partition(part, CompactionOptions(broker_stopped=True, dry_run=True), cleanup_mark=0)
+    assert res.status == "dry-run" and res.messages_after == 1694 and res.bytes_after is None
+    assert tree_digest(base, include_lock=True) == digest  # dry run touches nothing, not even a lock file
+    # a lag that excludes every segment (message ts are from 2025; "now" = ts of the last message + 1 min)
+    lag = CompactionOptions(broker_stopped=True, force=True, min_compaction_lag_ms=10**15)
+    assert compact_partition(part, lag).reason == "no RO segment old enough"
+
+
+def test_refuses_a_live_partition(tmp_path):
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    part = only_partition(base)
+    os.utime(part.active.path, (time.time(), time.time()))
+    res = compact_partition(part, CompactionOptions(force=True))
+    assert res.status == "failed" and "broker stopped" in res.error and "--broker-stopped" in res.error
+
+
+def test_lock_makes_the_second_run_skip(tmp_path):
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    part = only_partition(base)
+    with PartitionLock(part.path, "other-job"):
+        res = compact_partition(part, STOPPED)
+    assert res.status == "skipped" and "locked" in res.reason and "other-job" in res.reason
+
+
+def test_two_concurrent_processes(tmp_path):
+    """Process A compacts (slowed down inside the protocol); B starts meanwhile and must skip."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # A
+        os.close(r)
+
+        def hook(step, fired=[False]):  # noqa: B006
+            if not fired[0]:
+                fired[0] = True
+                os.write(w, b"x")
+                time.sleep(1.0)
+
+        res = compact_partition(only_partition(base), STOPPED, on_step=hook)
+        os._exit(0 if res.status == "compacted" else 3)
+    os.close(w)
+    assert os.read(r, 1) == b"x"
+    res_b = compact_partition(only_partition(base), STOPPED)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert res_b.status == "skipped" and "locked" in res_b.reason
+
+
+def _run_and_crash(base, k):
+    """Fork a compaction that dies (os._exit, no cleanup) right after file operation number k."""
+    pid = os.fork()
+    if pid == 0:
+        count = [0]
+
+        def hook(step):
+            count[0] += 1
+            if count[0] == k:
+                os._exit(17)
+
+        compact_partition(only_partition(base), STOPPED, base_path=base, on_step=hook)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status)
+
+
+def test_crash_at_every_step_then_repair(tmp_path):
+    src = data_dir("E_before")
+    original = messages_of(os.path.join(src, "kv", "0"))
+    ref = copy_tree(src, str(tmp_path / "ref"))
+    steps = []
+    compact_partition(only_partition(ref), STOPPED, base_path=ref, on_step=steps.append)
+    compacted = messages_of(os.path.join(ref, "kv", "0"))
+    assert len(steps) > 20 and compacted != original
+    outcomes = set()
+    for k in range(1, len(steps) + 1):
+        base = copy_tree(src, str(tmp_path / f"k{k}"))
+        assert _run_and_crash(base, k) == 17, f"step {k} ({steps[k - 1]}) did not crash"
+        pdir = os.path.join(base, "kv", "0")
+        repair_partition(pdir)
+        got = messages_of(pdir)
+        assert got in (original, compacted), f"crash after step {k}: {steps[k - 1]}"
+        outcomes.add("original" if got == original else "compacted")
+        problems = [p for p in verify_path(base) if p.severity == "error"]
+        assert problems == [], (k, steps[k - 1], problems)
+        assert repair_partition(pdir).action == "none"  # repair is idempotent
+    assert outcomes == {"original", "compacted"}
