@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# One command: set up, write the demo data directory, show its statistics and verify it.
-#   bash scripts/demo.sh [DIR]      (default: ./demo-data, recreated)
+# One command: set up, write the demo data directory, run the compaction job on it (Spark local mode), then show
+# statistics and verify the result.
+#   bash scripts/demo.sh [DIR]      (default: ./demo-data, recreated; report in ./reports/compact-demo.json)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 DIR=${1:-demo-data}
 rm -rf "$DIR"
+mkdir -p reports
+export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 .venv/bin/tank-log demo "$DIR"
+echo "== before compaction"
+.venv/bin/tank-log stats "$DIR"
+# the demo data is not served by a broker, hence --broker-stopped (TANK_FORMAT.md §9: mutations need it stopped)
+.venv/bin/python jobs/compact.py --data-dir "$DIR" --broker-stopped --report reports/compact-demo.json
+echo "== after compaction (report: reports/compact-demo.json)"
 .venv/bin/tank-log stats "$DIR"
 .venv/bin/tank-log verify "$DIR"

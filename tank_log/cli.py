@@ -1,4 +1,4 @@
-"""`tank-log` command line: dump, verify, stats, demo (see --help of each)."""
+"""`tank-log` command line: dump, verify, stats, repair, compact, demo (see --help of each)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,59 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_repair(args: argparse.Namespace) -> int:
+    from .datadir import partitions_at
+    from .locking import PartitionLock, PartitionLocked
+    from .repair import repair_partition
+
+    status = 0
+    for part in partitions_at(args.path):
+        try:
+            if args.dry_run:
+                res = repair_partition(part.path, dry_run=True)
+            else:
+                with PartitionLock(part.path, "repair"):
+                    res = repair_partition(part.path)
+        except PartitionLocked as err:
+            print(json.dumps({"path": part.path, "action": "skipped", "reason": str(err)}))
+            status = 1
+            continue
+        if res.action != "none" or args.verbose:
+            print(json.dumps({**res.to_dict(), "dry_run": args.dry_run}))
+    return status
+
+
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .compaction_plan import plan_compaction, record_cleanup_marks, run_compaction_task
+    from .datadir import classify_path
+    from .jobconfig import load_job_config, parse_duration_ms
+
+    if classify_path(args.path) != "base":
+        raise ValueError(f"{args.path}: give the broker base path (the directory holding topic directories)")
+    config = load_job_config(args.config)
+    settings = config.compaction
+    if args.force:
+        settings = replace(settings, force=True)
+    if args.tombstone_retention:
+        settings = replace(
+            settings, tombstone_retention_ms=parse_duration_ms(args.tombstone_retention, "--tombstone-retention")
+        )
+    if args.drop_keyless:
+        settings = replace(settings, drop_keyless=True)
+    config = replace(config, compaction=settings, broker_stopped=args.broker_stopped or config.broker_stopped)
+    tasks, skipped = plan_compaction(
+        [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
+    )
+    results = [run_compaction_task(t) for t in tasks]
+    if not args.dry_run:
+        record_cleanup_marks(results)
+    for r in results + skipped:
+        print(json.dumps(r))
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
 def _topics(value: str) -> list[str]:
     return [t for t in value.split(",") if t]
 
@@ -82,6 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", type=_topics)
     p.set_defaults(func=_cmd_stats)
 
+    p = sub.add_parser("repair", help="recover partitions from interrupted compactions (TANK_FORMAT.md §6.4)")
+    p.add_argument("path", help="partition dir, topic dir or base path")
+    p.add_argument("--dry-run", action="store_true", help="print what would be done")
+    p.set_defaults(func=_cmd_repair)
+
+    p = sub.add_parser("compact", help="compact a base path without Spark (same rules as jobs/compact.py)")
+    p.add_argument("path", help="broker base path")
+    p.add_argument("--config", help="YAML job configuration")
+    p.add_argument("--topics", type=_topics)
+    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--force", action="store_true")
+    p.add_argument("--broker-stopped", action="store_true")
+    p.add_argument("--tombstone-retention", metavar="DURATION")
+    p.add_argument("--drop-keyless", action="store_true")
+    p.set_defaults(func=_cmd_compact)
+
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir")
     p.add_argument("--seed", type=int, default=7)
@@ -99,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     except TankFormatError as err:
         print(f"tank-log: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as err:  # incl. ConfigError
         print(f"tank-log: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -1,0 +1,263 @@
+"""The jobs' configuration file (YAML) and command line, validated at load.
+
+One format for every job; durations and sizes use the broker's grammar (TANK_FORMAT.md §1.5: `7days`, `1h+30min`,
+`64kb`, `1gb`). Unknown keys and bad values are errors naming the key. Command-line flags override the file.
+
+    data_dirs: [/var/lib/tank]          # one or several broker base paths
+    broker_stopped: false               # mutations need the broker stopped (TANK_FORMAT.md §9)
+    live_window: 5min                   # a partition changed this recently looks live and is refused
+    spark:
+      master: local[2]                  # used when not given by spark-submit
+      app_name: tank-log
+      conf: {spark.sql.shuffle.partitions: "8"}
+    compaction:
+      force: false
+      min_compaction_lag: 0
+      tombstone_retention: null         # null = keep tombstones forever (the broker's rule)
+      drop_keyless: false
+      bundle_messages: 100
+      bundle_bytes: 64kb
+      snappy: when_smaller              # when_smaller | client | always | never
+      segment_bytes: null               # null = each topic's log.segment.bytes
+      min_cleanable_ratio: null         # null = each topic's log.cleaner.min.cleanable.ratio
+      topics:                           # per-topic overrides; `policy: cleanup` compacts a `delete` topic
+        orders: {policy: cleanup, tombstone_retention: 7days}
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import yaml
+
+from .bundle import SnappyPolicy
+from .config import parse_duration, parse_size
+
+
+class ConfigError(ValueError):
+    """A bad job configuration (file or flags); jobs exit with code 2."""
+
+
+def _duration_ms(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value * 1000
+    if isinstance(value, str):
+        try:
+            return parse_duration(value) * 1000
+        except ValueError as err:
+            raise ConfigError(f"{where}: {err} (broker duration units: 30s, 15min, 2h, 7days, 1week)") from None
+    raise ConfigError(f"{where}: expected a duration such as 7days, got {value!r}")
+
+
+def _size(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError as err:
+            raise ConfigError(f"{where}: {err} (broker size units: 512b, 64kb, 256mb, 1gb)") from None
+    raise ConfigError(f"{where}: expected a size such as 64kb, got {value!r}")
+
+
+def _bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+
+
+def _int(value: Any, where: str, lo: int = 0) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= lo:
+        return value
+    raise ConfigError(f"{where}: expected an integer >= {lo}, got {value!r}")
+
+
+def _ratio(value: Any, where: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
+        return float(value)
+    raise ConfigError(f"{where}: expected a number within [0, 1], got {value!r}")
+
+
+def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
+    if isinstance(value, str) and value.lower() in choices:
+        return value.lower()
+    raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+def _mapping(value: Any, where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_keys(section: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(str, unknown))} (allowed: {', '.join(sorted(allowed))})"
+        )
+
+
+@dataclass(frozen=True)
+class TopicCompaction:
+    """Per-topic compaction overrides; None = inherit."""
+
+    policy: str | None = None  # cleanup (compact even if the topic's config says delete) | delete (never)
+    tombstone_retention_ms: int | None = None
+    drop_keyless: bool | None = None
+    min_compaction_lag_ms: int | None = None
+    min_cleanable_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    force: bool = False
+    min_compaction_lag_ms: int = 0
+    tombstone_retention_ms: int | None = None
+    drop_keyless: bool = False
+    bundle_messages: int = 100
+    bundle_bytes: int = 64 << 10
+    snappy: str = "when_smaller"
+    segment_bytes: int | None = None
+    min_cleanable_ratio: float | None = None
+    topics: dict[str, TopicCompaction] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    master: str | None = None
+    app_name: str = "tank-log"
+    conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    data_dirs: tuple[str, ...] = ()
+    broker_stopped: bool = False
+    live_window_s: int = 300
+    spark: SparkSettings = SparkSettings()
+    compaction: CompactionSettings = CompactionSettings()
+    raw: dict = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
+
+
+_TOPIC_COMPACTION_KEYS = {"policy", "tombstone_retention", "drop_keyless", "min_compaction_lag", "min_cleanable_ratio"}
+
+
+def _topic_compaction(value: Any, where: str) -> TopicCompaction:
+    v = _mapping(value, where)
+    _check_keys(v, _TOPIC_COMPACTION_KEYS, where)
+    return TopicCompaction(
+        policy=_choice(v["policy"], f"{where}.policy", ("cleanup", "delete")) if "policy" in v else None,
+        tombstone_retention_ms=None
+        if v.get("tombstone_retention") is None
+        else _duration_ms(v["tombstone_retention"], f"{where}.tombstone_retention"),
+        drop_keyless=_bool(v["drop_keyless"], f"{where}.drop_keyless") if "drop_keyless" in v else None,
+        min_compaction_lag_ms=_duration_ms(v["min_compaction_lag"], f"{where}.min_compaction_lag")
+        if "min_compaction_lag" in v
+        else None,
+        min_cleanable_ratio=_ratio(v["min_cleanable_ratio"], f"{where}.min_cleanable_ratio")
+        if "min_cleanable_ratio" in v
+        else None,
+    )
+
+
+def _compaction(value: Any) -> CompactionSettings:
+    w = "compaction"
+    v = _mapping(value, w)
+    _check_keys(
+        v,
+        {f.name for f in fields(CompactionSettings)} - {"min_compaction_lag_ms", "tombstone_retention_ms"}
+        | {"min_compaction_lag", "tombstone_retention"},
+        w,
+    )
+    s = CompactionSettings()
+    kw: dict[str, Any] = {}
+    if "force" in v:
+        kw["force"] = _bool(v["force"], f"{w}.force")
+    if "min_compaction_lag" in v:
+        kw["min_compaction_lag_ms"] = _duration_ms(v["min_compaction_lag"], f"{w}.min_compaction_lag")
+    if v.get("tombstone_retention") is not None:
+        kw["tombstone_retention_ms"] = _duration_ms(v["tombstone_retention"], f"{w}.tombstone_retention")
+    if "drop_keyless" in v:
+        kw["drop_keyless"] = _bool(v["drop_keyless"], f"{w}.drop_keyless")
+    if "bundle_messages" in v:
+        kw["bundle_messages"] = _int(v["bundle_messages"], f"{w}.bundle_messages", 1)
+    if "bundle_bytes" in v:
+        kw["bundle_bytes"] = _size(v["bundle_bytes"], f"{w}.bundle_bytes")
+    if "snappy" in v:
+        kw["snappy"] = _choice(v["snappy"], f"{w}.snappy", tuple(p.value for p in SnappyPolicy))
+    if v.get("segment_bytes") is not None:
+        n = _size(v["segment_bytes"], f"{w}.segment_bytes")
+        if not 64 <= n < 1 << 32:
+            raise ConfigError(f"{w}.segment_bytes: must be within 64 bytes and 4 GiB (TANK_FORMAT.md §8)")
+        kw["segment_bytes"] = n
+    if v.get("min_cleanable_ratio") is not None:
+        kw["min_cleanable_ratio"] = _ratio(v["min_cleanable_ratio"], f"{w}.min_cleanable_ratio")
+    topics = _mapping(v.get("topics"), f"{w}.topics")
+    kw["topics"] = {str(t): _topic_compaction(o, f"{w}.topics.{t}") for t, o in topics.items()}
+    return replace(s, **kw)
+
+
+def _spark(value: Any) -> SparkSettings:
+    v = _mapping(value, "spark")
+    _check_keys(v, {"master", "app_name", "conf"}, "spark")
+    conf = _mapping(v.get("conf"), "spark.conf")
+    return SparkSettings(
+        master=None if v.get("master") is None else str(v["master"]),
+        app_name=str(v.get("app_name", "tank-log")),
+        conf={str(k): str(x) for k, x in conf.items()},
+    )
+
+
+TOP_LEVEL_KEYS = {"data_dirs", "broker_stopped", "live_window", "spark", "compaction", "retention", "indexes", "export"}
+
+
+def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
+    """Validate a parsed YAML document."""
+    v = _mapping(doc, source)
+    _check_keys(v, TOP_LEVEL_KEYS, source)
+    dirs = v.get("data_dirs", [])
+    if isinstance(dirs, str):
+        dirs = [dirs]
+    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
+        raise ConfigError("data_dirs: expected a list of paths")
+    return JobConfig(
+        data_dirs=tuple(dirs),
+        broker_stopped=_bool(v.get("broker_stopped", False), "broker_stopped"),
+        live_window_s=_duration_ms(v.get("live_window", 300), "live_window") // 1000,
+        spark=_spark(v.get("spark")),
+        compaction=_compaction(v.get("compaction")),
+        raw=v,
+    )
+
+
+def load_job_config(path: str | os.PathLike | None) -> JobConfig:
+    """Read and validate a YAML job config; None = defaults. Relative paths are relative to the working
+    directory."""
+    if path is None:
+        return JobConfig()
+    try:
+        with open(path) as fh:
+            doc = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    try:
+        return parse_job_config(doc or {}, os.fspath(path))
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def parse_duration_ms(value: str, where: str) -> int:
+    """A command-line duration in the broker's grammar, in ms."""
+    return _duration_ms(value, where)
+
+
+def parse_size_arg(value: str, where: str) -> int:
+    """A command-line size in the broker's grammar, in bytes."""
+    return _size(value, where)

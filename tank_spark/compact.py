@@ -1,0 +1,70 @@
+"""The compaction job: the driver plans (which partitions, why), executors compact one partition each
+(`tank_log.compaction_plan.run_compaction_task`), the driver records `.cleanup.log` marks and the report."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from tank_log.compaction_plan import plan_compaction, record_cleanup_marks, run_compaction_task
+from tank_log.jobconfig import parse_duration_ms
+
+from .runner import count_by, run_job, run_on_executors
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    p.add_argument(
+        "--broker-stopped",
+        action="store_true",
+        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
+    )
+    p.add_argument(
+        "--tombstone-retention",
+        metavar="DURATION",
+        help="drop tombstones older than this (by message ts), e.g. 7days — beyond the broker's rules",
+    )
+    p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
+
+
+def prepare(ctx, args):
+    """Flags over the config file → the JobConfig this run uses (validated before Spark starts)."""
+    settings = ctx.config.compaction
+    if args.force:
+        settings = replace(settings, force=True)
+    if args.tombstone_retention:
+        settings = replace(
+            settings, tombstone_retention_ms=parse_duration_ms(args.tombstone_retention, "--tombstone-retention")
+        )
+    if args.drop_keyless:
+        settings = replace(settings, drop_keyless=True)
+    return replace(ctx.config, compaction=settings)
+
+
+def execute(ctx, config, spark):
+    tasks, skipped = plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
+    results = run_on_executors(spark, tasks, run_compaction_task)
+    if not ctx.dry_run:
+        record_cleanup_marks(results)
+    results += skipped
+    done = [r for r in results if r.get("status") == "compacted"]
+    summary = {
+        "partitions": len(results),
+        "by_status": count_by(results),
+        "bytes_before": sum(r.get("bytes_before") or 0 for r in done),
+        "bytes_after": sum(r.get("bytes_after") or 0 for r in done),
+        "messages_before": sum(r.get("messages_before") or 0 for r in done),
+        "messages_after": sum(r.get("messages_after") or 0 for r in done),
+    }
+    return results, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(
+        "compact",
+        "Compact keyed (log.cleanup.policy=cleanup) partitions into sparse bundles.",
+        add_options,
+        prepare,
+        execute,
+        argv,
+    )

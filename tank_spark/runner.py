@@ -1,0 +1,204 @@
+"""What every job shares: the command line, config merging, the Spark session, running one task per partition on
+the executors, the JSON run report and exit codes an orchestrator can trust.
+
+    spark-submit jobs/<job>.py --data-dir PATH [--data-dir PATH ...] [--config conf/FILE] [--topics t1,t2]
+                               [--dry-run] [--report FILE.json] [job options]
+
+Exit codes: 0 = done (or nothing to do), 1 = at least one partition failed (others done; the report says which),
+2 = usage or configuration error. The report is written even on partial failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tank_log.jobconfig import ConfigError, JobConfig, load_job_config
+
+log = logging.getLogger("tank_log.job")
+
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse exits 2 itself; keep that but through our report path
+        raise UsageError(message)
+
+
+def job_parser(job: str, description: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"{job}.py", description=description)
+    p.add_argument(
+        "--data-dir",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="broker base path (repeatable); overrides data_dirs of the config",
+    )
+    p.add_argument("--config", metavar="FILE", help="YAML job configuration (conf/)")
+    p.add_argument("--topics", metavar="T1,T2", help="only these topics")
+    p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
+    p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
+    p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
+    return p
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job: str
+    config: JobConfig
+    data_dirs: tuple[str, ...]
+    topics: frozenset[str] | None
+    dry_run: bool
+    report_path: str | None
+    master: str | None
+
+
+def build_context(job: str, args: argparse.Namespace) -> JobContext:
+    config = load_job_config(args.config)
+    if getattr(args, "broker_stopped", False):
+        config = replace(config, broker_stopped=True)
+    data_dirs = tuple(args.data_dir) or config.data_dirs
+    if not data_dirs:
+        raise ConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
+    for d in data_dirs:
+        if not os.path.isdir(d):
+            raise ConfigError(f"data directory not found: {d}")
+    topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
+    return JobContext(
+        job, config, tuple(os.path.abspath(d) for d in data_dirs), topics, args.dry_run, args.report, args.master
+    )
+
+
+def spark_session(ctx: JobContext):
+    """A SparkSession; the master comes from spark-submit when present, else --master, the config, local[*]."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkConf
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(f"{ctx.config.spark.app_name}-{ctx.job}")
+    if not SparkConf().contains("spark.master"):
+        builder = builder.master(ctx.master or ctx.config.spark.master or "local[*]")
+    for k, v in ctx.config.spark.conf.items():
+        builder = builder.config(k, v)
+    builder = builder.config("spark.ui.showConsoleProgress", "false")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_on_executors(spark, tasks: list[Any], fn: Callable[[Any], dict]) -> list[dict]:
+    """One Spark task per item (one per partition); results come back in order."""
+    if not tasks:
+        return []
+    rdd = spark.sparkContext.parallelize(list(enumerate(tasks)), numSlices=len(tasks))
+    results = rdd.map(lambda it: (it[0], fn(it[1]))).collect()
+    return [r for _, r in sorted(results, key=lambda x: x[0])]
+
+
+def write_report(path: str | None, report: dict) -> None:
+    if not path:
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(report, fh, indent=2, default=str)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def run_job(
+    job: str,
+    description: str,
+    add_options: Callable[[argparse.ArgumentParser], None],
+    prepare: Callable[[JobContext, argparse.Namespace], Any],
+    execute: Callable[[JobContext, Any, Any], tuple[list[dict], dict]],
+    argv: list[str] | None = None,
+) -> int:
+    """Parse; `prepare(ctx, args)` validates job options before Spark starts (ConfigError → exit 2);
+    `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = job_parser(job, description)
+    add_options(parser)
+    report: dict[str, Any] = {"job": job, "started": _now()}
+    t0 = time.monotonic()
+    args = None
+    try:
+        args = parser.parse_args(argv)
+        ctx = build_context(job, args)
+        prepared = prepare(ctx, args)
+    except (UsageError, ConfigError) as err:
+        print(f"{job}: {err}", file=sys.stderr)
+        report.update(status="usage-error", error=str(err), finished=_now())
+        write_report(getattr(args, "report", None) or _report_arg(argv), report)
+        return EXIT_USAGE
+    report.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
+    spark = None
+    try:
+        spark = spark_session(ctx)
+        report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
+        results, summary = execute(ctx, prepared, spark)
+    except ConfigError as err:
+        print(f"{job}: {err}", file=sys.stderr)
+        report.update(status="usage-error", error=str(err), finished=_now())
+        write_report(ctx.report_path, report)
+        return EXIT_USAGE
+    except Exception as err:
+        log.exception("%s failed", job)
+        report.update(
+            status="failed",
+            error=f"{type(err).__name__}: {err}",
+            finished=_now(),
+            duration_s=round(time.monotonic() - t0, 3),
+        )
+        write_report(ctx.report_path, report)
+        return EXIT_PARTIAL
+    finally:
+        if spark is not None:
+            spark.stop()
+    failed = [r for r in results if r.get("status") == "failed"]
+    report.update(
+        status="partial-failure" if failed else "ok",
+        finished=_now(),
+        duration_s=round(time.monotonic() - t0, 3),
+        summary=summary,
+        partitions=results,
+    )
+    write_report(ctx.report_path, report)
+    for r in failed:
+        log.error("%s/%s failed: %s", r.get("topic"), r.get("partition"), r.get("error"))
+    log.info("%s: %s", job, json.dumps(summary))
+    return EXIT_PARTIAL if failed else EXIT_OK
+
+
+def _report_arg(argv: list[str] | None) -> str | None:
+    argv = sys.argv[1:] if argv is None else argv
+    for i, a in enumerate(argv):
+        if a == "--report" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--report="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def count_by(results: list[dict], key: str = "status") -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results:
+        out[r.get(key)] = out.get(r.get(key), 0) + 1
+    return out
