@@ -11,6 +11,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import NamedTuple
 
 from . import snappy_codec
 from .errors import TankFormatError
@@ -34,8 +35,7 @@ class Codec(IntEnum):
     SNAPPY = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One message. `key` None (or b"") means no key; `ts` is the producer's u64 (ms by convention, §3.7)."""
 
     seq: int
@@ -141,40 +141,47 @@ def is_contiguous(messages: Sequence[Message], expected_next: int) -> bool:
     return all(m.seq == expected_next + i for i, m in enumerate(messages))
 
 
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
 def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
-    """Encode messages per §3.5 with the writers' conventions (§3.6, §3.7)."""
+    """Encode messages per §3.5 with the writers' conventions (§3.6, §3.7): HaveKey only for non-empty keys,
+    UseLastSpecifiedTS when the ts repeats (never on the first message), and for sparse bundles bit 2 or a delta
+    on middle messages only (never on the first/last)."""
     out = bytearray()
-    n = len(messages)
-    prev_seq = prev_ts = None
-    for i, m in enumerate(messages):
+    last_index = len(messages) - 1
+    prev_seq = prev_ts = -1
+    pack_ts = _U64.pack
+    small = _SMALL_VARINTS
+    for i, (seq, ts, key, value) in enumerate(messages):
         flags = 0
-        key = m.key or b""
-        if len(key) > MAX_KEY_LEN:
-            raise ValueError(f"key of {len(key)} bytes exceeds {MAX_KEY_LEN}")
         if key:
-            flags |= HAVE_KEY
-        if i and m.ts == prev_ts:
+            if len(key) > MAX_KEY_LEN:
+                raise ValueError(f"key of {len(key)} bytes exceeds {MAX_KEY_LEN}")
+            flags = HAVE_KEY
+        if ts == prev_ts and i:
             flags |= USE_LAST_TS
-        delta = None
-        if sparse and 0 < i < n - 1:
-            gap = m.seq - prev_seq - 1  # type: ignore[operator]
-            if gap < 0 or gap > U32_MAX:
-                raise ValueError(f"sequence numbers not strictly increasing or gap >= 2**32 at seq {m.seq}")
+        delta = b""
+        if sparse and 0 < i < last_index:
+            gap = seq - prev_seq - 1
             if gap == 0:
                 flags |= SEQ_PREV_PLUS_ONE
+            elif 0 < gap <= U32_MAX:
+                delta = small[gap] if gap < 128 else encode_varint(gap)
             else:
-                delta = gap
+                raise ValueError(f"sequence numbers not strictly increasing or gap >= 2**32 at seq {seq}")
         out.append(flags)
-        if delta is not None:
-            out += encode_varint(delta)
+        if delta:
+            out += delta
         if not flags & USE_LAST_TS:
-            out += _U64.pack(m.ts)
+            out += pack_ts(ts)
         if key:
             out.append(len(key))
             out += key
-        out += encode_varint(len(m.value))
-        out += m.value
-        prev_seq, prev_ts = m.seq, m.ts
+        n = len(value)
+        out += small[n] if n < 128 else encode_varint(n)
+        out += value
+        prev_seq, prev_ts = seq, ts
     return bytes(out)
 
 

@@ -312,7 +312,7 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     state = KeyState(options.pass1_window_rows)
     for sf in inputs:
         seg = sf.open()
-        for chunk in seg.chunks():
+        for chunk in seg.chunks(chunk_bytes=PASS_CHUNK_BYTES):
             c = chunk.cols
             res.messages_before += len(c)
             keyed = c.key_off >= 0
@@ -362,10 +362,13 @@ def _check_complete(seg: Segment) -> None:
         )
 
 
+PASS_CHUNK_BYTES = 16 << 20  # bigger chunks amortise the per-step cost of the vectorised decoder
+
+
 def _pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
     seg = sf.open()
     min_copy = max(1, options.policy.max_messages // 2)
-    for chunk in seg.chunks():
+    for chunk in seg.chunks(chunk_bytes=PASS_CHUNK_BYTES):
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
         empty = c.val_len == 0
@@ -382,22 +385,35 @@ def _pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None
         res.keyless_dropped += int((~keep & ~keyed).sum())
         if out is None:
             continue
-        per_bundle = np.bincount(c.bundle[keep], minlength=len(t))
-        starts = np.concatenate(([0], np.cumsum(t.counts)[:-1]))
-        data = t.data
-        for b in np.flatnonzero(per_bundle).tolist():
-            lo, n = int(starts[b]), t.counts[b]
-            sparse = bool(t.flags[b] & 0x40)
-            w = out.writer
-            contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
-            if per_bundle[b] == n and n >= min_copy and (sparse or contiguous):
-                out.add_bundle(
-                    data[t.offsets[b] : t.ends[b]], t.firsts[b], t.lasts[b], n, sparse, int(c.ts[lo : lo + n].max())
-                )
-                continue
-            for i in np.flatnonzero(keep[lo : lo + n]).tolist():
-                j = lo + i
-                out.add(Message(int(c.seq[j]), int(c.ts[j]), c.key(j), c.value(j)))
+        _write_survivors(c, t, keep, out, min_copy)
+
+
+def _write_survivors(c, t, keep, out, min_copy: int) -> None:
+    """Copy whole surviving bundles verbatim (when large enough and valid at this position); re-encode the rest."""
+    per_bundle = np.bincount(c.bundle[keep], minlength=len(t)).tolist()
+    idx = np.flatnonzero(keep)
+    seqs, tss = c.seq[idx].tolist(), c.ts[idx].tolist()
+    koffs, klens = c.key_off[idx].tolist(), c.key_len[idx].tolist()
+    voffs, vlens = c.val_off[idx].tolist(), c.val_len[idx].tolist()
+    data = t.data
+    k = 0  # position in the survivor lists
+    for b, n_keep in enumerate(per_bundle):
+        if not n_keep:
+            continue
+        n = t.counts[b]
+        sparse = bool(t.flags[b] & 0x40)
+        w = out.writer
+        contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
+        if n_keep == n and n >= min_copy and (sparse or contiguous):
+            out.add_bundle(data[t.offsets[b] : t.ends[b]], t.firsts[b], t.lasts[b], n, sparse, max(tss[k : k + n]))
+            k += n
+            continue
+        for j in range(k, k + n_keep):
+            ko = koffs[j]
+            key = None if ko < 0 else data[ko : ko + klens[j]]
+            vo = voffs[j]
+            out.add(Message(seqs[j], tss[j], key, data[vo : vo + vlens[j]]))
+        k += n_keep
 
 
 def _swap_in(part: Partition, inputs: list[SegmentFile], outputs: list[WrittenSegment], res, on_step) -> None:

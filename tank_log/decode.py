@@ -267,7 +267,6 @@ class MessageColumns:
 
 
 _AR5 = np.arange(5, dtype=np.int64)
-_AR8 = np.arange(8, dtype=np.int64)
 _SHIFT5 = np.array([0, 7, 14, 21, 28], dtype=np.int64)
 
 
@@ -305,8 +304,9 @@ def _varints_sub(buf: np.ndarray, p: np.ndarray, rows: np.ndarray) -> tuple[np.n
         raise _VecError(full, err.message) from None
 
 
-def _u64s(buf: np.ndarray, q: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(buf[q[:, None] + _AR8]).view("<u8").ravel()
+def _u64_view(data: bytes) -> np.ndarray:
+    """Element p = the little-endian u64 starting at byte p: an overlapping, unaligned view (data is padded)."""
+    return np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, offset=0, strides=(1,))
 
 
 def decode_messages(table: BundleTable) -> MessageColumns:
@@ -314,6 +314,7 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     nb = len(table)
     data = table.data
     buf = np.frombuffer(data, dtype=np.uint8)
+    u64_at = _u64_view(data)
     counts = np.array(table.counts, dtype=np.int64)
     total = int(counts.sum())
     out_start = np.cumsum(counts) - counts
@@ -366,7 +367,7 @@ def decode_messages(table: BundleTable) -> MessageColumns:
             ts = prev_ts.copy() if step else np.zeros(ids.size, np.uint64)
             if has_ts.any():
                 q = p[has_ts]
-                ts[has_ts] = _u64s(buf, q)
+                ts[has_ts] = u64_at[q]
                 p[has_ts] = q + 8
             has_key = (f & 0x01) != 0
             out = out_start[ids] + step

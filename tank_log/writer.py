@@ -108,17 +108,19 @@ class SegmentWriter:
         return None if self.last is None else self.last + 1
 
     def add(self, message: Message) -> None:
-        prev = self._pending[-1].seq if self._pending else self.last
-        if prev is not None and message.seq <= prev:
-            raise ValueError(f"sequence numbers must increase: {message.seq} after {prev}")
-        if message.seq < 1:
-            raise ValueError("sequence number 0 is never assigned (§3.6)")
-        if message.key is not None and len(message.key) > 255:
-            raise ValueError(f"key of {len(message.key)} bytes exceeds 255 (§3.8)")
-        if self.base is not None and message.seq - self.base >= REL_SEQ_LIMIT:
+        seq, _, key, value = message
+        if self._pending:
+            prev = self._pending[-1][0]
+        else:
+            prev = self.last if self.last is not None else 0
+        if seq <= prev:
+            raise ValueError(f"sequence numbers must increase (and start at 1, §3.6): {seq} after {prev}")
+        if key is not None and len(key) > 255:
+            raise ValueError(f"key of {len(key)} bytes exceeds 255 (§3.8)")
+        if self.base is not None and seq - self.base >= REL_SEQ_LIMIT:
             raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
         self._pending.append(message)
-        self._pending_bytes += len(message.key or b"") + len(message.value) + 8
+        self._pending_bytes += (len(key) if key else 0) + len(value) + 8
         if len(self._pending) >= self.policy.max_messages or self._pending_bytes >= self.policy.max_bytes:
             self.flush_bundle()
 

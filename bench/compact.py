@@ -1,0 +1,173 @@
+"""Compaction benchmark on the BENCH.md data set (../shared/BENCH.md), beside the real broker's figures.
+
+1. Generates one partition exactly as BENCH.md: 2,052,000 keyed messages over 100,000 keys in 100-message Snappy
+   client bundles, ~6 MiB RO segments, plus a small active segment (checks the generator's SHA-256).
+2. Compacts it in a fresh process (library, single thread): wall and CPU time, msg/s, MB/s, peak RSS, output size.
+3. Runs jobs/compact.py over 8 copies of a smaller partition on local[1] and local[2] (scaling).
+
+Run: python bench/compact.py [--workdir DIR] [--skip-scaling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from common import BUNDLE, bundle_messages, machine  # noqa: E402
+
+from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.writer import BundlePolicy, SegmentWriter, write_partition  # noqa: E402
+
+INPUT_BUNDLES = 20_520  # bundles 0..20519 are the compaction input (BENCH.md)
+ACTIVE_BUNDLES = 10
+SHA_BUNDLE0 = "a755e60bdf4f09ff6a65e8482e9477b1c9aa0cca51badde8d1b6b70b364373f8"
+SHA_INPUT = "832c9e98c72110c6e70920ceb0dd9c3288beb7f93904312d095b4318abcd7e2b"
+CLIENT = BundlePolicy(max_messages=BUNDLE, max_bytes=1 << 30, snappy=SnappyPolicy.CLIENT)
+
+
+def messages(first_bundle: int, last_bundle: int, digest=None):
+    for b in range(first_bundle, last_bundle):
+        for j, (ts, key, value) in enumerate(bundle_messages(b)):
+            if digest is not None:
+                digest.update(struct.pack("<QB", ts, len(key)) + key + struct.pack("<I", len(value)) + value)
+            yield Message(b * BUNDLE + j + 1, ts, key, value)
+
+
+def generate(part_dir: str, bundles: int = INPUT_BUNDLES) -> None:
+    d0 = hashlib.sha256()
+    for _ in messages(0, 1, d0):
+        pass
+    assert d0.hexdigest() == SHA_BUNDLE0, "generator differs from BENCH.md (bundle 0)"
+    digest = hashlib.sha256()
+    write_partition(part_dir, messages(0, bundles, digest), segment_bytes=6 << 20, with_active=False, policy=CLIENT)
+    if bundles == INPUT_BUNDLES:
+        assert digest.hexdigest() == SHA_INPUT, "generator differs from BENCH.md (input)"
+    w = SegmentWriter(part_dir, active=True, policy=CLIENT)
+    w.add_all(messages(bundles, bundles + ACTIVE_BUNDLES))
+    w.close()
+
+
+def compact_in_subprocess(base: str) -> dict:
+    """Compact base/bench/0 in a fresh interpreter; returns its result + timings + peak RSS."""
+    code = f"""
+import json, resource, sys, time
+sys.path.insert(0, {ROOT!r})
+from tank_log.compaction import CompactionOptions, compact_partition
+from tank_log.datadir import scan_data_dir
+rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+(part,) = scan_data_dir({base!r}).partitions()
+t0, c0 = time.perf_counter(), time.process_time()
+res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True), base_path={base!r})
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_before_mib": rss0 / 1024,
+                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_job(data_dir: str, master: str) -> dict:
+    """Process wall time, the job's own duration (report: after Spark start) and Σ per-partition durations."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    report = os.path.join(os.path.dirname(data_dir), f"report-{master}.json")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "compact.py"), "--master", master,
+                    "--data-dir", data_dir, "--broker-stopped", "--force", "--report", report],
+                   check=True, capture_output=True, env=env)
+    wall = time.perf_counter() - t0
+    with open(report) as fh:
+        rep = json.load(fh)
+    return {"process_wall_s": round(wall, 1), "job_duration_s": round(rep["duration_s"], 1),
+            "sum_partition_s": round(sum(p["duration_s"] for p in rep["partitions"]), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir")
+    ap.add_argument("--skip-scaling", action="store_true")
+    ap.add_argument("--scaling-bundles", type=int, default=INPUT_BUNDLES, help="bundles per partition (scaling)")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-compact-")
+    out: dict = {"machine": machine()}
+
+    base = os.path.join(work, "bench-data")
+    pdir = os.path.join(base, "bench", "0")
+    shutil.rmtree(base, ignore_errors=True)
+    t0 = time.perf_counter()
+    generate(pdir)
+    out["generate_s"] = round(time.perf_counter() - t0, 1)
+    ro = [f for f in os.listdir(pdir) if f.endswith(".ilog")]
+    in_bytes = sum(os.path.getsize(os.path.join(pdir, f)) for f in ro)
+    out["input"] = {"ro_segments": len(ro), "bytes": in_bytes, "messages": INPUT_BUNDLES * BUNDLE,
+                    "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1)}
+    runs = []
+    for _ in range(3):
+        work_copy = os.path.join(work, "run")
+        shutil.rmtree(work_copy, ignore_errors=True)
+        shutil.copytree(base, work_copy)
+        runs.append(compact_in_subprocess(work_copy))
+    runs.sort(key=lambda r: r["wall_s"])
+    best = runs[len(runs) // 2]  # median of 3
+    res = best["result"]
+    out["compaction"] = {
+        "wall_s": round(best["wall_s"], 2),
+        "cpu_s": round(best["cpu_s"], 2),
+        "all_wall_s": [round(r["wall_s"], 2) for r in runs],
+        "msgs_per_s": round(res["messages_before"] / best["wall_s"]),
+        "mb_per_s": round(in_bytes / best["wall_s"] / 1e6, 1),
+        "peak_rss_mib": round(best["peak_rss_mib"]),
+        "rss_after_imports_mib": round(best["rss_before_mib"]),
+        "messages_after": res["messages_after"],
+        "bytes_after": res["bytes_after"],
+        "bytes_per_msg_after": round(res["bytes_after"] / res["messages_after"], 1),
+        "output_segments": res["segments_after"],
+        "distinct_keys": res["distinct_keys"],
+        "key_state_bytes": res["key_state_bytes"],
+        "key_state_bytes_per_key": round(res["key_state_bytes"] / res["distinct_keys"], 1),
+    }
+    print(json.dumps(out, indent=2), flush=True)
+
+    if not args.skip_scaling:
+        small = pdir
+        if args.scaling_bundles != INPUT_BUNDLES:
+            small = os.path.join(work, "scaling-src", "bench", "0")
+            shutil.rmtree(os.path.dirname(os.path.dirname(small)), ignore_errors=True)
+            generate(small, args.scaling_bundles)
+        scaling = {}
+        for master in ("local[1]", "local[2]"):
+            data = os.path.join(work, f"scaling-{master}")
+            shutil.rmtree(data, ignore_errors=True)
+            for p in range(8):
+                shutil.copytree(small, os.path.join(data, "bench", str(p)))
+            with open(os.path.join(data, "bench", "config"), "w") as fh:
+                fh.write("log.cleanup.policy=cleanup\n")
+            scaling[master] = run_job(data, master)
+            shutil.rmtree(data, ignore_errors=True)
+        msgs = 8 * args.scaling_bundles * BUNDLE
+        one, two = scaling["local[1]"]["job_duration_s"], scaling["local[2]"]["job_duration_s"]
+        out["scaling"] = {"partitions": 8, "messages_per_partition": args.scaling_bundles * BUNDLE, **scaling,
+                          "speedup_job_duration": round(one / two, 2),
+                          "msgs_per_s_job_duration": {"local[1]": round(msgs / one), "local[2]": round(msgs / two)}}
+    print(json.dumps(out, indent=2))
+    with open(os.path.join(work, "compact-results.json"), "w") as fh:
+        json.dump(out, fh, indent=2)
+    print(f"peak RSS of this driver process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
