@@ -85,14 +85,31 @@ def run_job(data_dir: str, master: str) -> dict:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     report = os.path.join(os.path.dirname(data_dir), f"report-{master}.json")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(ROOT, "jobs", "compact.py"), "--master", master,
-                    "--data-dir", data_dir, "--broker-stopped", "--force", "--report", report],
-                   check=True, capture_output=True, env=env)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "jobs", "compact.py"),
+            "--master",
+            master,
+            "--data-dir",
+            data_dir,
+            "--broker-stopped",
+            "--force",
+            "--report",
+            report,
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     with open(report) as fh:
         rep = json.load(fh)
-    return {"process_wall_s": round(wall, 1), "job_duration_s": round(rep["duration_s"], 1),
-            "sum_partition_s": round(sum(p["duration_s"] for p in rep["partitions"]), 1)}
+    return {
+        "process_wall_s": round(wall, 1),
+        "job_duration_s": round(rep["duration_s"], 1),
+        "sum_partition_s": round(sum(p["duration_s"] for p in rep["partitions"]), 1),
+    }
 
 
 def main() -> None:
@@ -112,8 +129,12 @@ def main() -> None:
     out["generate_s"] = round(time.perf_counter() - t0, 1)
     ro = [f for f in os.listdir(pdir) if f.endswith(".ilog")]
     in_bytes = sum(os.path.getsize(os.path.join(pdir, f)) for f in ro)
-    out["input"] = {"ro_segments": len(ro), "bytes": in_bytes, "messages": INPUT_BUNDLES * BUNDLE,
-                    "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1)}
+    out["input"] = {
+        "ro_segments": len(ro),
+        "bytes": in_bytes,
+        "messages": INPUT_BUNDLES * BUNDLE,
+        "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
+    }
     runs = []
     for _ in range(3):
         work_copy = os.path.join(work, "run")
@@ -159,14 +180,20 @@ def main() -> None:
             shutil.rmtree(data, ignore_errors=True)
         msgs = 8 * args.scaling_bundles * BUNDLE
         one, two = scaling["local[1]"]["job_duration_s"], scaling["local[2]"]["job_duration_s"]
-        out["scaling"] = {"partitions": 8, "messages_per_partition": args.scaling_bundles * BUNDLE, **scaling,
-                          "speedup_job_duration": round(one / two, 2),
-                          "msgs_per_s_job_duration": {"local[1]": round(msgs / one), "local[2]": round(msgs / two)}}
+        out["scaling"] = {
+            "partitions": 8,
+            "messages_per_partition": args.scaling_bundles * BUNDLE,
+            **scaling,
+            "speedup_job_duration": round(one / two, 2),
+            "msgs_per_s_job_duration": {"local[1]": round(msgs / one), "local[2]": round(msgs / two)},
+        }
     print(json.dumps(out, indent=2))
     with open(os.path.join(work, "compact-results.json"), "w") as fh:
         json.dump(out, fh, indent=2)
-    print(f"peak RSS of this driver process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
-          file=sys.stderr)
+    print(
+        f"peak RSS of this driver process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
