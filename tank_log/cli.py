@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from .errors import TankFormatError
@@ -108,6 +109,33 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
 
+def _cmd_rebuild_index(args: argparse.Namespace) -> int:
+    from .config import load_config
+    from .index_maintenance import rebuild_index_file
+    from .segment import Segment
+
+    seg = Segment(args.segment)
+    interval = args.interval
+    if args.rule == "append" and interval is None:  # the partition's log.index.interval.bytes (§1.5)
+        pdir = os.path.dirname(os.path.abspath(args.segment))
+        topic_cfg, _ = load_config(os.path.join(os.path.dirname(pdir), "config"))
+        interval = load_config(os.path.join(pdir, "config"), topic_cfg)[0].index_interval_bytes
+    path, n = rebuild_index_file(seg, args.out, rule=args.rule, interval=interval or 4096)
+    tail = seg.tail
+    print(
+        json.dumps(
+            {
+                "segment": args.segment,
+                "index": path,
+                "rule": args.rule,
+                "entries": n,
+                "torn_bytes": tail.torn_bytes if tail else 0,
+            }
+        )
+    )
+    return 0
+
+
 def _topics(value: str) -> list[str]:
     return [t for t in value.split(",") if t]
 
@@ -150,6 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tombstone-retention", metavar="DURATION")
     p.add_argument("--drop-keyless", action="store_true")
     p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")
+    p.add_argument("segment", help="segment log file (.ilog or .log)")
+    p.add_argument(
+        "--rule",
+        choices=("rebuild", "append"),
+        default="rebuild",
+        help="rebuild: the broker's rebuild (4096 step, §4.5); append: log.index.interval.bytes (§4.3)",
+    )
+    p.add_argument("--interval", type=int, help="append rule interval (default: the partition's config)")
+    p.add_argument("--out", help="output file (default: <base>.index next to the segment)")
+    p.set_defaults(func=_cmd_rebuild_index)
 
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir")

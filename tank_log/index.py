@@ -150,6 +150,10 @@ def verify_index(
     if len(data) % ENTRY.size:
         bad(len(data) - len(data) % 8, "index-size", f"index size {len(data)} is not a multiple of 8")
     entries = list(ENTRY.iter_unpack(data[: len(data) - len(data) % 8]))
+    if not entries:
+        if not active:
+            bad(0, "index-empty", "RO index without a complete entry: the broker aborts on the first read (§4.2)")
+        return problems
     if entries[0] != (0, 0):
         bad(0, "index-first-entry", f"first entry is {entries[0]}, must be (0, 0)")
     starts = {h.offset: h.first_seq for h in headers}

@@ -22,6 +22,11 @@ One format for every job; durations and sizes use the broker's grammar (TANK_FOR
       min_cleanable_ratio: null         # null = each topic's log.cleaner.min.cleanable.ratio
       topics:                           # per-topic overrides; `policy: cleanup` compacts a `delete` topic
         orders: {policy: cleanup, tombstone_retention: 7days}
+    retention:
+      time_basis: name                  # name (the broker's rule: name ts) | message (newest message ts)
+      include_cleanup_topics: false     # the broker applies no retention to cleanup topics
+      topics:                           # per-topic overrides of the broker config (a topic TTL)
+        clicks: {max_age: 3days, max_bytes: 10gb, segments_count: 50, time_basis: message, enabled: true}
 """
 
 from __future__ import annotations
@@ -128,6 +133,24 @@ class CompactionSettings:
 
 
 @dataclass(frozen=True)
+class TopicRetention:
+    """Per-topic retention overrides (a messaging system's topic TTL); None = the topic's broker config."""
+
+    enabled: bool | None = None  # true: enforce even on a cleanup topic; false: never
+    max_age_s: int | None = None
+    max_bytes: int | None = None
+    segments_count: int | None = None
+    time_basis: str | None = None
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    time_basis: str = "name"  # name (the broker's rule) | message (Kafka's rule)
+    include_cleanup_topics: bool = False  # the broker applies no retention to cleanup topics
+    topics: dict[str, TopicRetention] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SparkSettings:
     master: str | None = None
     app_name: str = "tank-log"
@@ -141,6 +164,7 @@ class JobConfig:
     live_window_s: int = 300
     spark: SparkSettings = SparkSettings()
     compaction: CompactionSettings = CompactionSettings()
+    retention: RetentionSettings = RetentionSettings()
     raw: dict = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
 
 
@@ -202,6 +226,36 @@ def _compaction(value: Any) -> CompactionSettings:
     return replace(s, **kw)
 
 
+def _topic_retention(value: Any, where: str) -> TopicRetention:
+    v = _mapping(value, where)
+    _check_keys(v, {"enabled", "max_age", "max_bytes", "segments_count", "time_basis"}, where)
+    count = _int(v["segments_count"], f"{where}.segments_count") if "segments_count" in v else None
+    if count is not None and count == 1:
+        raise ConfigError(f"{where}.segments_count: must be 0 or >= 2 (the broker's rule)")
+    return TopicRetention(
+        enabled=_bool(v["enabled"], f"{where}.enabled") if "enabled" in v else None,
+        max_age_s=_duration_ms(v["max_age"], f"{where}.max_age") // 1000 if "max_age" in v else None,
+        max_bytes=_size(v["max_bytes"], f"{where}.max_bytes") if "max_bytes" in v else None,
+        segments_count=count,
+        time_basis=_choice(v["time_basis"], f"{where}.time_basis", TIME_BASES) if "time_basis" in v else None,
+    )
+
+
+TIME_BASES = ("name", "message")
+
+
+def _retention(value: Any) -> RetentionSettings:
+    w = "retention"
+    v = _mapping(value, w)
+    _check_keys(v, {"time_basis", "include_cleanup_topics", "topics"}, w)
+    topics = _mapping(v.get("topics"), f"{w}.topics")
+    return RetentionSettings(
+        time_basis=_choice(v.get("time_basis", "name"), f"{w}.time_basis", TIME_BASES),
+        include_cleanup_topics=_bool(v.get("include_cleanup_topics", False), f"{w}.include_cleanup_topics"),
+        topics={str(t): _topic_retention(o, f"{w}.topics.{t}") for t, o in topics.items()},
+    )
+
+
 def _spark(value: Any) -> SparkSettings:
     v = _mapping(value, "spark")
     _check_keys(v, {"master", "app_name", "conf"}, "spark")
@@ -231,6 +285,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
         live_window_s=_duration_ms(v.get("live_window", 300), "live_window") // 1000,
         spark=_spark(v.get("spark")),
         compaction=_compaction(v.get("compaction")),
+        retention=_retention(v.get("retention")),
         raw=v,
     )
 

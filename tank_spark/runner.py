@@ -26,6 +26,7 @@ from tank_log.jobconfig import ConfigError, JobConfig, load_job_config
 log = logging.getLogger("tank_log.job")
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+FAILING = {"failed", "needs-attention"}  # partition statuses that make a run exit 1
 
 
 class UsageError(Exception):
@@ -172,7 +173,7 @@ def run_job(
     finally:
         if spark is not None:
             spark.stop()
-    failed = [r for r in results if r.get("status") == "failed"]
+    failed = [r for r in results if r.get("status") in FAILING]
     report.update(
         status="partial-failure" if failed else "ok",
         finished=_now(),
@@ -182,7 +183,13 @@ def run_job(
     )
     write_report(ctx.report_path, report)
     for r in failed:
-        log.error("%s/%s failed: %s", r.get("topic"), r.get("partition"), r.get("error"))
+        log.error(
+            "%s/%s %s: %s",
+            r.get("topic"),
+            r.get("partition"),
+            r.get("status"),
+            r.get("error") or r.get("unfixed") or r.get("reason"),
+        )
     log.info("%s: %s", job, json.dumps(summary))
     return EXIT_PARTIAL if failed else EXIT_OK
 

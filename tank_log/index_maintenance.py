@@ -1,0 +1,229 @@
+"""Index and integrity maintenance of a partition: verify everything, then fix what is safe to fix.
+
+- repair leftovers of interrupted compactions first (§6.4, `repair.py`);
+- rebuild missing, empty (a 0-byte RO index aborts the broker, §4.2) or wrong indexes with the broker's rebuild rule
+  (§4.5), written atomically;
+- move `_64.index` files aside (the broker aborts on them, §4.6) to a `.`-prefixed name it ignores;
+- with `salvage`: cut a torn tail (§3.11) after the last complete bundle — the cut bytes are kept in a
+  `.`-prefixed side file first, nothing intact is lost (the broker's own salvage drops one intact bundle) — rebuild
+  the index, and give an RO segment its true last seq in the name;
+- report what was found, what was done, and what needs a human (mid-file corruption, overlapping ranges, a seq gap
+  before the active segment, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from .datadir import Partition, SegmentFile, scan_partition
+from .fsutil import atomic_write, fsync_dir, write_file_synced
+from .index import build_rebuild_rule, encode_index
+from .locking import PartitionLock, PartitionLocked
+from .names import format_index_name, format_ro_name
+from .repair import repair_partition
+from .segment import Segment
+from .verify import check_partition
+
+log = logging.getLogger(__name__)
+
+INDEX_CODES = {
+    "index-missing",
+    "index-empty",
+    "index-size",
+    "index-first-entry",
+    "index-order",
+    "index-past-eof",
+    "index-not-bundle-start",
+    "index-seq-mismatch",
+}
+
+
+@dataclass(frozen=True)
+class IndexJobOptions:
+    salvage: bool = False
+    broker_stopped: bool = False
+    live_window_s: int = 300
+    dry_run: bool = False
+    rebuild_missing: bool = True  # also write indexes that are missing (the broker would rebuild them on read)
+
+
+@dataclass
+class IndexJobResult:
+    topic: str
+    partition: int
+    path: str
+    status: str = "pending"  # clean | fixed | needs-attention | skipped | failed | dry-run
+    reason: str = ""
+    found: list[dict] = field(default_factory=list)
+    actions: list[dict] = field(default_factory=list)
+    unfixed: list[dict] = field(default_factory=list)
+    repair: dict | None = None
+    duration_s: float = 0.0
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def rebuild_index_file(
+    sf: SegmentFile | Segment, out_path: str | None = None, *, rule: str = "rebuild", interval: int = 4096
+) -> tuple[str, int]:
+    """Write the index of a segment atomically (default: `<base>.index` next to it); return (path, entries)."""
+    from .index import build_append_rule
+
+    seg = sf.open() if isinstance(sf, SegmentFile) else sf
+    headers = list(seg.bundles())
+    entries = (
+        build_rebuild_rule(headers, seg.base) if rule == "rebuild" else build_append_rule(headers, seg.base, interval)
+    )
+    path = out_path or seg.index_path
+    atomic_write(path, encode_index(entries))
+    return path, len(entries)
+
+
+def salvage_segment(sf: SegmentFile) -> dict:
+    """Cut a torn tail after the last complete bundle; keep the cut bytes aside; fix index and name."""
+    seg = sf.open()
+    for _ in seg.bundles():
+        pass
+    tail = seg.tail
+    assert tail is not None and tail.torn_bytes
+    d = os.path.dirname(sf.path)
+    name = os.path.basename(sf.path)
+    side = os.path.join(d, f".{name}.torn-at-{tail.valid_end}")
+    with open(sf.path, "rb") as fh:
+        fh.seek(tail.valid_end)
+        cut = fh.read()
+    write_file_synced(side, cut)
+    fsync_dir(d)
+    with open(sf.path, "r+b") as fh:
+        fh.truncate(tail.valid_end)
+        os.fsync(fh.fileno())
+    action = {
+        "action": "salvaged",
+        "segment": name,
+        "cut_at": tail.valid_end,
+        "bytes_cut": len(cut),
+        "side_file": os.path.basename(side),
+    }
+    true_last = tail.next_seq - 1
+    if not sf.is_active and true_last != sf.last:
+        new_name = format_ro_name(sf.base, true_last, sf.name.ts)
+        os.rename(sf.path, os.path.join(d, new_name))
+        fsync_dir(d)
+        action["renamed_to"] = new_name
+    return action
+
+
+def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptions()) -> IndexJobResult:
+    t0 = time.monotonic()
+    res = IndexJobResult(part.topic, part.id, part.path)
+    try:
+        if options.dry_run:
+            _maintain(part, options, res)
+        else:
+            with PartitionLock(part.path, "rebuild_indexes"):
+                _maintain(part, options, res)
+    except PartitionLocked as err:
+        res.status, res.reason = "skipped", f"locked: {err}"
+    except Exception as err:
+        log.exception("index maintenance of %s failed", part.path)
+        res.status, res.error = "failed", f"{type(err).__name__}: {err}"
+    res.duration_s = round(time.monotonic() - t0, 3)
+    return res
+
+
+def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) -> None:
+    from .compaction import looks_live
+
+    rep = repair_partition(part.path, dry_run=True)
+    problems = check_partition(part)
+    res.found = [p.to_dict() for p in problems]
+    fixable = _plan_fixes(part, problems, options)
+    if rep.action != "none":
+        fixable.insert(0, ("repair", None))
+    if not fixable:
+        res.unfixed = [p.to_dict() for p in problems if p.severity == "error"]
+        res.status = "needs-attention" if res.unfixed else "clean"
+        return
+    if options.dry_run:
+        res.actions = [{"action": f"would {what}", "target": target} for what, target in fixable]
+        res.repair = rep.to_dict() if rep.action != "none" else None
+        res.unfixed = [p.to_dict() for p in problems if p.severity == "error" and not _covered(p, fixable)]
+        res.status = "dry-run"
+        return
+    if not options.broker_stopped:
+        age = looks_live(part, options.live_window_s)
+        if age is not None:
+            raise RuntimeError(
+                f"partition looks live (modified {age:.0f}s ago): fixing files needs the broker "
+                f"stopped (TANK_FORMAT.md §9); stop it and pass --broker-stopped"
+            )
+    if rep.action != "none":
+        res.repair = repair_partition(part.path).to_dict()
+        part = scan_partition(part.path, part.topic, part.id, part.config)
+        problems = check_partition(part)
+        fixable = _plan_fixes(part, problems, options)
+    for what, target in fixable:
+        if what == "move-aside":
+            aside = os.path.join(part.path, f".{os.path.basename(target)}.moved-aside")
+            os.rename(target, aside)
+            fsync_dir(part.path)
+            res.actions.append(
+                {"action": "moved-aside", "file": os.path.basename(target), "to": os.path.basename(aside)}
+            )
+        elif what == "salvage":
+            res.actions.append(salvage_segment(target))
+    if any(what in ("salvage", "move-aside") for what, _ in fixable):
+        part = scan_partition(part.path, part.topic, part.id, part.config)
+        problems = check_partition(part)
+    for what, target in _plan_fixes(part, problems, options):
+        if what == "rebuild-index":
+            path, n = rebuild_index_file(target)
+            res.actions.append(
+                {
+                    "action": "rebuilt-index",
+                    "file": os.path.basename(path),
+                    "entries": n,
+                    "rule": "rebuild (TANK_FORMAT.md §4.5)",
+                }
+            )
+    after = check_partition(scan_partition(part.path, part.topic, part.id, part.config))
+    res.unfixed = [p.to_dict() for p in after if p.severity == "error"]
+    res.status = "needs-attention" if res.unfixed else "fixed"
+
+
+def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tuple[str, object]]:
+    by_path = {s.path: s for s in part.segments}
+    by_index = {s.index_path: s for s in part.segments}
+    fixes: list[tuple[str, object]] = []
+    torn = {p.path for p in problems if p.code == "torn-tail"}
+    broken = {p.path for p in problems if p.code in ("format", "io")}
+    for p in problems:
+        if p.code == "wide-index":
+            fixes.append(("move-aside", p.path))
+        elif p.code == "torn-tail" and options.salvage and p.path in by_path and p.offset:
+            fixes.append(("salvage", by_path[p.path]))
+    rebuild: dict[str, SegmentFile] = {}
+    for p in problems:
+        if p.code in INDEX_CODES and p.path in by_index:
+            sf = by_index[p.path]
+            if sf.path in broken or (sf.path in torn and not options.salvage):
+                continue  # the log itself needs attention first
+            if p.code == "index-missing" and not options.rebuild_missing:
+                continue
+            rebuild[sf.path] = sf
+    fixes += [("rebuild-index", sf) for sf in rebuild.values()]
+    return fixes
+
+
+def _covered(problem, fixes) -> bool:
+    targets = {getattr(t, "path", t) for _, t in fixes} | {getattr(t, "index_path", None) for _, t in fixes}
+    return problem.path in targets
+
+
+def index_name_for(sf: SegmentFile) -> str:
+    return format_index_name(sf.base)

@@ -1,0 +1,54 @@
+"""The index and integrity job: verify every segment and index on the executors (one task per partition), rebuild
+what is missing or wrong with the broker's rebuild rule, move `_64.index` aside, repair interrupted compactions,
+salvage torn tails with --salvage, and report what needs a human."""
+
+from __future__ import annotations
+
+import argparse
+
+from tank_log.index_plan import plan_index_run, run_index_task
+
+from .runner import count_by, run_job, run_on_executors
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--salvage",
+        action="store_true",
+        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
+    )
+    p.add_argument(
+        "--broker-stopped",
+        action="store_true",
+        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
+    )
+
+
+def prepare(ctx, args):
+    return args.salvage
+
+
+def execute(ctx, salvage, spark):
+    tasks, extra = plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=salvage)
+    results = run_on_executors(spark, tasks, run_index_task) + extra
+    summary = {
+        "partitions": len(results),
+        "by_status": count_by(results),
+        "indexes_rebuilt": sum(1 for r in results for a in r.get("actions", []) if a["action"] == "rebuilt-index"),
+        "segments_salvaged": sum(1 for r in results for a in r.get("actions", []) if a["action"] == "salvaged"),
+        "problems_found": sum(len(r.get("found", [])) for r in results),
+        "problems_unfixed": sum(len(r.get("unfixed", [])) for r in results),
+    }
+    return results, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    code = run_job(
+        "rebuild_indexes",
+        "Verify and rebuild indexes, repair interrupted compactions, salvage tails.",
+        add_options,
+        prepare,
+        execute,
+        argv,
+    )
+    return code
