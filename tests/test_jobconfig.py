@@ -1,0 +1,67 @@
+"""The jobs' YAML configuration: validated at load with clear errors, broker units."""
+
+import glob
+import os
+
+import pytest
+
+from tank_log.jobconfig import ConfigError, load_job_config, parse_job_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "conf", "*.yaml"))))
+def test_shipped_examples_load(path):
+    cfg = load_job_config(path)
+    assert cfg.data_dirs
+
+
+def test_units_and_overrides():
+    cfg = parse_job_config(
+        {
+            "data_dirs": "/x",
+            "live_window": "2min",
+            "compaction": {
+                "bundle_bytes": "128kb",
+                "min_compaction_lag": "1h+30min",
+                "snappy": "ALWAYS",
+                "topics": {"t": {"policy": "cleanup", "tombstone_retention": "7days"}},
+            },
+            "retention": {"time_basis": "message", "topics": {"c": {"max_age": 3600, "max_bytes": "1gb"}}},
+        }
+    )
+    assert cfg.data_dirs == ("/x",) and cfg.live_window_s == 120
+    assert cfg.compaction.bundle_bytes == 131072 and cfg.compaction.min_compaction_lag_ms == 5400_000
+    assert cfg.compaction.snappy == "always"
+    assert cfg.compaction.topics["t"].tombstone_retention_ms == 7 * 86400_000
+    assert cfg.retention.topics["c"].max_age_s == 3600 and cfg.retention.topics["c"].max_bytes == 1 << 30
+
+
+@pytest.mark.parametrize(
+    "doc,needle",
+    [
+        ({"data_dir": ["/x"]}, "unknown key(s) data_dir"),
+        ({"compaction": {"bundle_bytes": "1GB"}}, "compaction.bundle_bytes"),
+        ({"compaction": {"topics": {"t": {"policy": "compact"}}}}, "compaction.topics.t.policy"),
+        ({"compaction": {"topics": {"t": {"ttl": "1d"}}}}, "compaction.topics.t: unknown key(s) ttl"),
+        ({"retention": {"topics": {"t": {"max_age": "5m"}}}}, "retention.topics.t.max_age"),
+        ({"retention": {"topics": {"t": {"segments_count": 1}}}}, "0 or >= 2"),
+        ({"retention": {"time_basis": "mtime"}}, "retention.time_basis"),
+        ({"broker_stopped": "yes"}, "broker_stopped"),
+        ({"compaction": {"segment_bytes": "8gb"}}, "4 GiB"),
+        ({"spark": {"cores": 4}}, "spark: unknown key(s) cores"),
+        ({"data_dirs": [1, 2]}, "data_dirs"),
+    ],
+)
+def test_bad_configs_name_the_key(doc, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_job_config(doc)
+    assert needle in str(e.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_job_config(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_job_config(tmp_path / "bad.yaml")
