@@ -86,8 +86,12 @@ class Segment:
         next_seq: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
+        stop_offset: int | None = None,
     ):
-        """Yield (WalkResult, file offset of its buffer) per chunk; sets `self.tail` at the end of the file."""
+        """Yield (WalkResult, file offset of its buffer) per chunk; sets `self.tail` at the end of the file.
+
+        `stop_seq`: stop after the bundle holding it. `stop_offset`: only bundles starting before this offset.
+        """
         next_seq = self.base if next_seq is None else next_seq
         self.tail = None
         with open(self.path, "rb") as fh:
@@ -95,11 +99,14 @@ class Segment:
             pos = start
             want = chunk_bytes
             while pos < size:
+                if stop_offset is not None and pos >= stop_offset:
+                    return
                 fh.seek(pos)
                 buf = fh.read(min(want, size - pos))
                 at_eof = pos + len(buf) >= size
+                max_bytes = None if stop_offset is None else stop_offset - pos
                 try:
-                    res = walk_bundles(buf, 0, next_seq, collect=collect, stop_seq=stop_seq)
+                    res = walk_bundles(buf, 0, next_seq, collect=collect, stop_seq=stop_seq, max_bytes=max_bytes)
                 except TankFormatError as err:
                     raise err.located(self.path, pos) from None
                 if len(res.table):
@@ -133,10 +140,16 @@ class Segment:
         next_seq: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
+        stop_offset: int | None = None,
     ) -> Iterator[Chunk]:
-        """Decoded chunks of complete bundles."""
+        """Decoded chunks of complete bundles (from `start`, before `stop_offset`, up to the one with `stop_seq`)."""
         for res, base in self._walk(
-            collect=True, start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=stop_seq
+            collect=True,
+            start=start,
+            next_seq=next_seq,
+            chunk_bytes=chunk_bytes,
+            stop_seq=stop_seq,
+            stop_offset=stop_offset,
         ):
             try:
                 cols = decode_messages(res.table)

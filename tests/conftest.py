@@ -90,3 +90,29 @@ def fixture_copy(tmp_path):
         return copy_tree(data_dir(name), str(tmp_path / name))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the in-process Spark tests (UTC, no UI)."""
+    import sys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("tank-log-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    from tank_spark.source import register
+
+    register(session)
+    yield session
+    session.stop()
