@@ -268,3 +268,35 @@ def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> l
         dd = scan_data_dir(path)
         return [p for t in dd.topics if topics is None or t.name in topics for p in t.partitions]
     raise ValueError(f"{path} is a file, not a directory")
+
+
+def last_complete_seq(part: Partition) -> int | None:
+    """The partition's last seq readable now: the active segment's last complete bundle (seeking to its last index
+    entry, §4.4), else the last RO segment's name; None for an empty partition."""
+    from .index import read_index
+
+    for sf in reversed(part.segments):
+        if not sf.is_active:
+            return sf.last
+        if sf.size == 0:
+            continue
+        seg = sf.open()
+        start, next_seq = 0, sf.base
+        try:
+            entries = [e for e in read_index(sf.index_path) if e[1] < sf.size]
+            if entries and entries[0] == (0, 0):
+                start, next_seq = entries[-1][1], sf.base + entries[-1][0]
+        except (OSError, TankFormatError):
+            pass
+        last = None
+        try:
+            for h in seg.bundles(start=start, next_seq=next_seq):
+                last = h.last_seq
+        except TankFormatError:
+            if start == 0:
+                raise
+            for h in seg.bundles():  # a bad index entry: walk from the start
+                last = h.last_seq
+        if last is not None:
+            return last
+    return None

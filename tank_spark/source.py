@@ -6,7 +6,8 @@
 
 Schema: topic string, partition int, seq long, ts timestamp (from the producer's ms), key binary, value binary.
 Options: `topics` (a,b), `partitions` (0,3), `min_seq`/`max_seq`, `min_ts`/`max_ts` (ms since the epoch or an ISO
-date/time), `include_active` (default true: the active segment up to its last complete bundle; a torn tail is not
+date/time), `seq_ranges` (JSON `{"topic/partition": [min_seq, max_seq]}`: only these partitions, each its own range),
+`include_active` (default true: the active segment up to its last complete bundle; a torn tail is not
 an error), `split_bytes` (default 64 MiB). Several base paths: `load("a,b")` or option `paths`.
 
 Parallelism: one input partition per segment, or per bounded byte range of a large segment cut at index entries
@@ -91,6 +92,9 @@ class SegmentRange(InputPartition):
 
 @dataclass
 class Bounds:
+    """Row bounds of a read; `seq_ranges` (topic, partition) → (min_seq, max_seq) restricts to those partitions."""
+
+    seq_ranges: dict[tuple[str, int], tuple[int | None, int | None]] | None = None
     topics: set[str] | None = None
     partitions: set[int] | None = None
     min_seq: int | None = None
@@ -149,6 +153,8 @@ class TankReader(DataSourceReader):
         for key, setter in (("min_ts", b.ts_lo), ("max_ts", b.ts_hi)):
             if options.get(key):
                 setter(parse_time_ms(options[key]))
+        if options.get("seq_ranges"):
+            b.seq_ranges = parse_seq_ranges(options["seq_ranges"])
         self.bounds = b
         self.include_active = str(options.get("include_active", "true")).lower() != "false"
         self.split_bytes = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
@@ -197,6 +203,38 @@ class TankPushdownReader(TankReader):
                 yield f
 
 
+def parse_seq_ranges(text: str) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+    """`{"topic/partition": [min_seq, max_seq], ...}` (JSON; null = open)."""
+    import json
+
+    out = {}
+    for key, (lo, hi) in json.loads(text).items():
+        topic, _, pid = key.rpartition("/")
+        out[(topic, int(pid))] = (lo, hi)
+    return out
+
+
+def format_seq_ranges(ranges: dict[tuple[str, int], tuple[int | None, int | None]]) -> str:
+    import json
+
+    return json.dumps({f"{t}/{p}": [lo, hi] for (t, p), (lo, hi) in ranges.items()})
+
+
+def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
+    """The bounds for one partition (None: not selected)."""
+    if b.seq_ranges is None:
+        return b
+    if key not in b.seq_ranges:
+        return None
+    lo, hi = b.seq_ranges[key]
+    pb = Bounds(None, b.topics, b.partitions, b.min_seq, b.max_seq, b.min_ts, b.max_ts)
+    if lo is not None:
+        pb.seq_lo(lo)
+    if hi is not None:
+        pb.seq_hi(hi)
+    return pb
+
+
 def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
     """Read tasks for the segments that can hold rows within the bounds (pruned by names, seeked by indexes)."""
     from tank_log.datadir import scan_data_dir
@@ -209,13 +247,16 @@ def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: 
             for part in topic.partitions:
                 if b.partitions is not None and part.id not in b.partitions:
                     continue
+                pb = _partition_bounds(b, part.key)
+                if pb is None:
+                    continue
                 segments = part.ro + ([part.active] if part.active and include_active else [])
                 for sf in segments:
-                    if b.max_seq is not None and sf.base > b.max_seq:
+                    if pb.max_seq is not None and sf.base > pb.max_seq:
                         continue
-                    if b.min_seq is not None and sf.last is not None and sf.last < b.min_seq:
+                    if pb.min_seq is not None and sf.last is not None and sf.last < pb.min_seq:
                         continue
-                    out += segment_ranges(part.topic, part.id, sf, b, split_bytes)
+                    out += segment_ranges(part.topic, part.id, sf, pb, split_bytes)
     return out or [SegmentRange("", 0, "", 1, 0, 1, 0, None, None, None, None)]
 
 

@@ -1,0 +1,12 @@
+"""spark-submit jobs/export_delta.py --data-dir PATH --table PATH_OR_URI [--config conf/FILE] [--topics t1,t2]
+[--dry-run] [--report FILE.json] [--engine deltalake|spark] [--value-format binary|utf8|json] [--value-schema DDL]
+[--partition-by cols] [--target-file-size SIZE]"""
+
+import sys
+
+import _bootstrap  # noqa: F401
+
+from tank_spark.export import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""jobs/export_delta.py end to end: exactly-once incremental export into a real Delta table (deltalake)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import copy_tree, data_dir, load_dump
+from deltalake import DeltaTable
+
+from tank_log.bundle import Message
+from tank_log.datadir import partitions_at
+from tank_log.writer import SegmentWriter, write_segment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB = os.path.join(ROOT, "jobs", "export_delta.py")
+
+
+def run_job(*args, env_extra=None):
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, JOB, "--master", "local[2]", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def table_rows(table):
+    t = DeltaTable(table).to_pyarrow_table()
+    d = t.to_pydict()
+    return sorted(zip(d["topic"], d["partition"], d["seq"], d["value"], strict=True))
+
+
+def dump_rows(name, topics=None):
+    return sorted(
+        (t, p, seq, value)
+        for (t, p), msgs in load_dump(name).items()
+        if topics is None or t in topics
+        for seq, _, _, value in msgs
+    )
+
+
+def roll_and_append(base, topic, n):
+    """What the broker does on a roll: the active segment becomes RO, new messages go to a new active one."""
+    out = []
+    for part in partitions_at(base, [topic]):
+        a = part.active
+        last = max(m.seq for m in a.open().messages())
+        os.rename(a.path, os.path.join(part.path, f"{a.base}-{last}_{a.name.ts}.ilog"))
+        msgs = [Message(last + 1 + i, 1_800_000_000_000 + i, b"new", b"appended-%d" % i) for i in range(n)]
+        write_segment(part.path, msgs, active=True, ts=1_800_000_000)
+        out += [(topic, part.id, m.seq, m.value) for m in msgs]
+    return out
+
+
+def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path):
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "table")
+    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "1.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    expected = dump_rows("A_multi", {"events", "seqgap"})
+    assert table_rows(table) == expected
+    rep = json.load(open(tmp_path / "1.json"))
+    assert rep["summary"]["rows"] == len(expected) and rep["summary"]["table_version"] == 1
+    seqgap = next(p for p in rep["partitions"] if p["topic"] == "seqgap")
+    assert (seqgap["from_seq"], seqgap["to_seq"], seqgap["rows"]) == (1, 5185, 800)
+    assert DeltaTable(table).transaction_version(seqgap["app_id"]) == 5185
+
+    # a run that finds nothing new commits nothing
+    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "2.json"))
+    assert r.returncode == 0 and DeltaTable(table).version() == 1
+    assert {p["status"] for p in json.load(open(tmp_path / "2.json"))["partitions"]} == {"up-to-date"}
+
+    # new messages; the next run dies after writing its Parquet files, before the commit
+    expected += roll_and_append(base, "events", 50)
+    files_before = sum(len(f) for _, _, f in os.walk(table))
+    r = run_job(
+        "--data-dir",
+        base,
+        "--table",
+        table,
+        "--topics",
+        "events,seqgap",
+        env_extra={"TANK_LOG_EXPORT_CRASH": "before-commit"},
+    )
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert sum(len(f) for _, _, f in os.walk(table)) > files_before  # files written ...
+    assert DeltaTable(table).version() == 1  # ... but invisible
+    assert table_rows(table) == dump_rows("A_multi", {"events", "seqgap"})
+
+    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "3.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert table_rows(table) == sorted(expected)  # every message exactly once, no gap
+    rep = json.load(open(tmp_path / "3.json"))
+    assert rep["summary"]["rows"] == 150 and rep["summary"]["table_version"] == 2
+
+
+@pytest.fixture
+def json_data(tmp_path):
+    pdir = tmp_path / "data" / "js" / "0"
+    pdir.mkdir(parents=True)
+    values = [
+        b'{"id": 1, "name": "a", "amount": 1.5}',
+        b'{"id": 2, "name": "b"}',
+        b"not json",
+        b'{"id": "three", "name": "c"}',
+        b"\xff\xfe bad utf8",
+        b"",
+        b'{"id": 7, "name": "\\u00e9", "x": 1}',
+    ]
+    w = SegmentWriter(str(pdir), active=True, ts=1_800_000_000)
+    for i, v in enumerate(values):
+        w.add(Message(i + 1, 1_800_000_000_000 + i, b"k%d" % i, v))
+    w.close()
+    return str(tmp_path / "data")
+
+
+def test_json_values_typed_and_quarantined(tmp_path, json_data):
+    table = str(tmp_path / "jt")
+    r = run_job(
+        "--data-dir",
+        json_data,
+        "--table",
+        table,
+        "--value-format",
+        "json",
+        "--value-schema",
+        "id long, name string, amount double",
+        "--partition-by",
+        "topic",
+        "--report",
+        str(tmp_path / "r.json"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    t = DeltaTable(table).to_pyarrow_table().sort_by("seq").to_pydict()
+    assert t["id"] == [1, 2, None, None, None, None, 7]
+    assert t["name"] == ["a", "b", None, None, None, None, "é"]
+    assert t["amount"] == [1.5, None, None, None, None, None, None]
+    assert t["decode_error"] == [
+        None,
+        None,
+        "not valid JSON for the value schema",
+        "not valid JSON for the value schema",
+        "invalid UTF-8",
+        None,
+        None,
+    ]
+    assert t["raw_value"][2] == b"not json" and t["raw_value"][4] == b"\xff\xfe bad utf8" and t["raw_value"][0] is None
+    assert json.load(open(tmp_path / "r.json"))["summary"]["quarantined"] == 3
+    # an incompatible table: the same table, another value format
+    r = run_job("--data-dir", json_data, "--table", table, "--value-format", "binary", "--partition-by", "topic")
+    assert r.returncode == 2 and "has columns" in r.stderr
+
+
+def test_dry_run_and_usage_errors(tmp_path):
+    base = data_dir("C_misc")
+    table = str(tmp_path / "t")
+    r = run_job("--data-dir", base, "--table", table, "--dry-run", "--report", str(tmp_path / "d.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not os.path.exists(table)
+    parts = {(p["topic"], p["partition"]): p for p in json.load(open(tmp_path / "d.json"))["partitions"]}
+    timeroll = load_dump("C_misc")[("timeroll", 0)]
+    assert parts[("timeroll", 0)]["status"] == "dry-run" and parts[("timeroll", 0)]["rows"] == len(timeroll)
+    assert (parts[("timeroll", 0)]["from_seq"], parts[("timeroll", 0)]["to_seq"]) == (1, timeroll[-1][0])
+    assert parts[("holes", 0)]["status"] == "up-to-date"
+    for args, needle in [
+        (["--topics", "nope"], "unknown topic"),
+        ([], None),
+        (["--value-format", "json"], "--value-schema"),
+        (["--partition-by", "colour"], "--partition-by"),
+    ]:
+        cmd = ["--data-dir", base, *args] + ([] if needle is None else ["--table", table])
+        r = run_job(*cmd)
+        assert r.returncode == 2, (args, r.stderr[-1500:])
+        assert (needle or "no Delta table") in r.stderr
+
+
+def test_engine_spark_without_jars_is_a_clear_error(tmp_path):
+    r = run_job("--data-dir", data_dir("C_misc"), "--table", str(tmp_path / "t"), "--engine", "spark")
+    assert r.returncode == 2 and "Delta Lake's jars" in r.stderr
