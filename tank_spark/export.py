@@ -80,6 +80,7 @@ class ExportSettings:
     value_schema: str | None
     partition_by: tuple[str, ...]
     target_file_bytes: int
+    since_ms: int | None = None
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -89,13 +90,18 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
     p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
     p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="skip messages with ts before this (ISO date/time or ms); the recorded versions still advance past them",
+    )
 
 
 def prepare(ctx, args) -> ExportSettings:
     section = ctx.config.raw.get("export") or {}
     if not isinstance(section, dict):
         raise ConfigError("export: expected a mapping")
-    allowed = {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size"}
+    allowed = {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size"}  # conf/
     unknown = sorted(set(section) - allowed)
     if unknown:
         raise ConfigError(f"export: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
@@ -124,7 +130,15 @@ def prepare(ctx, args) -> ExportSettings:
     target = size if isinstance(size, int) else parse_size_arg(str(size), "--target-file-size")
     if "://" not in table and os.path.exists(table) and not os.path.isdir(table):
         raise ConfigError(f"--table {table} exists and is not a directory")
-    settings = ExportSettings(table, engine, fmt, schema, partition_by, target)
+    since = None
+    if args.since:
+        from .source import parse_time_ms
+
+        try:
+            since = parse_time_ms(args.since)
+        except ValueError:
+            raise ConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
+    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since)
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
     return settings, plans, delta_table
 
@@ -245,6 +259,89 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
     return df.select(*cols)
 
 
+# ---- executors: rows without Spark SQL (binary, utf8) -------------------------------------------------------------
+
+
+def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
+    """Read tasks (segment ranges, TANK_FORMAT.md §4.4) covering every partition's (previous, end] range."""
+    from .source import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
+
+    bounds = Bounds(
+        seq_ranges={(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}, min_ts=settings.since_ms
+    )
+    return [r for r in plan_ranges(list(ctx.data_dirs), bounds, True, DEFAULT_SPLIT_BYTES) if r.path]
+
+
+def table_batches(ranges, settings: ExportSettings, schema: pa.Schema):
+    """Batches of the table's schema for binary/utf8 values, straight from the segment files (executor side)."""
+    import pyarrow.compute as pc
+
+    from .source import read_range
+
+    for r in ranges:
+        for b in read_range(r):
+            cols = [b.column(c) for c in BASE_COLUMNS]
+            value = b.column("value")
+            if settings.value_format == "binary":
+                cols.append(value)
+            else:
+                text, error = _utf8(value)
+                cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
+            cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def _utf8(value: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(text, decode_error) of binary values; invalid UTF-8 → null text and an error."""
+    try:
+        return value.cast(pa.string()), pa.nulls(len(value), pa.string())
+    except pa.ArrowInvalid:
+        texts, errors = [], []
+        for v in value.to_pylist():
+            try:
+                texts.append(v.decode("utf-8"))
+                errors.append(None)
+            except UnicodeDecodeError:
+                texts.append(None)
+                errors.append("invalid UTF-8")
+        return pa.array(texts, pa.string()), pa.array(errors, pa.string())
+
+
+def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str) -> list[dict]:
+    """One Spark task per range: read, decode, write Parquet files; returns the files' metadata."""
+    writer = make_file_writer(
+        _table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
+    )
+
+    def task(it):
+        for meta in writer(table_batches(list(it), settings, schema)):
+            yield from meta.to_pylist()
+
+    return spark.sparkContext.parallelize(ranges, max(1, len(ranges))).mapPartitions(task).collect()
+
+
+def count_direct(spark, ranges) -> dict[tuple[str, int], list[int]]:
+    """Dry run: rows, min and max seq per partition."""
+    from .source import read_range
+
+    def task(it):
+        out = {}
+        for r in it:
+            for b in read_range(r):
+                seqs = b.column("seq").to_numpy()
+                c = out.setdefault((r.topic, r.partition), [0, int(seqs.min()), int(seqs.max())])
+                c[0] += len(seqs)
+                c[1], c[2] = min(c[1], int(seqs.min())), max(c[2], int(seqs.max()))
+        yield from out.items()
+
+    merged: dict[tuple[str, int], list[int]] = {}
+    for key, (n, lo, hi) in spark.sparkContext.parallelize(ranges, max(1, len(ranges))).mapPartitions(task).collect():
+        c = merged.setdefault(key, [0, lo, hi])
+        c[0] += n
+        c[1], c[2] = min(c[1], lo), max(c[2], hi)
+    return merged
+
+
 # ---- executors: Parquet files -----------------------------------------------------------------------------------
 
 FILE_META_SCHEMA = (
@@ -362,24 +459,18 @@ def file_stats(table: pa.Table) -> dict:
 
 
 def partition_counts(table: pa.Table) -> dict:
-    """Per TANK partition in a file: rows, min/max seq, decode errors (for the run report)."""
-    out: dict[str, list[int]] = {}
-    topics = table.column("topic").to_pylist()
-    parts = table.column("partition").to_pylist()
-    seqs = table.column("seq").to_pylist()
-    errors = table.column("decode_error").to_pylist() if "decode_error" in table.column_names else None
-    for i, (t, p, s) in enumerate(zip(topics, parts, seqs, strict=True)):
-        key = f"{t}/{p}"
-        c = out.get(key)
-        bad = 1 if errors is not None and errors[i] is not None else 0
-        if c is None:
-            out[key] = [1, s, s, bad]
-        else:
-            c[0] += 1
-            c[1] = min(c[1], s)
-            c[2] = max(c[2], s)
-            c[3] += bad
-    return out
+    """Per TANK partition in a file: [rows, min seq, max seq, decode errors] (for the run report)."""
+    aggs = [("seq", "count"), ("seq", "min"), ("seq", "max")]
+    if "decode_error" in table.column_names:
+        aggs.append(("decode_error", "count"))  # counts non-null values: the rows with an error
+    g = table.group_by(["topic", "partition"]).aggregate(aggs).to_pydict()
+    errors = g.get("decode_error_count", [0] * len(g["topic"]))
+    return {
+        f"{t}/{p}": [n, lo, hi, e]
+        for t, p, n, lo, hi, e in zip(
+            g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], errors, strict=True
+        )
+    }
 
 
 # ---- driver: commit ---------------------------------------------------------------------------------------------
@@ -481,15 +572,20 @@ def execute(ctx, prepared, spark):
     if not work:
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=_version(table))
         return list(results.values()), summary
-    df = decoded_frame(spark, ctx, settings, plans)
+    sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
-        agg = (
-            df.groupBy("topic", "partition")
-            .agg(F.count("*").alias("rows"), F.min("seq").alias("min"), F.max("seq").alias("max"))
-            .collect()
-        )
-        for r in agg:
-            results[(r["topic"], r["partition"])].update(rows=r["rows"], first_row_seq=r["min"], last_row_seq=r["max"])
+        if sql_path:
+            agg = (
+                decoded_frame(spark, ctx, settings, plans)
+                .groupBy("topic", "partition")
+                .agg(F.count("*").alias("rows"), F.min("seq").alias("min"), F.max("seq").alias("max"))
+                .collect()
+            )
+            counts = {(r["topic"], r["partition"]): [r["rows"], r["min"], r["max"]] for r in agg}
+        else:
+            counts = count_direct(spark, direct_ranges(ctx, settings, plans))
+        for key, (rows, lo, hi) in counts.items():
+            results[key].update(rows=rows, first_row_seq=lo, last_row_seq=hi)
         for p in work:
             results[(p.topic, p.partition)]["status"] = "dry-run"
         summary.update(
@@ -499,19 +595,28 @@ def execute(ctx, prepared, spark):
         )
         return list(results.values()), summary
     if settings.engine == "spark":
-        version = _write_with_delta_spark(df, settings, work)
+        version = _write_with_delta_spark(decoded_frame(spark, ctx, settings, plans), settings, work)
         files: list[dict] = []
     else:
         table = table if table is not None else create_table(settings, schema)
         run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-        writer = make_file_writer(
-            _table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
-        )
-        files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+        if sql_path:
+            writer = make_file_writer(
+                _table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
+            )
+            df = decoded_frame(spark, ctx, settings, plans)
+            files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+        else:
+            ranges = direct_ranges(ctx, settings, plans)
+            log.info("export: %d partitions with new messages, %d read tasks", len(work), len(ranges))
+            files = write_direct(spark, ranges, settings, schema, run_id)
+        log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
         if os.environ.get(CRASH_ENV) == "before-commit":
             log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
             os._exit(137)
+        t_commit = time.monotonic()
         version = commit(table, settings, schema, files, plans, run_id)
+        log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
     for f in files:
         for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
             topic, _, pid = key.rpartition("/")

@@ -92,6 +92,7 @@ def spark_session(ctx: JobContext):
     builder = SparkSession.builder.appName(f"{ctx.config.spark.app_name}-{ctx.job}")
     if not SparkConf().contains("spark.master"):
         builder = builder.master(ctx.master or ctx.config.spark.master or "local[*]")
+    builder = builder.config("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():
         builder = builder.config(k, v)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
@@ -140,6 +141,7 @@ def run_job(
     report: dict[str, Any] = {"job": job, "started": _now()}
     t0 = time.monotonic()
     args = None
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options
     try:
         args = parser.parse_args(argv)
         ctx = build_context(job, args)

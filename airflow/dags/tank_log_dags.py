@@ -1,0 +1,165 @@
+"""Airflow 3 DAGs that schedule the tank-log jobs through spark-submit.
+
+- `tank_compaction_nightly`  — jobs/compact.py every night (02:30);
+- `tank_retention_hourly`    — jobs/retention.py every hour;
+- `tank_index_verify_weekly` — jobs/rebuild_indexes.py (verify + rebuild, salvage off) every Sunday;
+- `tank_export_adhoc`        — jobs/export_delta.py on demand, with params topics, destination, since.
+
+Each DAG runs the job with SparkSubmitOperator (the job's exit code decides the task state: 0 done, 1 some
+partitions failed, 2 usage/config error) and then `publish_report`, which runs even when the job failed: it logs
+the JSON report, pushes its summary to XCom and fails unless the report says `ok`.
+
+Airflow Variables (defaults in brackets):
+  tank_log_home      repository/installation holding jobs/ and conf/   [the parent of this dags folder's parent]
+  tank_log_config    job configuration file                             [{home}/conf/local.yaml]
+  tank_log_reports   directory for the JSON run reports                 [{home}/reports]
+  tank_log_py_files  zip shipping tank_log + tank_spark to executors    [empty: installed on the executors]
+  tank_log_broker_stopped  "true" when maintenance windows stop the broker (adds --broker-stopped) ["false"]
+Connection: `spark_default` (conn type spark; host = the master, e.g. local[2], yarn, spark://host:7077).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Param, Variable, task
+from airflow.task.trigger_rule import TriggerRule
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_HOME = os.path.dirname(os.path.dirname(HERE))
+START = datetime(2026, 1, 1)
+
+
+def _var(name: str, default: str) -> str:
+    return Variable.get(name, default=default)
+
+
+def _home() -> str:
+    return _var("tank_log_home", DEFAULT_HOME)
+
+
+def _report_path(job: str) -> str:
+    reports = _var("tank_log_reports", os.path.join(_home(), "reports"))
+    return os.path.join(reports, f"{job}-{{{{ ts_nodash }}}}.json")
+
+
+def _common_args(job: str, *, mutating: bool) -> list[str]:
+    args = [
+        "--config",
+        _var("tank_log_config", os.path.join(_home(), "conf", "local.yaml")),
+        "--report",
+        _report_path(job),
+    ]
+    if mutating and _var("tank_log_broker_stopped", "false").lower() == "true":
+        args.append("--broker-stopped")
+    return args
+
+
+def _spark_submit(job: str, args: list[str], timeout: timedelta) -> SparkSubmitOperator:
+    py_files = _var("tank_log_py_files", "") or None
+    return SparkSubmitOperator(
+        task_id=f"run_{job}",
+        application=os.path.join(_home(), "jobs", f"{job}.py"),
+        application_args=args,
+        conn_id="spark_default",
+        py_files=py_files,
+        name=f"tank-log-{job}",
+        execution_timeout=timeout,
+        env_vars={"PYTHONPATH": _home()},
+        doc_md=f"spark-submit jobs/{job}.py; exit 0 = done, 1 = partitions failed (see the report), 2 = usage error.",
+    )
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def publish_report(report_path: str) -> dict:
+    """Surface the job's JSON report (logs + XCom); fail unless the run was clean."""
+    try:
+        with open(report_path) as fh:
+            report = json.load(fh)
+    except FileNotFoundError:
+        raise RuntimeError(f"the job wrote no report at {report_path} (it did not start?)") from None
+    print(json.dumps({k: report.get(k) for k in ("job", "status", "error", "duration_s", "summary")}, indent=2))
+    for p in report.get("partitions", []):
+        if p.get("status") in ("failed", "needs-attention"):
+            print(f"{p.get('topic')}/{p.get('partition')}: {p.get('status')}: {p.get('error') or p.get('unfixed')}")
+    if report.get("status") != "ok":
+        raise RuntimeError(f"{report.get('job')} finished with status {report.get('status')}: {report.get('error')}")
+    return {"status": report["status"], "summary": report.get("summary")}
+
+
+def _maintenance_dag(
+    dag_id: str, job: str, schedule: str, timeout: timedelta, doc: str, extra_args: list[str] | None = None
+) -> DAG:
+    with DAG(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,  # the job mutates partitions: never two runs at once
+        default_args={"retries": 2, "retry_delay": timedelta(minutes=10)},
+        tags=["tank-log"],
+        doc_md=doc,
+    ) as dag:
+        run = _spark_submit(job, [*_common_args(job, mutating=True), *(extra_args or [])], timeout)
+        run >> publish_report(_report_path(job))
+    return dag
+
+
+compaction = _maintenance_dag(
+    "tank_compaction_nightly",
+    "compact",
+    "30 2 * * *",
+    timedelta(hours=4),
+    "Nightly compaction of `log.cleanup.policy=cleanup` topics (jobs/compact.py). Mutations need the broker "
+    "stopped (TANK_FORMAT.md §9): set Variable tank_log_broker_stopped=true when the window stops it; otherwise "
+    "live partitions are refused and reported.",
+)
+
+retention = _maintenance_dag(
+    "tank_retention_hourly",
+    "retention",
+    "@hourly",
+    timedelta(minutes=50),
+    "Hourly retention (jobs/retention.py): deletes expired RO segments by count, size and age.",
+)
+
+index_verify = _maintenance_dag(
+    "tank_index_verify_weekly",
+    "rebuild_indexes",
+    "0 4 * * 0",
+    timedelta(hours=6),
+    "Weekly verification of every segment and index (jobs/rebuild_indexes.py, salvage off): rebuilds bad indexes, "
+    "repairs interrupted compactions, fails the run when something needs a human.",
+)
+
+
+with DAG(
+    dag_id="tank_export_adhoc",
+    schedule=None,
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+    tags=["tank-log"],
+    params={
+        "topics": Param("", type="string", description="comma-separated topics (empty: all)"),
+        "destination": Param(
+            "", type="string", description="Delta table path or URI (empty: export.table of the config)"
+        ),
+        "since": Param("", type="string", description="only messages with ts >= this (ISO date/time or ms)"),
+    },
+    doc_md="Ad hoc, exactly-once export of new messages to a Delta table (jobs/export_delta.py). Re-running it "
+    "exports only what is new since the last successful run.",
+) as export:
+    # an empty param renders an empty argument, which the jobs ignore
+    _args = [
+        *_common_args("export_delta", mutating=False),
+        "{{ ('--topics=' ~ params.topics) if params.topics else '' }}",
+        "{{ ('--table=' ~ params.destination) if params.destination else '' }}",
+        "{{ ('--since=' ~ params.since) if params.since else '' }}",
+    ]
+    _run = _spark_submit("export_delta", _args, timedelta(hours=6))
+    _run >> publish_report(_report_path("export_delta"))

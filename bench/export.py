@@ -1,0 +1,114 @@
+"""Delta export benchmark: >= 1M messages through jobs/export_delta.py on local[2], beside writing the same rows
+from a Parquet copy into Delta with the same engine (deltalake's write_deltalake).
+
+Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from common import BUNDLE, bundle_messages, machine  # noqa: E402
+
+from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.writer import BundlePolicy, write_partition  # noqa: E402
+
+
+def generate(base: str, messages: int, partitions: int) -> None:
+    per = messages // partitions
+    bundles = per // BUNDLE
+    for p in range(partitions):
+
+        def msgs(p=p):
+            for b in range(bundles):
+                for j, (ts, key, value) in enumerate(bundle_messages(p * bundles + b)):
+                    yield Message(b * BUNDLE + j + 1, ts, key, value)
+
+        write_partition(
+            os.path.join(base, "bench", str(p)),
+            msgs(),
+            segment_bytes=64 << 20,
+            policy=BundlePolicy(max_messages=BUNDLE, max_bytes=1 << 30, snappy=SnappyPolicy.CLIENT),
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--workdir")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-")
+    base, table, report = (os.path.join(work, n) for n in ("data", "table", "report.json"))
+    for p in (base, table):
+        shutil.rmtree(p, ignore_errors=True)
+    generate(base, args.messages, args.partitions)
+    data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
+
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    t0 = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "jobs", "export_delta.py"),
+            "--master",
+            "local[2]",
+            "--data-dir",
+            base,
+            "--table",
+            table,
+            "--report",
+            report,
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    wall = time.perf_counter() - t0
+    rep = json.load(open(report))
+    s = rep["summary"]
+
+    # the same rows from a Parquet copy into Delta with the same engine
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable, write_deltalake
+
+    rows = DeltaTable(table).to_pyarrow_table()
+    copy = os.path.join(work, "copy.parquet")
+    pq.write_table(rows, copy)
+    other = os.path.join(work, "table-from-parquet")
+    shutil.rmtree(other, ignore_errors=True)
+    t1 = time.perf_counter()
+    write_deltalake(other, pq.read_table(copy), partition_by=["topic", "date"])
+    parquet_to_delta = time.perf_counter() - t1
+
+    out = {
+        "machine": machine(),
+        "messages": s["rows"],
+        "partitions": args.partitions,
+        "tank_bytes_on_disk": data_bytes,
+        "delta_bytes": s["bytes"],
+        "files": s["files"],
+        "export_process_wall_s": round(wall, 2),
+        "export_job_s": s["export_s"],
+        "rows_per_s_job": round(s["rows"] / s["export_s"]),
+        "mb_per_s_job": round(data_bytes / s["export_s"] / 1e6, 1),
+        "parquet_to_delta_s": round(parquet_to_delta, 2),
+        "ratio_job_vs_parquet_to_delta": round(s["export_s"] / parquet_to_delta, 2),
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Export helpers that run on executors, tested without Spark."""
+
+import datetime as dt
+
+import pyarrow as pa
+from conftest import data_dir, load_dump
+
+from tank_spark.export import ExportSettings, _utf8, file_stats, group_rows, table_batches, table_schema
+from tank_spark.source import Bounds, plan_ranges
+
+
+def test_utf8_decoding_quarantines_invalid_rows():
+    text, err = _utf8(pa.array([b"ok", b"\xff\xfe", b"", "é".encode()], pa.binary()))
+    assert text.to_pylist() == ["ok", None, "", "é"]
+    assert err.to_pylist() == [None, "invalid UTF-8", None, None]
+
+
+def test_table_batches_from_segment_ranges():
+    settings = ExportSettings("t", "deltalake", "utf8", None, ("topic", "date"), 1 << 20)
+    schema = table_schema(settings, None)
+    ranges = plan_ranges([data_dir("C_misc")], Bounds(seq_ranges={("bigmsg", 0): (2, None)}), True, 1 << 20)
+    rows = [r for b in table_batches(ranges, settings, schema) for r in b.to_pylist()]
+    dump = [m for m in load_dump("C_misc")[("bigmsg", 0)] if m[0] >= 2]
+    assert [r["seq"] for r in rows] == [m[0] for m in dump]
+    for r, (_, ts, _, value) in zip(rows, dump, strict=True):
+        assert r["date"] == dt.datetime.fromtimestamp(ts / 1000, dt.UTC).date()
+        try:
+            assert r["value"] == value.decode() and r["decode_error"] is None and r["raw_value"] is None
+        except UnicodeDecodeError:
+            assert r["value"] is None and r["decode_error"] == "invalid UTF-8" and r["raw_value"] == value
+
+
+def test_group_rows_and_stats():
+    b = pa.RecordBatch.from_pydict(
+        {"topic": ["a", "b", "a"], "seq": [3, 1, 2], "ts": pa.array([1000, 2000, 3000], pa.timestamp("us", tz="UTC"))}
+    )
+    groups = {k: (None if r is None else r.to_pylist()) for k, r in group_rows(b, ("topic",))}
+    assert groups == {("a",): [0, 2], ("b",): [1]}
+    stats = file_stats(pa.Table.from_batches([b]))
+    assert stats["numRecords"] == 3 and stats["minValues"]["seq"] == 1 and stats["maxValues"]["seq"] == 3
+    assert stats["minValues"]["ts"] == "1970-01-01T00:00:00.001Z" and stats["nullCount"]["topic"] == 0
