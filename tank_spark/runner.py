@@ -86,11 +86,14 @@ def spark_session(ctx: JobContext):
     """A SparkSession; the master comes from spark-submit when present, else --master, the config, local[*]."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(f"{ctx.config.spark.app_name}-{ctx.job}")
-    if not SparkConf().contains("spark.master"):
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+    if under_spark_submit:
+        SparkContext._ensure_initialized()  # connect to its JVM, whose properties carry its --master
+    if not (under_spark_submit and SparkConf().contains("spark.master")):
         builder = builder.master(ctx.master or ctx.config.spark.master or "local[*]")
     builder = builder.config("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():

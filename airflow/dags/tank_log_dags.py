@@ -9,13 +9,14 @@ Each DAG runs the job with SparkSubmitOperator (the job's exit code decides the 
 partitions failed, 2 usage/config error) and then `publish_report`, which runs even when the job failed: it logs
 the JSON report, pushes its summary to XCom and fails unless the report says `ok`.
 
-Airflow Variables (defaults in brackets):
+Airflow Variables (read when a task runs; defaults in brackets):
   tank_log_home      repository/installation holding jobs/ and conf/   [the parent of this dags folder's parent]
   tank_log_config    job configuration file                             [{home}/conf/local.yaml]
   tank_log_reports   directory for the JSON run reports                 [{home}/reports]
   tank_log_py_files  zip shipping tank_log + tank_spark to executors    [empty: installed on the executors]
   tank_log_broker_stopped  "true" when maintenance windows stop the broker (adds --broker-stopped) ["false"]
 Connection: `spark_default` (conn type spark; host = the master, e.g. local[2], yarn, spark://host:7077).
+Environment: TANK_LOG_DAG_RETRIES (default 2) sets the tasks' retries.
 """
 
 from __future__ import annotations
@@ -25,50 +26,42 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Param, Variable, task
+from airflow.sdk import DAG, Param, task
 from airflow.task.trigger_rule import TriggerRule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_HOME = os.path.dirname(os.path.dirname(HERE))
 START = datetime(2026, 1, 1)
+RETRIES = int(os.environ.get("TANK_LOG_DAG_RETRIES", "2"))  # environment, not a Variable: read at parse time
 
-
-def _var(name: str, default: str) -> str:
-    return Variable.get(name, default=default)
-
-
-def _home() -> str:
-    return _var("tank_log_home", DEFAULT_HOME)
+# Variables are read when a task runs (Jinja), never while the DAG file is parsed.
+HOME = f"{{{{ var.value.get('tank_log_home', '{DEFAULT_HOME}') }}}}"
+CONFIG = (
+    f"{{{{ var.value.get('tank_log_config', var.value.get('tank_log_home', '{DEFAULT_HOME}') ~ '/conf/local.yaml') }}}}"
+)
+REPORTS = f"{{{{ var.value.get('tank_log_reports', var.value.get('tank_log_home', '{DEFAULT_HOME}') ~ '/reports') }}}}"
+BROKER_STOPPED = "{{ '--broker-stopped' if var.value.get('tank_log_broker_stopped', 'false') == 'true' else '' }}"
 
 
 def _report_path(job: str) -> str:
-    reports = _var("tank_log_reports", os.path.join(_home(), "reports"))
-    return os.path.join(reports, f"{job}-{{{{ ts_nodash }}}}.json")
+    return f"{REPORTS}/{job}-{{{{ ts_nodash }}}}.json"
 
 
 def _common_args(job: str, *, mutating: bool) -> list[str]:
-    args = [
-        "--config",
-        _var("tank_log_config", os.path.join(_home(), "conf", "local.yaml")),
-        "--report",
-        _report_path(job),
-    ]
-    if mutating and _var("tank_log_broker_stopped", "false").lower() == "true":
-        args.append("--broker-stopped")
-    return args
+    """Job arguments; an empty rendered argument (e.g. no --broker-stopped) is ignored by the jobs."""
+    return ["--config", CONFIG, "--report", _report_path(job), BROKER_STOPPED if mutating else ""]
 
 
 def _spark_submit(job: str, args: list[str], timeout: timedelta) -> SparkSubmitOperator:
-    py_files = _var("tank_log_py_files", "") or None
     return SparkSubmitOperator(
         task_id=f"run_{job}",
-        application=os.path.join(_home(), "jobs", f"{job}.py"),
+        application=f"{HOME}/jobs/{job}.py",
         application_args=args,
         conn_id="spark_default",
-        py_files=py_files,
+        py_files="{{ var.value.get('tank_log_py_files', '') }}",
         name=f"tank-log-{job}",
         execution_timeout=timeout,
-        env_vars={"PYTHONPATH": _home()},
+        env_vars={"PYTHONPATH": HOME},
         doc_md=f"spark-submit jobs/{job}.py; exit 0 = done, 1 = partitions failed (see the report), 2 = usage error.",
     )
 
@@ -99,7 +92,7 @@ def _maintenance_dag(
         start_date=START,
         catchup=False,
         max_active_runs=1,  # the job mutates partitions: never two runs at once
-        default_args={"retries": 2, "retry_delay": timedelta(minutes=10)},
+        default_args={"retries": RETRIES, "retry_delay": timedelta(minutes=10)},
         tags=["tank-log"],
         doc_md=doc,
     ) as dag:
@@ -142,7 +135,7 @@ with DAG(
     start_date=START,
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+    default_args={"retries": min(RETRIES, 1), "retry_delay": timedelta(minutes=5)},
     tags=["tank-log"],
     params={
         "topics": Param("", type="string", description="comma-separated topics (empty: all)"),
