@@ -27,6 +27,13 @@ One format for every job; durations and sizes use the broker's grammar (TANK_FOR
       include_cleanup_topics: false     # the broker applies no retention to cleanup topics
       topics:                           # per-topic overrides of the broker config (a topic TTL)
         clicks: {max_age: 3days, max_bytes: 10gb, segments_count: 50, time_basis: message, enabled: true}
+    export:                             # jobs/export_delta.py (flags override)
+      table: /lake/tank/events          # Delta table path or URI
+      engine: deltalake                 # deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)
+      value_format: json                # binary | utf8 | json
+      value_schema: "id long, name string"
+      partition_by: [topic, date]       # from topic, partition, date (UTC date of ts)
+      target_file_size: 128mb
 """
 
 from __future__ import annotations
@@ -151,6 +158,18 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True)
+class ExportConfig:
+    """The `export` section (flags of jobs/export_delta.py override it)."""
+
+    table: str | None = None
+    engine: str = "deltalake"  # deltalake | spark
+    value_format: str = "binary"  # binary | utf8 | json
+    value_schema: str | None = None  # DDL, with value_format json
+    partition_by: tuple[str, ...] = ("topic", "date")
+    target_file_size: int = 128 << 20
+
+
+@dataclass(frozen=True)
 class SparkSettings:
     master: str | None = None
     app_name: str = "tank-log"
@@ -165,6 +184,7 @@ class JobConfig:
     spark: SparkSettings = SparkSettings()
     compaction: CompactionSettings = CompactionSettings()
     retention: RetentionSettings = RetentionSettings()
+    export: ExportConfig = ExportConfig()
     raw: dict = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
 
 
@@ -256,6 +276,47 @@ def _retention(value: Any) -> RetentionSettings:
     )
 
 
+PARTITION_COLUMNS = ("topic", "partition", "date")
+
+
+def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
+    cols = value.split(",") if isinstance(value, str) else value
+    if not isinstance(cols, list | tuple) or not all(isinstance(c, str) for c in cols):
+        raise ConfigError(f"{where}: expected a list of columns")
+    cols = tuple(c.strip() for c in cols if c.strip())
+    bad = [c for c in cols if c not in PARTITION_COLUMNS]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)} (choose from {', '.join(PARTITION_COLUMNS)})")
+    return cols
+
+
+def _export(value: Any) -> ExportConfig:
+    w = "export"
+    v = _mapping(value, w)
+    _check_keys(v, {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size"}, w)
+    kw: dict[str, Any] = {}
+    if v.get("table") is not None:
+        if not isinstance(v["table"], str) or not v["table"]:
+            raise ConfigError(f"{w}.table: expected a path or URI")
+        kw["table"] = v["table"]
+    if "engine" in v:
+        kw["engine"] = _choice(v["engine"], f"{w}.engine", ("deltalake", "spark"))
+    if "value_format" in v:
+        kw["value_format"] = _choice(v["value_format"], f"{w}.value_format", ("binary", "utf8", "json"))
+    if v.get("value_schema") is not None:
+        if not isinstance(v["value_schema"], str):
+            raise ConfigError(f"{w}.value_schema: expected a DDL string such as 'id long, name string'")
+        kw["value_schema"] = v["value_schema"]
+    if "partition_by" in v:
+        kw["partition_by"] = parse_partition_by(v["partition_by"], f"{w}.partition_by")
+    if "target_file_size" in v:
+        kw["target_file_size"] = _size(v["target_file_size"], f"{w}.target_file_size")
+    cfg = replace(ExportConfig(), **kw)
+    if (cfg.value_format == "json") != (cfg.value_schema is not None):
+        raise ConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")
+    return cfg
+
+
 def _spark(value: Any) -> SparkSettings:
     v = _mapping(value, "spark")
     _check_keys(v, {"master", "app_name", "conf"}, "spark")
@@ -286,6 +347,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
         spark=_spark(v.get("spark")),
         compaction=_compaction(v.get("compaction")),
         retention=_retention(v.get("retention")),
+        export=_export(v.get("export")),
         raw=v,
     )
 

@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from tank_log.jobconfig import ConfigError, parse_size_arg
+from tank_log.jobconfig import ConfigError, parse_partition_by, parse_size_arg
 
 from .runner import count_by, run_job
 
@@ -97,37 +97,25 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def prepare(ctx, args) -> ExportSettings:
-    section = ctx.config.raw.get("export") or {}
-    if not isinstance(section, dict):
-        raise ConfigError("export: expected a mapping")
-    allowed = {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size"}  # conf/
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        raise ConfigError(f"export: unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
-    table = args.table or section.get("table")
+def prepare(ctx, args):
+    """Flags over the `export` config section; then plan (before Spark starts, so bad input fails fast)."""
+    cfg = ctx.config.export
+    table = args.table or cfg.table
     if not table:
         raise ConfigError("no Delta table: pass --table PATH or set export.table")
-    engine = args.engine or section.get("engine", "deltalake")
-    fmt = args.value_format or section.get("value_format", "binary")
-    schema = args.value_schema or section.get("value_schema")
-    if engine not in ("deltalake", "spark"):
-        raise ConfigError(f"export.engine: expected deltalake or spark, got {engine!r}")
-    if fmt not in ("binary", "utf8", "json"):
-        raise ConfigError(f"export.value_format: expected binary, utf8 or json, got {fmt!r}")
+    engine = args.engine or cfg.engine
+    fmt = args.value_format or cfg.value_format
+    schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
     if fmt == "json" and not schema:
         raise ConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
-    if fmt != "json" and schema:
+    if fmt != "json" and args.value_schema:
         raise ConfigError("--value-schema is only for --value-format json")
-    parts = args.partition_by if args.partition_by is not None else section.get("partition_by", "topic,date")
-    if isinstance(parts, list):
-        parts = ",".join(parts)
-    partition_by = tuple(c.strip() for c in parts.split(",") if c.strip())
-    bad = [c for c in partition_by if c not in ("topic", "partition", "date")]
-    if bad:
-        raise ConfigError(f"--partition-by: {', '.join(bad)} (choose from topic, partition, date)")
-    size = args.target_file_size or section.get("target_file_size", "128mb")
-    target = size if isinstance(size, int) else parse_size_arg(str(size), "--target-file-size")
+    partition_by = (
+        parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
+    )
+    target = (
+        parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
+    )
     if "://" not in table and os.path.exists(table) and not os.path.isdir(table):
         raise ConfigError(f"--table {table} exists and is not a directory")
     since = None
