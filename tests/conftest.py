@@ -5,11 +5,14 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import os
 import shutil
 from collections import defaultdict
 
 import pytest
+
+logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientserver connection" after pytest exits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "data", "fixtures")
