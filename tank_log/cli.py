@@ -79,25 +79,19 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from .compaction_plan import plan_compaction, record_cleanup_marks, run_compaction_task
+    from .compaction_plan import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
     from .datadir import classify_path
-    from .jobconfig import load_job_config, parse_duration_ms
+    from .jobconfig import load_job_config
 
     if classify_path(args.path) != "base":
         raise ValueError(f"{args.path}: give the broker base path (the directory holding topic directories)")
-    config = load_job_config(args.config)
-    settings = config.compaction
-    if args.force:
-        settings = replace(settings, force=True)
-    if args.tombstone_retention:
-        settings = replace(
-            settings, tombstone_retention_ms=parse_duration_ms(args.tombstone_retention, "--tombstone-retention")
-        )
-    if args.drop_keyless:
-        settings = replace(settings, drop_keyless=True)
-    config = replace(config, compaction=settings, broker_stopped=args.broker_stopped or config.broker_stopped)
+    config = apply_flags(
+        load_job_config(args.config),
+        force=args.force,
+        tombstone_retention=args.tombstone_retention,
+        drop_keyless=args.drop_keyless,
+        broker_stopped=args.broker_stopped,
+    )
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )

@@ -36,12 +36,12 @@ import pyarrow as pa
 from .arrow_batch import binary_column
 from .bundle import Message, SnappyPolicy
 from .cleanup_log import update_cleanup_log
-from .datadir import Partition, SegmentFile, scan_partition
+from .datadir import Partition, SegmentFile
 from .errors import TankFormatError
 from .fsutil import fsync_dir
 from .locking import PartitionLock, PartitionLocked
 from .names import format_index_name
-from .repair import repair_partition
+from .preflight import preflight
 from .segment import Segment
 from .writer import BundlePolicy, SegmentWriter, WrittenSegment
 
@@ -122,19 +122,6 @@ def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> l
         while inputs and segment_max_ts(inputs[-1]) > cutoff:
             inputs.pop()
     return inputs
-
-
-def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:
-    """Seconds since the partition last changed if within `window_s` (the broker may be writing), else None."""
-    now = time.time() if now is None else now
-    newest = 0.0
-    for s in part.segments:
-        try:
-            newest = max(newest, os.stat(s.path).st_mtime)
-        except FileNotFoundError:
-            return 0.0
-    age = now - newest
-    return age if part.segments and age < window_s else None
 
 
 # ---- pass 1 -----------------------------------------------------------------------------------------------------
@@ -275,18 +262,14 @@ def compact_partition(
 
 def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> None:
     now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
-    if not options.broker_stopped:
-        age = looks_live(part, options.live_window_s, now_ms / 1000)
-        if age is not None:
-            raise RuntimeError(
-                f"partition looks live (modified {age:.0f}s ago): compaction needs the broker stopped "
-                f"(TANK_FORMAT.md §9); stop it and pass --broker-stopped"
-            )
-    rep = repair_partition(part.path, dry_run=options.dry_run)
-    if rep.action != "none":
-        res.repair = rep.to_dict()
-        if not options.dry_run:
-            part = scan_partition(part.path, part.topic, part.id, part.config)
+    part, res.repair = preflight(
+        part,
+        "compaction",
+        broker_stopped=options.broker_stopped,
+        live_window_s=options.live_window_s,
+        dry_run=options.dry_run,
+        now=now_ms / 1000,
+    )
     for a, b in zip(part.ro, part.ro[1:], strict=False):
         if b.base <= a.last:
             raise RuntimeError(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")

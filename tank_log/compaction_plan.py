@@ -7,13 +7,13 @@ Shared by the Spark job (`jobs/compact.py`: the driver plans, executors run `run
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .bundle import SnappyPolicy
 from .cleanup_log import update_cleanup_log
 from .compaction import CompactionOptions, compact_partition, dirty_ratio
 from .datadir import scan_data_dir, scan_partition
-from .jobconfig import CompactionSettings, JobConfig
+from .jobconfig import CompactionSettings, JobConfig, parse_duration_ms
 from .writer import BundlePolicy
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,27 @@ def options_for(topic: str, settings: CompactionSettings, config: JobConfig, *, 
         live_window_s=config.live_window_s,
         dry_run=dry_run,
     )
+
+
+def apply_flags(
+    config: JobConfig,
+    *,
+    force: bool = False,
+    tombstone_retention: str | None = None,
+    drop_keyless: bool = False,
+    broker_stopped: bool = False,
+) -> JobConfig:
+    """Command-line flags over the config file (shared by jobs/compact.py and `tank-log compact`)."""
+    settings = config.compaction
+    if force:
+        settings = replace(settings, force=True)
+    if tombstone_retention:
+        settings = replace(
+            settings, tombstone_retention_ms=parse_duration_ms(tombstone_retention, "--tombstone-retention")
+        )
+    if drop_keyless:
+        settings = replace(settings, drop_keyless=True)
+    return replace(config, compaction=settings, broker_stopped=broker_stopped or config.broker_stopped)
 
 
 def plan_compaction(data_dirs, topics, config: JobConfig, *, dry_run: bool) -> tuple[list[CompactionTask], list[dict]]:

@@ -146,20 +146,7 @@ def walk_bundles(
         if f & 0xC2 == 0 and c:  # codec none/Snappy, non-sparse, count (<= 15) in the flags: the common case
             first = next_seq
             next_seq += c
-            if f & 1:
-                if collect:
-                    block = mv[q:end]
-                    try:
-                        if q >= end or buf[q] >= 0x80:
-                            check_claim(block)  # bound the uncompressed size before allocating it
-                        packed_sets.append(raw_decompress(block))
-                    except TankFormatError as err:
-                        raise TankFormatError(err.message, offset=pos) from None
-                    except Exception as err:
-                        raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
-                    packed_rows.append(len(rows))
-            elif c > end - q:  # every message takes at least 2 bytes (flags + length)
-                raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
+            codec = f & 1
         else:
             if f & RESERVED:
                 raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
@@ -191,22 +178,22 @@ def walk_bundles(
                 next_seq += c
             if next_seq > U64_MAX + 1:
                 raise TankFormatError("sequence number overflows u64", offset=pos)
-            if not codec and c > end - q:
+        if codec:
+            if c > 22 * (end - q) + 64:  # a Snappy byte expands to at most ~21.4 bytes
                 raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
-            if codec:
-                if c > 22 * (end - q) + 64:
-                    raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
-                if collect:
-                    block = mv[q:end]
-                    try:
-                        if q >= end or buf[q] >= 0x80:
-                            check_claim(block)  # bound the uncompressed size before allocating it
-                        packed_sets.append(raw_decompress(block))
-                    except TankFormatError as err:
-                        raise TankFormatError(err.message, offset=pos) from None
-                    except Exception as err:
-                        raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
-                    packed_rows.append(len(rows))
+            if collect:
+                block = mv[q:end]
+                try:
+                    if q >= end or buf[q] >= 0x80:
+                        check_claim(block)  # bound the uncompressed size before allocating it
+                    packed_sets.append(raw_decompress(block))
+                except TankFormatError as err:
+                    raise TankFormatError(err.message, offset=pos) from None
+                except Exception as err:
+                    raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
+                packed_rows.append(len(rows))
+        elif c > end - q:  # every message takes at least 2 bytes (flags + length)
+            raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         append((pos, end, q, f, c, first, next_seq - 1))
         pos = end
         if next_seq > stop_at or pos >= limit:

@@ -23,6 +23,7 @@ from .fsutil import atomic_write, fsync_dir, write_file_synced
 from .index import build_rebuild_rule, encode_index
 from .locking import PartitionLock, PartitionLocked
 from .names import format_index_name, format_ro_name
+from .preflight import refuse_if_live
 from .repair import repair_partition
 from .segment import Segment
 from .verify import check_partition
@@ -137,8 +138,6 @@ def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptio
 
 
 def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) -> None:
-    from .compaction import looks_live
-
     rep = repair_partition(part.path, dry_run=True)
     problems = check_partition(part)
     res.found = [p.to_dict() for p in problems]
@@ -156,12 +155,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
         res.status = "dry-run"
         return
     if not options.broker_stopped:
-        age = looks_live(part, options.live_window_s)
-        if age is not None:
-            raise RuntimeError(
-                f"partition looks live (modified {age:.0f}s ago): fixing files needs the broker "
-                f"stopped (TANK_FORMAT.md §9); stop it and pass --broker-stopped"
-            )
+        refuse_if_live(part, "fixing files", options.live_window_s)
     if rep.action != "none":
         res.repair = repair_partition(part.path).to_dict()
         part = scan_partition(part.path, part.topic, part.id, part.config)

@@ -24,11 +24,11 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from .config import PartitionConfig
-from .datadir import Partition, SegmentFile, scan_partition
+from .datadir import Partition, SegmentFile
 from .errors import TankFormatError
 from .fsutil import fsync_dir
 from .locking import PartitionLock, PartitionLocked
-from .repair import repair_partition
+from .preflight import preflight
 
 log = logging.getLogger(__name__)
 
@@ -151,21 +151,15 @@ def apply_retention(
 
 
 def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult) -> None:
-    from .compaction import looks_live
-
     now_s = time.time() if options.now_s is None else options.now_s
-    if not options.dry_run and not options.broker_stopped:
-        age = looks_live(part, options.live_window_s, now_s)
-        if age is not None:
-            raise RuntimeError(
-                f"partition looks live (modified {age:.0f}s ago): retention needs the broker stopped "
-                f"(TANK_FORMAT.md §9); stop it and pass --broker-stopped"
-            )
-    rep = repair_partition(part.path, dry_run=options.dry_run)
-    if rep.action != "none":
-        res.repair = rep.to_dict()
-        if not options.dry_run:
-            part = scan_partition(part.path, part.topic, part.id, part.config)
+    part, res.repair = preflight(
+        part,
+        "retention",
+        broker_stopped=options.broker_stopped,
+        live_window_s=options.live_window_s,
+        dry_run=options.dry_run,
+        now=now_s,
+    )
     res.segments_before = len(part.ro)
     res.bytes_before = sum(s.size for s in part.ro)
     res.first_seq_before = part.segments[0].base if part.segments else None

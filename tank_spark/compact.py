@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 
-from tank_log.compaction_plan import plan_compaction, record_cleanup_marks, run_compaction_task
-from tank_log.jobconfig import parse_duration_ms
+from tank_log.compaction_plan import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
 
 from .runner import count_by, run_job, run_on_executors
 
@@ -29,16 +27,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def prepare(ctx, args):
     """Flags over the config file → the JobConfig this run uses (validated before Spark starts)."""
-    settings = ctx.config.compaction
-    if args.force:
-        settings = replace(settings, force=True)
-    if args.tombstone_retention:
-        settings = replace(
-            settings, tombstone_retention_ms=parse_duration_ms(args.tombstone_retention, "--tombstone-retention")
-        )
-    if args.drop_keyless:
-        settings = replace(settings, drop_keyless=True)
-    return replace(ctx.config, compaction=settings)
+    return apply_flags(
+        ctx.config, force=args.force, tombstone_retention=args.tombstone_retention, drop_keyless=args.drop_keyless
+    )
 
 
 def execute(ctx, config, spark):

@@ -1,0 +1,51 @@
+"""What every mutating job does to a partition first: refuse it if the broker may be writing to it (TANK_FORMAT.md
+§9 rule 1), then repair leftovers of interrupted compactions (§6.4)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .datadir import Partition, scan_partition
+from .repair import repair_partition
+
+
+class PartitionLooksLive(RuntimeError):
+    """The partition changed too recently: mutating it needs the broker stopped."""
+
+
+def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:
+    """Seconds since the partition last changed if within `window_s` (the broker may be writing), else None."""
+    now = time.time() if now is None else now
+    newest = 0.0
+    for s in part.segments:
+        try:
+            newest = max(newest, os.stat(s.path).st_mtime)
+        except FileNotFoundError:
+            return 0.0
+    age = now - newest
+    return age if part.segments and age < window_s else None
+
+
+def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None = None) -> None:
+    age = looks_live(part, window_s, now)
+    if age is not None:
+        raise PartitionLooksLive(
+            f"partition looks live (modified {age:.0f}s ago): {job} needs the broker stopped "
+            f"(TANK_FORMAT.md §9); stop it and pass --broker-stopped"
+        )
+
+
+def preflight(
+    part: Partition, job: str, *, broker_stopped: bool, live_window_s: int, dry_run: bool, now: float | None = None
+) -> tuple[Partition, dict | None]:
+    """Liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as it is now
+    and what repair did (None if nothing)."""
+    if not broker_stopped and not dry_run:
+        refuse_if_live(part, job, live_window_s, now)
+    rep = repair_partition(part.path, dry_run=dry_run)
+    if rep.action == "none":
+        return part, None
+    if not dry_run:
+        part = scan_partition(part.path, part.topic, part.id, part.config)
+    return part, rep.to_dict()
