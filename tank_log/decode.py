@@ -11,6 +11,7 @@ All errors are TankFormatError with offsets relative to the walked buffer; calle
 
 from __future__ import annotations
 
+import gc
 import struct
 from dataclasses import dataclass, field
 
@@ -106,6 +107,18 @@ def walk_bundles(
     `max_bytes`: stop after the bundle that brings the walked bytes to this size. `stop_seq`: stop after the
     bundle whose last seq is >= stop_seq.
     """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # one tuple per bundle and no cycles: the cyclic GC would only rescan them, costing ~1 µs/bundle
+    try:
+        return _walk(buf, start, next_seq, collect, max_bytes, stop_seq)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _walk(
+    buf: bytes, start: int, next_seq: int, collect: bool, max_bytes: int | None, stop_seq: int | None
+) -> WalkResult:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     append = rows.append
     packed_rows: list[int] = []  # row index of each Snappy bundle
