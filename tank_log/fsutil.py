@@ -40,14 +40,3 @@ def atomic_write(path: str | os.PathLike, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(directory)
-
-
-def rename_durable(src: str, dst: str) -> None:
-    """rename + fsync of the destination directory."""
-    os.replace(src, dst)
-    fsync_dir(os.path.dirname(dst) or ".")
-
-
-def unlink_durable(path: str) -> None:
-    os.unlink(path)
-    fsync_dir(os.path.dirname(path) or ".")

@@ -22,7 +22,7 @@ from .datadir import Partition, SegmentFile, scan_partition
 from .fsutil import atomic_write, fsync_dir, write_file_synced
 from .index import build_rebuild_rule, encode_index
 from .locking import PartitionLock, PartitionLocked
-from .names import format_index_name, format_ro_name
+from .names import format_ro_name
 from .preflight import refuse_if_live
 from .repair import repair_partition
 from .segment import Segment
@@ -217,7 +217,3 @@ def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tup
 def _covered(problem, fixes) -> bool:
     targets = {getattr(t, "path", t) for _, t in fixes} | {getattr(t, "index_path", None) for _, t in fixes}
     return problem.path in targets
-
-
-def index_name_for(sf: SegmentFile) -> str:
-    return format_index_name(sf.base)

@@ -29,7 +29,7 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -663,7 +663,3 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
     )
-
-
-def settings_dict(settings: ExportSettings) -> dict:
-    return asdict(settings)
