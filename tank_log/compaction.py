@@ -199,8 +199,6 @@ class _Outputs:
 
     def add_bundle(self, framed: bytes, first: int, last: int, count: int, sparse: bool, max_ts: int) -> None:
         w = self._ensure()
-        if not sparse and w.expected_next is not None and first != w.expected_next:
-            raise ValueError("non-contiguous bundle must be re-encoded")
         w.add_bundle(framed, first, last, count, sparse=sparse)
         self.newest_ts = max(self.newest_ts, max_ts)
         self._maybe_roll()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from .bundle import SnappyPolicy
 from .cleanup_log import update_cleanup_log
 from .compaction import CompactionOptions, compact_partition, dirty_ratio
-from .datadir import scan_data_dir, scan_partition
+from .datadir import partitions_at, scan_data_dir
 from .jobconfig import CompactionSettings, JobConfig, parse_duration_ms
 from .writer import BundlePolicy
 
@@ -114,19 +114,11 @@ def plan_compaction(data_dirs, topics, config: JobConfig, *, dry_run: bool) -> t
 
 def run_compaction_task(task: CompactionTask) -> dict:
     """Executor side: compact one partition (marks are written by the caller, once per base path)."""
-    part = scan_partition(task.path, task.topic, task.partition, _topic_config(task))
+    (part,) = partitions_at(task.path)  # with its topic's and its own config
     result = compact_partition(part, task.options, cleanup_mark=task.cleanup_mark).to_dict()
     result["base_path"] = task.base_path
     result["plan"] = task.why
     return result
-
-
-def _topic_config(task: CompactionTask):
-    import os
-
-    from .config import load_config
-
-    return load_config(os.path.join(os.path.dirname(task.path), "config"))[0]
 
 
 def record_cleanup_marks(results: list[dict]) -> None:

@@ -273,7 +273,7 @@ def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> l
 def last_complete_seq(part: Partition) -> int | None:
     """The partition's last seq readable now: the active segment's last complete bundle (seeking to its last index
     entry, §4.4), else the last RO segment's name; None for an empty partition."""
-    from .index import read_index
+    from .index import REL_SEQ_LIMIT
 
     for sf in reversed(part.segments):
         if not sf.is_active:
@@ -281,13 +281,7 @@ def last_complete_seq(part: Partition) -> int | None:
         if sf.size == 0:
             continue
         seg = sf.open()
-        start, next_seq = 0, sf.base
-        try:
-            entries = [e for e in read_index(sf.index_path) if e[1] < sf.size]
-            if entries and entries[0] == (0, 0):
-                start, next_seq = entries[-1][1], sf.base + entries[-1][0]
-        except (OSError, TankFormatError):
-            pass
+        start, next_seq = seg.seek(sf.base + REL_SEQ_LIMIT)  # the last usable index entry
         last = None
         try:
             for h in seg.bundles(start=start, next_seq=next_seq):

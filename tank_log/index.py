@@ -41,6 +41,18 @@ def read_index(path: str | os.PathLike) -> list[Entry]:
         return parse_index(fh.read(), os.fspath(path))
 
 
+def usable_entries(index_path: str | os.PathLike, log_size: int) -> list[Entry]:
+    """The entries a reader may seek with: none unless the index reads and starts with (0, 0) (§4.2); entries at or
+    past the end of the log dropped (an active index may run ahead of a torn log, §4.4)."""
+    try:
+        entries = read_index(index_path)
+    except (OSError, TankFormatError):
+        return []
+    if not entries or entries[0] != (0, 0):
+        return []
+    return [e for e in entries if e[1] < log_size]
+
+
 def encode_index(entries: Iterable[Entry]) -> bytes:
     return b"".join(ENTRY.pack(rel, off) for rel, off in entries)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-from .config import load_config
-from .datadir import scan_data_dir, scan_partition
+from .datadir import partitions_at, scan_data_dir
 from .index_maintenance import IndexJobOptions, maintain_partition
 from .jobconfig import JobConfig
 
@@ -53,8 +51,7 @@ def plan_index_run(
 
 
 def run_index_task(task: IndexTask) -> dict:
-    topic_cfg, _ = load_config(os.path.join(os.path.dirname(task.path), "config"))
-    part = scan_partition(task.path, task.topic, task.partition, topic_cfg)
+    (part,) = partitions_at(task.path)  # with its topic's and its own config
     result = maintain_partition(part, task.options).to_dict()
     result["base_path"] = task.base_path
     return result

@@ -4,12 +4,10 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from .cleanup_log import read_cleanup_log, update_cleanup_log
-from .config import load_config
-from .datadir import scan_data_dir, scan_partition
+from .datadir import partitions_at, scan_data_dir
 from .jobconfig import JobConfig
 from .retention import RetentionOptions, RetentionRules, apply_retention
 
@@ -75,8 +73,7 @@ def plan_retention_run(
 
 
 def run_retention_task(task: RetentionTask) -> dict:
-    topic_cfg, _ = load_config(os.path.join(os.path.dirname(task.path), "config"))
-    part = scan_partition(task.path, task.topic, task.partition, topic_cfg)
+    (part,) = partitions_at(task.path)  # with its topic's and its own config
     result = apply_retention(part, task.rules, task.options).to_dict()
     result["base_path"] = task.base_path
     return result

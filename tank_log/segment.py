@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .arrow_batch import to_record_batch
+from .arrow_batch import SCHEMA, to_record_batch
 from .bundle import BundleHeader, Message
 from .decode import COMPLETE, INCOMPLETE, LIMIT, ZERO, BundleTable, MessageColumns, decode_messages, walk_bundles
 from .errors import TankFormatError
@@ -188,8 +188,6 @@ class Segment:
             yield to_record_batch(chunk.cols, select)
 
     def read_table(self, **kwargs) -> pa.Table:
-        from .arrow_batch import SCHEMA
-
         return pa.Table.from_batches(list(self.batches(**kwargs)), schema=SCHEMA)
 
     def messages(self, **kwargs) -> Iterator[Message]:
@@ -204,12 +202,9 @@ class Segment:
 
         Falls back to (0, base) when there is no usable index entry.
         """
-        from .index import lookup, read_index
+        from .index import lookup, usable_entries
 
-        try:
-            entries = read_index(self.index_path)
-        except (OSError, TankFormatError):
-            return 0, self.base
+        entries = usable_entries(self.index_path, self.size())
         if seq <= self.base or not entries:
             return 0, self.base
         rel, off = lookup(entries, seq - self.base)

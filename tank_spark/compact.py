@@ -7,16 +7,12 @@ import argparse
 
 from tank_log.compaction_plan import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
 
-from .runner import count_by, run_job, run_on_executors
+from .runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
-    )
+    add_broker_stopped(p)
     p.add_argument(
         "--tombstone-retention",
         metavar="DURATION",

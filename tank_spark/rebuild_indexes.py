@@ -8,7 +8,7 @@ import argparse
 
 from tank_log.index_plan import plan_index_run, run_index_task
 
-from .runner import count_by, run_job, run_on_executors
+from .runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -17,11 +17,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
     )
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
-    )
+    add_broker_stopped(p)
 
 
 def prepare(ctx, args):

@@ -8,7 +8,7 @@ import argparse
 
 from tank_log.retention_plan import clamp_cleanup_marks, plan_retention_run, run_retention_task
 
-from .runner import count_by, run_job, run_on_executors
+from .runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -17,11 +17,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=("name", "message"),
         help="age from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
     )
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
-    )
+    add_broker_stopped(p)
 
 
 def prepare(ctx, args):

@@ -55,6 +55,15 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+def add_broker_stopped(p: argparse.ArgumentParser) -> None:
+    """`--broker-stopped` of the mutating jobs (read by `build_context`)."""
+    p.add_argument(
+        "--broker-stopped",
+        action="store_true",
+        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
+    )
+
+
 @dataclass(frozen=True)
 class JobContext:
     job: str

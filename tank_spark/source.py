@@ -262,14 +262,9 @@ def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: 
 
 def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> list[SegmentRange]:
     """Split a segment at index entries into ranges of about split_bytes; start at the entry for min_seq."""
-    from tank_log.index import read_index
+    from tank_log.index import usable_entries
 
-    try:
-        entries = [(rel, off) for rel, off in read_index(sf.index_path) if off < sf.size]
-    except Exception:  # missing or damaged index: read the whole segment from its start
-        entries = []
-    if not entries or entries[0] != (0, 0):
-        entries = [(0, 0)]
+    entries = usable_entries(sf.index_path, sf.size) or [(0, 0)]  # no usable index: the whole segment
     if b.min_seq is not None and b.min_seq > sf.base:  # §4.4 step 3: greatest entry with rel <= target
         target = b.min_seq - sf.base
         entries = [e for e in entries if e[0] <= target][-1:] + [e for e in entries if e[0] > target]
