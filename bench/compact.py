@@ -29,8 +29,8 @@ sys.path.insert(0, HERE)
 
 from common import BUNDLE, bundle_messages, machine  # noqa: E402
 
-from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.writer import BundlePolicy, SegmentWriter, write_partition  # noqa: E402
+from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_partition  # noqa: E402
 
 INPUT_BUNDLES = 20_520  # bundles 0..20519 are the compaction input (BENCH.md)
 ACTIVE_BUNDLES = 10
@@ -66,8 +66,8 @@ def compact_in_subprocess(base: str) -> dict:
     code = f"""
 import json, resource, sys, time
 sys.path.insert(0, {ROOT!r})
-from tank_log.compaction import CompactionOptions, compact_partition
-from tank_log.datadir import scan_data_dir
+from tank_log.maintenance.compaction import CompactionOptions, compact_partition
+from tank_log.storage.datadir import scan_data_dir
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 (part,) = scan_data_dir({base!r}).partitions()
 t0, c0 = time.perf_counter(), time.process_time()

@@ -22,8 +22,8 @@ sys.path.insert(0, HERE)
 
 from common import BUNDLE, bundle_messages, machine  # noqa: E402
 
-from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.writer import BundlePolicy, write_partition  # noqa: E402
+from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
 
 
 def generate(base: str, messages: int, partitions: int) -> None:

@@ -22,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import snappy  # noqa: E402
 from common import Timer, bundle_messages, machine  # noqa: E402
 
-from tank_log.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.datadir import scan_partition  # noqa: E402
-from tank_log.writer import BundlePolicy, write_partition  # noqa: E402
+from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.storage.datadir import scan_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
 
 
 def messages(n: int):

@@ -1,13 +1,12 @@
 """The compaction job: the driver plans (which partitions, why), executors compact one partition each
-(`tank_log.compaction_plan.run_compaction_task`), the driver records `.cleanup.log` marks and the report."""
+(`tank_log.jobs.compaction.run_compaction_task`), the driver records `.cleanup.log` marks and the report."""
 
 from __future__ import annotations
 
 import argparse
 
-from tank_log.compaction_plan import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
-
-from .runner import add_broker_stopped, count_by, run_job, run_on_executors
+from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

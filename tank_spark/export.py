@@ -34,9 +34,8 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from tank_log.jobconfig import ConfigError, parse_partition_by, parse_size_arg
-
-from .runner import count_by, run_job
+from tank_log.jobs.config import ConfigError, parse_partition_by, parse_size_arg
+from tank_spark.runner import count_by, run_job
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +119,7 @@ def prepare(ctx, args):
         raise ConfigError(f"--table {table} exists and is not a directory")
     since = None
     if args.since:
-        from .source import parse_time_ms
+        from tank_spark.source import parse_time_ms
 
         try:
             since = parse_time_ms(args.since)
@@ -137,7 +136,7 @@ def prepare(ctx, args):
 def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], object | None]:
     from deltalake import DeltaTable
 
-    from tank_log.datadir import last_complete_seq, scan_data_dir
+    from tank_log.storage.datadir import last_complete_seq, scan_data_dir
 
     table = _open_table(settings.table)
     plans: list[PartitionPlan] = []
@@ -217,7 +216,7 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
     """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date)."""
     from pyspark.sql import functions as F
 
-    from .source import format_seq_ranges, register
+    from tank_spark.source import format_seq_ranges, register
 
     register(spark)
     ranges = {(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}
@@ -252,7 +251,7 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
 
 def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
     """Read tasks (segment ranges, TANK_FORMAT.md §4.4) covering every partition's (previous, end] range."""
-    from .source import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
+    from tank_spark.source import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
 
     bounds = Bounds(
         seq_ranges={(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}, min_ts=settings.since_ms
@@ -264,7 +263,7 @@ def table_batches(ranges, settings: ExportSettings, schema: pa.Schema):
     """Batches of the table's schema for binary/utf8 values, straight from the segment files (executor side)."""
     import pyarrow.compute as pc
 
-    from .source import read_range
+    from tank_spark.source import read_range
 
     for r in ranges:
         for b in read_range(r):
@@ -310,7 +309,7 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
 
 def count_direct(spark, ranges) -> dict[tuple[str, int], list[int]]:
     """Dry run: rows, min and max seq per partition."""
-    from .source import read_range
+    from tank_spark.source import read_range
 
     def task(it):
         out = {}

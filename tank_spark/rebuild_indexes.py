@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from tank_log.index_plan import plan_index_run, run_index_task
-
-from .runner import add_broker_stopped, count_by, run_job, run_on_executors
+from tank_log.jobs.indexes import plan_index_run, run_index_task
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

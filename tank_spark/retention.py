@@ -1,14 +1,13 @@
 """The retention job: the driver plans (rules per partition from the broker config + job overrides), executors
-delete each partition's expired prefix (`tank_log.retention_plan.run_retention_task`), the driver keeps
+delete each partition's expired prefix (`tank_log.jobs.retention.run_retention_task`), the driver keeps
 `.cleanup.log` consistent and writes the report."""
 
 from __future__ import annotations
 
 import argparse
 
-from tank_log.retention_plan import clamp_cleanup_marks, plan_retention_run, run_retention_task
-
-from .runner import add_broker_stopped, count_by, run_job, run_on_executors
+from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run, run_retention_task
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

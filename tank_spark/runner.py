@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tank_log.jobconfig import ConfigError, JobConfig, load_job_config
+from tank_log.jobs.config import ConfigError, JobConfig, load_job_config
 
 log = logging.getLogger("tank_log.job")
 

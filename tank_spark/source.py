@@ -237,7 +237,7 @@ def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
 
 def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
     """Read tasks for the segments that can hold rows within the bounds (pruned by names, seeked by indexes)."""
-    from tank_log.datadir import scan_data_dir
+    from tank_log.storage.datadir import scan_data_dir
 
     out = []
     for base in paths:
@@ -262,7 +262,7 @@ def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: 
 
 def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> list[SegmentRange]:
     """Split a segment at index entries into ranges of about split_bytes; start at the entry for min_seq."""
-    from tank_log.index import usable_entries
+    from tank_log.format.index import usable_entries
 
     entries = usable_entries(sf.index_path, sf.size) or [(0, 0)]  # no usable index: the whole segment
     if b.min_seq is not None and b.min_seq > sf.base:  # §4.4 step 3: greatest entry with rel <= target
@@ -292,8 +292,8 @@ def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> lis
 
 def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of ARROW_SCHEMA for one range (library code only; also used by the export job)."""
-    from tank_log.arrow_batch import to_record_batch
-    from tank_log.segment import Segment
+    from tank_log.format.arrow import to_record_batch
+    from tank_log.storage.segment import Segment
 
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())

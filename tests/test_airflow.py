@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from tank_log.bundle import Message
-from tank_log.datadir import scan_data_dir
-from tank_log.writer import write_segment
+from tank_log.format.bundle import Message
+from tank_log.storage.datadir import scan_data_dir
+from tank_log.storage.writer import write_segment
 
 pytest.importorskip("airflow")
 

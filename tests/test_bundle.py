@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tank_log.bundle import (
+from tank_log.errors import TankFormatError
+from tank_log.format.bundle import (
     SPARSE,
     Codec,
     Message,
@@ -16,8 +17,7 @@ from tank_log.bundle import (
     is_contiguous,
     parse_bundle_header,
 )
-from tank_log.decode import decode_messages, walk_bundles
-from tank_log.errors import TankFormatError
+from tank_log.format.decode import decode_messages, walk_bundles
 
 keys = st.one_of(st.none(), st.binary(min_size=1, max_size=255))
 values = st.binary(max_size=300)

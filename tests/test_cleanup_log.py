@@ -5,7 +5,8 @@ from conftest import data_dir
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tank_log.cleanup_log import (
+from tank_log.errors import CleanupLogError
+from tank_log.format.cleanup_log import (
     CleanupRecord,
     encode_cleanup_log,
     parse_cleanup_log,
@@ -13,7 +14,6 @@ from tank_log.cleanup_log import (
     update_cleanup_log,
     write_cleanup_log,
 )
-from tank_log.errors import CleanupLogError
 
 
 def test_observed_example():

@@ -7,7 +7,7 @@ import sys
 
 from conftest import data_dir
 
-CLI = [sys.executable, "-m", "tank_log.cli"]
+CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 
 
 def run(*args, **kw):

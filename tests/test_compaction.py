@@ -7,14 +7,14 @@ import time
 import pytest
 from conftest import copy_tree, data_dir, load_dump, tree_digest
 
-from tank_log.bundle import Message, SnappyPolicy
-from tank_log.cleanup_log import read_cleanup_log
-from tank_log.compaction import CompactionOptions, compact_partition
-from tank_log.datadir import scan_data_dir, scan_partition
-from tank_log.locking import PartitionLock
-from tank_log.repair import repair_partition
-from tank_log.verify import check_partition, verify_path
-from tank_log.writer import BundlePolicy, write_partition
+from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.format.cleanup_log import read_cleanup_log
+from tank_log.maintenance.compaction import CompactionOptions, compact_partition
+from tank_log.maintenance.verify import check_partition, verify_path
+from tank_log.storage.datadir import scan_data_dir, scan_partition
+from tank_log.storage.locking import PartitionLock
+from tank_log.storage.swap import repair_partition
+from tank_log.storage.writer import BundlePolicy, write_partition
 
 STOPPED = CompactionOptions(force=True, broker_stopped=True)
 

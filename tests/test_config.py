@@ -2,7 +2,7 @@
 
 import pytest
 
-from tank_log.config import PartitionConfig, load_config, parse_config, parse_duration, parse_size
+from tank_log.format.broker_config import PartitionConfig, load_config, parse_config, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

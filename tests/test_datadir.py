@@ -4,8 +4,8 @@ import os
 
 from conftest import data_dir
 
-from tank_log.datadir import classify_path, partitions_at, scan_data_dir
-from tank_log.verify import verify_path
+from tank_log.maintenance.verify import verify_path
+from tank_log.storage.datadir import classify_path, partitions_at, scan_data_dir
 
 
 def codes(problems):

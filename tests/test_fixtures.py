@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from conftest import DATASETS, data_dir, load_dump, load_dump_lines
 
-from tank_log.bundle import Codec, Message, encode_bundle, encode_message_set, frame
-from tank_log.cli import main
-from tank_log.datadir import partitions_at
-from tank_log.snappy_codec import decompress
-from tank_log.varint import decode_varint
-from tank_log.verify import verify_path
+from tank_log.format.bundle import Codec, Message, encode_bundle, encode_message_set, frame
+from tank_log.format.codecs.snappy import decompress
+from tank_log.format.varint import decode_varint
+from tank_log.maintenance.verify import verify_path
+from tank_log.storage.datadir import partitions_at
+from tank_log.tools.cli import main
 
 
 def decoded(name):

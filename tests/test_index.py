@@ -7,8 +7,7 @@ import struct
 import pytest
 from conftest import FIXTURES, data_dir
 
-from tank_log.datadir import partitions_at
-from tank_log.index import (
+from tank_log.format.index import (
     build_append_rule,
     build_compaction_rule,
     build_rebuild_rule,
@@ -17,7 +16,8 @@ from tank_log.index import (
     read_index,
     verify_index,
 )
-from tank_log.segment import Segment
+from tank_log.storage.datadir import partitions_at
+from tank_log.storage.segment import Segment
 
 D = os.path.join(FIXTURES, "D_index_rebuild")
 SET_DATA = {"B_compaction_restart_after": os.path.join(FIXTURES, "B_compaction_restart", "after", "data")}

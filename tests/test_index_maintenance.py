@@ -7,10 +7,10 @@ from collections import defaultdict
 import pytest
 from conftest import FIXTURES, copy_tree, load_dump, tree_digest
 
-from tank_log.datadir import partitions_at, scan_partition
-from tank_log.index_maintenance import IndexJobOptions, maintain_partition
-from tank_log.segment import Segment
-from tank_log.verify import check_partition
+from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
+from tank_log.maintenance.verify import check_partition
+from tank_log.storage.datadir import partitions_at, scan_partition
+from tank_log.storage.segment import Segment
 
 D = os.path.join(FIXTURES, "D_index_rebuild")
 SET_DATA = {"B_compaction_restart_after": os.path.join(FIXTURES, "B_compaction_restart", "after", "data")}

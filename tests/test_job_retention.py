@@ -8,9 +8,9 @@ import sys
 import pytest
 from conftest import tree_digest
 
-from tank_log.bundle import Message
-from tank_log.datadir import scan_data_dir
-from tank_log.writer import write_segment
+from tank_log.format.bundle import Message
+from tank_log.storage.datadir import scan_data_dir
+from tank_log.storage.writer import write_segment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "jobs", "retention.py")

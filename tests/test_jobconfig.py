@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tank_log.jobconfig import ConfigError, load_job_config, parse_job_config
+from tank_log.jobs.config import ConfigError, load_job_config, parse_job_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,7 +1,7 @@
 import pytest
 
 from tank_log.errors import SegmentNameError
-from tank_log.names import (
+from tank_log.format.names import (
     CompactionTemp,
     FileName,
     Kind,

@@ -24,8 +24,8 @@ def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):
     )
     assert out.endswith("dist/tank_log.zip") and os.path.exists(out)
     code = (
-        f"import sys; sys.path.insert(0, {out!r}); import tank_log.segment, tank_spark.export; "
-        f"print(tank_log.segment.__file__); print(tank_spark.export.__file__)"
+        f"import sys; sys.path.insert(0, {out!r}); import tank_log.storage.segment, tank_spark.export; "
+        f"print(tank_log.storage.segment.__file__); print(tank_spark.export.__file__)"
     )
     files = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path

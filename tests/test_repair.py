@@ -4,9 +4,9 @@ import os
 
 from conftest import copy_tree, data_dir
 
-from tank_log.datadir import scan_partition
-from tank_log.repair import repair_partition
-from tank_log.verify import check_partition
+from tank_log.maintenance.verify import check_partition
+from tank_log.storage.datadir import scan_partition
+from tank_log.storage.swap import repair_partition
 
 
 def _msgs(d):

@@ -4,11 +4,11 @@ import os
 
 from conftest import copy_tree, data_dir, load_dump, tree_digest
 
-from tank_log.bundle import Message
-from tank_log.datadir import partitions_at, scan_partition
-from tank_log.retention import RetentionOptions, RetentionRules, apply_retention, plan_retention
-from tank_log.verify import check_partition
-from tank_log.writer import write_segment
+from tank_log.format.bundle import Message
+from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention, plan_retention
+from tank_log.maintenance.verify import check_partition
+from tank_log.storage.datadir import partitions_at, scan_partition
+from tank_log.storage.writer import write_segment
 
 NOW = 1_800_000_000  # seconds
 STOPPED = RetentionOptions(broker_stopped=True, now_s=NOW)

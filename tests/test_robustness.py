@@ -7,11 +7,11 @@ import signal
 import pytest
 from conftest import data_dir
 
-from tank_log.bundle import Codec, Message, encode_bundle, frame
-from tank_log.datadir import partitions_at
 from tank_log.errors import TankFormatError
-from tank_log.segment import Segment
-from tank_log.verify import check_segment
+from tank_log.format.bundle import Codec, Message, encode_bundle, frame
+from tank_log.maintenance.verify import check_segment
+from tank_log.storage.datadir import partitions_at
+from tank_log.storage.segment import Segment
 
 
 def _samples():

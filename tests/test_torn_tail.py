@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from tank_log.datadir import partitions_at
 from tank_log.errors import TankFormatError
-from tank_log.segment import Segment
-from tank_log.verify import check_segment
+from tank_log.maintenance.verify import check_segment
+from tank_log.storage.datadir import partitions_at
+from tank_log.storage.segment import Segment
 
 
 def _active_copy(fixture_copy):

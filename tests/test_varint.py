@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tank_log.errors import TankFormatError
-from tank_log.varint import decode_varint, encode_varint, varint_size
+from tank_log.format.varint import decode_varint, encode_varint, varint_size
 
 
 @given(st.integers(0, 2**32 - 1))

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tank_log.bundle import Message, SnappyPolicy
-from tank_log.datadir import scan_partition
-from tank_log.index import build_append_rule, encode_index
-from tank_log.segment import Segment
-from tank_log.verify import check_partition
-from tank_log.writer import BundlePolicy, SegmentWriter, write_partition, write_segment
+from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.format.index import build_append_rule, encode_index
+from tank_log.maintenance.verify import check_partition
+from tank_log.storage.datadir import scan_partition
+from tank_log.storage.segment import Segment
+from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_partition, write_segment
 
 
 def gen_messages(rng, n, start=1, gaps=True):

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .datadir import Partition, SegmentFile, classify_path, partitions_at, scan_data_dir
-from .errors import TankFormatError
-from .index import verify_index
-from .names import FileName, Kind, parse_name
-from .problems import Problem
-from .segment import Segment
+from tank_log.errors import TankFormatError
+from tank_log.format.index import verify_index
+from tank_log.format.names import FileName, Kind, parse_name
+from tank_log.problems import Problem
+from tank_log.storage.datadir import Partition, SegmentFile, classify_path, partitions_at, scan_data_dir
+from tank_log.storage.segment import Segment
 
 
 @dataclass

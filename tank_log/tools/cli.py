@@ -8,11 +8,11 @@ import logging
 import os
 import sys
 
-from .errors import TankFormatError
+from tank_log.errors import TankFormatError
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
-    from .dump import dump_path
+    from tank_log.tools.dump import dump_path
 
     out = sys.stdout
     for line in dump_path(args.path, bundles=args.bundles, topics=args.topics):
@@ -22,7 +22,7 @@ def _cmd_dump(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_path
+    from tank_log.maintenance.verify import verify_path
 
     problems = verify_path(args.path)
     shown = [p for p in problems if args.warnings or p.severity == "error"]
@@ -38,7 +38,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from .stats import format_table, stats_path
+    from tank_log.tools.stats import format_table, stats_path
 
     rows = stats_path(args.path, args.topics)
     if args.json:
@@ -49,7 +49,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import write_demo
+    from tank_log.tools.demo import write_demo
 
     path = write_demo(args.dir, seed=args.seed)
     print(f"demo data written to {path}", file=sys.stderr)
@@ -57,9 +57,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from .datadir import partitions_at
-    from .locking import PartitionLock, PartitionLocked
-    from .repair import repair_partition
+    from tank_log.storage.datadir import partitions_at
+    from tank_log.storage.locking import PartitionLock, PartitionLocked
+    from tank_log.storage.swap import repair_partition
 
     status = 0
     for part in partitions_at(args.path):
@@ -79,9 +79,9 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from .compaction_plan import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
-    from .datadir import classify_path
-    from .jobconfig import load_job_config
+    from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
+    from tank_log.jobs.config import load_job_config
+    from tank_log.storage.datadir import classify_path
 
     if classify_path(args.path) != "base":
         raise ValueError(f"{args.path}: give the broker base path (the directory holding topic directories)")
@@ -104,9 +104,9 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:
-    from .config import load_config
-    from .index_maintenance import rebuild_index_file
-    from .segment import Segment
+    from tank_log.format.broker_config import load_config
+    from tank_log.maintenance.indexes import rebuild_index_file
+    from tank_log.storage.segment import Segment
 
     seg = Segment(args.segment)
     interval = args.interval

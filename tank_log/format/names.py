@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from .errors import SegmentNameError
+from tank_log.errors import SegmentNameError
 
 U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1

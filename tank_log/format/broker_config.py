@@ -11,7 +11,7 @@ import os
 import re
 from dataclasses import dataclass, replace
 
-from .problems import Problem
+from tank_log.problems import Problem
 
 U32_MAX = (1 << 32) - 1
 

@@ -33,17 +33,17 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .arrow_batch import binary_column
-from .bundle import Message, SnappyPolicy
-from .cleanup_log import update_cleanup_log
-from .datadir import Partition, SegmentFile
-from .errors import TankFormatError
-from .fsutil import fsync_dir
-from .locking import PartitionLock, PartitionLocked
-from .names import format_index_name
-from .preflight import preflight
-from .segment import Segment
-from .writer import BundlePolicy, SegmentWriter, WrittenSegment
+from tank_log.errors import TankFormatError
+from tank_log.format.arrow import binary_column
+from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.format.cleanup_log import update_cleanup_log
+from tank_log.format.names import format_index_name
+from tank_log.maintenance.preflight import preflight
+from tank_log.storage.datadir import Partition, SegmentFile
+from tank_log.storage.fsutil import fsync_dir
+from tank_log.storage.locking import PartitionLock, PartitionLocked
+from tank_log.storage.segment import Segment
+from tank_log.storage.writer import BundlePolicy, SegmentWriter, WrittenSegment
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,20 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .arrow_batch import SCHEMA, to_record_batch
-from .bundle import BundleHeader, Message
-from .decode import COMPLETE, INCOMPLETE, LIMIT, ZERO, BundleTable, MessageColumns, decode_messages, walk_bundles
-from .errors import TankFormatError
-from .names import FileName, Kind, format_index_name, parse_name
+from tank_log.errors import TankFormatError
+from tank_log.format.arrow import SCHEMA, to_record_batch
+from tank_log.format.bundle import BundleHeader, Message
+from tank_log.format.decode import (
+    COMPLETE,
+    INCOMPLETE,
+    LIMIT,
+    ZERO,
+    BundleTable,
+    MessageColumns,
+    decode_messages,
+    walk_bundles,
+)
+from tank_log.format.names import FileName, Kind, format_index_name, parse_name
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 
@@ -202,7 +211,7 @@ class Segment:
 
         Falls back to (0, base) when there is no usable index entry.
         """
-        from .index import lookup, usable_entries
+        from tank_log.format.index import lookup, usable_entries
 
         entries = usable_entries(self.index_path, self.size())
         if seq <= self.base or not entries:

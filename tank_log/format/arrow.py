@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from .decode import MessageColumns
+from tank_log.format.decode import MessageColumns
 
 SCHEMA = pa.schema(
     [

@@ -14,10 +14,10 @@ import os
 import struct
 from collections.abc import Iterable, Sequence
 
-from .bundle import BundleHeader
-from .errors import IndexFormatError, TankFormatError
-from .problems import Problem
-from .varint import unframed_size
+from tank_log.errors import IndexFormatError, TankFormatError
+from tank_log.format.bundle import BundleHeader
+from tank_log.format.varint import unframed_size
+from tank_log.problems import Problem
 
 ENTRY = struct.Struct("<II")
 REBUILD_STEP = 4096  # §4.5: "TODO: respect configuration"

@@ -7,8 +7,8 @@ import json
 import os
 from collections.abc import Iterator
 
-from .datadir import classify_path, partitions_at
-from .segment import Segment
+from tank_log.storage.datadir import classify_path, partitions_at
+from tank_log.storage.segment import Segment
 
 _PRINTABLE = bytes(range(0x20, 0x7F))
 

@@ -23,12 +23,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from .config import PartitionConfig
-from .datadir import Partition, SegmentFile
-from .errors import TankFormatError
-from .fsutil import fsync_dir
-from .locking import PartitionLock, PartitionLocked
-from .preflight import preflight
+from tank_log.errors import TankFormatError
+from tank_log.format.broker_config import PartitionConfig
+from tank_log.maintenance.preflight import preflight
+from tank_log.storage.datadir import Partition, SegmentFile
+from tank_log.storage.fsutil import fsync_dir
+from tank_log.storage.locking import PartitionLock, PartitionLocked
 
 log = logging.getLogger(__name__)
 

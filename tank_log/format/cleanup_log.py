@@ -8,8 +8,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .errors import CleanupLogError
-from .fsutil import atomic_write
+from tank_log.errors import CleanupLogError
+from tank_log.storage.fsutil import atomic_write
 
 FILE_NAME = ".cleanup.log"
 _TAIL = struct.Struct("<HQ")

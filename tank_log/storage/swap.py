@@ -20,8 +20,8 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .fsutil import fsync_dir
-from .names import CompactionTemp, FileName, Kind, format_index_name, parse_name
+from tank_log.format.names import CompactionTemp, FileName, Kind, format_index_name, parse_name
+from tank_log.storage.fsutil import fsync_dir
 
 _OUR_TEMP = re.compile(r"^\..*\.tank-log-[0-9a-f]{12}\.tmp$")
 

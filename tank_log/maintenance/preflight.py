@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from .datadir import Partition, scan_partition
-from .repair import repair_partition
+from tank_log.storage.datadir import Partition, scan_partition
+from tank_log.storage.swap import repair_partition
 
 
 class PartitionLooksLive(RuntimeError):

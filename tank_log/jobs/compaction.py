@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 
-from .bundle import SnappyPolicy
-from .cleanup_log import update_cleanup_log
-from .compaction import CompactionOptions, compact_partition, dirty_ratio
-from .datadir import partitions_at, scan_data_dir
-from .jobconfig import CompactionSettings, JobConfig, parse_duration_ms
-from .writer import BundlePolicy
+from tank_log.format.bundle import SnappyPolicy
+from tank_log.format.cleanup_log import update_cleanup_log
+from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
+from tank_log.maintenance.compaction import CompactionOptions, compact_partition, dirty_ratio
+from tank_log.storage.datadir import partitions_at, scan_data_dir
+from tank_log.storage.writer import BundlePolicy
 
 log = logging.getLogger(__name__)
 

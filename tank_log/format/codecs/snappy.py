@@ -10,8 +10,8 @@ from __future__ import annotations
 import cramjam
 import snappy
 
-from .errors import TankFormatError
-from .varint import decode_varint
+from tank_log.errors import TankFormatError
+from tank_log.format.varint import decode_varint
 
 # A Snappy element expands at most 64 bytes per 3 input bytes (copy with 2-byte offset), so a block claiming more
 # than ~21.4x its size is corrupt. Checking first keeps a flipped length byte from allocating gigabytes.

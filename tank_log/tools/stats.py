@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .bundle import CODEC_MASK, SPARSE
-from .datadir import Partition, partitions_at
+from tank_log.format.bundle import CODEC_MASK, SPARSE
+from tank_log.storage.datadir import Partition, partitions_at
 
 
 @dataclass

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .cleanup_log import FILE_NAME as CLEANUP_LOG
-from .cleanup_log import read_cleanup_log
-from .config import PartitionConfig, load_config
-from .errors import TankFormatError
-from .names import CompactionTemp, FileName, Kind, format_index_name, parse_name
-from .problems import Problem
-from .segment import Segment
+from tank_log.errors import TankFormatError
+from tank_log.format.broker_config import PartitionConfig, load_config
+from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
+from tank_log.format.cleanup_log import read_cleanup_log
+from tank_log.format.names import CompactionTemp, FileName, Kind, format_index_name, parse_name
+from tank_log.problems import Problem
+from tank_log.storage.segment import Segment
 
 
 @dataclass
@@ -273,7 +273,7 @@ def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> l
 def last_complete_seq(part: Partition) -> int | None:
     """The partition's last seq readable now: the active segment's last complete bundle (seeking to its last index
     entry, §4.4), else the last RO segment's name; None for an empty partition."""
-    from .index import REL_SEQ_LIMIT
+    from tank_log.format.index import REL_SEQ_LIMIT
 
     for sf in reversed(part.segments):
         if not sf.is_active:

@@ -44,8 +44,8 @@ from typing import Any
 
 import yaml
 
-from .bundle import SnappyPolicy
-from .config import parse_duration, parse_size
+from tank_log.format.broker_config import parse_duration, parse_size
+from tank_log.format.bundle import SnappyPolicy
 
 
 class ConfigError(ValueError):

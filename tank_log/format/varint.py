@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .errors import TankFormatError
+from tank_log.errors import TankFormatError
 
 U32_MAX = 0xFFFFFFFF
 

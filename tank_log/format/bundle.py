@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from enum import Enum, IntEnum
 from typing import NamedTuple
 
-from . import snappy_codec
-from .errors import TankFormatError
-from .varint import U32_MAX, decode_varint, encode_varint
+from tank_log.errors import TankFormatError
+from tank_log.format.codecs import snappy as snappy_codec
+from tank_log.format.varint import U32_MAX, decode_varint, encode_varint
 
 # bundle flags (§3.3)
 CODEC_MASK = 0x03

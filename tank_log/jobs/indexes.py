@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .datadir import partitions_at, scan_data_dir
-from .index_maintenance import IndexJobOptions, maintain_partition
-from .jobconfig import JobConfig
+from tank_log.jobs.config import JobConfig
+from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
+from tank_log.storage.datadir import partitions_at, scan_data_dir
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import json
 import os
 import random
 
-from .bundle import Message, SnappyPolicy
-from .writer import BundlePolicy, write_partition
+from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.storage.writer import BundlePolicy, write_partition
 
 DAY_MS = 86_400_000
 

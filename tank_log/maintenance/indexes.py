@@ -18,15 +18,15 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from .datadir import Partition, SegmentFile, scan_partition
-from .fsutil import atomic_write, fsync_dir, write_file_synced
-from .index import build_rebuild_rule, encode_index
-from .locking import PartitionLock, PartitionLocked
-from .names import format_ro_name
-from .preflight import refuse_if_live
-from .repair import repair_partition
-from .segment import Segment
-from .verify import check_partition
+from tank_log.format.index import build_rebuild_rule, encode_index
+from tank_log.format.names import format_ro_name
+from tank_log.maintenance.preflight import refuse_if_live
+from tank_log.maintenance.verify import check_partition
+from tank_log.storage.datadir import Partition, SegmentFile, scan_partition
+from tank_log.storage.fsutil import atomic_write, fsync_dir, write_file_synced
+from tank_log.storage.locking import PartitionLock, PartitionLocked
+from tank_log.storage.segment import Segment
+from tank_log.storage.swap import repair_partition
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def rebuild_index_file(
     sf: SegmentFile | Segment, out_path: str | None = None, *, rule: str = "rebuild", interval: int = 4096
 ) -> tuple[str, int]:
     """Write the index of a segment atomically (default: `<base>.index` next to it); return (path, entries)."""
-    from .index import build_append_rule
+    from tank_log.format.index import build_append_rule
 
     seg = sf.open() if isinstance(sf, SegmentFile) else sf
     headers = list(seg.bundles())

@@ -13,11 +13,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from .bundle import Message, SnappyPolicy, encode_bundle, frame
-from .fsutil import fsync_dir, temp_path
-from .index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
-from .names import format_active_name, format_index_name, format_ro_name
-from .varint import unframed_size
+from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
+from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
+from tank_log.format.names import format_active_name, format_index_name, format_ro_name
+from tank_log.format.varint import unframed_size
+from tank_log.storage.fsutil import fsync_dir, temp_path
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import snappy_codec
-from .bundle import CODEC_MASK, RESERVED, SPARSE, BundleHeader
-from .errors import TankFormatError
-from .varint import decode_varint
+from tank_log.errors import TankFormatError
+from tank_log.format.bundle import CODEC_MASK, RESERVED, SPARSE, BundleHeader
+from tank_log.format.codecs import snappy as snappy_codec
+from tank_log.format.varint import decode_varint
 
 _U64 = struct.Struct("<Q")
 U64_MAX = (1 << 64) - 1
