@@ -1,4 +1,9 @@
-"""Typed errors. Every problem with on-disk data is a `TankFormatError` naming the file and byte offset."""
+"""Every exception tank-log raises on purpose, in one place.
+
+- `TankFormatError` and its subclasses: malformed on-disk data, always naming the file and the byte offset (or line);
+- `UsageError` and `JobConfigError`: a bad command line or job configuration (jobs and the CLI exit 2);
+- `PartitionLocked`, `PartitionLooksLive`, `NeedsAttention`: why a partition was not changed (reported per partition).
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,13 @@ import os
 class TankFormatError(Exception):
     """Malformed TANK data. `path` is the file, `offset` the byte offset (or line number for text files)."""
 
-    def __init__(self, message: str, path: str | os.PathLike | None = None, offset: int | None = None):
+    def __init__(self, message: str, path: str | os.PathLike[str] | None = None, offset: int | None = None):
         super().__init__(message)
         self.message = message
         self.path = os.fspath(path) if path is not None else None
         self.offset = offset
 
-    def located(self, path: str | os.PathLike | None, base_offset: int = 0) -> TankFormatError:
+    def located(self, path: str | os.PathLike[str] | None, base_offset: int = 0) -> TankFormatError:
         """The same error with a file path and the offset shifted by `base_offset` (buffer → file position)."""
         offset = None if self.offset is None else self.offset + base_offset
         err = type(self)(self.message, path if path is not None else self.path, offset)
@@ -36,9 +41,25 @@ class IndexFormatError(TankFormatError):
     """A malformed index file (TANK_FORMAT.md §4.1)."""
 
 
-class ConfigError(TankFormatError):
-    """A `config` line the broker would reject (TANK_FORMAT.md §1.5); `offset` is the 1-based line number."""
-
-
 class CleanupLogError(TankFormatError):
     """A malformed `.cleanup.log` (TANK_FORMAT.md §1.6)."""
+
+
+class UsageError(Exception):
+    """A bad command line or path given by the user: jobs and the CLI exit with code 2."""
+
+
+class JobConfigError(UsageError, ValueError):
+    """A bad job configuration (YAML file or flags)."""
+
+
+class PartitionLocked(Exception):
+    """Another tank-log process holds the partition's lock."""
+
+
+class PartitionLooksLive(RuntimeError):
+    """The partition changed too recently: mutating it needs the broker stopped (TANK_FORMAT.md §9 rule 1)."""
+
+
+class NeedsAttention(Exception):
+    """The partition holds something no job may change automatically (e.g. a file name the broker mis-parses)."""

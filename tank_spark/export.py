@@ -34,7 +34,8 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from tank_log.jobs.config import ConfigError, parse_partition_by, parse_size_arg
+from tank_log.errors import JobConfigError
+from tank_log.jobs.config import parse_partition_by, parse_size_arg
 from tank_spark.runner import count_by, run_job
 
 log = logging.getLogger(__name__)
@@ -101,14 +102,14 @@ def prepare(ctx, args):
     cfg = ctx.config.export
     table = args.table or cfg.table
     if not table:
-        raise ConfigError("no Delta table: pass --table PATH or set export.table")
+        raise JobConfigError("no Delta table: pass --table PATH or set export.table")
     engine = args.engine or cfg.engine
     fmt = args.value_format or cfg.value_format
     schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
     if fmt == "json" and not schema:
-        raise ConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
+        raise JobConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
     if fmt != "json" and args.value_schema:
-        raise ConfigError("--value-schema is only for --value-format json")
+        raise JobConfigError("--value-schema is only for --value-format json")
     partition_by = (
         parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
     )
@@ -116,7 +117,7 @@ def prepare(ctx, args):
         parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
     )
     if "://" not in table and os.path.exists(table) and not os.path.isdir(table):
-        raise ConfigError(f"--table {table} exists and is not a directory")
+        raise JobConfigError(f"--table {table} exists and is not a directory")
     since = None
     if args.since:
         from tank_spark.source import parse_time_ms
@@ -124,7 +125,7 @@ def prepare(ctx, args):
         try:
             since = parse_time_ms(args.since)
         except ValueError:
-            raise ConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
+            raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
     settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since)
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
     return settings, plans, delta_table
@@ -149,7 +150,7 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
                 continue
             for part in topic.partitions:
                 if part.key in seen:
-                    raise ConfigError(
+                    raise JobConfigError(
                         f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
                     )
                 seen[part.key] = base
@@ -159,7 +160,7 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
     if ctx.topics is not None:
         missing = sorted(ctx.topics - found_topics)
         if missing:
-            raise ConfigError(f"unknown topic(s): {', '.join(missing)} (not in {', '.join(ctx.data_dirs)})")
+            raise JobConfigError(f"unknown topic(s): {', '.join(missing)} (not in {', '.join(ctx.data_dirs)})")
     return plans, table
 
 
@@ -204,11 +205,11 @@ def _json_fields(ddl: str, spark) -> list[pa.Field]:
     try:
         struct = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
     except Exception as err:
-        raise ConfigError(f"--value-schema {ddl!r}: {err}") from None
+        raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
     reserved = set(BASE_COLUMNS) | {"date", "decode_error", "raw_value", "value"}
     clash = [f.name for f in struct.fields if f.name in reserved]
     if clash:
-        raise ConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")
+        raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")
     return [pa.field(f.name, to_arrow_type(f.dataType)) for f in struct.fields]
 
 
@@ -473,13 +474,13 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> None
     """Refuse an existing table whose columns or partitioning differ from what this export writes."""
     have_names = [f.name for f in table.schema().fields]
     if have_names != schema.names:
-        raise ConfigError(
+        raise JobConfigError(
             f"existing table {settings.table} has columns {have_names}, this export writes "
             f"{schema.names} (value format/schema differ?)"
         )
     parts = list(table.metadata().partition_columns)
     if parts != list(settings.partition_by):
-        raise ConfigError(
+        raise JobConfigError(
             f"existing table {settings.table} is partitioned by {parts}, not {list(settings.partition_by)}"
         )
 
@@ -516,7 +517,7 @@ def _check_delta_spark(spark) -> None:
     try:
         spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
     except Exception:
-        raise ConfigError(
+        raise JobConfigError(
             "engine spark needs Delta Lake's jars on the Spark classpath (e.g. spark-submit --packages "
             "io.delta:delta-spark_2.13:4.0.0 --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
             "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog); "

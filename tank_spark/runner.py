@@ -21,16 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tank_log.jobs.config import ConfigError, JobConfig, load_job_config
+from tank_log.errors import JobConfigError, UsageError
+from tank_log.jobs.config import JobConfig, load_job_config
 
 log = logging.getLogger("tank_log.job")
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
 FAILING = {"failed", "needs-attention"}  # partition statuses that make a run exit 1
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,10 +78,10 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
         config = replace(config, broker_stopped=True)
     data_dirs = tuple(args.data_dir) or config.data_dirs
     if not data_dirs:
-        raise ConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
+        raise JobConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
     for d in data_dirs:
         if not os.path.isdir(d):
-            raise ConfigError(f"data directory not found: {d}")
+            raise JobConfigError(f"data directory not found: {d}")
     topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
     return JobContext(
         job, config, tuple(os.path.abspath(d) for d in data_dirs), topics, args.dry_run, args.report, args.master
@@ -145,7 +142,7 @@ def run_job(
     execute: Callable[[JobContext, Any, Any], tuple[list[dict], dict]],
     argv: list[str] | None = None,
 ) -> int:
-    """Parse; `prepare(ctx, args)` validates job options before Spark starts (ConfigError → exit 2);
+    """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = job_parser(job, description)
@@ -158,7 +155,7 @@ def run_job(
         args = parser.parse_args(argv)
         ctx = build_context(job, args)
         prepared = prepare(ctx, args)
-    except (UsageError, ConfigError) as err:
+    except (UsageError, JobConfigError) as err:
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())
         write_report(getattr(args, "report", None) or _report_arg(argv), report)
@@ -169,7 +166,7 @@ def run_job(
         spark = spark_session(ctx)
         report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
         results, summary = execute(ctx, prepared, spark)
-    except ConfigError as err:
+    except JobConfigError as err:
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())
         write_report(ctx.report_path, report)

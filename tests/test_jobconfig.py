@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from tank_log.jobs.config import ConfigError, load_job_config, parse_job_config
+from tank_log.errors import JobConfigError
+from tank_log.jobs.config import load_job_config, parse_job_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -54,14 +55,14 @@ def test_units_and_overrides():
     ],
 )
 def test_bad_configs_name_the_key(doc, needle):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(JobConfigError) as e:
         parse_job_config(doc)
     assert needle in str(e.value)
 
 
 def test_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(JobConfigError, match="not found"):
         load_job_config(tmp_path / "nope.yaml")
     (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(JobConfigError, match="not valid YAML"):
         load_job_config(tmp_path / "bad.yaml")

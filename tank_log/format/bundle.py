@@ -10,29 +10,30 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum, IntEnum
-from typing import NamedTuple
+from enum import Enum
+from typing import Any, NamedTuple
 
 from tank_log.errors import TankFormatError
-from tank_log.format.codecs import snappy as snappy_codec
+from tank_log.format.codecs import CODECS, Codec, block_codec
 from tank_log.format.varint import U32_MAX, decode_varint, encode_varint
 
-# bundle flags (§3.3)
+# bundle flags (§3.3): codec in bits 0-1, 4-bit count in bits 2-5 (0 = a varint count follows), sparse bit 6
 CODEC_MASK = 0x03
+COUNT_SHIFT = 2
+COUNT_MASK = 0x0F
 SPARSE = 0x40
 RESERVED = 0x80
+# the walker's fast path: plain or Snappy (codec bit 1 clear), not sparse, bit 7 clear (count checked separately)
+SIMPLE_MASK = RESERVED | SPARSE | 0x02
 # message flags (§3.5)
 HAVE_KEY = 0x01
 USE_LAST_TS = 0x02
 SEQ_PREV_PLUS_ONE = 0x04
+UNKNOWN_MESSAGE_FLAGS = 0xFF & ~(HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
 
 MAX_KEY_LEN = 255
+U64_MAX = (1 << 64) - 1
 _U64 = struct.Struct("<Q")
-
-
-class Codec(IntEnum):
-    NONE = 0
-    SNAPPY = 1
 
 
 class Message(NamedTuple):
@@ -70,33 +71,35 @@ class BundleHeader:
         return self.offset + self.size
 
 
-def parse_bundle_header(buf, pos: int, end: int, next_seq: int) -> BundleHeader:
-    """Parse the framed bundle at `pos` (its length varint); `next_seq` is the running counter of §3.6.
+def count_field(flags: int) -> int:
+    """The 4-bit count of the flags (0: the count is a varint after the flags)."""
+    return (flags >> COUNT_SHIFT) & COUNT_MASK
 
-    Raises TankFormatError (offset relative to `buf`) for anything the broker's writers never produce: zero length,
-    overrun, bit 7, codec 2/3, count 0, sparse first 0 or going backwards.
+
+def parse_header_body(buf: Any, hp: int, bend: int, next_seq: int, pos: int) -> tuple[int, int, int, int]:
+    """Parse the bundle header at `hp` (just after the length varint at `pos`; the bundle ends at `bend`).
+
+    Returns (count, first seq, last seq, message-set offset); `next_seq` is the running counter of §3.6.
+
+    Raises:
+        TankFormatError: (offset `pos`) anything the broker's writers never produce: bit 7, codec 2/3, count 0,
+            sparse first 0 or going backwards, seqs past 2**64-1.
     """
-    blen, hp = decode_varint(buf, pos, end)
-    if blen == 0:
-        raise TankFormatError("zero-length bundle", offset=pos)
-    bend = hp + blen
-    if bend > end:
-        raise TankFormatError(f"bundle of {blen} bytes runs past the end of the data", offset=pos)
     flags = buf[hp]
     if flags & RESERVED:
         raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
-    if flags & CODEC_MASK > 1:
-        raise TankFormatError(f"unsupported codec {flags & CODEC_MASK}", offset=pos)
-    count = (flags >> 2) & 0x0F
+    codec = flags & CODEC_MASK
+    if codec and codec not in CODECS:
+        raise TankFormatError(f"unsupported codec {codec} (bundle flags 0x{flags:02x})", offset=pos)
+    count = count_field(flags)
     q = hp + 1
-    varint_count = count == 0
-    if varint_count:
-        count, q = _varint_in_bundle(buf, q, bend, pos)
+    if not count:
+        count, q = _header_varint(buf, q, bend, pos, "message count")
         if count == 0:
             raise TankFormatError("bundle message count 0", offset=pos)
     if flags & SPARSE:
         if q + 8 > bend:
-            raise TankFormatError("sparse header runs past the end of the bundle", offset=pos)
+            raise TankFormatError("sparse bundle header runs past the end of the bundle", offset=pos)
         first = _U64.unpack_from(buf, q)[0]
         q += 8
         if first == 0:
@@ -106,21 +109,41 @@ def parse_bundle_header(buf, pos: int, end: int, next_seq: int) -> BundleHeader:
                 f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos
             )
         if count != 1:
-            span, q = _varint_in_bundle(buf, q, bend, pos)
+            span, q = _header_varint(buf, q, bend, pos, "sparse last-first-1")
             last = first + span + 1
         else:
             last = first
     else:
         first = next_seq
         last = next_seq + count - 1
-    return BundleHeader(pos, bend - pos, flags, count, first, last, q, varint_count)
+    if last > U64_MAX:
+        raise TankFormatError(f"sequence numbers of the bundle run past 2**64-1 (last {last})", offset=pos)
+    return count, first, last, q
 
 
-def _varint_in_bundle(buf, q: int, bend: int, bundle_pos: int) -> tuple[int, int]:
+def parse_bundle_header(buf: Any, pos: int, end: int, next_seq: int) -> BundleHeader:
+    """Parse the framed bundle at `pos` (its length varint); `next_seq` is the running counter of §3.6.
+
+    Raises:
+        TankFormatError: (offset relative to `buf`) zero length, a bundle past `end`, or a bad header
+            (see `parse_header_body`).
+    """
+    blen, hp = decode_varint(buf, pos, end)
+    if blen == 0:
+        raise TankFormatError("zero-length bundle", offset=pos)
+    bend = hp + blen
+    if bend > end:
+        raise TankFormatError(f"bundle of {blen} bytes runs past the end of the data", offset=pos)
+    count, first, last, q = parse_header_body(buf, hp, bend, next_seq, pos)
+    flags = buf[hp]
+    return BundleHeader(pos, bend - pos, flags, count, first, last, q, count_field(flags) == 0)
+
+
+def _header_varint(buf: Any, q: int, bend: int, pos: int, what: str) -> tuple[int, int]:
     try:
         return decode_varint(buf, q, bend)
     except TankFormatError as err:
-        raise TankFormatError(f"bad varint in bundle header: {err.message}", offset=bundle_pos) from None
+        raise TankFormatError(f"bad {what} varint in bundle header: {err.message}", offset=pos) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -192,12 +215,12 @@ def choose_codec(policy: SnappyPolicy, messages: Sequence[Message], message_set:
     if policy is SnappyPolicy.CLIENT:
         payload = sum(len(m.key or b"") + len(m.value) for m in messages)
         if len(messages) > 512 or payload > 1024:
-            return Codec.SNAPPY, snappy_codec.compress(message_set)
+            return Codec.SNAPPY, block_codec(Codec.SNAPPY).compress(message_set)
         return Codec.NONE, message_set
     if policy is SnappyPolicy.ALWAYS:
-        return Codec.SNAPPY, snappy_codec.compress(message_set)
+        return Codec.SNAPPY, block_codec(Codec.SNAPPY).compress(message_set)
     if len(message_set) > 1024:
-        packed = snappy_codec.compress(message_set)
+        packed = block_codec(Codec.SNAPPY).compress(message_set)
         if len(packed) < len(message_set):
             return Codec.SNAPPY, packed
     return Codec.NONE, message_set
@@ -229,9 +252,9 @@ def encode_bundle(
     if isinstance(codec, SnappyPolicy):
         codec, payload = choose_codec(codec, messages, message_set)
     else:
-        payload = snappy_codec.compress(message_set) if codec == Codec.SNAPPY else message_set
+        payload = block_codec(codec).compress(message_set) if codec != Codec.NONE else message_set
     use_varint = count >= 16 if varint_count is None else (varint_count or count >= 16)
-    flags = int(codec) | (0 if use_varint else count << 2) | (SPARSE if sparse else 0)
+    flags = int(codec) | (0 if use_varint else count << COUNT_SHIFT) | (SPARSE if sparse else 0)
     header = bytearray([flags])
     if use_varint:
         header += encode_varint(count)

@@ -12,18 +12,30 @@ All errors are TankFormatError with offsets relative to the walked buffer; calle
 from __future__ import annotations
 
 import gc
-import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tank_log.errors import TankFormatError
-from tank_log.format.bundle import CODEC_MASK, RESERVED, SPARSE, BundleHeader
-from tank_log.format.codecs import snappy as snappy_codec
+from tank_log.format.bundle import (
+    CODEC_MASK,
+    COUNT_MASK,
+    COUNT_SHIFT,
+    HAVE_KEY,
+    SEQ_PREV_PLUS_ONE,
+    SIMPLE_MASK,
+    SPARSE,
+    U64_MAX,
+    UNKNOWN_MESSAGE_FLAGS,
+    USE_LAST_TS,
+    BundleHeader,
+    count_field,
+    parse_header_body,
+)
+from tank_log.format.codecs import CODECS
 from tank_log.format.varint import decode_varint
 
-_U64 = struct.Struct("<Q")
-U64_MAX = (1 << 64) - 1
 # Reads of one message step can run at most 1+5+8+1+255+5 bytes past a message set's end before the overrun check.
 _PAD = b"\0" * 512
 
@@ -64,12 +76,12 @@ class BundleTable:
     @property
     def varint_counts(self) -> list[bool]:
         """Whether each bundle's count is a varint (4-bit field 0)."""
-        return [(f >> 2) & 0x0F == 0 for f in self.flags]
+        return [count_field(f) == 0 for f in self.flags]
 
     def headers(self, file_offset: int = 0) -> list[BundleHeader]:
         """One BundleHeader per bundle, with offsets shifted to file positions."""
         return [
-            BundleHeader(o + file_offset, e - o, f, c, first, last, q + file_offset, (f >> 2) & 0x0F == 0)
+            BundleHeader(o + file_offset, e - o, f, c, first, last, q + file_offset, count_field(f) == 0)
             for o, e, q, f, c, first, last in zip(
                 self.offsets,
                 self.ends,
@@ -121,16 +133,14 @@ def _walk(
 ) -> WalkResult:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     append = rows.append
-    packed_rows: list[int] = []  # row index of each Snappy bundle
-    packed_sets: list = []  # its decompressed message set
+    packed_rows: list[int] = []  # row index of each compressed bundle
+    packed_sets: list[Any] = []  # its decompressed message set
     mv = memoryview(buf)
     n = len(buf)
     pos = start
     limit = n if max_bytes is None else min(n, start + max_bytes)
     stop_at = U64_MAX + 1 if stop_seq is None else stop_seq
-    unpack_u64 = _U64.unpack_from
-    raw_decompress = snappy_codec.decompress_raw
-    check_claim = snappy_codec.check_claim
+    codecs = CODECS
     reason = COMPLETE
     need = 0
     while pos < n:
@@ -154,56 +164,25 @@ def _walk(
             reason, need = INCOMPLETE, end
             break
         f = buf[hp]
-        c = (f >> 2) & 0x0F
-        q = hp + 1
-        if f & 0xC2 == 0 and c:  # codec none/Snappy, non-sparse, count (<= 15) in the flags: the common case
+        c = (f >> COUNT_SHIFT) & COUNT_MASK
+        if f & SIMPLE_MASK == 0 and c:  # the common case: plain/Snappy, non-sparse, count in the flags
             first = next_seq
-            next_seq += c
-            codec = f & 1
+            q = hp + 1
+            if next_seq + c > U64_MAX + 1:
+                raise TankFormatError("sequence numbers of the bundle run past 2**64-1", offset=pos)
         else:
-            if f & RESERVED:
-                raise TankFormatError("bundle flags bit 7 set (extra flags are not implemented, §3.9)", offset=pos)
-            codec = f & CODEC_MASK
-            if codec > 1:
-                raise TankFormatError(f"unsupported codec {codec} (bundle flags 0x{f:02x})", offset=pos)
-            if not c:
-                c, q = _header_varint(buf, q, end, pos, "message count")
-                if c == 0:
-                    raise TankFormatError("bundle message count 0", offset=pos)
-            if f & SPARSE:
-                if q + 8 > end:
-                    raise TankFormatError("sparse bundle header runs past the end of the bundle", offset=pos)
-                first = unpack_u64(buf, q)[0]
-                q += 8
-                if first == 0:
-                    raise TankFormatError("sparse bundle with first sequence number 0", offset=pos)
-                if first < next_seq:
-                    raise TankFormatError(
-                        f"sparse bundle first seq {first} goes backwards (expected >= {next_seq})", offset=pos
-                    )
-                if c != 1:
-                    span, q = _header_varint(buf, q, end, pos, "sparse last-first-1")
-                    next_seq = first + span + 2
-                else:
-                    next_seq = first + 1
-            else:
-                first = next_seq
-                next_seq += c
-            if next_seq > U64_MAX + 1:
-                raise TankFormatError("sequence number overflows u64", offset=pos)
+            c, first, last, q = parse_header_body(buf, hp, end, next_seq, pos)
+        next_seq = first + c if not f & SPARSE else last + 1
+        codec = f & CODEC_MASK
         if codec:
-            if c > 22 * (end - q) + 64:  # a Snappy byte expands to at most ~21.4 bytes
+            spec = codecs[codec]
+            if c > spec.max_expansion * (end - q) + 64:
                 raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
             if collect:
-                block = mv[q:end]
                 try:
-                    if q >= end or buf[q] >= 0x80:
-                        check_claim(block)  # bound the uncompressed size before allocating it
-                    packed_sets.append(raw_decompress(block))
+                    packed_sets.append(spec.decompress(mv[q:end]))
                 except TankFormatError as err:
                     raise TankFormatError(err.message, offset=pos) from None
-                except Exception as err:
-                    raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}", offset=pos) from None
                 packed_rows.append(len(rows))
         elif c > end - q:  # every message takes at least 2 bytes (flags + length)
             raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
@@ -228,13 +207,6 @@ def _walk(
         t.data = b"".join([mv[:pos], *packed_sets, _PAD])
         t.set_starts, t.set_ends = starts, ends
     return WalkResult(t, pos, next_seq, reason, need)
-
-
-def _header_varint(buf, q: int, end: int, pos: int, what: str) -> tuple[int, int]:
-    try:
-        return decode_varint(buf, q, end)
-    except TankFormatError as err:
-        raise TankFormatError(f"bad {what} varint in bundle header: {err.message}", offset=pos) from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -343,7 +315,7 @@ def decode_messages(table: BundleTable) -> MessageColumns:
             if short.any():
                 raise _VecError(short, "message count exceeds the messages in the set")
             f = buf[p]
-            bad = (f & 0xF8) != 0
+            bad = (f & UNKNOWN_MESSAGE_FLAGS) != 0
             if bad.any():
                 raise _VecError(bad, "message flags with unknown bits 3-7")
             p = p + 1
@@ -353,7 +325,7 @@ def decode_messages(table: BundleTable) -> MessageColumns:
             else:
                 seq = prev_seq + np.uint64(1)
                 mid = sparse & ~is_last
-                need = mid & ((f & 0x04) == 0)
+                need = mid & ((f & SEQ_PREV_PLUS_ONE) == 0)
                 if need.any():
                     d, p_after = _varints_sub(buf, p, need)
                     seq[need] += d.astype(np.uint64)
@@ -363,13 +335,13 @@ def decode_messages(table: BundleTable) -> MessageColumns:
                 bad = (mid & (seq >= last)) | (tail & (last <= prev_seq))
                 if bad.any():
                     raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
-            has_ts = (f & 0x02) == 0
+            has_ts = (f & USE_LAST_TS) == 0
             ts = prev_ts.copy() if step else np.zeros(ids.size, np.uint64)
             if has_ts.any():
                 q = p[has_ts]
                 ts[has_ts] = u64_at[q]
                 p[has_ts] = q + 8
-            has_key = (f & 0x01) != 0
+            has_key = (f & HAVE_KEY) != 0
             out = out_start[ids] + step
             if has_key.any():
                 q = p[has_key]

@@ -44,12 +44,9 @@ from typing import Any
 
 import yaml
 
+from tank_log.errors import JobConfigError
 from tank_log.format.broker_config import parse_duration, parse_size
 from tank_log.format.bundle import SnappyPolicy
-
-
-class ConfigError(ValueError):
-    """A bad job configuration (file or flags); jobs exit with code 2."""
 
 
 def _duration_ms(value: Any, where: str) -> int:
@@ -59,8 +56,8 @@ def _duration_ms(value: Any, where: str) -> int:
         try:
             return parse_duration(value) * 1000
         except ValueError as err:
-            raise ConfigError(f"{where}: {err} (broker duration units: 30s, 15min, 2h, 7days, 1week)") from None
-    raise ConfigError(f"{where}: expected a duration such as 7days, got {value!r}")
+            raise JobConfigError(f"{where}: {err} (broker duration units: 30s, 15min, 2h, 7days, 1week)") from None
+    raise JobConfigError(f"{where}: expected a duration such as 7days, got {value!r}")
 
 
 def _size(value: Any, where: str) -> int:
@@ -70,46 +67,46 @@ def _size(value: Any, where: str) -> int:
         try:
             return parse_size(value)
         except ValueError as err:
-            raise ConfigError(f"{where}: {err} (broker size units: 512b, 64kb, 256mb, 1gb)") from None
-    raise ConfigError(f"{where}: expected a size such as 64kb, got {value!r}")
+            raise JobConfigError(f"{where}: {err} (broker size units: 512b, 64kb, 256mb, 1gb)") from None
+    raise JobConfigError(f"{where}: expected a size such as 64kb, got {value!r}")
 
 
 def _bool(value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    raise JobConfigError(f"{where}: expected true or false, got {value!r}")
 
 
 def _int(value: Any, where: str, lo: int = 0) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and value >= lo:
         return value
-    raise ConfigError(f"{where}: expected an integer >= {lo}, got {value!r}")
+    raise JobConfigError(f"{where}: expected an integer >= {lo}, got {value!r}")
 
 
 def _ratio(value: Any, where: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1:
         return float(value)
-    raise ConfigError(f"{where}: expected a number within [0, 1], got {value!r}")
+    raise JobConfigError(f"{where}: expected a number within [0, 1], got {value!r}")
 
 
 def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     if isinstance(value, str) and value.lower() in choices:
         return value.lower()
-    raise ConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
+    raise JobConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
 
 
 def _mapping(value: Any, where: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        raise JobConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
     return value
 
 
 def _check_keys(section: dict, allowed: set[str], where: str) -> None:
     unknown = sorted(set(section) - allowed)
     if unknown:
-        raise ConfigError(
+        raise JobConfigError(
             f"{where}: unknown key(s) {', '.join(map(str, unknown))} (allowed: {', '.join(sorted(allowed))})"
         )
 
@@ -237,7 +234,7 @@ def _compaction(value: Any) -> CompactionSettings:
     if v.get("segment_bytes") is not None:
         n = _size(v["segment_bytes"], f"{w}.segment_bytes")
         if not 64 <= n < 1 << 32:
-            raise ConfigError(f"{w}.segment_bytes: must be within 64 bytes and 4 GiB (TANK_FORMAT.md §8)")
+            raise JobConfigError(f"{w}.segment_bytes: must be within 64 bytes and 4 GiB (TANK_FORMAT.md §8)")
         kw["segment_bytes"] = n
     if v.get("min_cleanable_ratio") is not None:
         kw["min_cleanable_ratio"] = _ratio(v["min_cleanable_ratio"], f"{w}.min_cleanable_ratio")
@@ -251,7 +248,7 @@ def _topic_retention(value: Any, where: str) -> TopicRetention:
     _check_keys(v, {"enabled", "max_age", "max_bytes", "segments_count", "time_basis"}, where)
     count = _int(v["segments_count"], f"{where}.segments_count") if "segments_count" in v else None
     if count is not None and count == 1:
-        raise ConfigError(f"{where}.segments_count: must be 0 or >= 2 (the broker's rule)")
+        raise JobConfigError(f"{where}.segments_count: must be 0 or >= 2 (the broker's rule)")
     return TopicRetention(
         enabled=_bool(v["enabled"], f"{where}.enabled") if "enabled" in v else None,
         max_age_s=_duration_ms(v["max_age"], f"{where}.max_age") // 1000 if "max_age" in v else None,
@@ -282,11 +279,11 @@ PARTITION_COLUMNS = ("topic", "partition", "date")
 def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
     cols = value.split(",") if isinstance(value, str) else value
     if not isinstance(cols, list | tuple) or not all(isinstance(c, str) for c in cols):
-        raise ConfigError(f"{where}: expected a list of columns")
+        raise JobConfigError(f"{where}: expected a list of columns")
     cols = tuple(c.strip() for c in cols if c.strip())
     bad = [c for c in cols if c not in PARTITION_COLUMNS]
     if bad:
-        raise ConfigError(f"{where}: {', '.join(bad)} (choose from {', '.join(PARTITION_COLUMNS)})")
+        raise JobConfigError(f"{where}: {', '.join(bad)} (choose from {', '.join(PARTITION_COLUMNS)})")
     return cols
 
 
@@ -297,7 +294,7 @@ def _export(value: Any) -> ExportConfig:
     kw: dict[str, Any] = {}
     if v.get("table") is not None:
         if not isinstance(v["table"], str) or not v["table"]:
-            raise ConfigError(f"{w}.table: expected a path or URI")
+            raise JobConfigError(f"{w}.table: expected a path or URI")
         kw["table"] = v["table"]
     if "engine" in v:
         kw["engine"] = _choice(v["engine"], f"{w}.engine", ("deltalake", "spark"))
@@ -305,7 +302,7 @@ def _export(value: Any) -> ExportConfig:
         kw["value_format"] = _choice(v["value_format"], f"{w}.value_format", ("binary", "utf8", "json"))
     if v.get("value_schema") is not None:
         if not isinstance(v["value_schema"], str):
-            raise ConfigError(f"{w}.value_schema: expected a DDL string such as 'id long, name string'")
+            raise JobConfigError(f"{w}.value_schema: expected a DDL string such as 'id long, name string'")
         kw["value_schema"] = v["value_schema"]
     if "partition_by" in v:
         kw["partition_by"] = parse_partition_by(v["partition_by"], f"{w}.partition_by")
@@ -313,7 +310,7 @@ def _export(value: Any) -> ExportConfig:
         kw["target_file_size"] = _size(v["target_file_size"], f"{w}.target_file_size")
     cfg = replace(ExportConfig(), **kw)
     if (cfg.value_format == "json") != (cfg.value_schema is not None):
-        raise ConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")
+        raise JobConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")
     return cfg
 
 
@@ -339,7 +336,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
     if isinstance(dirs, str):
         dirs = [dirs]
     if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
-        raise ConfigError("data_dirs: expected a list of paths")
+        raise JobConfigError("data_dirs: expected a list of paths")
     return JobConfig(
         data_dirs=tuple(dirs),
         broker_stopped=_bool(v.get("broker_stopped", False), "broker_stopped"),
@@ -361,13 +358,13 @@ def load_job_config(path: str | os.PathLike | None) -> JobConfig:
         with open(path) as fh:
             doc = yaml.safe_load(fh)
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise JobConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        raise JobConfigError(f"{path}: not valid YAML: {err}") from None
     try:
         return parse_job_config(doc or {}, os.fspath(path))
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
+    except JobConfigError as err:
+        raise JobConfigError(f"{path}: {err}") from None
 
 
 def parse_duration_ms(value: str, where: str) -> int:

@@ -33,15 +33,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import PartitionLocked, TankFormatError
 from tank_log.format.arrow import binary_column
-from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.format.bundle import SPARSE, Message, SnappyPolicy
 from tank_log.format.cleanup_log import update_cleanup_log
 from tank_log.format.names import format_index_name
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.datadir import Partition, SegmentFile
 from tank_log.storage.fsutil import fsync_dir
-from tank_log.storage.locking import PartitionLock, PartitionLocked
+from tank_log.storage.locking import PartitionLock
 from tank_log.storage.segment import Segment
 from tank_log.storage.writer import BundlePolicy, SegmentWriter, WrittenSegment
 
@@ -382,7 +382,7 @@ def _write_survivors(c, t, keep, out, min_copy: int) -> None:
         if not n_keep:
             continue
         n = t.counts[b]
-        sparse = bool(t.flags[b] & 0x40)
+        sparse = bool(t.flags[b] & SPARSE)
         w = out.writer
         contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
         if n_keep == n and n >= min_copy and (sparse or contiguous):

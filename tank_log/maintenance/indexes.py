@@ -18,13 +18,14 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from tank_log.errors import PartitionLocked
 from tank_log.format.index import build_rebuild_rule, encode_index
 from tank_log.format.names import format_ro_name
 from tank_log.maintenance.preflight import refuse_if_live
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import Partition, SegmentFile, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir, write_file_synced
-from tank_log.storage.locking import PartitionLock, PartitionLocked
+from tank_log.storage.locking import PartitionLock
 from tank_log.storage.segment import Segment
 from tank_log.storage.swap import repair_partition
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import os
 import time
 
+from tank_log.errors import PartitionLooksLive
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.swap import repair_partition
-
-
-class PartitionLooksLive(RuntimeError):
-    """The partition changed too recently: mutating it needs the broker stopped."""
 
 
 def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:

@@ -23,12 +23,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import PartitionLocked, TankFormatError
 from tank_log.format.broker_config import PartitionConfig
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.datadir import Partition, SegmentFile
 from tank_log.storage.fsutil import fsync_dir
-from tank_log.storage.locking import PartitionLock, PartitionLocked
+from tank_log.storage.locking import PartitionLock
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,9 @@ import os
 import socket
 import time
 
+from tank_log.errors import PartitionLocked
+
 LOCK_NAME = ".tank-log.lock"
-
-
-class PartitionLocked(Exception):
-    """Another tank-log process holds the partition's lock."""
 
 
 class PartitionLock:

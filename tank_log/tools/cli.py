@@ -57,8 +57,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
+    from tank_log.errors import PartitionLocked
     from tank_log.storage.datadir import partitions_at
-    from tank_log.storage.locking import PartitionLock, PartitionLocked
+    from tank_log.storage.locking import PartitionLock
     from tank_log.storage.swap import repair_partition
 
     status = 0
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     except TankFormatError as err:
         print(f"tank-log: {err}", file=sys.stderr)
         return 1
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as err:  # incl. ConfigError
+    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as err:  # incl. JobConfigError
         print(f"tank-log: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -7,6 +7,8 @@ per call, which halves the scan rate of 1-message Snappy bundles (bench/RESULTS.
 
 from __future__ import annotations
 
+from typing import Any
+
 import cramjam
 import snappy
 
@@ -15,7 +17,7 @@ from tank_log.format.varint import decode_varint
 
 # A Snappy element expands at most 64 bytes per 3 input bytes (copy with 2-byte offset), so a block claiming more
 # than ~21.4x its size is corrupt. Checking first keeps a flipped length byte from allocating gigabytes.
-_MAX_EXPANSION = 22
+MAX_EXPANSION = 22
 _decompress_raw = cramjam.snappy.decompress_raw
 
 
@@ -23,27 +25,30 @@ def compress(data: bytes) -> bytes:
     return bytes(snappy.compress(data))
 
 
-def check_claim(data) -> None:
-    """Reject a block whose uncompressed-length header is unreadable or impossibly large."""
+def check_claim(data: Any) -> None:
+    """Reject a block whose uncompressed-length header is unreadable or impossibly large.
+
+    Raises:
+        TankFormatError: the claim cannot be right.
+    """
     if not len(data):
         raise TankFormatError("bad Snappy block: empty")
     try:
         claimed, _ = decode_varint(data, 0)
     except TankFormatError:
         raise TankFormatError("bad Snappy block: bad uncompressed-length varint") from None
-    if claimed > _MAX_EXPANSION * len(data) + 64:
+    if claimed > MAX_EXPANSION * len(data) + 64:
         raise TankFormatError(f"bad Snappy block: claims {claimed} bytes from {len(data)}")
 
 
-def decompress_raw(data):
-    """Decompress without the claim check (the caller did it); errors are the backend's own."""
-    return _decompress_raw(data)
+def decompress(data: Any) -> Any:
+    """Decompress a raw Snappy block into a bytes-like object.
 
-
-def decompress(data):
-    """Decompress a raw Snappy block into a bytes-like object; a corrupt block raises TankFormatError (offset
-    filled in by the caller)."""
-    check_claim(data)
+    Raises:
+        TankFormatError: a corrupt block (no offset: the caller locates it).
+    """
+    if not len(data) or data[0] >= 0x80:  # a claimed length >= 128: bound it before allocating
+        check_claim(data)
     try:
         return _decompress_raw(data)
     except Exception as err:  # cramjam.DecompressionError and friends
