@@ -43,7 +43,7 @@ def scan(part_dir: str) -> tuple[int, int, float, float]:
     nbytes = sum(s.size for s in part.segments)
     with Timer() as t:
         for s in part.segments:
-            for batch in s.open().batches():
+            for batch in s.batches():
                 rows += batch.num_rows
     return rows, nbytes, t.wall, t.cpu
 
@@ -54,7 +54,7 @@ def snappy_ceiling(part_dir: str) -> tuple[float, int]:
     blocks = []
     for s in part.segments:
         raw = open(s.path, "rb").read()
-        for h in s.open().bundles():
+        for h in s.bundles():
             if h.codec:
                 blocks.append(raw[h.set_offset : h.end])
     best = None

@@ -21,7 +21,7 @@ STOPPED = CompactionOptions(force=True, broker_stopped=True)
 
 def messages_of(part_dir):
     part = scan_partition(part_dir, "t", 0)
-    return [(m.seq, m.ts, m.key, m.value) for s in part.segments for m in s.open().messages()]
+    return [(m.seq, m.ts, m.key, m.value) for s in part.segments for m in s.messages()]
 
 
 def only_partition(base):

@@ -21,7 +21,7 @@ def decoded(name):
     for part in partitions_at(data_dir(name)):
         rows = []
         for seg in part.segments:
-            rows += [(m.seq, m.ts, m.key, m.value) for m in seg.open().messages()]
+            rows += [(m.seq, m.ts, m.key, m.value) for m in seg.messages()]
         if rows:
             out[part.key] = rows
     return out
@@ -38,7 +38,7 @@ def test_arrow_batches_equal_the_dump(name):
     for part in partitions_at(data_dir(name)):
         rows = []
         for seg in part.segments:
-            for batch in seg.open().batches(chunk_bytes=20000):  # small chunks: exercise chunk boundaries
+            for batch in seg.batches(chunk_bytes=20000):  # small chunks: exercise chunk boundaries
                 d = batch.to_pydict()
                 rows += list(zip(d["seq"], d["ts"], d["key"], d["value"], strict=True))
         assert rows == expected.get(part.key, [])
@@ -66,7 +66,7 @@ def test_verify_is_clean_on_every_fixture(name):
 
 def test_seek_through_index():
     part = next(p for p in partitions_at(data_dir("A_multi")) if p.key == ("small", 0))
-    seg = part.ro[2].open()
+    seg = part.ro[2]
     mid = seg.base + 50
     table = seg.read_table(min_seq=mid, max_seq=mid + 9)
     assert table.column("seq").to_pylist() == list(range(mid, mid + 10))
@@ -83,7 +83,7 @@ def test_reencoding_bundles_reproduces_them(name):
     for part in partitions_at(data_dir(name)):
         for sf in part.segments:
             raw = open(sf.path, "rb").read()
-            for chunk in sf.open().chunks():
+            for chunk in sf.chunks():
                 t, c = chunk.table, chunk.cols
                 starts = np.searchsorted(c.bundle, np.arange(len(t)))
                 sizes, varint_counts = t.sizes, t.varint_counts

@@ -65,7 +65,7 @@ def test_append_rule_equals_the_broker_indexes():
     segs = single_run_segments()
     assert len(segs) > 60
     for sf, interval in segs:
-        seg = sf.open()
+        seg = sf
         ours = encode_index(build_append_rule(seg.bundles(), seg.base, interval))
         with open(sf.index_path, "rb") as fh:
             assert ours == fh.read(), sf.path
@@ -75,7 +75,7 @@ def test_compaction_rule_equals_the_broker_compaction_index():
     """E_after's 2.index and 7136.index were written by the broker's compaction (§6.3 spacing)."""
     for part in partitions_at(data_dir("E_after")):
         for sf in part.ro[:2]:
-            seg = sf.open()
+            seg = sf
             with open(sf.index_path, "rb") as fh:
                 assert encode_index(build_compaction_rule(seg.bundles(), seg.base)) == fh.read()
 
@@ -90,7 +90,7 @@ def test_lookup():
 
 
 def _verify(sf, data):
-    seg = sf.open()
+    seg = sf
     headers = list(seg.bundles())
     return verify_index(sf.index_path, data, headers, sf.base, sf.size, active=sf.is_active)
 

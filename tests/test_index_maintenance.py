@@ -91,7 +91,7 @@ def test_salvage_active_keeps_every_complete_bundle(fixture_copy):
     side = os.path.join(part.path, salvaged["side_file"])
     assert os.path.basename(side).startswith(".") and os.path.getsize(side) == 7
     after = scan_partition(part.path, "events", 2)
-    got = [(m.seq, m.value) for s in after.segments for m in s.open().messages()]
+    got = [(m.seq, m.value) for s in after.segments for m in s.messages()]
     dump = [(m[0], m[3]) for m in load_dump("A_multi")[("events", 2)]]
     assert got == dump[: len(got)] and len(got) == len(dump) - bundles[-1].count
     assert check_partition(after) == []

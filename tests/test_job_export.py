@@ -44,7 +44,7 @@ def roll_and_append(base, topic, n):
     out = []
     for part in partitions_at(base, [topic]):
         a = part.active
-        last = max(m.seq for m in a.open().messages())
+        last = max(m.seq for m in a.messages())
         os.rename(a.path, os.path.join(part.path, f"{a.base}-{last}_{a.name.ts}.ilog"))
         msgs = [Message(last + 1 + i, 1_800_000_000_000 + i, b"new", b"appended-%d" % i) for i in range(n)]
         write_segment(part.path, msgs, active=True, ts=1_800_000_000)

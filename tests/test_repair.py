@@ -10,7 +10,7 @@ from tank_log.storage.swap import repair_partition
 
 
 def _msgs(d):
-    return [(m.seq, m.value) for s in scan_partition(d, "kv", 0).segments for m in s.open().messages()]
+    return [(m.seq, m.value) for s in scan_partition(d, "kv", 0).segments for m in s.messages()]
 
 
 def test_rollback_removes_broker_placeholders(tmp_path):

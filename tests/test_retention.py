@@ -125,7 +125,7 @@ def test_fixture_retained_reads_on(tmp_path):
     res = apply_retention(part, RetentionRules(segments_count=2), STOPPED)
     assert res.segments_deleted == 1 and res.first_seq_after == 559
     after = scan_partition(pdir, "retained", 0)
-    got = [m.seq for s in after.segments for m in s.open().messages()]
+    got = [m.seq for s in after.segments for m in s.messages()]
     assert got == [m[0] for m in load_dump("A_multi")[("retained", 0)] if m[0] >= 559]
 
 

@@ -30,7 +30,7 @@ def _samples():
                 continue
             for sf in part.segments[:2]:
                 raw = open(sf.path, "rb").read()
-                headers = list(sf.open().bundles())
+                headers = list(sf.bundles())
                 end = headers[min(len(headers) - 1, 6)].end
                 out.append((os.path.basename(sf.path), sf.base, raw[: min(end, 60000)]))
     return out
@@ -79,10 +79,10 @@ def test_mutations_raise_only_format_errors(tmp_path):
             path.write_bytes(mutate(rng, data))
             signal.alarm(5)
             try:
-                seg = Segment(str(path), base)
-                for _ in seg.batches():
+                walk = Segment(str(path), base).batches()
+                for _ in walk:
                     pass
-                outcomes["torn" if seg.tail.torn_bytes else "ok"] += 1
+                outcomes["torn" if walk.tail.torn_bytes else "ok"] += 1
             except TankFormatError as err:
                 assert err.path == str(path) and err.offset is not None
                 outcomes["error"] += 1

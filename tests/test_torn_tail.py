@@ -23,12 +23,12 @@ def test_truncated_active_segment_reports_a_tail(fixture_copy):
     cut = bundles[-1].offset + 7  # in the middle of the last bundle
     with open(sf.path, "r+b") as fh:
         fh.truncate(cut)
-    seg = Segment(sf.path)
-    got = list(seg.messages())
+    walk = Segment(sf.path).messages()
+    got = list(walk)
     assert got == full[: len(got)]
     assert len(got) == len(full) - bundles[-1].count  # every complete bundle kept
-    assert seg.tail.valid_end == bundles[-1].offset
-    assert seg.tail.torn_bytes == 7
+    assert walk.tail.valid_end == bundles[-1].offset
+    assert walk.tail.torn_bytes == 7
     problems = check_segment(sf.path).problems
     assert [p.code for p in problems] == ["torn-tail"]
     assert problems[0].offset == bundles[-1].offset
@@ -40,9 +40,9 @@ def test_trailing_zero_bytes_and_cut_varints_are_tails(fixture_copy, garbage):
     size = os.path.getsize(sf.path)
     with open(sf.path, "ab") as fh:
         fh.write(garbage)
-    seg = Segment(sf.path)
-    list(seg.messages())
-    assert seg.tail.valid_end == size and seg.tail.torn_bytes == len(garbage)
+    walk = Segment(sf.path).messages()
+    list(walk)
+    assert walk.tail.valid_end == size and walk.tail.torn_bytes == len(garbage)
 
 
 def test_zero_length_bundle_mid_file_is_an_error(fixture_copy):

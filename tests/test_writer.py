@@ -58,7 +58,7 @@ def test_property_partition_round_trip(tmp_path_factory, seed, snappy, bundle_si
     write_partition(d, msgs, segment_bytes=4 << 10, policy=BundlePolicy(max_messages=bundle_size, snappy=snappy))
     part = scan_partition(str(d), "t", 0)
     assert part.active is not None and len(part.ro) >= 1
-    got = [m for s in part.segments for m in s.open().messages()]
+    got = [m for s in part.segments for m in s.messages()]
     assert got == msgs
     assert [p for p in check_partition(part) if p.severity == "error"] == []
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from tank_log.format.decode import MessageColumns
 
-SCHEMA = pa.schema(
+MESSAGE_SCHEMA = pa.schema(
     [
         pa.field("seq", pa.uint64(), nullable=False),
         pa.field("ts", pa.uint64(), nullable=False),  # producer timestamp, ms by convention (TANK_FORMAT.md §3.7)
@@ -45,7 +45,7 @@ def _gather(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndar
 
 
 def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> pa.RecordBatch:
-    """Build a batch of SCHEMA from decoded columns; `select` is an optional boolean row mask."""
+    """Build a batch of MESSAGE_SCHEMA from decoded columns; `select` is an optional boolean row mask."""
     seq, ts, koff, klen, voff, vlen = cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len
     if select is not None:
         seq, ts, koff, klen, voff, vlen = (a[select] for a in (seq, ts, koff, klen, voff, vlen))
@@ -55,7 +55,7 @@ def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> p
     data = pa.py_buffer(cols.data)
     keys = _gather(data, koff, klen, has_key)
     values = _gather(data, voff, vlen)
-    return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=SCHEMA)
+    return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=MESSAGE_SCHEMA)
 
 
 def binary_column(cols: MessageColumns, select: np.ndarray, which: str) -> pa.Array:

@@ -104,12 +104,21 @@ def _parse_plain(name: str, stem: str, rest: str) -> FileName | None:
     return None
 
 
-def parse_name(name: str) -> FileName | CompactionTemp | None:
-    """Parse a partition-directory entry name.
+def parse_name(name: str, path: str | None = None) -> FileName | CompactionTemp | None:
+    """Parse a partition-directory entry name (`path`: the file, named in errors; default the name itself).
 
-    Returns None for names the broker ignores or treats specially (`.`-prefixed, `config`, other extensions);
-    raises SegmentNameError for names with a segment/index extension that are not canonical.
+    Returns None for names the broker ignores or treats specially (`.`-prefixed, `config`, other extensions).
+
+    Raises:
+        SegmentNameError: a segment/index extension with a name that is not canonical (names the file).
     """
+    try:
+        return _parse_name(name)
+    except SegmentNameError as err:
+        raise err.located(path or name) from None
+
+
+def _parse_name(name: str) -> FileName | CompactionTemp | None:
     if not name or name.startswith(".") or name == "config":
         return None
     stem, dot, rest = name.partition(".")

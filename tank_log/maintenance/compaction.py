@@ -39,10 +39,10 @@ from tank_log.format.bundle import SPARSE, Message, SnappyPolicy
 from tank_log.format.cleanup_log import update_cleanup_log
 from tank_log.format.names import format_index_name
 from tank_log.maintenance.preflight import preflight
-from tank_log.storage.datadir import Partition, SegmentFile
+from tank_log.storage.datadir import Partition
 from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.segment import Segment
+from tank_log.storage.segment import Segment, Tail
 from tank_log.storage.writer import BundlePolicy, SegmentWriter, WrittenSegment
 
 log = logging.getLogger(__name__)
@@ -109,11 +109,11 @@ def dirty_ratio(part: Partition, mark: int) -> float:
     return dirty / total if total else 0.0
 
 
-def segment_max_ts(sf: SegmentFile) -> int:
-    return max((int(c.cols.ts.max()) for c in sf.open().chunks() if len(c.cols)), default=0)
+def segment_max_ts(sf: Segment) -> int:
+    return max((int(c.cols.ts.max()) for c in sf.chunks() if len(c.cols)), default=0)
 
 
-def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> list[SegmentFile]:
+def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> list[Segment]:
     """The RO segments of this round: all of them, minus a young tail (min_compaction_lag_ms, by newest message ts;
     checked from the newest segment backwards, assuming timestamps grow with seqs as Kafka does)."""
     inputs = list(part.ro)
@@ -291,15 +291,15 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
 
     # pass 1: key → last seq
     state = KeyState(options.pass1_window_rows)
-    for sf in inputs:
-        seg = sf.open()
-        for chunk in seg.chunks(chunk_bytes=PASS_CHUNK_BYTES):
+    for seg in inputs:
+        walk = seg.chunks(chunk_bytes=PASS_CHUNK_BYTES)
+        for chunk in walk:
             c = chunk.cols
             res.messages_before += len(c)
             keyed = c.key_off >= 0
             if keyed.any():
                 state.add(binary_column(c, keyed, "key"), c.seq[keyed])
-        _check_complete(seg)
+        _check_complete(seg, walk.tail)
     survivors = state.survivor_seqs()
     res.distinct_keys = len(survivors)
     res.key_state_bytes = state.nbytes
@@ -334,12 +334,12 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     res.status = "compacted"
 
 
-def _check_complete(seg: Segment) -> None:
-    if seg.tail is not None and seg.tail.torn_bytes:
+def _check_complete(seg: Segment, tail: Tail | None) -> None:
+    if tail is not None and tail.torn_bytes:
         raise TankFormatError(
-            f"torn tail of {seg.tail.torn_bytes} bytes in an RO segment; salvage it first (rebuild_indexes --salvage)",
+            f"torn tail of {tail.torn_bytes} bytes in an RO segment; salvage it first (rebuild_indexes --salvage)",
             seg.path,
-            seg.tail.valid_end,
+            tail.valid_end,
         )
 
 
@@ -347,9 +347,8 @@ PASS_CHUNK_BYTES = 16 << 20  # bigger chunks amortise the per-step cost of the v
 
 
 def _pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
-    seg = sf.open()
     min_copy = max(1, options.policy.max_messages // 2)
-    for chunk in seg.chunks(chunk_bytes=PASS_CHUNK_BYTES):
+    for chunk in sf.chunks(chunk_bytes=PASS_CHUNK_BYTES):
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
         empty = c.val_len == 0
@@ -397,7 +396,7 @@ def _write_survivors(c, t, keep, out, min_copy: int) -> None:
         k += n_keep
 
 
-def _swap_in(part: Partition, inputs: list[SegmentFile], outputs: list[WrittenSegment], res, on_step) -> None:
+def _swap_in(part: Partition, inputs: list[Segment], outputs: list[WrittenSegment], res, on_step) -> None:
     d = part.path
     j = lambda n: os.path.join(d, n)  # noqa: E731
     finals = [(w, w.log_name, w.index_name) for w in outputs]

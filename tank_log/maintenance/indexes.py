@@ -19,14 +19,14 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from tank_log.errors import PartitionLocked
-from tank_log.format.index import build_rebuild_rule, encode_index
+from tank_log.format.index import build_append_rule, build_rebuild_rule, encode_index
 from tank_log.format.names import format_ro_name
 from tank_log.maintenance.preflight import refuse_if_live
 from tank_log.maintenance.verify import check_partition
-from tank_log.storage.datadir import Partition, SegmentFile, scan_partition
+from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir, write_file_synced
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.segment import Segment
+from tank_log.storage.segment import Segment, Tail
 from tank_log.storage.swap import repair_partition
 
 log = logging.getLogger(__name__)
@@ -71,27 +71,26 @@ class IndexJobResult:
 
 
 def rebuild_index_file(
-    sf: SegmentFile | Segment, out_path: str | None = None, *, rule: str = "rebuild", interval: int = 4096
-) -> tuple[str, int]:
-    """Write the index of a segment atomically (default: `<base>.index` next to it); return (path, entries)."""
-    from tank_log.format.index import build_append_rule
-
-    seg = sf.open() if isinstance(sf, SegmentFile) else sf
-    headers = list(seg.bundles())
+    seg: Segment, out_path: str | None = None, *, rule: str = "rebuild", interval: int = 4096
+) -> tuple[str, int, Tail | None]:
+    """Write the index of a segment atomically (default: `<base>.index` next to it); return (path, entries, the
+    segment's tail)."""
+    walk = seg.bundles()
+    headers = list(walk)
     entries = (
         build_rebuild_rule(headers, seg.base) if rule == "rebuild" else build_append_rule(headers, seg.base, interval)
     )
     path = out_path or seg.index_path
     atomic_write(path, encode_index(entries))
-    return path, len(entries)
+    return path, len(entries), walk.tail
 
 
-def salvage_segment(sf: SegmentFile) -> dict:
+def salvage_segment(sf: Segment) -> dict:
     """Cut a torn tail after the last complete bundle; keep the cut bytes aside; fix index and name."""
-    seg = sf.open()
-    for _ in seg.bundles():
+    walk = sf.bundles()
+    for _ in walk:
         pass
-    tail = seg.tail
+    tail = walk.tail
     assert tail is not None and tail.torn_bytes
     d = os.path.dirname(sf.path)
     name = os.path.basename(sf.path)
@@ -177,7 +176,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
         problems = check_partition(part)
     for what, target in _plan_fixes(part, problems, options):
         if what == "rebuild-index":
-            path, n = rebuild_index_file(target)
+            path, n, _ = rebuild_index_file(target)
             res.actions.append(
                 {
                     "action": "rebuilt-index",
@@ -202,7 +201,7 @@ def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tup
             fixes.append(("move-aside", p.path))
         elif p.code == "torn-tail" and options.salvage and p.path in by_path and p.offset:
             fixes.append(("salvage", by_path[p.path]))
-    rebuild: dict[str, SegmentFile] = {}
+    rebuild: dict[str, Segment] = {}
     for p in problems:
         if p.code in INDEX_CODES and p.path in by_index:
             sf = by_index[p.path]

@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field
 from tank_log.errors import PartitionLocked, TankFormatError
 from tank_log.format.broker_config import PartitionConfig
 from tank_log.maintenance.preflight import preflight
-from tank_log.storage.datadir import Partition, SegmentFile
+from tank_log.storage.datadir import Partition
 from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.locking import PartitionLock
+from tank_log.storage.segment import Segment
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +83,17 @@ class RetentionResult:
         return asdict(self)
 
 
-def newest_message_ts_s(sf: SegmentFile) -> int | None:
+def newest_message_ts_s(sf: Segment) -> int | None:
     """Newest message timestamp of a segment, in seconds (message ts are ms by convention, §3.7)."""
     newest = None
-    for chunk in sf.open().chunks():
+    for chunk in sf.chunks():
         if len(chunk.cols):
             m = int(chunk.cols.ts.max())
             newest = m if newest is None else max(newest, m)
     return None if newest is None else newest // 1000
 
 
-def segment_time_s(sf: SegmentFile, basis: str) -> tuple[int | None, str]:
+def segment_time_s(sf: Segment, basis: str) -> tuple[int | None, str]:
     """The time a segment's age is measured from, and where it came from."""
     if basis == "name" and sf.name.ts:
         return sf.name.ts, "name ts"
@@ -100,11 +101,11 @@ def segment_time_s(sf: SegmentFile, basis: str) -> tuple[int | None, str]:
     return ts, "newest message ts" if basis == "message" else "newest message ts (legacy name without ts)"
 
 
-def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list[tuple[SegmentFile, str]]:
+def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list[tuple[Segment, str]]:
     """The deletable prefix of RO segments, each with the reason (TANK_FORMAT.md §5 loop, real sizes, every age)."""
     ro = list(part.ro)
     count, total = len(ro), sum(s.size for s in ro)
-    out: list[tuple[SegmentFile, str]] = []
+    out: list[tuple[Segment, str]] = []
     for s in ro:
         reasons = []
         if rules.segments_count and count > rules.segments_count:
@@ -123,8 +124,8 @@ def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list
     return out
 
 
-def _messages_in(sf: SegmentFile) -> int:
-    return sum(h.count for h in sf.open().bundles())
+def _messages_in(sf: Segment) -> int:
+    return sum(h.count for h in sf.bundles())
 
 
 def apply_retention(

@@ -10,7 +10,7 @@ from tank_log.errors import TankFormatError
 from tank_log.format.index import verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.problems import Problem
-from tank_log.storage.datadir import Partition, SegmentFile, classify_path, partitions_at, scan_data_dir
+from tank_log.storage.datadir import Partition, classify_path, partitions_at, scan_data_dir
 from tank_log.storage.segment import Segment
 
 
@@ -27,18 +27,18 @@ class SegmentCheck:
     problems: list[Problem] = field(default_factory=list)
 
 
-def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> SegmentCheck:
+def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentCheck:
     """Decode every bundle and message of a segment; compare with its name and index."""
     if isinstance(seg, str):
-        parsed = parse_name(os.path.basename(seg))
+        parsed = parse_name(os.path.basename(seg), seg)
         if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
             return SegmentCheck(seg, problems=[Problem(seg, None, "bad-name", "not a segment file name")])
-        seg = SegmentFile(seg, parsed, os.stat(seg).st_size)
+        seg = Segment(seg, name=parsed)
     result = SegmentCheck(seg.path)
-    reader = Segment(seg.path, seg.base)
     headers = []
+    walk = seg.chunks()
     try:
-        for chunk in reader.chunks():
+        for chunk in walk:
             headers += chunk.table.headers(chunk.file_offset)
             if len(chunk.cols):
                 if result.first_seq is None:
@@ -52,7 +52,7 @@ def check_segment(seg: SegmentFile | str, *, check_index: bool = True) -> Segmen
         result.problems.append(Problem(seg.path, None, "io", str(err)))
         return result
     result.bundles = len(headers)
-    tail = reader.tail
+    tail = walk.tail
     assert tail is not None
     result.valid_end = tail.valid_end
     if tail.torn_bytes:
@@ -108,7 +108,7 @@ def check_partition(part: Partition) -> list[Problem]:
     for c in checks.values():
         problems += c.problems
     # layout: ranges by name (what the broker routes by), §9 rule 3
-    prev: SegmentFile | None = None
+    prev: Segment | None = None
     for s in part.ro:
         if prev is not None and s.base <= prev.last:  # type: ignore[operator]
             problems.append(

@@ -13,37 +13,9 @@ from tank_log.errors import TankFormatError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.cleanup_log import read_cleanup_log
-from tank_log.format.names import CompactionTemp, FileName, Kind, format_index_name, parse_name
+from tank_log.format.names import CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.segment import Segment
-
-
-@dataclass
-class SegmentFile:
-    """A segment log on disk with its parsed name."""
-
-    path: str
-    name: FileName
-    size: int
-
-    @property
-    def base(self) -> int:
-        return self.name.base
-
-    @property
-    def last(self) -> int | None:
-        return self.name.last
-
-    @property
-    def is_active(self) -> bool:
-        return self.name.kind is Kind.ACTIVE
-
-    @property
-    def index_path(self) -> str:
-        return os.path.join(os.path.dirname(self.path), format_index_name(self.base))
-
-    def open(self) -> Segment:
-        return Segment(self.path, self.base)
 
 
 @dataclass
@@ -52,14 +24,14 @@ class Partition:
     id: int
     path: str
     config: PartitionConfig
-    ro: list[SegmentFile] = field(default_factory=list)  # sorted by base
-    active: SegmentFile | None = None
+    ro: list[Segment] = field(default_factory=list)  # sorted by base
+    active: Segment | None = None
     leftovers: list[tuple[str, CompactionTemp]] = field(default_factory=list)  # interrupted compaction files
     index_files: dict[int, str] = field(default_factory=dict)  # base → path of <base>.index
     problems: list[Problem] = field(default_factory=list)
 
     @property
-    def segments(self) -> list[SegmentFile]:
+    def segments(self) -> list[Segment]:
         """RO segments then the active one: the partition's data in seq order."""
         return self.ro + ([self.active] if self.active else [])
 
@@ -101,7 +73,7 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
     problems: list[Problem] = []
     config, cfg_problems = load_config(os.path.join(path, "config"), config or PartitionConfig())
     part = Partition(topic, pid, path, config, problems=problems + cfg_problems)
-    logs: list[SegmentFile] = []
+    logs: list[Segment] = []
     for entry in sorted(os.listdir(path)):
         full = os.path.join(path, entry)
         try:
@@ -137,8 +109,8 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             size = os.stat(full).st_size
         except FileNotFoundError:  # renamed/unlinked by a live broker since the listing (§9 rule 2)
             continue
-        logs.append(SegmentFile(full, parsed, size))
-    ro = sorted((s for s in logs if s.name.kind is Kind.RO), key=lambda s: (s.base, s.last))
+        logs.append(Segment(full, name=parsed, size=size))
+    ro = sorted((s for s in logs if not s.is_active), key=lambda s: (s.base, s.last or 0))
     actives = sorted((s for s in logs if s.is_active), key=lambda s: s.base)
     part.ro = ro
     if actives:
@@ -280,16 +252,15 @@ def last_complete_seq(part: Partition) -> int | None:
             return sf.last
         if sf.size == 0:
             continue
-        seg = sf.open()
-        start, next_seq = seg.seek(sf.base + REL_SEQ_LIMIT)  # the last usable index entry
+        start, next_seq = sf.seek(sf.base + REL_SEQ_LIMIT)  # the last usable index entry
         last = None
         try:
-            for h in seg.bundles(start=start, next_seq=next_seq):
+            for h in sf.bundles(start=start, next_seq=next_seq):
                 last = h.last_seq
         except TankFormatError:
             if start == 0:
                 raise
-            for h in seg.bundles():  # a bad index entry: walk from the start
+            for h in sf.bundles():  # a bad index entry: walk from the start
                 last = h.last_seq
         if last is not None:
             return last

@@ -1,21 +1,22 @@
 """Reading one segment log file (`.ilog` RO or `.log` active): bundles, messages, Arrow batches, torn tails.
 
 Sequence numbers are derived exactly as TANK_FORMAT.md §3.6 from the base in the file name. A torn tail (an
-incomplete last bundle, §3.11) is data, not a crash: iteration stops at the last complete bundle and `tail` tells
-where that is.
+incomplete last bundle, §3.11) is data, not a crash: iteration stops at the last complete bundle and the walk's
+`tail` tells where that is.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from tank_log.errors import TankFormatError
-from tank_log.format.arrow import SCHEMA, to_record_batch
+from tank_log.format.arrow import MESSAGE_SCHEMA, to_record_batch
 from tank_log.format.bundle import BundleHeader, Message
 from tank_log.format.decode import (
     COMPLETE,
@@ -24,12 +25,15 @@ from tank_log.format.decode import (
     ZERO,
     BundleTable,
     MessageColumns,
+    WalkResult,
     decode_messages,
     walk_bundles,
 )
+from tank_log.format.index import lookup, usable_entries
 from tank_log.format.names import FileName, Kind, format_index_name, parse_name
 
 DEFAULT_CHUNK_BYTES = 4 << 20
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -54,36 +58,86 @@ class Chunk:
     cols: MessageColumns
 
 
-class Segment:
-    """A segment log. `base` comes from the file name unless given (TANK_FORMAT.md §2.1)."""
+class SegmentWalk(Iterator[T]):
+    """One pass over a segment's bundles (headers, decoded chunks, batches or messages). Once exhausted, `tail`
+    says where the complete bundles end (TANK_FORMAT.md §3.11); it stays None if the pass stopped early."""
 
-    def __init__(self, path: str | os.PathLike, base: int | None = None):
-        self.path = os.fspath(path)
-        parsed = parse_name(os.path.basename(self.path))
-        if isinstance(parsed, FileName) and parsed.kind is not Kind.INDEX:
-            self.name: FileName | None = parsed
-        else:
-            self.name = None
-        if base is None:
-            if self.name is None:
-                raise TankFormatError("not a segment file name; pass base= explicitly", self.path)
-            base = self.name.base
-        self.base = base
+    def __init__(self, gen: Generator[T, None, Tail | None]):
+        self._gen = gen
         self.tail: Tail | None = None
+
+    def __iter__(self) -> SegmentWalk[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            return next(self._gen)
+        except StopIteration as stop:
+            self.tail = stop.value
+            raise
+
+
+class Segment:
+    """One segment log file: an RO `<base>-<last>[_<ts>].ilog` or the active `<base>[_<ts>].log` (TANK_FORMAT.md
+    §2.1), with the numbers of its name. `base` comes from the name unless given (a file under another name).
+
+    Raises:
+        SegmentNameError: a segment/index extension with a name the broker would mis-parse.
+        TankFormatError: no segment name and no `base`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        base: int | None = None,
+        *,
+        name: FileName | None = None,
+        size: int | None = None,
+    ):
+        self.path = os.fspath(path)
+        if name is None:
+            parsed = parse_name(os.path.basename(self.path), self.path)
+            if isinstance(parsed, FileName) and parsed.kind is not Kind.INDEX:
+                name = parsed
+        self.name = name
+        if base is None:
+            if name is None:
+                raise TankFormatError("not a segment file name; pass base= explicitly", self.path)
+            base = name.base
+        self.base = base
+        self._size = size
 
     def __repr__(self) -> str:
         return f"Segment({self.path!r})"
+
+    @property
+    def size(self) -> int:
+        """File size in bytes (as listed by the partition scan, else stat'ed once)."""
+        if self._size is None:
+            self._size = os.stat(self.path).st_size
+        return self._size
+
+    @property
+    def last(self) -> int | None:
+        """The last seq of an RO segment's name (None for the active segment)."""
+        return None if self.name is None else self.name.last
+
+    @property
+    def ts(self) -> int | None:
+        """The name's timestamp in seconds (None: legacy name without one, §2.1)."""
+        return None if self.name is None else self.name.ts
 
     @property
     def is_active(self) -> bool:
         return self.name is not None and self.name.kind is Kind.ACTIVE
 
     @property
-    def index_path(self) -> str:
-        return os.path.join(os.path.dirname(self.path), format_index_name(self.base))
+    def file_name(self) -> str:
+        return os.path.basename(self.path)
 
-    def size(self) -> int:
-        return os.stat(self.path).st_size
+    @property
+    def index_path(self) -> str:
+        return index_path_of(self.path, self.base)
 
     # ---- walking -------------------------------------------------------------------------------------------------
 
@@ -96,20 +150,17 @@ class Segment:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
         stop_offset: int | None = None,
-    ):
-        """Yield (WalkResult, file offset of its buffer) per chunk; sets `self.tail` at the end of the file.
-
-        `stop_seq`: stop after the bundle holding it. `stop_offset`: only bundles starting before this offset.
-        """
+    ) -> Generator[tuple[WalkResult, int], None, Tail | None]:
+        """Yield (WalkResult, file offset of its buffer) per chunk; return the Tail at the end of the file (None
+        when stopped early by `stop_seq` / `stop_offset`)."""
         next_seq = self.base if next_seq is None else next_seq
-        self.tail = None
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             pos = start
             want = chunk_bytes
             while pos < size:
                 if stop_offset is not None and pos >= stop_offset:
-                    return
+                    return None
                 fh.seek(pos)
                 buf = fh.read(min(want, size - pos))
                 at_eof = pos + len(buf) >= size
@@ -123,7 +174,7 @@ class Segment:
                 pos += res.stop
                 next_seq = res.next_seq
                 if res.reason == LIMIT:
-                    return
+                    return None
                 if res.reason == INCOMPLETE:
                     if at_eof:
                         break
@@ -135,12 +186,25 @@ class Segment:
                 else:
                     assert res.reason == COMPLETE
                     want = chunk_bytes
-            self.tail = Tail(pos, size, next_seq)
+            return Tail(pos, size, next_seq)
 
-    def bundles(self, *, start: int = 0, next_seq: int | None = None) -> Iterator[BundleHeader]:
-        """Bundle headers in file order (no decompression)."""
-        for res, base in self._walk(collect=False, start=start, next_seq=next_seq):
-            yield from res.table.headers(base)
+    def bundles(self, *, start: int = 0, next_seq: int | None = None) -> SegmentWalk[BundleHeader]:
+        """Bundle headers in file order (no decompression).
+
+        Raises:
+            TankFormatError: a malformed bundle (file and offset).
+        """
+
+        def gen() -> Generator[BundleHeader, None, Tail | None]:
+            walk = self._walk(collect=False, start=start, next_seq=next_seq)
+            while True:
+                try:
+                    res, base = next(walk)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                yield from res.table.headers(base)
+
+        return SegmentWalk(gen())
 
     def chunks(
         self,
@@ -150,21 +214,34 @@ class Segment:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
         stop_offset: int | None = None,
-    ) -> Iterator[Chunk]:
-        """Decoded chunks of complete bundles (from `start`, before `stop_offset`, up to the one with `stop_seq`)."""
-        for res, base in self._walk(
-            collect=True,
-            start=start,
-            next_seq=next_seq,
-            chunk_bytes=chunk_bytes,
-            stop_seq=stop_seq,
-            stop_offset=stop_offset,
-        ):
-            try:
-                cols = decode_messages(res.table)
-            except TankFormatError as err:
-                raise err.located(self.path, base) from None
-            yield Chunk(base, res.table, cols)
+    ) -> SegmentWalk[Chunk]:
+        """Decoded chunks of complete bundles (from `start`, before `stop_offset`, up to the one with `stop_seq`).
+
+        Raises:
+            TankFormatError: a malformed bundle or message (file and offset).
+        """
+
+        def gen() -> Generator[Chunk, None, Tail | None]:
+            walk = self._walk(
+                collect=True,
+                start=start,
+                next_seq=next_seq,
+                chunk_bytes=chunk_bytes,
+                stop_seq=stop_seq,
+                stop_offset=stop_offset,
+            )
+            while True:
+                try:
+                    res, base = next(walk)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                try:
+                    cols = decode_messages(res.table)
+                except TankFormatError as err:
+                    raise err.located(self.path, base) from None
+                yield Chunk(base, res.table, cols)
+
+        return SegmentWalk(gen())
 
     # ---- convenient views ----------------------------------------------------------------------------------------
 
@@ -175,49 +252,69 @@ class Segment:
         max_seq: int | None = None,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         use_index: bool = True,
-    ) -> Iterator[pa.RecordBatch]:
-        """Messages as Arrow batches (schema `arrow_batch.SCHEMA`), optionally restricted to a seq range.
+    ) -> SegmentWalk[pa.RecordBatch]:
+        """Messages as Arrow batches (schema `format.arrow.MESSAGE_SCHEMA`), optionally restricted to a seq range.
 
         With `min_seq` the index is used to seek (TANK_FORMAT.md §4.4 step 3) when `use_index` and it exists.
         """
         start, next_seq = 0, None
         if min_seq is not None and use_index:
             start, next_seq = self.seek(min_seq)
-        for chunk in self.chunks(start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=max_seq):
-            seq = chunk.cols.seq
-            select = None
-            if min_seq is not None or max_seq is not None:
-                select = np.ones(len(seq), dtype=bool)
-                if min_seq is not None:
-                    select &= seq >= np.uint64(min_seq)
-                if max_seq is not None:
-                    select &= seq <= np.uint64(max_seq)
-                if not select.any():
+
+        def gen() -> Generator[pa.RecordBatch, None, Tail | None]:
+            walk = self.chunks(start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=max_seq)
+            for chunk in walk:
+                select = seq_mask(chunk.cols.seq, min_seq, max_seq)
+                if select is not None and not select.any():
                     continue
-            yield to_record_batch(chunk.cols, select)
+                yield to_record_batch(chunk.cols, select)
+            return walk.tail
 
-    def read_table(self, **kwargs) -> pa.Table:
-        return pa.Table.from_batches(list(self.batches(**kwargs)), schema=SCHEMA)
+        return SegmentWalk(gen())
 
-    def messages(self, **kwargs) -> Iterator[Message]:
+    def read_table(self, **kwargs: Any) -> pa.Table:
+        return pa.Table.from_batches(list(self.batches(**kwargs)), schema=MESSAGE_SCHEMA)
+
+    def messages(self, **kwargs: Any) -> SegmentWalk[Message]:
         """Messages as Python objects (convenience; use `batches`/`chunks` on hot paths)."""
-        for chunk in self.chunks(**kwargs):
-            c = chunk.cols
-            for i in range(len(c)):
-                yield Message(int(c.seq[i]), int(c.ts[i]), c.key(i), c.value(i))
+
+        def gen() -> Generator[Message, None, Tail | None]:
+            walk = self.chunks(**kwargs)
+            for chunk in walk:
+                c = chunk.cols
+                for i in range(len(c)):
+                    yield Message(int(c.seq[i]), int(c.ts[i]), c.key(i), c.value(i))
+            return walk.tail
+
+        return SegmentWalk(gen())
 
     def seek(self, seq: int) -> tuple[int, int]:
         """(file offset, next_seq) of the indexed bundle to start scanning from for `seq` (§4.4 step 3).
 
         Falls back to (0, base) when there is no usable index entry.
         """
-        from tank_log.format.index import lookup, usable_entries
-
-        entries = usable_entries(self.index_path, self.size())
+        entries = usable_entries(self.index_path, self.size)
         if seq <= self.base or not entries:
             return 0, self.base
         rel, off = lookup(entries, seq - self.base)
         return off, self.base + rel
+
+
+def seq_mask(seq: np.ndarray, min_seq: int | None, max_seq: int | None) -> np.ndarray | None:
+    """Rows with min_seq <= seq <= max_seq (None: no bound, every row)."""
+    if min_seq is None and max_seq is None:
+        return None
+    select = np.ones(len(seq), dtype=bool)
+    if min_seq is not None:
+        select &= seq >= np.uint64(max(min_seq, 0))
+    if max_seq is not None:
+        select &= seq <= np.uint64(max(max_seq, 0))
+    return select
+
+
+def index_path_of(log_path: str, base: int) -> str:
+    """`<base>.index` beside a segment log (§4)."""
+    return os.path.join(os.path.dirname(log_path), format_index_name(base))
 
 
 def _zeros_to_eof(fh, pos: int, size: int) -> bool:

@@ -115,8 +115,7 @@ def _cmd_rebuild_index(args: argparse.Namespace) -> int:
         pdir = os.path.dirname(os.path.abspath(args.segment))
         topic_cfg, _ = load_config(os.path.join(os.path.dirname(pdir), "config"))
         interval = load_config(os.path.join(pdir, "config"), topic_cfg)[0].index_interval_bytes
-    path, n = rebuild_index_file(seg, args.out, rule=args.rule, interval=interval or 4096)
-    tail = seg.tail
+    path, n, tail = rebuild_index_file(seg, args.out, rule=args.rule, interval=interval or 4096)
     print(
         json.dumps(
             {

@@ -66,7 +66,7 @@ def dump_path(path: str | os.PathLike, *, bundles: bool = False, topics: list[st
     if classify_path(path) == "segment":
         targets = [(Segment(path), *_segment_location(path))]
     else:
-        targets = [(s.open(), p.topic, p.id) for p in partitions_at(path, topics) for s in p.segments]
+        targets = [(s, p.topic, p.id) for p in partitions_at(path, topics) for s in p.segments]
     for seg, topic, partition in targets:
         records = bundle_records(seg) if bundles else message_records(seg, topic, partition)
         for rec in records:

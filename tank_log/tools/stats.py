@@ -42,8 +42,8 @@ def partition_stats(part: Partition, *, distinct_keys: bool = True) -> Partition
     keys: set[bytes] = set()
     for sf in part.segments:
         st.bytes += sf.size
-        seg = sf.open()
-        for chunk in seg.chunks():
+        walk = sf.chunks()
+        for chunk in walk:
             c = chunk.cols
             if not len(c):
                 continue
@@ -66,7 +66,7 @@ def partition_stats(part: Partition, *, distinct_keys: bool = True) -> Partition
             if distinct_keys:
                 for i in np.flatnonzero(keyed).tolist():
                     keys.add(c.key(i))  # type: ignore[arg-type]
-        st.torn_bytes += seg.tail.torn_bytes if seg.tail else 0
+        st.torn_bytes += walk.tail.torn_bytes if walk.tail else 0
     st.distinct_keys = len(keys)
     return st
 
