@@ -16,9 +16,9 @@ keeps only the sorted survivor seqs (8 bytes per key); pass 2 streams the inputs
 bundles that survive whole are copied verbatim when large enough, the rest are re-bundled (default 100 messages /
 64 KiB, Snappy when it pays).
 
-File protocol (compatible with the broker's, §6.4): outputs are written under `.`-prefixed temporary names, fsynced
-and renamed to `*.cleaned`; then A: `.cleaned → .swap`; B: inputs → `.old`; C: strip `.swap`; D: unlink `.old`;
-the directory is fsynced after every phase. `repair.repair_partition` recovers from a crash at any point. Finally
+File protocol (compatible with the broker's, §6.4): outputs are written under `.`-prefixed temporary names and
+fsynced, then `storage.swap.swap_in` puts them in place of the inputs (`.cleaned` → `.swap`, inputs → `.old`, strip
+`.swap`, unlink `.old`); `storage.swap.repair_partition` recovers from a crash at any point. Finally
 the partition's `.cleanup.log` record is set to the last compacted seq, atomically.
 """
 
@@ -27,27 +27,23 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
-from tank_log.errors import PartitionLocked, TankFormatError
+from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.arrow import binary_column
 from tank_log.format.bundle import SPARSE, Message, SnappyPolicy
 from tank_log.format.cleanup_log import update_cleanup_log
-from tank_log.format.names import format_index_name
+from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.datadir import Partition
-from tank_log.storage.fsutil import fsync_dir
-from tank_log.storage.locking import PartitionLock
 from tank_log.storage.segment import Segment, Tail
+from tank_log.storage.swap import StepHook, swap_in
 from tank_log.storage.writer import BundlePolicy, SegmentWriter, WrittenSegment
 
 log = logging.getLogger(__name__)
-
-StepHook = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -67,14 +63,9 @@ class CompactionOptions:
 
 
 @dataclass
-class CompactionResult:
+class CompactionResult(PartitionOutcome):
     """One partition's outcome; `to_dict` is its entry in the JSON run report."""
 
-    topic: str
-    partition: int
-    path: str
-    status: str = "pending"  # compacted | nothing-to-do | skipped | failed | dry-run
-    reason: str = ""
     dirty_ratio: float | None = None
     range_first: int | None = None
     range_last: int | None = None
@@ -91,12 +82,6 @@ class CompactionResult:
     keyless_dropped: int = 0
     key_state_bytes: int = 0
     outputs: list[str] = field(default_factory=list)
-    repair: dict | None = None
-    duration_s: float = 0.0
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 # ---- planning ---------------------------------------------------------------------------------------------------
@@ -239,23 +224,15 @@ def compact_partition(
     `base_path`: the broker base path whose `.cleanup.log` gets the new record (None: not updated).
     `on_step`: called after every file operation of the protocol (crash-injection tests).
     """
-    t0 = time.monotonic()
     res = CompactionResult(part.topic, part.id, part.path)
-    try:
-        if options.dry_run:  # read-only: no lock file, the tree stays byte-identical
-            _compact_locked(part, options, res, base_path, cleanup_mark, on_step or (lambda step: None))
-        else:
-            with PartitionLock(part.path, "compact"):
-                _compact_locked(part, options, res, base_path, cleanup_mark, on_step or (lambda step: None))
-    except PartitionLocked as err:
-        res.status, res.reason = "skipped", f"locked: {err}"
-    except TankFormatError as err:
-        res.status, res.error = "failed", str(err)
-    except Exception as err:  # a partition's failure is reported, never fatal for the run
-        log.exception("compaction of %s failed", part.path)
-        res.status, res.error = "failed", f"{type(err).__name__}: {err}"
-    res.duration_s = round(time.monotonic() - t0, 3)
-    return res
+    step = on_step or (lambda what: None)
+    return run_on_partition(
+        part.path,
+        "compact",
+        res,
+        lambda r: _compact_locked(part, options, r, base_path, cleanup_mark, step),
+        dry_run=options.dry_run,
+    )
 
 
 def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> None:
@@ -270,9 +247,9 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     )
     for a, b in zip(part.ro, part.ro[1:], strict=False):
         if b.base <= a.last:
-            raise RuntimeError(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")
+            raise NeedsAttention(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")
     if part.ro and part.active is not None and part.active.base <= part.ro[-1].last:
-        raise RuntimeError("active segment base <= last RO seq; run verify first")
+        raise NeedsAttention("active segment base <= last RO seq; run verify first")
 
     res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
     threshold = (
@@ -280,10 +257,10 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     )
     inputs = select_inputs(part, options, now_ms)
     if not inputs:
-        res.status, res.reason = "nothing-to-do", "no RO segment old enough" if part.ro else "no RO segments"
+        res.status, res.reason = Status.NOTHING_TO_DO, "no RO segment old enough" if part.ro else "no RO segments"
         return
     if not options.force and res.dirty_ratio < threshold:
-        res.status, res.reason = "nothing-to-do", f"dirty ratio {res.dirty_ratio} < {threshold}"
+        res.status, res.reason = Status.NOTHING_TO_DO, f"dirty ratio {res.dirty_ratio} < {threshold}"
         return
     res.segments_before = len(inputs)
     res.bytes_before = sum(s.size for s in inputs)
@@ -317,11 +294,11 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
         if res.messages_after == res.messages_before:
             if out is not None:
                 out.abort()
-            res.status, res.reason = "nothing-to-do", "no message would be dropped"
+            res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
             _set_mark(base_path, part, res.range_last, options)
             return
         if out is None:
-            res.status, res.bytes_after = "dry-run", None
+            res.status, res.bytes_after = Status.DRY_RUN, None
             res.segments_after = 0
             return
         out.close_current()
@@ -329,9 +306,11 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
         if out is not None:
             out.abort()
         raise
-    _swap_in(part, inputs, out.done, res, on_step)
+    res.outputs = swap_in(part.path, inputs, out.done, on_step)
+    res.segments_after = len(out.done)
+    res.bytes_after = sum(w.size for w in out.done)
     _set_mark(base_path, part, res.range_last, options)
-    res.status = "compacted"
+    res.status = Status.COMPACTED
 
 
 def _check_complete(seg: Segment, tail: Tail | None) -> None:
@@ -394,57 +373,6 @@ def _write_survivors(c, t, keep, out, min_copy: int) -> None:
             vo = voffs[j]
             out.add(Message(seqs[j], tss[j], key, data[vo : vo + vlens[j]]))
         k += n_keep
-
-
-def _swap_in(part: Partition, inputs: list[Segment], outputs: list[WrittenSegment], res, on_step) -> None:
-    d = part.path
-    j = lambda n: os.path.join(d, n)  # noqa: E731
-    finals = [(w, w.log_name, w.index_name) for w in outputs]
-    # outputs become visible to the protocol as *.cleaned (the broker would unlink them: rollback)
-    for w, log_name, index_name in finals:
-        os.rename(w.index_path, j(index_name + ".cleaned"))
-        on_step(f"cleaned {index_name}")
-        os.rename(w.log_path, j(log_name + ".cleaned"))
-        on_step(f"cleaned {log_name}")
-    fsync_dir(d)
-    on_step("fsync cleaned")
-    for _, log_name, index_name in finals:  # A
-        os.rename(j(log_name + ".cleaned"), j(log_name + ".swap"))
-        on_step(f"A {log_name}")
-        os.rename(j(index_name + ".cleaned"), j(index_name + ".swap"))
-        on_step(f"A {index_name}")
-    fsync_dir(d)
-    on_step("fsync A")
-    for sf in inputs:  # B
-        name = os.path.basename(sf.path)
-        os.rename(sf.path, j(name + ".old"))
-        on_step(f"B {name}")
-        index = format_index_name(sf.base)
-        if os.path.exists(j(index)):
-            os.rename(j(index), j(index + ".old"))
-            on_step(f"B {index}")
-    fsync_dir(d)
-    on_step("fsync B")
-    for _, log_name, index_name in finals:  # C
-        os.rename(j(index_name + ".swap"), j(index_name))
-        on_step(f"C {index_name}")
-        os.rename(j(log_name + ".swap"), j(log_name))
-        on_step(f"C {log_name}")
-    fsync_dir(d)
-    on_step("fsync C")
-    for sf in inputs:  # D
-        name = os.path.basename(sf.path)
-        os.unlink(j(name + ".old"))
-        on_step(f"D {name}")
-        index = format_index_name(sf.base) + ".old"
-        if os.path.exists(j(index)):
-            os.unlink(j(index))
-            on_step(f"D {index}")
-    fsync_dir(d)
-    on_step("fsync D")
-    res.outputs = [log_name for _, log_name, _ in finals]
-    res.segments_after = len(finals)
-    res.bytes_after = sum(w.size for w in outputs)
 
 
 def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:

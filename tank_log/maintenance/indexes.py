@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
-from tank_log.errors import PartitionLocked
 from tank_log.format.index import build_append_rule, build_rebuild_rule, encode_index
 from tank_log.format.names import format_ro_name
+from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import refuse_if_live
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir, write_file_synced
-from tank_log.storage.locking import PartitionLock
 from tank_log.storage.segment import Segment, Tail
 from tank_log.storage.swap import repair_partition
 
@@ -53,21 +52,10 @@ class IndexJobOptions:
 
 
 @dataclass
-class IndexJobResult:
-    topic: str
-    partition: int
-    path: str
-    status: str = "pending"  # clean | fixed | needs-attention | skipped | failed | dry-run
-    reason: str = ""
-    found: list[dict] = field(default_factory=list)
-    actions: list[dict] = field(default_factory=list)
-    unfixed: list[dict] = field(default_factory=list)
-    repair: dict | None = None
-    duration_s: float = 0.0
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+class IndexJobResult(PartitionOutcome):
+    found: list[dict[str, Any]] = field(default_factory=list)
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    unfixed: list[dict[str, Any]] = field(default_factory=list)
 
 
 def rebuild_index_file(
@@ -120,21 +108,10 @@ def salvage_segment(sf: Segment) -> dict:
 
 
 def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptions()) -> IndexJobResult:
-    t0 = time.monotonic()
     res = IndexJobResult(part.topic, part.id, part.path)
-    try:
-        if options.dry_run:
-            _maintain(part, options, res)
-        else:
-            with PartitionLock(part.path, "rebuild_indexes"):
-                _maintain(part, options, res)
-    except PartitionLocked as err:
-        res.status, res.reason = "skipped", f"locked: {err}"
-    except Exception as err:
-        log.exception("index maintenance of %s failed", part.path)
-        res.status, res.error = "failed", f"{type(err).__name__}: {err}"
-    res.duration_s = round(time.monotonic() - t0, 3)
-    return res
+    return run_on_partition(
+        part.path, "rebuild_indexes", res, lambda r: _maintain(part, options, r), dry_run=options.dry_run
+    )
 
 
 def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) -> None:
@@ -146,13 +123,13 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
         fixable.insert(0, ("repair", None))
     if not fixable:
         res.unfixed = [p.to_dict() for p in problems if p.severity == "error"]
-        res.status = "needs-attention" if res.unfixed else "clean"
+        res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.CLEAN
         return
     if options.dry_run:
         res.actions = [{"action": f"would {what}", "target": target} for what, target in fixable]
         res.repair = rep.to_dict() if rep.action != "none" else None
         res.unfixed = [p.to_dict() for p in problems if p.severity == "error" and not _covered(p, fixable)]
-        res.status = "dry-run"
+        res.status = Status.DRY_RUN
         return
     if not options.broker_stopped:
         refuse_if_live(part, "fixing files", options.live_window_s)
@@ -187,7 +164,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
             )
     after = check_partition(scan_partition(part.path, part.topic, part.id, part.config))
     res.unfixed = [p.to_dict() for p in after if p.severity == "error"]
-    res.status = "needs-attention" if res.unfixed else "fixed"
+    res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.FIXED
 
 
 def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tuple[str, object]]:

@@ -1,12 +1,13 @@
-"""What every mutating job does to a partition first: refuse it if the broker may be writing to it (TANK_FORMAT.md
-§9 rule 1), then repair leftovers of interrupted compactions (§6.4)."""
+"""What every mutating job does to a partition first: refuse it if it holds a file the broker would mis-parse
+(§2.1) or if the broker may be writing to it (TANK_FORMAT.md §9 rule 1), then repair leftovers of interrupted
+compactions (§6.4)."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from tank_log.errors import PartitionLooksLive
+from tank_log.errors import NeedsAttention, PartitionLooksLive
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.swap import repair_partition
 
@@ -36,8 +37,19 @@ def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None =
 def preflight(
     part: Partition, job: str, *, broker_stopped: bool, live_window_s: int, dry_run: bool, now: float | None = None
 ) -> tuple[Partition, dict | None]:
-    """Liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as it is now
-    and what repair did (None if nothing)."""
+    """Name check, liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as
+    it is now and what repair did (None if nothing).
+
+    Raises:
+        NeedsAttention: a file name the broker would mis-parse.
+        PartitionLooksLive: the partition changed within `live_window_s`.
+    """
+    misnamed = [p for p in part.problems if p.code == "bad-name"]
+    if misnamed:
+        raise NeedsAttention(
+            "; ".join(f"{p.path}: {p.message}" for p in misnamed)
+            + " (the broker mis-parses such names, TANK_FORMAT.md §2.1: rename or remove the file first)"
+        )
     if not broker_stopped and not dry_run:
         refuse_if_live(part, job, live_window_s, now)
     rep = repair_partition(part.path, dry_run=dry_run)

@@ -23,12 +23,11 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from tank_log.errors import PartitionLocked, TankFormatError
 from tank_log.format.broker_config import PartitionConfig
+from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.datadir import Partition
 from tank_log.storage.fsutil import fsync_dir
-from tank_log.storage.locking import PartitionLock
 from tank_log.storage.segment import Segment
 
 log = logging.getLogger(__name__)
@@ -59,12 +58,7 @@ class RetentionOptions:
 
 
 @dataclass
-class RetentionResult:
-    topic: str
-    partition: int
-    path: str
-    status: str = "pending"  # deleted | nothing-to-do | kept | skipped | failed | dry-run
-    reason: str = ""
+class RetentionResult(PartitionOutcome):
     rules: dict = field(default_factory=dict)
     segments_before: int = 0
     bytes_before: int = 0
@@ -75,12 +69,6 @@ class RetentionResult:
     first_seq_after: int | None = None
     deleted: list[dict] = field(default_factory=list)  # name, bytes, messages, reason
     stale_indexes_removed: list[str] = field(default_factory=list)
-    repair: dict | None = None
-    duration_s: float = 0.0
-    error: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def newest_message_ts_s(sf: Segment) -> int | None:
@@ -132,23 +120,10 @@ def apply_retention(
     part: Partition, rules: RetentionRules, options: RetentionOptions = RetentionOptions()
 ) -> RetentionResult:
     """Enforce `rules` on one partition; never raises for data problems (the result says `failed` and why)."""
-    t0 = time.monotonic()
     res = RetentionResult(part.topic, part.id, part.path, rules=asdict(rules))
-    try:
-        if options.dry_run:
-            _retain(part, rules, options, res)
-        else:
-            with PartitionLock(part.path, "retention"):
-                _retain(part, rules, options, res)
-    except PartitionLocked as err:
-        res.status, res.reason = "skipped", f"locked: {err}"
-    except TankFormatError as err:
-        res.status, res.error = "failed", str(err)
-    except Exception as err:
-        log.exception("retention of %s failed", part.path)
-        res.status, res.error = "failed", f"{type(err).__name__}: {err}"
-    res.duration_s = round(time.monotonic() - t0, 3)
-    return res
+    return run_on_partition(
+        part.path, "retention", res, lambda r: _retain(part, rules, options, r), dry_run=options.dry_run
+    )
 
 
 def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult) -> None:
@@ -166,14 +141,14 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
     res.first_seq_before = part.segments[0].base if part.segments else None
     res.first_seq_after = res.first_seq_before
     if not rules.active:
-        res.status, res.reason = "nothing-to-do", "no retention policy"
+        res.status, res.reason = Status.NOTHING_TO_DO, "no retention policy"
         return
     plan = plan_retention(part, rules, now_s)
     if not plan:
-        res.status, res.reason = "nothing-to-do", "within every limit"
+        res.status, res.reason = Status.NOTHING_TO_DO, "within every limit"
         return
     if part.active is None or part.active.size == 0:
-        res.status = "kept"
+        res.status = Status.KEPT
         res.reason = (
             f"{len(plan)} segment(s) are past the limits but the partition has no non-empty active "
             f"segment: deleting would leave RO data without one (hidden by the broker, §9 rule 4) or an "
@@ -197,7 +172,7 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
     remaining = part.segments[len(plan) :]
     res.first_seq_after = remaining[0].base if remaining else None
     if options.dry_run:
-        res.status = "dry-run"
+        res.status = Status.DRY_RUN
         return
     for sf, _ in plan:
         os.unlink(sf.path)
@@ -212,4 +187,4 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
             res.stale_indexes_removed.append(os.path.basename(path))
     if res.stale_indexes_removed:
         fsync_dir(part.path)
-    res.status = "deleted"
+    res.status = Status.DELETED

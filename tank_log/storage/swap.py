@@ -1,5 +1,14 @@
-"""Bringing a partition with leftovers of an interrupted compaction to a consistent state (TANK_FORMAT.md §6.4,
-"Recommended recovery for an external tool"), for the broker's compactions and ours (same file protocol).
+"""The compaction file protocol (TANK_FORMAT.md §6.4): replacing input segments by output segments, and bringing a
+partition with leftovers of an interrupted replacement back to a consistent state — both directions in one place.
+
+Forward (`swap_in`; outputs already written and fsynced under `.`-prefixed temporary names):
+  cleaned: outputs → `<name>.cleaned`            A: `.cleaned` → `.swap`
+  B: inputs → `<name>.old`                        C: strip `.swap` (outputs take their final names)
+  D: unlink the `.old` inputs
+The directory is fsynced after every phase. A crash anywhere leaves a state `repair_partition` maps to exactly the
+inputs (before A completed) or exactly the outputs (after), which is the recovery below.
+
+Recovery, for the broker's compactions and ours ("Recommended recovery for an external tool"):
 
 The broker's own open-time recovery gets phases B–D wrong (it renames `.old` inputs back next to the promoted
 outputs: overlapping segments). Here:
@@ -18,10 +27,19 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from tank_log.errors import TankFormatError
 from tank_log.format.names import CompactionTemp, FileName, Kind, format_index_name, parse_name
 from tank_log.storage.fsutil import fsync_dir
+
+if TYPE_CHECKING:
+    from tank_log.storage.segment import Segment
+    from tank_log.storage.writer import WrittenSegment
+
+StepHook = Callable[[str], None]
 
 _OUR_TEMP = re.compile(r"^\..*\.tank-log-[0-9a-f]{12}\.tmp$")
 
@@ -70,8 +88,8 @@ def plan_repair(partition_dir: str) -> RepairPlan:
     for n in names:
         try:
             parsed = parse_name(n)
-        except ValueError:
-            continue
+        except TankFormatError:
+            continue  # not ours to touch: verify and the partition scan report it
         if isinstance(parsed, CompactionTemp):
             temps[parsed.stage].append((n, parsed))
         elif isinstance(parsed, FileName) and parsed.kind is Kind.RO:
@@ -125,3 +143,58 @@ def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False)
                 os.unlink(op)
         fsync_dir(partition_dir)
     return result
+
+
+def swap_in(
+    directory: str, inputs: Sequence[Segment], outputs: Sequence[WrittenSegment], on_step: StepHook | None = None
+) -> list[str]:
+    """Replace `inputs` by `outputs` (fsynced temporaries) with the forward phases; return the outputs' final names.
+
+    `on_step` is called after every file operation (crash-injection tests).
+    """
+    step = on_step or (lambda what: None)
+    j = lambda n: os.path.join(directory, n)  # noqa: E731
+    finals = [(w, w.log_name, w.index_name) for w in outputs]
+    # outputs become visible to the protocol as *.cleaned (the broker would unlink them: rollback)
+    for w, log_name, index_name in finals:
+        os.rename(w.index_path, j(index_name + ".cleaned"))
+        step(f"cleaned {index_name}")
+        os.rename(w.log_path, j(log_name + ".cleaned"))
+        step(f"cleaned {log_name}")
+    fsync_dir(directory)
+    step("fsync cleaned")
+    for _, log_name, index_name in finals:  # A
+        os.rename(j(log_name + ".cleaned"), j(log_name + ".swap"))
+        step(f"A {log_name}")
+        os.rename(j(index_name + ".cleaned"), j(index_name + ".swap"))
+        step(f"A {index_name}")
+    fsync_dir(directory)
+    step("fsync A")
+    for seg in inputs:  # B
+        name = os.path.basename(seg.path)
+        os.rename(seg.path, j(name + ".old"))
+        step(f"B {name}")
+        index = format_index_name(seg.base)
+        if os.path.exists(j(index)):
+            os.rename(j(index), j(index + ".old"))
+            step(f"B {index}")
+    fsync_dir(directory)
+    step("fsync B")
+    for _, log_name, index_name in finals:  # C
+        os.rename(j(index_name + ".swap"), j(index_name))
+        step(f"C {index_name}")
+        os.rename(j(log_name + ".swap"), j(log_name))
+        step(f"C {log_name}")
+    fsync_dir(directory)
+    step("fsync C")
+    for seg in inputs:  # D
+        name = os.path.basename(seg.path)
+        os.unlink(j(name + ".old"))
+        step(f"D {name}")
+        index = format_index_name(seg.base) + ".old"
+        if os.path.exists(j(index)):
+            os.unlink(j(index))
+            step(f"D {index}")
+    fsync_dir(directory)
+    step("fsync D")
+    return [log_name for _, log_name, _ in finals]
