@@ -6,14 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tank_log.errors import CleanupLogError
-from tank_log.format.cleanup_log import (
-    CleanupRecord,
-    encode_cleanup_log,
-    parse_cleanup_log,
-    read_cleanup_log,
-    update_cleanup_log,
-    write_cleanup_log,
-)
+from tank_log.format.cleanup_log import CleanupRecord, encode_cleanup_log, parse_cleanup_log
+from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log, write_cleanup_log
 
 
 def test_observed_example():

@@ -8,9 +8,9 @@ import pytest
 from conftest import copy_tree, data_dir, load_dump, tree_digest
 
 from tank_log.format.bundle import Message, SnappyPolicy
-from tank_log.format.cleanup_log import read_cleanup_log
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition
 from tank_log.maintenance.verify import check_partition, verify_path
+from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.datadir import scan_data_dir, scan_partition
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.swap import repair_partition

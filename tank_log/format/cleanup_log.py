@@ -1,15 +1,15 @@
 """`.cleanup.log` in the base path (TANK_FORMAT.md §1.6): per compacted partition, the highest seq covered by its
-last compaction. Binary records `topic_len:u8 topic partition:u16 seq:u64`, no header; last record wins."""
+last compaction. Binary records `topic_len:u8 topic partition:u16 seq:u64`, no header; last record wins.
+
+This module is the byte format only; reading and rewriting the file is `storage/cleanup_marks.py`."""
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tank_log.errors import CleanupLogError
-from tank_log.storage.fsutil import atomic_write
 
 FILE_NAME = ".cleanup.log"
 _TAIL = struct.Struct("<HQ")
@@ -48,31 +48,3 @@ def encode_cleanup_log(records: Iterable[CleanupRecord]) -> bytes:
         out += topic
         out += _TAIL.pack(r.partition, r.seq)
     return bytes(out)
-
-
-def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]:
-    """(topic, partition) → lastCleanupMaxSeqNum as the broker loads it: last record wins, seq 0 skipped."""
-    path = os.path.join(os.fspath(base_path), FILE_NAME)
-    try:
-        with open(path, "rb") as fh:
-            records = parse_cleanup_log(fh.read(), path)
-    except FileNotFoundError:
-        return {}
-    return {(r.topic, r.partition): r.seq for r in records if r.seq}
-
-
-def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, int], int]) -> None:
-    """Write all records atomically (temp + fsync + rename + directory fsync)."""
-    records = [CleanupRecord(t, p, s) for (t, p), s in sorted(marks.items())]
-    atomic_write(os.path.join(os.fspath(base_path), FILE_NAME), encode_cleanup_log(records))
-
-
-def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
-    """Set (or, with None, remove) records for some partitions, keeping the others."""
-    marks = read_cleanup_log(base_path)
-    for key, seq in updates.items():
-        if seq is None:
-            marks.pop(key, None)
-        else:
-            marks[key] = seq
-    write_cleanup_log(base_path, marks)

@@ -10,9 +10,9 @@ import logging
 from dataclasses import dataclass, replace
 
 from tank_log.format.bundle import SnappyPolicy
-from tank_log.format.cleanup_log import update_cleanup_log
 from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition, dirty_ratio
+from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import partitions_at, scan_data_dir
 from tank_log.storage.writer import BundlePolicy
 

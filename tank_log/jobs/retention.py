@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from tank_log.format.cleanup_log import read_cleanup_log, update_cleanup_log
 from tank_log.jobs.config import JobConfig
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
+from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
 from tank_log.storage.datadir import partitions_at, scan_data_dir
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from tank_log.errors import TankFormatError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
-from tank_log.format.cleanup_log import read_cleanup_log
 from tank_log.format.names import CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
+from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.segment import Segment
 
 

@@ -1,0 +1,113 @@
+"""Compacting one partition: preflight, choose inputs, two passes, swap the outputs in, record the mark."""
+
+from __future__ import annotations
+
+import time
+
+from tank_log.errors import NeedsAttention
+from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
+from tank_log.maintenance.compaction.output import OutputSegments
+from tank_log.maintenance.compaction.passes import collect_survivors, dirty_ratio, pass2_segment, select_inputs
+from tank_log.maintenance.outcome import Status, run_on_partition
+from tank_log.maintenance.preflight import preflight
+from tank_log.storage.cleanup_marks import update_cleanup_log
+from tank_log.storage.datadir import Partition
+from tank_log.storage.swap import StepHook, swap_in
+
+
+def compact_partition(
+    part: Partition,
+    options: CompactionOptions | None = None,
+    *,
+    base_path: str | None = None,
+    cleanup_mark: int = 0,
+    on_step: StepHook | None = None,
+) -> CompactionResult:
+    """Compact one partition; never raises for data problems (the result says `failed` and why).
+
+    `base_path`: the broker base path whose `.cleanup.log` gets the new record (None: not updated).
+    `on_step`: called after every file operation of the protocol (crash-injection tests).
+    """
+    options = options or CompactionOptions()
+    res = CompactionResult(part.topic, part.id, part.path)
+    step = on_step or (lambda what: None)
+    return run_on_partition(
+        part.path,
+        "compact",
+        res,
+        lambda r: _compact_locked(part, options, r, base_path, cleanup_mark, step),
+        dry_run=options.dry_run,
+    )
+
+
+def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> None:
+    now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
+    part, res.repair = preflight(
+        part,
+        "compaction",
+        broker_stopped=options.broker_stopped,
+        live_window_s=options.live_window_s,
+        dry_run=options.dry_run,
+        now=now_ms / 1000,
+    )
+    for a, b in zip(part.ro, part.ro[1:], strict=False):
+        if b.base <= a.last:
+            raise NeedsAttention(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")
+    if part.ro and part.active is not None and part.active.base <= part.ro[-1].last:
+        raise NeedsAttention("active segment base <= last RO seq; run verify first")
+
+    res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
+    threshold = (
+        options.min_cleanable_ratio if options.min_cleanable_ratio is not None else (part.config.min_cleanable_ratio)
+    )
+    inputs = select_inputs(part, options, now_ms)
+    if not inputs:
+        res.status, res.reason = Status.NOTHING_TO_DO, "no RO segment old enough" if part.ro else "no RO segments"
+        return
+    if not options.force and res.dirty_ratio < threshold:
+        res.status, res.reason = Status.NOTHING_TO_DO, f"dirty ratio {res.dirty_ratio} < {threshold}"
+        return
+    res.segments_before = len(inputs)
+    res.bytes_before = sum(s.size for s in inputs)
+    res.range_first, res.range_last = inputs[0].base, inputs[-1].last
+
+    survivors = collect_survivors(inputs, res, options.pass1_window_rows)  # pass 1: key → last seq
+
+    # pass 2: survivors → outputs
+    segment_bytes = min(options.segment_bytes or part.config.segment_bytes, (1 << 32) - (1 << 26))
+    out = (
+        None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
+    )
+    cutoff = None if options.tombstone_retention_ms is None else now_ms - options.tombstone_retention_ms
+    try:
+        for sf in inputs:
+            if out is not None:
+                out.input_ts = sf.name.ts
+            pass2_segment(sf, survivors, res, out, options, cutoff, res.range_last)
+        if res.messages_after == res.messages_before:
+            if out is not None:
+                out.abort()
+            res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
+            _set_mark(base_path, part, res.range_last, options)
+            return
+        if out is None:
+            res.status, res.bytes_after = Status.DRY_RUN, None
+            res.segments_after = 0
+            return
+        out.close_current()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    res.outputs = swap_in(part.path, inputs, out.done, on_step)
+    res.segments_after = len(out.done)
+    res.bytes_after = sum(w.size for w in out.done)
+    _set_mark(base_path, part, res.range_last, options)
+    res.status = Status.COMPACTED
+
+
+def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:
+    """§1.6 / §9 rule 10: the partition's `.cleanup.log` record = the last compacted seq."""
+    if base_path is None or last is None or options.dry_run:
+        return
+    update_cleanup_log(base_path, {(part.topic, part.id): last})

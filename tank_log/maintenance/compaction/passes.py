@@ -1,0 +1,119 @@
+"""Choosing the inputs and the two passes over them: pass 1 finds each key's last seq, pass 2 decides per message
+what survives (TANK_FORMAT.md §6.2) and streams survivors to the output."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tank_log.errors import TankFormatError
+from tank_log.format.arrow import binary_column
+from tank_log.format.bundle import SPARSE, Message
+from tank_log.maintenance.compaction.key_state import KeyState, in_sorted
+from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
+from tank_log.storage.datadir import Partition
+from tank_log.storage.segment import Segment, Tail
+
+PASS_CHUNK_BYTES = 16 << 20  # bigger chunks amortise the per-step cost of the vectorised decoder
+
+
+def dirty_ratio(part: Partition, mark: int) -> float:
+    """§6.1 with real file sizes (the broker counts unopened segments as 0 bytes)."""
+    total = sum(s.size for s in part.ro)
+    dirty = sum(s.size for s in part.ro if s.base >= mark + 1)
+    return dirty / total if total else 0.0
+
+
+def segment_max_ts(sf: Segment) -> int:
+    return max((int(c.cols.ts.max()) for c in sf.chunks() if len(c.cols)), default=0)
+
+
+def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> list[Segment]:
+    """The RO segments of this round: all of them, minus a young tail (min_compaction_lag_ms, by newest message ts;
+    checked from the newest segment backwards, assuming timestamps grow with seqs as Kafka does)."""
+    inputs = list(part.ro)
+    if options.min_compaction_lag_ms > 0:
+        cutoff = now_ms - options.min_compaction_lag_ms
+        while inputs and segment_max_ts(inputs[-1]) > cutoff:
+            inputs.pop()
+    return inputs
+
+
+def collect_survivors(inputs: list[Segment], res: CompactionResult, window_rows: int) -> np.ndarray:
+    """Pass 1: the sorted seqs of each key's last message (keyed messages only); counts messages into `res`.
+
+    Raises:
+        TankFormatError: a malformed or torn input segment (salvage it first).
+    """
+    state = KeyState(window_rows)
+    for seg in inputs:
+        walk = seg.chunks(chunk_bytes=PASS_CHUNK_BYTES)
+        for chunk in walk:
+            c = chunk.cols
+            res.messages_before += len(c)
+            keyed = c.key_off >= 0
+            if keyed.any():
+                state.add(binary_column(c, keyed, "key"), c.seq[keyed])
+        _check_complete(seg, walk.tail)
+    survivors = state.survivor_seqs()
+    res.distinct_keys = len(survivors)
+    res.key_state_bytes = state.nbytes
+    return survivors
+
+
+def _check_complete(seg: Segment, tail: Tail | None) -> None:
+    if tail is not None and tail.torn_bytes:
+        raise TankFormatError(
+            f"torn tail of {tail.torn_bytes} bytes in an RO segment; salvage it first (rebuild_indexes --salvage)",
+            seg.path,
+            tail.valid_end,
+        )
+
+
+def pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
+    min_copy = max(1, options.policy.max_messages // 2)
+    for chunk in sf.chunks(chunk_bytes=PASS_CHUNK_BYTES):
+        c, t = chunk.cols, chunk.table
+        keyed = c.key_off >= 0
+        empty = c.val_len == 0
+        keep = np.where(keyed, in_sorted(c.seq, survivors), ~empty & (not options.drop_keyless))
+        tomb = keyed & empty
+        if cutoff is not None:
+            expired = keep & tomb & (c.ts < np.uint64(max(cutoff, 0)))
+            keep &= ~expired
+        keep |= c.seq == np.uint64(range_last)  # never drop the range's last message (§4.4)
+        res.messages_after += int(keep.sum())
+        res.tombstones_kept += int((keep & tomb).sum())
+        res.tombstones_dropped += int((~keep & tomb).sum())
+        res.keyless_kept += int((keep & ~keyed).sum())
+        res.keyless_dropped += int((~keep & ~keyed).sum())
+        if out is None:
+            continue
+        _write_survivors(c, t, keep, out, min_copy)
+
+
+def _write_survivors(c, t, keep, out, min_copy: int) -> None:
+    """Copy whole surviving bundles verbatim (when large enough and valid at this position); re-encode the rest."""
+    per_bundle = np.bincount(c.bundle[keep], minlength=len(t)).tolist()
+    idx = np.flatnonzero(keep)
+    seqs, tss = c.seq[idx].tolist(), c.ts[idx].tolist()
+    koffs, klens = c.key_off[idx].tolist(), c.key_len[idx].tolist()
+    voffs, vlens = c.val_off[idx].tolist(), c.val_len[idx].tolist()
+    data = t.data
+    k = 0  # position in the survivor lists
+    for b, n_keep in enumerate(per_bundle):
+        if not n_keep:
+            continue
+        n = t.counts[b]
+        sparse = bool(t.flags[b] & SPARSE)
+        w = out.writer
+        contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
+        if n_keep == n and n >= min_copy and (sparse or contiguous):
+            out.add_bundle(data[t.offsets[b] : t.ends[b]], t.firsts[b], t.lasts[b], n, sparse, max(tss[k : k + n]))
+            k += n
+            continue
+        for j in range(k, k + n_keep):
+            ko = koffs[j]
+            key = None if ko < 0 else data[ko : ko + klens[j]]
+            vo = voffs[j]
+            out.add(Message(seqs[j], tss[j], key, data[vo : vo + vlens[j]]))
+        k += n_keep

@@ -1,0 +1,38 @@
+"""The base path's `.cleanup.log` as a file (TANK_FORMAT.md §1.6): (topic, partition) → last compacted seq, read as
+the broker loads it and rewritten atomically (temp + fsync + rename + directory fsync)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from tank_log.format.cleanup_log import FILE_NAME, CleanupRecord, encode_cleanup_log, parse_cleanup_log
+from tank_log.storage.fsutil import atomic_write
+
+
+def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]:
+    """(topic, partition) → lastCleanupMaxSeqNum as the broker loads it: last record wins, seq 0 skipped."""
+    path = os.path.join(os.fspath(base_path), FILE_NAME)
+    try:
+        with open(path, "rb") as fh:
+            records = parse_cleanup_log(fh.read(), path)
+    except FileNotFoundError:
+        return {}
+    return {(r.topic, r.partition): r.seq for r in records if r.seq}
+
+
+def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, int], int]) -> None:
+    """Write all records atomically (temp + fsync + rename + directory fsync)."""
+    records = [CleanupRecord(t, p, s) for (t, p), s in sorted(marks.items())]
+    atomic_write(os.path.join(os.fspath(base_path), FILE_NAME), encode_cleanup_log(records))
+
+
+def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
+    """Set (or, with None, remove) records for some partitions, keeping the others."""
+    marks = read_cleanup_log(base_path)
+    for key, seq in updates.items():
+        if seq is None:
+            marks.pop(key, None)
+        else:
+            marks[key] = seq
+    write_cleanup_log(base_path, marks)
