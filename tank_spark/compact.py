@@ -1,11 +1,11 @@
 """The compaction job: the driver plans (which partitions, why), executors compact one partition each
-(`tank_log.jobs.compaction.run_compaction_task`), the driver records `.cleanup.log` marks and the report."""
+(`CompactionTask.run`), the driver records `.cleanup.log` marks and the report."""
 
 from __future__ import annotations
 
 import argparse
 
-from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
+from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
 from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
@@ -29,7 +29,7 @@ def prepare(ctx, args):
 
 def execute(ctx, config, spark):
     tasks, skipped = plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
-    results = run_on_executors(spark, tasks, run_compaction_task)
+    results = run_on_executors(spark, tasks)
     if not ctx.dry_run:
         record_cleanup_marks(results)
     results += skipped

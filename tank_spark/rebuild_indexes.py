@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from tank_log.jobs.indexes import plan_index_run, run_index_task
+from tank_log.jobs.indexes import plan_index_run
 from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
@@ -25,7 +25,7 @@ def prepare(ctx, args):
 
 def execute(ctx, salvage, spark):
     tasks, extra = plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=salvage)
-    results = run_on_executors(spark, tasks, run_index_task) + extra
+    results = run_on_executors(spark, tasks) + extra
     summary = {
         "partitions": len(results),
         "by_status": count_by(results),

@@ -1,12 +1,12 @@
 """The retention job: the driver plans (rules per partition from the broker config + job overrides), executors
-delete each partition's expired prefix (`tank_log.jobs.retention.run_retention_task`), the driver keeps
+delete each partition's expired prefix (`RetentionTask.run`), the driver keeps
 `.cleanup.log` consistent and writes the report."""
 
 from __future__ import annotations
 
 import argparse
 
-from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run, run_retention_task
+from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
 from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
 
 
@@ -26,7 +26,7 @@ def prepare(ctx, args):
 def execute(ctx, prepared, spark):
     config, time_basis = prepared
     tasks, skipped = plan_retention_run(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run, time_basis=time_basis)
-    results = run_on_executors(spark, tasks, run_retention_task)
+    results = run_on_executors(spark, tasks)
     if not ctx.dry_run:
         clamp_cleanup_marks(results)
     results += skipped

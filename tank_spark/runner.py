@@ -23,11 +23,12 @@ from typing import Any
 
 from tank_log.errors import JobConfigError, UsageError
 from tank_log.jobs.config import JobConfig, load_job_config
+from tank_log.jobs.planning import run_task
+from tank_log.maintenance.outcome import FAILING
 
 log = logging.getLogger("tank_log.job")
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
-FAILING = {"failed", "needs-attention"}  # partition statuses that make a run exit 1
 
 
 class _Parser(argparse.ArgumentParser):
@@ -110,8 +111,8 @@ def spark_session(ctx: JobContext):
     return spark
 
 
-def run_on_executors(spark, tasks: list[Any], fn: Callable[[Any], dict]) -> list[dict]:
-    """One Spark task per item (one per partition); results come back in order."""
+def run_on_executors(spark, tasks: list[Any], fn: Callable[[Any], dict] = run_task) -> list[dict]:
+    """One Spark task per item (one per partition; by default `PartitionTask.run`); results come back in order."""
     if not tasks:
         return []
     rdd = spark.sparkContext.parallelize(list(enumerate(tasks)), numSlices=len(tasks))
@@ -184,7 +185,7 @@ def run_job(
     finally:
         if spark is not None:
             spark.stop()
-    failed = [r for r in results if r.get("status") in FAILING]
+    failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
     report.update(
         status="partial-failure" if failed else "ok",
         finished=_now(),

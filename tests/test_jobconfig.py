@@ -35,7 +35,10 @@ def test_units_and_overrides():
     assert cfg.compaction.bundle_bytes == 131072 and cfg.compaction.min_compaction_lag_ms == 5400_000
     assert cfg.compaction.snappy == "always"
     assert cfg.compaction.topics["t"].tombstone_retention_ms == 7 * 86400_000
-    assert cfg.retention.topics["c"].max_age_s == 3600 and cfg.retention.topics["c"].max_bytes == 1 << 30
+    assert (
+        cfg.retention.topics["c"].limits["max_age_s"] == 3600
+        and cfg.retention.topics["c"].limits["max_bytes"] == 1 << 30
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,33 +1,39 @@
 """Which partitions a compaction run takes, with which options, and the `.cleanup.log` bookkeeping afterwards.
 
-Shared by the Spark job (`jobs/compact.py`: the driver plans, executors run `run_compaction_task`) and by
+Shared by the Spark job (`jobs/compact.py`: the driver plans, executors run `CompactionTask.run`) and by
 `tank-log compact` (the same, sequentially, without Spark).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tank_log.format.bundle import SnappyPolicy
 from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
+from tank_log.jobs.planning import PartitionTask, left_out, select_partitions
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition, dirty_ratio
+from tank_log.maintenance.outcome import Status
 from tank_log.storage.cleanup_marks import update_cleanup_log
-from tank_log.storage.datadir import partitions_at, scan_data_dir
+from tank_log.storage.datadir import Partition
 from tank_log.storage.writer import BundlePolicy
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CompactionTask:
-    base_path: str
-    topic: str
-    partition: int
-    path: str
+class CompactionTask(PartitionTask):
     cleanup_mark: int
     options: CompactionOptions
     why: str
+
+    def apply(self, part: Partition) -> dict[str, Any]:
+        """Compact the partition (marks are written by the driver, once per base path)."""
+        result = compact_partition(part, self.options, cleanup_mark=self.cleanup_mark).to_dict()
+        result["plan"] = self.why
+        return result
 
 
 def options_for(topic: str, settings: CompactionSettings, config: JobConfig, *, dry_run: bool) -> CompactionOptions:
@@ -68,66 +74,46 @@ def apply_flags(
     return replace(config, compaction=settings, broker_stopped=broker_stopped or config.broker_stopped)
 
 
-def plan_compaction(data_dirs, topics, config: JobConfig, *, dry_run: bool) -> tuple[list[CompactionTask], list[dict]]:
+def plan_compaction(
+    data_dirs: Iterable[str], topics: Collection[str] | None, config: JobConfig, *, dry_run: bool
+) -> tuple[list[CompactionTask], list[dict[str, Any]]]:
     """Tasks for partitions to compact, and report entries for those left out (with the reason)."""
     settings = config.compaction
     tasks: list[CompactionTask] = []
-    skipped: list[dict] = []
-    for base in data_dirs:
-        dd = scan_data_dir(base)
-        for topic in dd.topics:
-            if topics is not None and topic.name not in topics:
-                continue
-            override = settings.topics.get(topic.name)
-            for part in topic.partitions:
-                policy = override.policy if override and override.policy else part.config.cleanup_policy
-                if policy != "cleanup":
-                    skipped.append(
-                        {
-                            "topic": part.topic,
-                            "partition": part.id,
-                            "path": part.path,
-                            "status": "skipped",
-                            "reason": f"log.cleanup.policy={policy}",
-                        }
-                    )
-                    continue
-                mark = dd.cleanup_marks.get(part.key, 0)
-                why = (
-                    f"policy cleanup{' (job override)' if override and override.policy else ''}, "
-                    f"dirty ratio {dirty_ratio(part, mark):.3f}, {len(part.ro)} RO segments"
-                )
-                log.info("plan %s/%d: %s", part.topic, part.id, why)
-                tasks.append(
-                    CompactionTask(
-                        base,
-                        part.topic,
-                        part.id,
-                        part.path,
-                        mark,
-                        options_for(part.topic, settings, config, dry_run=dry_run),
-                        why,
-                    )
-                )
+    skipped: list[dict[str, Any]] = []
+    for sel in select_partitions(data_dirs, topics):
+        part = sel.partition
+        override = settings.topics.get(part.topic)
+        policy = override.policy if override and override.policy else part.config.cleanup_policy
+        if policy != "cleanup":
+            skipped.append(left_out(part, f"log.cleanup.policy={policy}"))
+            continue
+        mark = sel.data_dir.cleanup_marks.get(part.key, 0)
+        why = (
+            f"policy cleanup{' (job override)' if override and override.policy else ''}, "
+            f"dirty ratio {dirty_ratio(part, mark):.3f}, {len(part.ro)} RO segments"
+        )
+        log.info("plan %s/%d: %s", part.topic, part.id, why)
+        options = options_for(part.topic, settings, config, dry_run=dry_run)
+        tasks.append(CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why))
     return tasks, skipped
 
 
-def run_compaction_task(task: CompactionTask) -> dict:
-    """Executor side: compact one partition (marks are written by the caller, once per base path)."""
-    (part,) = partitions_at(task.path)  # with its topic's and its own config
-    result = compact_partition(part, task.options, cleanup_mark=task.cleanup_mark).to_dict()
-    result["base_path"] = task.base_path
-    result["plan"] = task.why
-    return result
+def cleanup_mark_of(result: dict[str, Any]) -> int | None:
+    """The `.cleanup.log` record a compaction result calls for: the last seq of the compacted range, when the range
+    was compacted or found to have nothing to drop (its `range_last` is set only once the range was read)."""
+    if result.get("dry_run") or result.get("status") not in (Status.COMPACTED, Status.NOTHING_TO_DO):
+        return None
+    return result.get("range_last") or None
 
 
-def record_cleanup_marks(results: list[dict]) -> None:
+def record_cleanup_marks(results: list[dict[str, Any]]) -> None:
     """§1.6/§9 rule 10: set each compacted partition's `.cleanup.log` record to the last compacted seq — one
     atomic rewrite per base path, from the driver (executors never race on the file)."""
     by_base: dict[str, dict[tuple[str, int], int]] = {}
     for r in results:
-        done = r.get("status") == "compacted" or r.get("reason") == "no message would be dropped"
-        if done and r.get("range_last") and not r.get("dry_run"):
-            by_base.setdefault(r["base_path"], {})[(r["topic"], r["partition"])] = r["range_last"]
+        mark = cleanup_mark_of(r)
+        if mark is not None:
+            by_base.setdefault(r["base_path"], {})[(r["topic"], r["partition"])] = mark
     for base, marks in by_base.items():
         update_cleanup_log(base, marks)

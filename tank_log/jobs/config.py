@@ -47,6 +47,7 @@ import yaml
 from tank_log.errors import JobConfigError
 from tank_log.format.broker_config import parse_duration, parse_size
 from tank_log.format.bundle import SnappyPolicy
+from tank_log.maintenance.retention import POLICIES as RETENTION_POLICIES
 
 
 def _duration_ms(value: Any, where: str) -> int:
@@ -141,9 +142,7 @@ class TopicRetention:
     """Per-topic retention overrides (a messaging system's topic TTL); None = the topic's broker config."""
 
     enabled: bool | None = None  # true: enforce even on a cleanup topic; false: never
-    max_age_s: int | None = None
-    max_bytes: int | None = None
-    segments_count: int | None = None
+    limits: dict[str, int] = field(default_factory=dict)  # RetentionRules field → value (retention POLICIES)
     time_basis: str | None = None
 
 
@@ -243,17 +242,28 @@ def _compaction(value: Any) -> CompactionSettings:
     return replace(s, **kw)
 
 
+def _limit(unit: str, value: Any, where: str) -> int:
+    """A retention limit in the job config, by the unit of its policy."""
+    if unit == "duration":
+        return _duration_ms(value, where) // 1000
+    if unit == "size":
+        return _size(value, where)
+    count = _int(value, where)
+    if count == 1:
+        raise JobConfigError(f"{where}: must be 0 or >= 2 (the broker's rule)")
+    return count
+
+
 def _topic_retention(value: Any, where: str) -> TopicRetention:
     v = _mapping(value, where)
-    _check_keys(v, {"enabled", "max_age", "max_bytes", "segments_count", "time_basis"}, where)
-    count = _int(v["segments_count"], f"{where}.segments_count") if "segments_count" in v else None
-    if count is not None and count == 1:
-        raise JobConfigError(f"{where}.segments_count: must be 0 or >= 2 (the broker's rule)")
+    _check_keys(v, {"enabled", "time_basis"} | {p.config_key for p in RETENTION_POLICIES}, where)
     return TopicRetention(
         enabled=_bool(v["enabled"], f"{where}.enabled") if "enabled" in v else None,
-        max_age_s=_duration_ms(v["max_age"], f"{where}.max_age") // 1000 if "max_age" in v else None,
-        max_bytes=_size(v["max_bytes"], f"{where}.max_bytes") if "max_bytes" in v else None,
-        segments_count=count,
+        limits={
+            p.name: _limit(p.unit, v[p.config_key], f"{where}.{p.config_key}")
+            for p in RETENTION_POLICIES
+            if p.config_key in v
+        },
         time_basis=_choice(v["time_basis"], f"{where}.time_basis", TIME_BASES) if "time_basis" in v else None,
     )
 

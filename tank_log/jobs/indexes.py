@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from tank_log.jobs.config import JobConfig
+from tank_log.jobs.planning import PartitionTask, select_partitions
 from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
-from tank_log.storage.datadir import partitions_at, scan_data_dir
+from tank_log.maintenance.outcome import Status
+from tank_log.storage.datadir import Partition, scan_data_dir
 
 
 @dataclass(frozen=True)
-class IndexTask:
-    base_path: str
-    topic: str
-    partition: int
-    path: str
+class IndexTask(PartitionTask):
     options: IndexJobOptions
+
+    def apply(self, part: Partition) -> dict[str, Any]:
+        return maintain_partition(part, self.options).to_dict()
 
 
 def plan_index_run(
-    data_dirs, topics, config: JobConfig, *, dry_run: bool, salvage: bool
-) -> tuple[list[IndexTask], list[dict]]:
+    data_dirs: Iterable[str], topics: Collection[str] | None, config: JobConfig, *, dry_run: bool, salvage: bool
+) -> tuple[list[IndexTask], list[dict[str, Any]]]:
     """Every partition (indexes concern all topics); base-level problems are reported as extra entries."""
     options = IndexJobOptions(
         salvage=salvage, broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
@@ -36,22 +39,13 @@ def plan_index_run(
                     "topic": None,
                     "partition": None,
                     "path": base,
-                    "status": "needs-attention",
+                    "status": str(Status.NEEDS_ATTENTION),
                     "found": [p.to_dict() for p in base_problems],
                     "unfixed": errors,
                     "reason": "data-directory level problems (cannot be fixed automatically)",
                 }
             )
-        for topic in dd.topics:
-            if topics is not None and topic.name not in topics:
-                continue
-            for part in topic.partitions:
-                tasks.append(IndexTask(base, part.topic, part.id, part.path, options))
+    for sel in select_partitions(data_dirs, topics):
+        part = sel.partition
+        tasks.append(IndexTask(sel.base_path, part.topic, part.id, part.path, options))
     return tasks, extra
-
-
-def run_index_task(task: IndexTask) -> dict:
-    (part,) = partitions_at(task.path)  # with its topic's and its own config
-    result = maintain_partition(part, task.options).to_dict()
-    result["base_path"] = task.base_path
-    return result

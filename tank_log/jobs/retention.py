@@ -4,79 +4,72 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from tank_log.jobs.config import JobConfig
-from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
+from tank_log.jobs.config import JobConfig, RetentionSettings
+from tank_log.jobs.planning import PartitionTask, left_out, select_partitions
+from tank_log.maintenance.outcome import Status
+from tank_log.maintenance.retention import POLICIES, RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
-from tank_log.storage.datadir import partitions_at, scan_data_dir
+from tank_log.storage.datadir import Partition
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RetentionTask:
-    base_path: str
-    topic: str
-    partition: int
-    path: str
+class RetentionTask(PartitionTask):
     rules: RetentionRules
     options: RetentionOptions
 
+    def apply(self, part: Partition) -> dict[str, Any]:
+        return apply_retention(part, self.rules, self.options).to_dict()
+
+
+def rules_for(part: Partition, settings: RetentionSettings, time_basis: str | None) -> RetentionRules:
+    """The partition's broker limits, overridden per topic by the job config, for every retention policy."""
+    o = settings.topics.get(part.topic)
+    limits = {p.name: getattr(part.config, p.broker_field) for p in POLICIES}
+    if o is not None:
+        limits.update(o.limits)
+    basis = time_basis or (o.time_basis if o and o.time_basis else settings.time_basis)
+    return RetentionRules(**limits, time_basis=basis)
+
 
 def plan_retention_run(
-    data_dirs, topics, config: JobConfig, *, dry_run: bool, time_basis: str | None = None
-) -> tuple[list[RetentionTask], list[dict]]:
+    data_dirs: Iterable[str],
+    topics: Collection[str] | None,
+    config: JobConfig,
+    *,
+    dry_run: bool,
+    time_basis: str | None = None,
+) -> tuple[list[RetentionTask], list[dict[str, Any]]]:
     settings = config.retention
     tasks: list[RetentionTask] = []
-    skipped: list[dict] = []
+    skipped: list[dict[str, Any]] = []
     options = RetentionOptions(
         broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
-    for base in data_dirs:
-        for topic in scan_data_dir(base).topics:
-            if topics is not None and topic.name not in topics:
-                continue
-            o = settings.topics.get(topic.name)
-            for part in topic.partitions:
-                cfg = part.config
-                enabled = (
-                    o.enabled
-                    if o and o.enabled is not None
-                    else (cfg.cleanup_policy == "delete" or settings.include_cleanup_topics)
-                )
-                if not enabled:
-                    why = (
-                        "disabled by the job config"
-                        if o and o.enabled is False
-                        else (f"log.cleanup.policy={cfg.cleanup_policy} (the broker applies no retention)")
-                    )
-                    skipped.append(
-                        {
-                            "topic": part.topic,
-                            "partition": part.id,
-                            "path": part.path,
-                            "status": "skipped",
-                            "reason": why,
-                        }
-                    )
-                    continue
-                pick = lambda override, default: default if override is None else override  # noqa: E731
-                rules = RetentionRules(
-                    segments_count=pick(o and o.segments_count, cfg.retention_segments_count),
-                    max_bytes=pick(o and o.max_bytes, cfg.retention_bytes),
-                    max_age_s=pick(o and o.max_age_s, cfg.retention_secs),
-                    time_basis=time_basis or pick(o and o.time_basis, settings.time_basis),
-                )
-                tasks.append(RetentionTask(base, part.topic, part.id, part.path, rules, options))
+    for sel in select_partitions(data_dirs, topics):
+        part = sel.partition
+        cfg = part.config
+        o = settings.topics.get(part.topic)
+        if o and o.enabled is not None:
+            enabled = o.enabled
+        else:
+            enabled = cfg.cleanup_policy == "delete" or settings.include_cleanup_topics
+        if not enabled:
+            why = (
+                "disabled by the job config"
+                if o and o.enabled is False
+                else f"log.cleanup.policy={cfg.cleanup_policy} (the broker applies no retention)"
+            )
+            skipped.append(left_out(part, why))
+            continue
+        rules = rules_for(part, settings, time_basis)
+        tasks.append(RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options))
     return tasks, skipped
-
-
-def run_retention_task(task: RetentionTask) -> dict:
-    (part,) = partitions_at(task.path)  # with its topic's and its own config
-    result = apply_retention(part, task.rules, task.options).to_dict()
-    result["base_path"] = task.base_path
-    return result
 
 
 def clamp_cleanup_marks(results: list[dict]) -> None:
@@ -84,7 +77,7 @@ def clamp_cleanup_marks(results: list[dict]) -> None:
     in memory when it loads the file, §1.6)."""
     by_base: dict[str, dict[tuple[str, int], int]] = {}
     for r in results:
-        if r.get("status") == "deleted" and r.get("first_seq_after"):
+        if r.get("status") == Status.DELETED and r.get("first_seq_after"):
             by_base.setdefault(r["base_path"], {})[(r["topic"], r["partition"])] = r["first_seq_after"] - 1
     for base, floors in by_base.items():
         marks = read_cleanup_log(base)

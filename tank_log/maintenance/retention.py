@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from tank_log.format.broker_config import PartitionConfig
@@ -35,18 +36,70 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RetentionRules:
-    segments_count: int = 0  # keep at most this many RO segments (0 = unlimited)
-    max_bytes: int = 0  # keep at most this many bytes of RO segments (0 = unlimited)
-    max_age_s: int = 0  # delete RO segments older than this (0 = disabled)
+    """The limits of one partition (0 = off, one field per entry of POLICIES) and how ages are measured."""
+
+    segments_count: int = 0  # keep at most this many RO segments
+    max_bytes: int = 0  # keep at most this many bytes of RO segments
+    max_age_s: int = 0  # delete RO segments older than this
     time_basis: str = "name"  # name | message
 
     @classmethod
     def from_config(cls, cfg: PartitionConfig, time_basis: str = "name") -> RetentionRules:
-        return cls(cfg.retention_segments_count, cfg.retention_bytes, cfg.retention_secs, time_basis)
+        """The broker's own limits of a partition (its `config` files, TANK_FORMAT.md §1.5)."""
+        return cls(**{p.name: getattr(cfg, p.broker_field) for p in POLICIES}, time_basis=time_basis)
 
     @property
     def active(self) -> bool:
-        return bool(self.segments_count or self.max_bytes or self.max_age_s)
+        return any(getattr(self, p.name) for p in POLICIES)
+
+
+@dataclass
+class RemainingRO:
+    """What is left of the RO segments while the prefix is planned: count and bytes."""
+
+    count: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """One retention limit (TANK_FORMAT.md §5).
+
+    `name`: its field in RetentionRules and its key in the job config (`retention.topics.<topic>.<config_key>`);
+    `broker_field`: the PartitionConfig field holding the broker's value; `unit`: how the job config parses it
+    (count | size | duration); `exceeded(limit, segment, remaining, rules, now_s)`: why the front segment goes, or
+    None.
+    """
+
+    name: str
+    config_key: str
+    broker_field: str
+    unit: str
+    exceeded: Callable[[int, Segment, RemainingRO, RetentionRules, float], str | None]
+
+
+def _count_exceeded(limit: int, seg: Segment, left: RemainingRO, rules: RetentionRules, now_s: float) -> str | None:
+    return f"{left.count} RO segments > retention.segments.count {limit}" if left.count > limit else None
+
+
+def _bytes_exceeded(limit: int, seg: Segment, left: RemainingRO, rules: RetentionRules, now_s: float) -> str | None:
+    return (
+        f"{left.total_bytes} bytes of RO segments > log.retention.bytes {limit}" if left.total_bytes > limit else None
+    )
+
+
+def _age_exceeded(limit: int, seg: Segment, left: RemainingRO, rules: RetentionRules, now_s: float) -> str | None:
+    t, source = segment_time_s(seg, rules.time_basis)
+    return f"{source} {t} older than log.retention.secs {limit}s" if t is not None and t + limit < now_s else None
+
+
+# Adding a policy: a field in RetentionRules, a row here (and the broker's key in format/broker_config.py if the
+# broker has one). The job config and the planner read this table.
+POLICIES: tuple[RetentionPolicy, ...] = (
+    RetentionPolicy("segments_count", "segments_count", "retention_segments_count", "count", _count_exceeded),
+    RetentionPolicy("max_bytes", "max_bytes", "retention_bytes", "size", _bytes_exceeded),
+    RetentionPolicy("max_age_s", "max_age", "retention_secs", "duration", _age_exceeded),
+)
 
 
 @dataclass(frozen=True)
@@ -83,8 +136,8 @@ def newest_message_ts_s(sf: Segment) -> int | None:
 
 def segment_time_s(sf: Segment, basis: str) -> tuple[int | None, str]:
     """The time a segment's age is measured from, and where it came from."""
-    if basis == "name" and sf.name.ts:
-        return sf.name.ts, "name ts"
+    if basis == "name" and sf.ts:
+        return sf.ts, "name ts"
     ts = newest_message_ts_s(sf)
     return ts, "newest message ts" if basis == "message" else "newest message ts (legacy name without ts)"
 
@@ -92,23 +145,19 @@ def segment_time_s(sf: Segment, basis: str) -> tuple[int | None, str]:
 def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list[tuple[Segment, str]]:
     """The deletable prefix of RO segments, each with the reason (TANK_FORMAT.md §5 loop, real sizes, every age)."""
     ro = list(part.ro)
-    count, total = len(ro), sum(s.size for s in ro)
+    left = RemainingRO(len(ro), sum(s.size for s in ro))
     out: list[tuple[Segment, str]] = []
     for s in ro:
-        reasons = []
-        if rules.segments_count and count > rules.segments_count:
-            reasons.append(f"{count} RO segments > retention.segments.count {rules.segments_count}")
-        if rules.max_bytes and total > rules.max_bytes:
-            reasons.append(f"{total} bytes of RO segments > log.retention.bytes {rules.max_bytes}")
-        if rules.max_age_s:
-            t, source = segment_time_s(s, rules.time_basis)
-            if t is not None and t + rules.max_age_s < now_s:
-                reasons.append(f"{source} {t} older than log.retention.secs {rules.max_age_s}s")
+        reasons = [
+            why
+            for policy in POLICIES
+            if (limit := getattr(rules, policy.name)) and (why := policy.exceeded(limit, s, left, rules, now_s))
+        ]
         if not reasons:
             break
         out.append((s, "; ".join(reasons)))
-        count -= 1
-        total -= s.size
+        left.count -= 1
+        left.total_bytes -= s.size
     return out
 
 
@@ -116,14 +165,11 @@ def _messages_in(sf: Segment) -> int:
     return sum(h.count for h in sf.bundles())
 
 
-def apply_retention(
-    part: Partition, rules: RetentionRules, options: RetentionOptions = RetentionOptions()
-) -> RetentionResult:
+def apply_retention(part: Partition, rules: RetentionRules, options: RetentionOptions | None = None) -> RetentionResult:
     """Enforce `rules` on one partition; never raises for data problems (the result says `failed` and why)."""
+    opts = options or RetentionOptions()
     res = RetentionResult(part.topic, part.id, part.path, rules=asdict(rules))
-    return run_on_partition(
-        part.path, "retention", res, lambda r: _retain(part, rules, options, r), dry_run=options.dry_run
-    )
+    return run_on_partition(part.path, "retention", res, lambda r: _retain(part, rules, opts, r), dry_run=opts.dry_run)
 
 
 def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult) -> None:

@@ -80,7 +80,7 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks, run_compaction_task
+    from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
     from tank_log.jobs.config import load_job_config
     from tank_log.storage.datadir import classify_path
 
@@ -96,7 +96,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
-    results = [run_compaction_task(t) for t in tasks]
+    results = [t.run() for t in tasks]
     if not args.dry_run:
         record_cleanup_marks(results)
     for r in results + skipped:
