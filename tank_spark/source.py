@@ -22,14 +22,10 @@ cluster). Reading while the broker runs is fine (TANK_FORMAT.md §9 rule 2): fil
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -37,23 +33,21 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
-    InputPartition,
     LessThan,
     LessThanOrEqual,
 )
+from pyspark.sql.types import StructType
 
-SCHEMA_DDL = "topic string, partition int, seq long, ts timestamp, key binary, value binary"
-ARROW_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("seq", pa.int64()),
-        ("ts", pa.timestamp("us", tz="UTC")),
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-    ]
+from tank_spark.ranges import (
+    DEFAULT_SPLIT_BYTES,
+    Bounds,
+    SegmentRange,
+    parse_seq_ranges,
+    parse_time_ms,
+    plan_ranges,
+    read_range,
 )
-DEFAULT_SPLIT_BYTES = 64 << 20
+from tank_spark.schema import ROW_STRUCT
 
 
 def register(spark) -> None:
@@ -62,66 +56,13 @@ def register(spark) -> None:
     spark.dataSource.register(TankDataSource)
 
 
-def parse_time_ms(value: str) -> int:
-    """ms since the epoch, or an ISO date/time (UTC unless it says otherwise)."""
-    value = value.strip()
-    if value.lstrip("-").isdigit():
-        return int(value)
-    t = dt.datetime.fromisoformat(value)
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    return int(t.timestamp() * 1000)
-
-
-@dataclass(frozen=True)
-class SegmentRange(InputPartition):
-    """One read task: a whole segment or a byte range [start, stop) of it starting at an indexed bundle."""
-
-    topic: str
-    partition: int
-    path: str
-    base: int
-    start: int
-    next_seq: int
-    stop: int | None
-    min_seq: int | None
-    max_seq: int | None
-    min_ts: int | None
-    max_ts: int | None
-
-
-@dataclass
-class Bounds:
-    """Row bounds of a read; `seq_ranges` (topic, partition) → (min_seq, max_seq) restricts to those partitions."""
-
-    seq_ranges: dict[tuple[str, int], tuple[int | None, int | None]] | None = None
-    topics: set[str] | None = None
-    partitions: set[int] | None = None
-    min_seq: int | None = None
-    max_seq: int | None = None
-    min_ts: int | None = None
-    max_ts: int | None = None
-
-    def seq_lo(self, v: int) -> None:
-        self.min_seq = v if self.min_seq is None else max(self.min_seq, v)
-
-    def seq_hi(self, v: int) -> None:
-        self.max_seq = v if self.max_seq is None else min(self.max_seq, v)
-
-    def ts_lo(self, v: int) -> None:
-        self.min_ts = v if self.min_ts is None else max(self.min_ts, v)
-
-    def ts_hi(self, v: int) -> None:
-        self.max_ts = v if self.max_ts is None else min(self.max_ts, v)
-
-
 class TankDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "tank"
 
-    def schema(self) -> str:
-        return SCHEMA_DDL
+    def schema(self) -> StructType:
+        return ROW_STRUCT
 
     def reader(self, schema) -> DataSourceReader:
         if str(self.options.get("pushdown", "false")).lower() == "true":
@@ -201,130 +142,3 @@ class TankPushdownReader(TankReader):
                     b.seq_hi(value - 1)
             else:
                 yield f
-
-
-def parse_seq_ranges(text: str) -> dict[tuple[str, int], tuple[int | None, int | None]]:
-    """`{"topic/partition": [min_seq, max_seq], ...}` (JSON; null = open)."""
-    import json
-
-    out = {}
-    for key, (lo, hi) in json.loads(text).items():
-        topic, _, pid = key.rpartition("/")
-        out[(topic, int(pid))] = (lo, hi)
-    return out
-
-
-def format_seq_ranges(ranges: dict[tuple[str, int], tuple[int | None, int | None]]) -> str:
-    import json
-
-    return json.dumps({f"{t}/{p}": [lo, hi] for (t, p), (lo, hi) in ranges.items()})
-
-
-def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
-    """The bounds for one partition (None: not selected)."""
-    if b.seq_ranges is None:
-        return b
-    if key not in b.seq_ranges:
-        return None
-    lo, hi = b.seq_ranges[key]
-    pb = Bounds(None, b.topics, b.partitions, b.min_seq, b.max_seq, b.min_ts, b.max_ts)
-    if lo is not None:
-        pb.seq_lo(lo)
-    if hi is not None:
-        pb.seq_hi(hi)
-    return pb
-
-
-def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
-    """Read tasks for the segments that can hold rows within the bounds (pruned by names, seeked by indexes)."""
-    from tank_log.storage.datadir import scan_data_dir
-
-    out = []
-    for base in paths:
-        for topic in scan_data_dir(base).topics:
-            if b.topics is not None and topic.name not in b.topics:
-                continue
-            for part in topic.partitions:
-                if b.partitions is not None and part.id not in b.partitions:
-                    continue
-                pb = _partition_bounds(b, part.key)
-                if pb is None:
-                    continue
-                segments = part.ro + ([part.active] if part.active and include_active else [])
-                for sf in segments:
-                    if pb.max_seq is not None and sf.base > pb.max_seq:
-                        continue
-                    if pb.min_seq is not None and sf.last is not None and sf.last < pb.min_seq:
-                        continue
-                    out += segment_ranges(part.topic, part.id, sf, pb, split_bytes)
-    return out or [SegmentRange("", 0, "", 1, 0, 1, 0, None, None, None, None)]
-
-
-def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> list[SegmentRange]:
-    """Split a segment at index entries into ranges of about split_bytes; start at the entry for min_seq."""
-    from tank_log.format.index import usable_entries
-
-    entries = usable_entries(sf.index_path, sf.size) or [(0, 0)]  # no usable index: the whole segment
-    if b.min_seq is not None and b.min_seq > sf.base:  # §4.4 step 3: greatest entry with rel <= target
-        target = b.min_seq - sf.base
-        entries = [e for e in entries if e[0] <= target][-1:] + [e for e in entries if e[0] > target]
-    cuts = [entries[0]]
-    for e in entries[1:]:
-        if e[1] - cuts[-1][1] >= split_bytes:
-            cuts.append(e)
-    return [
-        SegmentRange(
-            topic,
-            pid,
-            sf.path,
-            sf.base,
-            off,
-            sf.base + rel,
-            cuts[i + 1][1] if i + 1 < len(cuts) else None,
-            b.min_seq,
-            b.max_seq,
-            b.min_ts,
-            b.max_ts,
-        )
-        for i, (rel, off) in enumerate(cuts)
-    ]
-
-
-def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of ARROW_SCHEMA for one range (library code only; also used by the export job)."""
-    from tank_log.format.arrow import to_record_batch
-    from tank_log.storage.segment import Segment
-
-    seg = Segment(r.path, r.base)
-    topic = pa.array([r.topic], pa.string())
-    try:
-        chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
-        for chunk in chunks:
-            c = chunk.cols
-            sel = np.ones(len(c), dtype=bool)
-            if r.min_seq is not None:
-                sel &= c.seq >= np.uint64(max(r.min_seq, 0))
-            if r.max_seq is not None:
-                sel &= c.seq <= np.uint64(max(r.max_seq, 0))
-            if r.min_ts is not None:
-                sel &= c.ts >= np.uint64(max(r.min_ts, 0))
-            if r.max_ts is not None:
-                sel &= c.ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(c), bool)
-            if not sel.any():
-                continue
-            batch = to_record_batch(c, None if sel.all() else sel)
-            n = batch.num_rows
-            ts_ms = pc.cast(batch.column("ts"), pa.int64())
-            yield pa.RecordBatch.from_arrays(
-                [
-                    topic.take(pa.array(np.zeros(n, dtype=np.int32))),
-                    pa.array(np.full(n, r.partition, dtype=np.int32)),
-                    pc.cast(batch.column("seq"), pa.int64()),
-                    pc.cast(pc.multiply(ts_ms, 1000), pa.timestamp("us", tz="UTC")),
-                    batch.column("key"),
-                    batch.column("value"),
-                ],
-                schema=ARROW_SCHEMA,
-            )
-    except FileNotFoundError:
-        return  # removed by retention/compaction since planning (§9 rule 2)

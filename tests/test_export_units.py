@@ -5,8 +5,12 @@ import datetime as dt
 import pyarrow as pa
 from conftest import data_dir, load_dump
 
-from tank_spark.export import ExportSettings, _utf8, file_stats, group_rows, table_batches, table_schema
-from tank_spark.source import Bounds, plan_ranges
+from tank_spark.export.files import file_stats, group_rows
+from tank_spark.export.plan import ExportSettings
+from tank_spark.export.rows import table_batches
+from tank_spark.export.rows import utf8_with_errors as _utf8
+from tank_spark.export.schema import table_schema
+from tank_spark.ranges import Bounds, plan_ranges
 
 
 def test_utf8_decoding_quarantines_invalid_rows():

@@ -8,7 +8,7 @@ from conftest import DATASETS, data_dir, load_dump
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from tank_spark.source import Bounds, plan_ranges
+from tank_spark.ranges import Bounds, plan_ranges
 
 COLS = ["topic", "partition", "seq", "ts_ms", "key", "value"]
 

@@ -1,0 +1,171 @@
+"""The Delta export job: new messages of the selected topics → a Delta table, exactly once per (topic, partition).
+
+Exactly-once, incremental: the last exported seq of every partition lives in the Delta table's own log as an
+application transaction (app id from table + topic + partition, version = last exported seq). A run exports
+seq (version, end] where `end` is fixed when the run is planned; executors write Parquet files into the table
+directory; the driver commits all of them in ONE Delta transaction that also records every partition's new version.
+A run that dies before the commit leaves only unreferenced files (invisible; `vacuum` removes them); the next run
+exports the same messages once. A finished run re-run commits nothing. delta-rs does not skip an already-recorded
+transaction version by itself, so the driver re-checks every version right before committing.
+
+Engines: `deltalake` (delta-rs; default, no JVM jars) commits as above. `spark` (delta-spark) writes through
+`df.write.format("delta")` with `txnAppId`/`txnVersion` per partition (one commit per partition: idempotent per
+partition but not atomic across partitions); it needs Delta's jars on the Spark classpath (spark-submit
+--packages io.delta:delta-spark_2.13:<version>), which are checked first with a clear error.
+
+Table layout: partition columns (default `topic`, `date` — the UTC date of ts), target file size; values as
+`binary` (default), `utf8`, or `json` with a schema (DDL) giving typed columns. Rows whose value cannot be decoded
+are kept with the typed columns null, `decode_error` saying why and `raw_value` holding the bytes (a quarantine
+column in the same atomic commit) — never dropped. Empty values (tombstones) decode to nulls without an error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import time
+import uuid
+
+from tank_spark.export.commit import (
+    check_compatible,
+    check_delta_spark,
+    commit,
+    create_table,
+    table_version,
+    write_with_delta_spark,
+)
+from tank_spark.export.files import (
+    FILE_META_SCHEMA,
+    make_file_writer,
+    write_direct,
+)
+from tank_spark.export.plan import (
+    add_options,
+    prepare,
+    table_key,
+)
+from tank_spark.export.rows import count_direct, decoded_frame, direct_ranges
+from tank_spark.export.schema import table_schema
+from tank_spark.runner import count_by, run_job
+
+log = logging.getLogger(__name__)
+
+
+CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver dies after the files are written
+
+
+def execute(ctx, prepared, spark):
+    from pyspark.sql import functions as F
+
+    settings, plans, table = prepared
+    t0 = time.monotonic()
+    if settings.engine == "spark":
+        check_delta_spark(spark)
+    schema = table_schema(settings, spark)
+    if table is not None:
+        check_compatible(settings, schema, table)
+    work = [p for p in plans if p.has_work]
+    results = {
+        (p.topic, p.partition): {
+            "topic": p.topic,
+            "partition": p.partition,
+            "path": p.base_path,
+            "app_id": p.app_id,
+            "previous_version": p.previous,
+            "from_seq": p.first if p.has_work else None,
+            "to_seq": p.end if p.has_work else None,
+            "status": "pending" if p.has_work else "up-to-date",
+            "rows": 0,
+            "quarantined": 0,
+            "files": 0,
+            "bytes": 0,
+        }
+        for p in plans
+    }
+    summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
+    if not work:
+        summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
+        return list(results.values()), summary
+    sql_path = settings.value_format == "json" or settings.engine == "spark"
+    if ctx.dry_run:
+        if sql_path:
+            agg = (
+                decoded_frame(spark, ctx, settings, plans)
+                .groupBy("topic", "partition")
+                .agg(F.count("*").alias("rows"), F.min("seq").alias("min"), F.max("seq").alias("max"))
+                .collect()
+            )
+            counts = {(r["topic"], r["partition"]): [r["rows"], r["min"], r["max"]] for r in agg}
+        else:
+            counts = count_direct(spark, direct_ranges(ctx, settings, plans))
+        for key, (rows, lo, hi) in counts.items():
+            results[key].update(rows=rows, first_row_seq=lo, last_row_seq=hi)
+        for p in work:
+            results[(p.topic, p.partition)]["status"] = "dry-run"
+        summary.update(
+            by_status=count_by(list(results.values())),
+            rows=sum(r["rows"] for r in results.values()),
+            table_version=table_version(table),
+        )
+        return list(results.values()), summary
+    if settings.engine == "spark":
+        version = write_with_delta_spark(decoded_frame(spark, ctx, settings, plans), settings, work)
+        files: list[dict] = []
+    else:
+        table = table if table is not None else create_table(settings, schema)
+        run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+        if sql_path:
+            writer = make_file_writer(
+                table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
+            )
+            df = decoded_frame(spark, ctx, settings, plans)
+            files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+        else:
+            ranges = direct_ranges(ctx, settings, plans)
+            log.info("export: %d partitions with new messages, %d read tasks", len(work), len(ranges))
+            files = write_direct(spark, ranges, settings, schema, run_id)
+        log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
+        if os.environ.get(CRASH_ENV) == "before-commit":
+            log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
+            os._exit(137)
+        t_commit = time.monotonic()
+        version = commit(table, settings, schema, files, plans, run_id)
+        log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
+    for f in files:
+        for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
+            topic, _, pid = key.rpartition("/")
+            r = results[(topic, int(pid))]
+            r["first_row_seq"] = min(lo, r.get("first_row_seq") or lo)
+            r["last_row_seq"] = max(hi, r.get("last_row_seq") or hi)
+            r["rows"] += rows
+            r["quarantined"] += bad
+            r["files"] += 1
+            r["bytes"] += f["size"]
+    for p in work:
+        results[(p.topic, p.partition)]["status"] = "exported"
+    rows = sum(r["rows"] for r in results.values())
+    elapsed = time.monotonic() - t0
+    summary.update(
+        by_status=count_by(list(results.values())),
+        rows=rows,
+        bytes=sum(f["size"] for f in files),
+        files=len(files),
+        table_version=version,
+        quarantined=sum(r["quarantined"] for r in results.values()),
+        export_s=round(elapsed, 3),
+        rows_per_s=round(rows / elapsed) if elapsed else None,
+    )
+    return list(results.values()), summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(
+        "export_delta",
+        "Export new messages to a Delta table, exactly once per partition.",
+        add_options,
+        prepare,
+        execute,
+        argv,
+    )

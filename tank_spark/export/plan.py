@@ -1,0 +1,142 @@
+"""What an export run does: its settings (flags over the `export` config section) and, per partition, the seq range
+it exports — from the version recorded in the table to the last complete seq now."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+
+from tank_log.errors import JobConfigError
+from tank_log.jobs.config import parse_partition_by, parse_size_arg
+
+log = logging.getLogger(__name__)
+
+
+def app_id(table: str, topic: str, partition: int) -> str:
+    """Application transaction id of one partition in one table."""
+    digest = hashlib.sha1(table_key(table).encode()).hexdigest()[:12]
+    return f"tank-log:{digest}:{topic}:{partition}"
+
+
+def table_key(table: str) -> str:
+    return table if "://" in table else os.path.abspath(table)
+
+
+@dataclass
+class PartitionPlan:
+    base_path: str
+    topic: str
+    partition: int
+    app_id: str
+    previous: int | None  # last exported seq recorded in the table (None: never exported)
+    end: int | None  # last complete seq now (None: empty partition)
+
+    @property
+    def first(self) -> int:
+        return (self.previous or 0) + 1
+
+    @property
+    def has_work(self) -> bool:
+        return self.end is not None and self.end >= self.first
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    table: str
+    engine: str
+    value_format: str
+    value_schema: str | None
+    partition_by: tuple[str, ...]
+    target_file_bytes: int
+    since_ms: int | None = None
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", help="the Delta table (path or URI)")
+    p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
+    p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
+    p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
+    p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
+    p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="skip messages with ts before this (ISO date/time or ms); the recorded versions still advance past them",
+    )
+
+
+def prepare(ctx, args):
+    """Flags over the `export` config section; then plan (before Spark starts, so bad input fails fast)."""
+    cfg = ctx.config.export
+    table = args.table or cfg.table
+    if not table:
+        raise JobConfigError("no Delta table: pass --table PATH or set export.table")
+    engine = args.engine or cfg.engine
+    fmt = args.value_format or cfg.value_format
+    schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
+    if fmt == "json" and not schema:
+        raise JobConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
+    if fmt != "json" and args.value_schema:
+        raise JobConfigError("--value-schema is only for --value-format json")
+    partition_by = (
+        parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
+    )
+    target = (
+        parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
+    )
+    if "://" not in table and os.path.exists(table) and not os.path.isdir(table):
+        raise JobConfigError(f"--table {table} exists and is not a directory")
+    since = None
+    if args.since:
+        from tank_spark.ranges import parse_time_ms
+
+        try:
+            since = parse_time_ms(args.since)
+        except ValueError:
+            raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
+    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since)
+    plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
+    return settings, plans, delta_table
+
+
+def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], object | None]:
+    from deltalake import DeltaTable
+
+    from tank_log.storage.datadir import last_complete_seq, scan_data_dir
+
+    table = open_table(settings.table)
+    plans: list[PartitionPlan] = []
+    seen: dict[tuple[str, int], str] = {}
+    found_topics: set[str] = set()
+    for base in ctx.data_dirs:
+        for topic in scan_data_dir(base).topics:
+            found_topics.add(topic.name)
+            if ctx.topics is not None and topic.name not in ctx.topics:
+                continue
+            for part in topic.partitions:
+                if part.key in seen:
+                    raise JobConfigError(
+                        f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
+                    )
+                seen[part.key] = base
+                aid = app_id(settings.table, part.topic, part.id)
+                previous = table.transaction_version(aid) if isinstance(table, DeltaTable) else None
+                plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
+    if ctx.topics is not None:
+        missing = sorted(ctx.topics - found_topics)
+        if missing:
+            raise JobConfigError(f"unknown topic(s): {', '.join(missing)} (not in {', '.join(ctx.data_dirs)})")
+    return plans, table
+
+
+def open_table(table: str):
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        return DeltaTable(table)
+    except TableNotFoundError:
+        return None

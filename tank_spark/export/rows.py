@@ -1,0 +1,114 @@
+"""The rows to write: straight from segment ranges for binary/utf8 values (executors, no Spark SQL), or through
+Spark SQL for JSON values (typed columns, quarantine columns)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tank_spark.export.plan import (
+    ExportSettings,
+    PartitionPlan,
+)
+from tank_spark.export.schema import BASE_COLUMNS, json_fields
+
+
+def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPlan]):
+    """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date)."""
+    from pyspark.sql import functions as F
+
+    from tank_spark.ranges import format_seq_ranges
+    from tank_spark.source import register
+
+    register(spark)
+    ranges = {(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}
+    df = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges)).load(",".join(ctx.data_dirs))
+    cols = [F.col(c) for c in BASE_COLUMNS]
+    if settings.value_format == "binary":
+        cols.append(F.col("value"))
+    else:
+        valid = F.is_valid_utf8("value")
+        text = F.when(valid, F.col("value").cast("string"))
+        if settings.value_format == "utf8":
+            error = F.when(~valid, F.lit("invalid UTF-8"))
+            cols.append(F.when(error.isNull(), text).alias("value"))
+        else:
+            ddl = settings.value_schema + ", _corrupt_record string"
+            parsed = F.from_json(text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
+            df = df.withColumn("_parsed", parsed)
+            empty = F.length("value") == 0  # a tombstone or empty message: nulls, not an error
+            error = F.when(~valid, F.lit("invalid UTF-8")).when(
+                ~empty & (F.col("_parsed").isNull() | F.col("_parsed._corrupt_record").isNotNull()),
+                F.lit("not valid JSON for the value schema"),
+            )
+            for f in json_fields(settings.value_schema, spark):
+                cols.append(F.when(error.isNull(), F.col(f"_parsed.`{f.name}`")).alias(f.name))
+        cols += [error.alias("decode_error"), F.when(error.isNotNull(), F.col("value")).alias("raw_value")]
+    cols.append(F.to_date(F.col("ts")).alias("date"))
+    return df.select(*cols)
+
+
+def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
+    """Read tasks (segment ranges, TANK_FORMAT.md §4.4) covering every partition's (previous, end] range."""
+    from tank_spark.ranges import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
+
+    bounds = Bounds(
+        seq_ranges={(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}, min_ts=settings.since_ms
+    )
+    return [r for r in plan_ranges(list(ctx.data_dirs), bounds, True, DEFAULT_SPLIT_BYTES) if r.path]
+
+
+def table_batches(ranges, settings: ExportSettings, schema: pa.Schema):
+    """Batches of the table's schema for binary/utf8 values, straight from the segment files (executor side)."""
+    import pyarrow.compute as pc
+
+    from tank_spark.ranges import read_range
+
+    for r in ranges:
+        for b in read_range(r):
+            cols = [b.column(c) for c in BASE_COLUMNS]
+            value = b.column("value")
+            if settings.value_format == "binary":
+                cols.append(value)
+            else:
+                text, error = utf8_with_errors(value)
+                cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
+            cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
+            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+def utf8_with_errors(value: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """(text, decode_error) of binary values; invalid UTF-8 → null text and an error."""
+    try:
+        return value.cast(pa.string()), pa.nulls(len(value), pa.string())
+    except pa.ArrowInvalid:
+        texts, errors = [], []
+        for v in value.to_pylist():
+            try:
+                texts.append(v.decode("utf-8"))
+                errors.append(None)
+            except UnicodeDecodeError:
+                texts.append(None)
+                errors.append("invalid UTF-8")
+        return pa.array(texts, pa.string()), pa.array(errors, pa.string())
+
+
+def count_direct(spark, ranges) -> dict[tuple[str, int], list[int]]:
+    """Dry run: rows, min and max seq per partition."""
+    from tank_spark.ranges import read_range
+
+    def task(it):
+        out = {}
+        for r in it:
+            for b in read_range(r):
+                seqs = b.column("seq").to_numpy()
+                c = out.setdefault((r.topic, r.partition), [0, int(seqs.min()), int(seqs.max())])
+                c[0] += len(seqs)
+                c[1], c[2] = min(c[1], int(seqs.min())), max(c[2], int(seqs.max()))
+        yield from out.items()
+
+    merged: dict[tuple[str, int], list[int]] = {}
+    for key, (n, lo, hi) in spark.sparkContext.parallelize(ranges, max(1, len(ranges))).mapPartitions(task).collect():
+        c = merged.setdefault(key, [0, lo, hi])
+        c[0] += n
+        c[1], c[2] = min(c[1], lo), max(c[2], hi)
+    return merged

@@ -1,0 +1,46 @@
+"""The Delta table's columns, derived from the row schema (`tank_spark.schema`) and the value format."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from tank_log.errors import JobConfigError
+from tank_spark.export.plan import (
+    ExportSettings,
+)
+from tank_spark.schema import KEY_COLUMNS, ROW_SCHEMA
+
+BASE_COLUMNS = KEY_COLUMNS  # topic, partition, seq, ts, key: as the data source reads them
+VALUE_FIELDS = {"binary": pa.field("value", pa.binary()), "utf8": pa.field("value", pa.string())}
+QUARANTINE_FIELDS = [pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary())]  # non-binary values
+DERIVED_FIELDS = [pa.field("date", pa.date32())]  # the UTC date of ts (a partition column by default)
+
+
+def table_schema(settings: ExportSettings, spark) -> pa.Schema:
+    """The Arrow schema of the Delta table for these settings (partition columns included).
+
+    Adding a column: declare it here and compute it in `rows.py` (both row pipelines).
+    """
+    fields = [ROW_SCHEMA.field(c) for c in BASE_COLUMNS]
+    if settings.value_format in VALUE_FIELDS:
+        fields.append(VALUE_FIELDS[settings.value_format])
+    else:
+        fields += json_fields(settings.value_schema, spark)
+    if settings.value_format != "binary":
+        fields += QUARANTINE_FIELDS
+    return pa.schema(fields + DERIVED_FIELDS)
+
+
+def json_fields(ddl: str, spark) -> list[pa.Field]:
+    from pyspark.sql.pandas.types import to_arrow_type
+    from pyspark.sql.types import StructType
+
+    try:
+        struct = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
+    except Exception as err:
+        raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
+    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS} | {"value"}
+    clash = [f.name for f in struct.fields if f.name in reserved]
+    if clash:
+        raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")
+    return [pa.field(f.name, to_arrow_type(f.dataType)) for f in struct.fields]
