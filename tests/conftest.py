@@ -15,6 +15,7 @@ import pytest
 logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientserver connection" after pytest exits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # the repository
 FIXTURES = os.path.join(HERE, "data", "fixtures")
 
 # every data directory with its ground-truth dump
@@ -119,3 +120,22 @@ def spark():
     register(session)
     yield session
     session.stop()
+
+
+# Markers: `spark` (starts Spark, in-process or through a job) and `slow` (more than a few seconds). Tests under
+# tests/spark and tests/e2e are both; `bash scripts/test.sh -m "not slow"` is the fast inner loop.
+SLOW_ELSEWHERE = {
+    "test_mutations_raise_only_format_errors",
+    "test_crash_at_every_step_then_repair",
+    "test_two_concurrent_processes",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        folder = os.path.basename(os.path.dirname(str(item.fspath)))
+        if folder in ("spark", "e2e") or "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)
+            item.add_marker(pytest.mark.slow)
+        elif item.originalname in SLOW_ELSEWHERE:
+            item.add_marker(pytest.mark.slow)

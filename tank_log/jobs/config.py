@@ -335,7 +335,20 @@ def _spark(value: Any) -> SparkSettings:
     )
 
 
-TOP_LEVEL_KEYS = {"data_dirs", "broker_stopped", "live_window", "spark", "compaction", "retention", "indexes", "export"}
+TOP_LEVEL_KEYS = {"data_dirs", "broker_stopped", "live_window", "spark", "compaction", "retention", "export"}
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's last key silently wins; a job config must not (a repeated section would hide the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise JobConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
@@ -366,11 +379,13 @@ def load_job_config(path: str | os.PathLike | None) -> JobConfig:
         return JobConfig()
     try:
         with open(path) as fh:
-            doc = yaml.safe_load(fh)
+            doc = yaml.load(fh, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise JobConfigError(f"config file not found: {path}") from None
     except yaml.YAMLError as err:
         raise JobConfigError(f"{path}: not valid YAML: {err}") from None
+    except JobConfigError as err:
+        raise JobConfigError(f"{path}: {err}") from None
     try:
         return parse_job_config(doc or {}, os.fspath(path))
     except JobConfigError as err:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import TankFormatError, UsageError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.names import CompactionTemp, Kind, parse_name
@@ -210,18 +210,45 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
     return dd
 
 
-def classify_path(path: str | os.PathLike) -> str:
-    """What a user-given path is: "segment", "partition", "topic" or "base"."""
+_SEGMENT_EXTENSIONS = ("log", "ilog", "index", "cleaned", "swap", "old")
+
+
+def _looks_like_segment_file(name: str) -> bool:
+    stem, dot, rest = name.partition(".")
+    return bool(dot) and not name.startswith(".") and rest.rsplit(".", 1)[-1] in _SEGMENT_EXTENSIONS
+
+
+def _subdirs(path: str) -> list[str]:
+    return [e for e in os.listdir(path) if not e.startswith(".") and os.path.isdir(os.path.join(path, e))]
+
+
+def classify_path(path: str | os.PathLike[str]) -> str:
+    """What a user-given path is — "segment", "partition", "topic" or "base" — decided by its content, not its name
+    (a topic or a base path may be named by digits, TANK_FORMAT.md §1.3):
+    - a file is a segment; a directory holding segment/index files is a partition;
+    - a directory whose subdirectories are digit-named partitions (no deeper directories), `0` among them, is a topic
+      (the broker serves partitions 0..N-1, §1.4);
+    - any other directory is a base path; an empty digit-named directory is an (empty) partition.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        UsageError: a directory with segment files and subdirectories (no TANK layout has both).
+    """
     path = os.fspath(path).rstrip("/") or "/"
-    name = os.path.basename(path)
     if os.path.isfile(path):
         return "segment"
-    if name.isdigit() and os.path.isdir(path):
-        return "partition"
     entries = os.listdir(path)
-    if any(e.isdigit() for e in entries) and not any(
-        os.path.isdir(os.path.join(path, e)) and not e.isdigit() and not e.startswith(".") for e in entries
-    ):
+    subdirs = _subdirs(path)
+    if any(_looks_like_segment_file(e) for e in entries):
+        if subdirs:
+            raise UsageError(
+                f"{path}: ambiguous: segment files next to subdirectories {sorted(subdirs)[:5]} "
+                f"(give a partition, topic or base path)"
+            )
+        return "partition"
+    if not subdirs:
+        return "partition" if os.path.basename(path).isdigit() else "base"
+    if "0" in subdirs and all(d.isdigit() and not _subdirs(os.path.join(path, d)) for d in subdirs):
         return "topic"
     return "base"
 
@@ -231,6 +258,8 @@ def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> l
     path = os.fspath(path).rstrip("/") or "/"
     kind = classify_path(path)
     if kind == "partition":
+        if not os.path.basename(path).isdigit():
+            raise UsageError(f"{path}: a directory of segment files must be a partition directory named 0, 1, ...")
         topic_dir = os.path.dirname(path)
         topic_cfg, _ = load_config(os.path.join(topic_dir, "config"))
         return [scan_partition(path, os.path.basename(topic_dir), int(os.path.basename(path)), topic_cfg)]
@@ -239,7 +268,7 @@ def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> l
     if kind == "base":
         dd = scan_data_dir(path)
         return [p for t in dd.topics if topics is None or t.name in topics for p in t.partitions]
-    raise ValueError(f"{path} is a file, not a directory")
+    raise UsageError(f"{path} is a file, not a directory")
 
 
 def last_complete_seq(part: Partition) -> int | None:

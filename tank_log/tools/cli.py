@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import TankFormatError, UsageError
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
@@ -85,7 +85,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.storage.datadir import classify_path
 
     if classify_path(args.path) != "base":
-        raise ValueError(f"{args.path}: give the broker base path (the directory holding topic directories)")
+        raise UsageError(f"{args.path}: give the broker base path (the directory holding topic directories)")
     config = apply_flags(
         load_job_config(args.config),
         force=args.force,
@@ -192,6 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def exit_code_for(err: BaseException) -> int:
+    """2 for a usage error (bad flags, config, a path that does not exist), 1 for anything about the data."""
+    if isinstance(err, UsageError | FileNotFoundError | NotADirectoryError):
+        return 2
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -199,12 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except TankFormatError as err:
+    except (TankFormatError, UsageError, OSError, ValueError) as err:  # expected: one line, no traceback
         print(f"tank-log: {err}", file=sys.stderr)
-        return 1
-    except (FileNotFoundError, FileExistsError, NotADirectoryError, ValueError) as err:  # incl. JobConfigError
-        print(f"tank-log: {err}", file=sys.stderr)
-        return 2
+        return exit_code_for(err)
     except BrokenPipeError:
         return 0
 

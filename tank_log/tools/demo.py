@@ -14,6 +14,7 @@ import json
 import os
 import random
 
+from tank_log.errors import UsageError
 from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.storage.writer import BundlePolicy, write_partition
 
@@ -71,7 +72,7 @@ def write_demo(directory: str | os.PathLike, *, seed: int = 7, now_ms: int | Non
 
     directory = os.fspath(directory)
     if os.path.exists(directory) and os.listdir(directory):
-        raise FileExistsError(f"{directory} exists and is not empty")
+        raise UsageError(f"{directory} exists and is not empty (the demo writes a new directory)")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     rng = random.Random(seed)
     topics = {

@@ -7,7 +7,7 @@ import sys
 
 from conftest import copy_tree, data_dir
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):

@@ -6,7 +6,7 @@ import sys
 
 from airflow.dag_processing.dagbag import DagBag
 
-DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "airflow", "dags")
+DAGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "airflow", "dags")
 
 
 def inspect() -> dict:

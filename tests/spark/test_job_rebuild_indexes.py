@@ -7,7 +7,7 @@ import sys
 
 from conftest import FIXTURES, copy_tree, data_dir, tree_digest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "rebuild_indexes.py")
 
 

@@ -13,7 +13,7 @@ from tank_log.format.bundle import Message
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.writer import SegmentWriter, write_segment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "export_delta.py")
 
 

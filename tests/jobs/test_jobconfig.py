@@ -8,7 +8,7 @@ import pytest
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import load_job_config, parse_job_config
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "conf", "*.yaml"))))

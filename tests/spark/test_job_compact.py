@@ -12,7 +12,7 @@ from tank_log.maintenance.verify import verify_path
 from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.tools.demo import write_demo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "compact.py")
 
 

@@ -1,0 +1,69 @@
+"""The Spark-free job layer: the planning loop, task bodies and the driver's `.cleanup.log` bookkeeping."""
+
+from __future__ import annotations
+
+import pickle
+
+from conftest import data_dir, load_dump
+
+from tank_log.jobs.compaction import cleanup_mark_of, plan_compaction, record_cleanup_marks
+from tank_log.jobs.config import JobConfig, parse_job_config
+from tank_log.jobs.indexes import plan_index_run
+from tank_log.jobs.planning import left_out, select_partitions
+from tank_log.jobs.retention import plan_retention_run
+from tank_log.maintenance.outcome import Status
+from tank_log.storage.cleanup_marks import read_cleanup_log
+
+STOPPED = JobConfig(broker_stopped=True)
+
+
+def test_select_partitions_covers_every_partition_and_filters_topics():
+    base = data_dir("A_multi")
+    every = [(s.partition.topic, s.partition.id) for s in select_partitions([base])]
+    assert sorted(every) == sorted(load_dump("A_multi"))
+    topic = every[0][0]
+    only = [(s.partition.topic, s.partition.id) for s in select_partitions([base], {topic})]
+    assert only and all(t == topic for t, _ in only)
+    assert list(select_partitions([base], {"no-such-topic"})) == []
+
+
+def test_left_out_entries_are_skipped_with_the_reason():
+    sel = next(select_partitions([data_dir("A_multi")]))
+    entry = left_out(sel.partition, "because")
+    assert entry["status"] == Status.SKIPPED == "skipped" and entry["reason"] == "because"
+
+
+def test_compaction_tasks_pickle_run_and_record_marks(fixture_copy):
+    base = fixture_copy("E_before")  # a `delete` topic: compacted through the job config's override
+    config = parse_job_config(
+        {"broker_stopped": True, "compaction": {"force": True, "topics": {"kv": {"policy": "cleanup"}}}}
+    )
+    assert plan_compaction([base], None, STOPPED, dry_run=False)[0] == []  # the broker config alone: delete
+    tasks, skipped = plan_compaction([base], None, config, dry_run=False)
+    assert tasks and not skipped
+    task = pickle.loads(pickle.dumps(tasks[0]))  # what Spark ships to an executor
+    result = task.run()
+    assert result["status"] == "compacted" and result["base_path"] == base and result["plan"]
+    assert cleanup_mark_of(result) == result["range_last"]
+    record_cleanup_marks([result])
+    assert read_cleanup_log(base)[(result["topic"], result["partition"])] == result["range_last"]
+    # a second run finds nothing to drop, and still records the mark (from the status and range, not the reason)
+    again = plan_compaction([base], None, config, dry_run=False)[0][0].run()
+    assert again["status"] == "nothing-to-do" and cleanup_mark_of(again) == result["range_last"]
+
+
+def test_no_mark_for_dry_runs_failures_or_untouched_ranges():
+    assert cleanup_mark_of({"status": "dry-run", "range_last": 9}) is None
+    assert cleanup_mark_of({"status": "failed", "range_last": 9}) is None
+    assert cleanup_mark_of({"status": "nothing-to-do", "range_last": None}) is None
+
+
+def test_retention_and_index_tasks_plan_every_partition():
+    base = data_dir("A_multi")
+    tasks, skipped = plan_retention_run([base], None, STOPPED, dry_run=True)
+    assert len(tasks) + len(skipped) == len(load_dump("A_multi"))
+    results = [t.run() for t in tasks]
+    assert all(r["status"] in ("nothing-to-do", "dry-run") for r in results)
+    index_tasks, extra = plan_index_run([base], None, STOPPED, dry_run=True, salvage=False)
+    assert len(index_tasks) == len(load_dump("A_multi")) and not extra
+    assert {t.run()["status"] for t in index_tasks} <= {"clean", "dry-run"}
