@@ -206,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
+    except BrokenPipeError:  # an OSError: must come first (`tank-log dump ... | head` is not an error)
+        return 0
     except (TankFormatError, UsageError, OSError, ValueError) as err:  # expected: one line, no traceback
         print(f"tank-log: {err}", file=sys.stderr)
         return exit_code_for(err)
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":

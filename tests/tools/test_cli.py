@@ -65,3 +65,15 @@ def test_verify_reports_and_fails(tmp_path):
 def test_bad_path_is_a_usage_error(tmp_path):
     r = run("stats", str(tmp_path / "nope"))
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_a_reader_closing_the_pipe_is_not_an_error():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tank_log.tools.cli", "dump", data_dir("A_multi")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline()  # like `| head -1`
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"tank-log:" not in err
