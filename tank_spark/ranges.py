@@ -17,7 +17,7 @@ from pyspark.sql.datasource import InputPartition
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.segment import Segment
+from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import ROW_SCHEMA
 
 DEFAULT_SPLIT_BYTES = 64 << 20
@@ -160,11 +160,8 @@ def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
         chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
         for chunk in chunks:
             c = chunk.cols
-            sel = np.ones(len(c), dtype=bool)
-            if r.min_seq is not None:
-                sel &= c.seq >= np.uint64(max(r.min_seq, 0))
-            if r.max_seq is not None:
-                sel &= c.seq <= np.uint64(max(r.max_seq, 0))
+            in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
+            sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
             if r.min_ts is not None:
                 sel &= c.ts >= np.uint64(max(r.min_ts, 0))
             if r.max_ts is not None:

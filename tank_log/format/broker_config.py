@@ -11,9 +11,8 @@ import os
 import re
 from dataclasses import dataclass, replace
 
+from tank_log.format.varint import U32_MAX
 from tank_log.problems import Problem
-
-U32_MAX = (1 << 32) - 1
 
 DURATION_UNITS = {  # §1.5 parse_duration; "month" is a year in the broker (bug), kept for fidelity
     "weeks": 604800,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from tank_log.errors import TankFormatError
 from tank_log.format.codecs import CODECS, Codec, block_codec
-from tank_log.format.varint import U32_MAX, decode_varint, encode_varint
+from tank_log.format.varint import U32_MAX, U64_MAX, decode_varint, encode_varint
 
 # bundle flags (§3.3): codec in bits 0-1, 4-bit count in bits 2-5 (0 = a varint count follows), sparse bit 6
 CODEC_MASK = 0x03
@@ -32,7 +32,6 @@ SEQ_PREV_PLUS_ONE = 0x04
 UNKNOWN_MESSAGE_FLAGS = 0xFF & ~(HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
 
 MAX_KEY_LEN = 255
-U64_MAX = (1 << 64) - 1
 _U64 = struct.Struct("<Q")
 
 

@@ -26,7 +26,6 @@ from tank_log.format.bundle import (
     SEQ_PREV_PLUS_ONE,
     SIMPLE_MASK,
     SPARSE,
-    U64_MAX,
     UNKNOWN_MESSAGE_FLAGS,
     USE_LAST_TS,
     BundleHeader,
@@ -34,7 +33,7 @@ from tank_log.format.bundle import (
     parse_header_body,
 )
 from tank_log.format.codecs import CODECS
-from tank_log.format.varint import decode_varint
+from tank_log.format.varint import U64_MAX, decode_varint
 
 # Reads of one message step can run at most 1+5+8+1+255+5 bytes past a message set's end before the overrun check.
 _PAD = b"\0" * 512

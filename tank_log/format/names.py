@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from tank_log.errors import SegmentNameError
-
-U64_MAX = (1 << 64) - 1
-U32_MAX = (1 << 32) - 1
+from tank_log.format.varint import U32_MAX, U64_MAX
 
 _NUM = r"(0|[1-9][0-9]*)"
 _RO_RE = re.compile(rf"{_NUM}-{_NUM}(?:_{_NUM})?")

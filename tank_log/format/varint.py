@@ -5,6 +5,7 @@ from __future__ import annotations
 from tank_log.errors import TankFormatError
 
 U32_MAX = 0xFFFFFFFF
+U64_MAX = (1 << 64) - 1  # sequence numbers and timestamps are u64 (§3.6, §3.7)
 
 
 def encode_varint(value: int) -> bytes:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tank_log.jobs.config import JobConfig, RetentionSettings
 from tank_log.jobs.planning import PartitionTask, left_out, select_partitions
 from tank_log.maintenance.outcome import Status
-from tank_log.maintenance.retention import POLICIES, RetentionOptions, RetentionRules, apply_retention
+from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
 from tank_log.storage.datadir import Partition
 
@@ -30,11 +30,9 @@ class RetentionTask(PartitionTask):
 def rules_for(part: Partition, settings: RetentionSettings, time_basis: str | None) -> RetentionRules:
     """The partition's broker limits, overridden per topic by the job config, for every retention policy."""
     o = settings.topics.get(part.topic)
-    limits = {p.name: getattr(part.config, p.broker_field) for p in POLICIES}
-    if o is not None:
-        limits.update(o.limits)
     basis = time_basis or (o.time_basis if o and o.time_basis else settings.time_basis)
-    return RetentionRules(**limits, time_basis=basis)
+    rules = RetentionRules.from_config(part.config, basis)
+    return replace(rules, **o.limits) if o is not None else rules
 
 
 def plan_retention_run(

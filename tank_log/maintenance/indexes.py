@@ -100,7 +100,7 @@ def salvage_segment(sf: Segment) -> dict:
     }
     true_last = tail.next_seq - 1
     if not sf.is_active and true_last != sf.last:
-        new_name = format_ro_name(sf.base, true_last, sf.name.ts)
+        new_name = format_ro_name(sf.base, true_last, sf.ts)
         os.rename(sf.path, os.path.join(d, new_name))
         fsync_dir(d)
         action["renamed_to"] = new_name

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tank_log.errors import TankFormatError, UsageError
+from tank_log.errors import SegmentNameError, TankFormatError, UsageError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.names import CompactionTemp, Kind, parse_name
@@ -210,12 +210,12 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
     return dd
 
 
-_SEGMENT_EXTENSIONS = ("log", "ilog", "index", "cleaned", "swap", "old")
-
-
 def _looks_like_segment_file(name: str) -> bool:
-    stem, dot, rest = name.partition(".")
-    return bool(dot) and not name.startswith(".") and rest.rsplit(".", 1)[-1] in _SEGMENT_EXTENSIONS
+    """A segment, index or compaction leftover name — valid or not (`01-5.ilog` still makes a partition)."""
+    try:
+        return parse_name(name) is not None
+    except SegmentNameError:
+        return True
 
 
 def _subdirs(path: str) -> list[str]:

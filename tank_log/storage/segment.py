@@ -8,7 +8,7 @@ incomplete last bundle, §3.11) is data, not a crash: iteration stops at the las
 from __future__ import annotations
 
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -137,7 +137,8 @@ class Segment:
 
     @property
     def index_path(self) -> str:
-        return index_path_of(self.path, self.base)
+        """`<base>.index` beside the log (§4)."""
+        return os.path.join(os.path.dirname(self.path), format_index_name(self.base))
 
     # ---- walking -------------------------------------------------------------------------------------------------
 
@@ -195,16 +196,8 @@ class Segment:
             TankFormatError: a malformed bundle (file and offset).
         """
 
-        def gen() -> Generator[BundleHeader, None, Tail | None]:
-            walk = self._walk(collect=False, start=start, next_seq=next_seq)
-            while True:
-                try:
-                    res, base = next(walk)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]
-                yield from res.table.headers(base)
-
-        return SegmentWalk(gen())
+        walk = self._walk(collect=False, start=start, next_seq=next_seq)
+        return SegmentWalk(_flat_map(walk, lambda res, base: res.table.headers(base)))
 
     def chunks(
         self,
@@ -221,27 +214,21 @@ class Segment:
             TankFormatError: a malformed bundle or message (file and offset).
         """
 
-        def gen() -> Generator[Chunk, None, Tail | None]:
-            walk = self._walk(
-                collect=True,
-                start=start,
-                next_seq=next_seq,
-                chunk_bytes=chunk_bytes,
-                stop_seq=stop_seq,
-                stop_offset=stop_offset,
-            )
-            while True:
-                try:
-                    res, base = next(walk)
-                except StopIteration as stop:
-                    return stop.value  # type: ignore[no-any-return]
-                try:
-                    cols = decode_messages(res.table)
-                except TankFormatError as err:
-                    raise err.located(self.path, base) from None
-                yield Chunk(base, res.table, cols)
+        def decode(res: WalkResult, base: int) -> list[Chunk]:
+            try:
+                return [Chunk(base, res.table, decode_messages(res.table))]
+            except TankFormatError as err:
+                raise err.located(self.path, base) from None
 
-        return SegmentWalk(gen())
+        walk = self._walk(
+            collect=True,
+            start=start,
+            next_seq=next_seq,
+            chunk_bytes=chunk_bytes,
+            stop_seq=stop_seq,
+            stop_offset=stop_offset,
+        )
+        return SegmentWalk(_flat_map(walk, decode))
 
     # ---- convenient views ----------------------------------------------------------------------------------------
 
@@ -312,9 +299,17 @@ def seq_mask(seq: np.ndarray, min_seq: int | None, max_seq: int | None) -> np.nd
     return select
 
 
-def index_path_of(log_path: str, base: int) -> str:
-    """`<base>.index` beside a segment log (§4)."""
-    return os.path.join(os.path.dirname(log_path), format_index_name(base))
+def _flat_map(
+    walk: Generator[tuple[WalkResult, int], None, Tail | None],
+    items: Callable[[WalkResult, int], Iterable[T]],
+) -> Generator[T, None, Tail | None]:
+    """The items of each walked chunk (`items(result, file offset)`), returning the walk's tail."""
+    while True:
+        try:
+            res, base = next(walk)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        yield from items(res, base)
 
 
 def _zeros_to_eof(fh, pos: int, size: int) -> bool:

@@ -174,10 +174,9 @@ def swap_in(
         name = os.path.basename(seg.path)
         os.rename(seg.path, j(name + ".old"))
         step(f"B {name}")
-        index = format_index_name(seg.base)
-        if os.path.exists(j(index)):
-            os.rename(j(index), j(index + ".old"))
-            step(f"B {index}")
+        if os.path.exists(seg.index_path):
+            os.rename(seg.index_path, seg.index_path + ".old")
+            step(f"B {os.path.basename(seg.index_path)}")
     fsync_dir(directory)
     step("fsync B")
     for _, log_name, index_name in finals:  # C
@@ -191,10 +190,9 @@ def swap_in(
         name = os.path.basename(seg.path)
         os.unlink(j(name + ".old"))
         step(f"D {name}")
-        index = format_index_name(seg.base) + ".old"
-        if os.path.exists(j(index)):
-            os.unlink(j(index))
-            step(f"D {index}")
+        if os.path.exists(seg.index_path + ".old"):
+            os.unlink(seg.index_path + ".old")
+            step(f"D {os.path.basename(seg.index_path)}.old")
     fsync_dir(directory)
     step("fsync D")
     return [log_name for _, log_name, _ in finals]

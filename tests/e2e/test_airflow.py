@@ -16,7 +16,7 @@ from tank_log.storage.writer import write_segment
 pytest.importorskip("airflow")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the repository (tests/e2e → ../..)
 PROBE = os.path.join(HERE, "airflow_probe.py")
 
 

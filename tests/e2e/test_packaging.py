@@ -5,9 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import copy_tree, data_dir
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import ROOT, copy_tree, data_dir
 
 
 def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):

@@ -4,11 +4,10 @@ import glob
 import os
 
 import pytest
+from conftest import ROOT
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import load_job_config, parse_job_config
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "conf", "*.yaml"))))

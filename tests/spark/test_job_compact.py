@@ -6,13 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import copy_tree, data_dir, load_dump, tree_digest
+from conftest import ROOT, copy_tree, data_dir, load_dump, tree_digest
 
 from tank_log.maintenance.verify import verify_path
 from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.tools.demo import write_demo
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "compact.py")
 
 

@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import copy_tree, data_dir, load_dump
+from conftest import ROOT, copy_tree, data_dir, load_dump
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.writer import SegmentWriter, write_segment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "export_delta.py")
 
 

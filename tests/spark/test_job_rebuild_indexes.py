@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 
-from conftest import FIXTURES, copy_tree, data_dir, tree_digest
+from conftest import FIXTURES, ROOT, copy_tree, data_dir, tree_digest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "rebuild_indexes.py")
 
 

@@ -6,13 +6,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tree_digest
+from conftest import ROOT, tree_digest
 
 from tank_log.format.bundle import Message
 from tank_log.storage.datadir import scan_data_dir
 from tank_log.storage.writer import write_segment
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JOB = os.path.join(ROOT, "jobs", "retention.py")
 DAY = 86400
 OLD = 1_700_000_000  # 2023: older than every limit below

@@ -52,7 +52,7 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     )
     for a, b in zip(part.ro, part.ro[1:], strict=False):
         if b.base <= a.last:
-            raise NeedsAttention(f"overlapping RO segments {a.name.name} and {b.name.name}; run verify/repair first")
+            raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")
     if part.ro and part.active is not None and part.active.base <= part.ro[-1].last:
         raise NeedsAttention("active segment base <= last RO seq; run verify first")
 
@@ -82,7 +82,7 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     try:
         for sf in inputs:
             if out is not None:
-                out.input_ts = sf.name.ts
+                out.input_ts = sf.ts
             pass2_segment(sf, survivors, res, out, options, cutoff, res.range_last)
         if res.messages_after == res.messages_before:
             if out is not None:
