@@ -127,6 +127,7 @@ def spark():
 SLOW_ELSEWHERE = {
     "test_mutations_raise_only_format_errors",
     "test_crash_at_every_step_then_repair",
+    "test_crash_at_every_salvage_step_then_repair",
     "test_two_concurrent_processes",
 }
 

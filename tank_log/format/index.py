@@ -139,8 +139,8 @@ def verify_index(
     """
     problems: list[Problem] = []
 
-    def bad(offset: int | None, code: str, message: str, severity: str = "error") -> None:
-        problems.append(Problem(index_path, offset, code, message, severity))
+    def bad(offset: int | None, code: str, message: str, severity: str = "error", aborts: bool = False) -> None:
+        problems.append(Problem(index_path, offset, code, message, severity, aborts))
 
     if data is None:
         if not active:
@@ -155,7 +155,12 @@ def verify_index(
         return problems
     if not data:
         if not active and headers:
-            bad(0, "index-empty", "0-byte RO index: the broker aborts on the first read (§4.2); delete or rebuild it")
+            bad(
+                0,
+                "index-empty",
+                "0-byte RO index: the broker aborts on the first read (§4.2); delete or rebuild it",
+                aborts=True,
+            )
         elif active and headers:
             bad(0, "index-empty", "empty active index (the broker rebuilds it at open)", "warning")
         return problems
@@ -164,7 +169,12 @@ def verify_index(
     entries = list(ENTRY.iter_unpack(data[: len(data) - len(data) % 8]))
     if not entries:
         if not active:
-            bad(0, "index-empty", "RO index without a complete entry: the broker aborts on the first read (§4.2)")
+            bad(
+                0,
+                "index-empty",
+                "RO index without a complete entry: the broker aborts on the first read (§4.2)",
+                aborts=True,
+            )
         return problems
     if entries[0] != (0, 0):
         bad(0, "index-first-entry", f"first entry is {entries[0]}, must be (0, 0)")
@@ -177,7 +187,12 @@ def verify_index(
         prev = (rel, off)
         if off >= log_size:
             if active:
-                bad(pos, "index-past-eof", f"entry {i} offset {off} >= log size {log_size} (the broker aborts at open)")
+                bad(
+                    pos,
+                    "index-past-eof",
+                    f"entry {i} offset {off} >= log size {log_size} (the broker aborts at open)",
+                    aborts=True,
+                )
             else:
                 bad(pos, "index-past-eof", f"entry {i} offset {off} >= log size {log_size}")
             continue

@@ -1,12 +1,12 @@
 """Index and integrity maintenance of a partition: verify everything, then fix what is safe to fix.
 
-- repair leftovers of interrupted compactions first (§6.4, `repair.py`);
+- repair leftovers of interrupted compactions and salvages first (`storage/repair.py`);
 - rebuild missing, empty (a 0-byte RO index aborts the broker, §4.2) or wrong indexes with the broker's rebuild rule
   (§4.5), written atomically;
 - move `_64.index` files aside (the broker aborts on them, §4.6) to a `.`-prefixed name it ignores;
-- with `salvage`: cut a torn tail (§3.11) after the last complete bundle — the cut bytes are kept in a
-  `.`-prefixed side file first, nothing intact is lost (the broker's own salvage drops one intact bundle) — rebuild
-  the index, and give an RO segment its true last seq in the name;
+- with `salvage`: cut a torn tail (§3.11) after the last complete bundle with the crash-safe protocol of
+  `storage/salvage.py` — the cut bytes are kept in a `.`-prefixed side file, nothing intact is lost (the broker's
+  own salvage drops one intact bundle), mid-file corruption is never cut, and no cut breaks a layout rule;
 - report what was found, what was done, and what needs a human (mid-file corruption, overlapping ranges, a seq gap
   before the active segment, ...).
 """
@@ -18,15 +18,16 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from tank_log.errors import NeedsAttention
 from tank_log.format.index import build_append_rule, build_rebuild_rule, encode_index
-from tank_log.format.names import format_ro_name
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import refuse_if_live
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import Partition, scan_partition
-from tank_log.storage.fsutil import atomic_write, fsync_dir, write_file_synced
+from tank_log.storage.fsutil import atomic_write, fsync_dir
+from tank_log.storage.repair import repair_partition
+from tank_log.storage.salvage import plan_salvage, salvage_tail
 from tank_log.storage.segment import Segment, Tail
-from tank_log.storage.swap import repair_partition
 
 log = logging.getLogger(__name__)
 
@@ -73,40 +74,6 @@ def rebuild_index_file(
     return path, len(entries), walk.tail
 
 
-def salvage_segment(sf: Segment) -> dict:
-    """Cut a torn tail after the last complete bundle; keep the cut bytes aside; fix index and name."""
-    walk = sf.bundles()
-    for _ in walk:
-        pass
-    tail = walk.tail
-    assert tail is not None and tail.torn_bytes
-    d = os.path.dirname(sf.path)
-    name = os.path.basename(sf.path)
-    side = os.path.join(d, f".{name}.torn-at-{tail.valid_end}")
-    with open(sf.path, "rb") as fh:
-        fh.seek(tail.valid_end)
-        cut = fh.read()
-    write_file_synced(side, cut)
-    fsync_dir(d)
-    with open(sf.path, "r+b") as fh:
-        fh.truncate(tail.valid_end)
-        os.fsync(fh.fileno())
-    action = {
-        "action": "salvaged",
-        "segment": name,
-        "cut_at": tail.valid_end,
-        "bytes_cut": len(cut),
-        "side_file": os.path.basename(side),
-    }
-    true_last = tail.next_seq - 1
-    if not sf.is_active and true_last != sf.last:
-        new_name = format_ro_name(sf.base, true_last, sf.ts)
-        os.rename(sf.path, os.path.join(d, new_name))
-        fsync_dir(d)
-        action["renamed_to"] = new_name
-    return action
-
-
 def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptions()) -> IndexJobResult:
     res = IndexJobResult(part.topic, part.id, part.path)
     return run_on_partition(
@@ -119,7 +86,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
     problems = check_partition(part)
     res.found = [p.to_dict() for p in problems]
     fixable = _plan_fixes(part, problems, options)
-    if rep.action != "none":
+    if rep.has_work:
         fixable.insert(0, ("repair", None))
     if not fixable:
         res.unfixed = [p.to_dict() for p in problems if p.severity == "error"]
@@ -127,13 +94,13 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
         return
     if options.dry_run:
         res.actions = [{"action": f"would {what}", "target": target} for what, target in fixable]
-        res.repair = rep.to_dict() if rep.action != "none" else None
+        res.repair = rep.to_dict() if rep.has_work else None
         res.unfixed = [p.to_dict() for p in problems if p.severity == "error" and not _covered(p, fixable)]
         res.status = Status.DRY_RUN
         return
     if not options.broker_stopped:
         refuse_if_live(part, "fixing files", options.live_window_s)
-    if rep.action != "none":
+    if rep.has_work:
         res.repair = repair_partition(part.path).to_dict()
         part = scan_partition(part.path, part.topic, part.id, part.config)
         problems = check_partition(part)
@@ -147,7 +114,12 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
                 {"action": "moved-aside", "file": os.path.basename(target), "to": os.path.basename(aside)}
             )
         elif what == "salvage":
-            res.actions.append(salvage_segment(target))
+            try:
+                plan = plan_salvage(target, part.ro, part.active)
+            except NeedsAttention as refused:
+                res.unfixed.append({"path": target.path, "code": "salvage-refused", "message": str(refused)})
+                continue
+            res.actions.append(salvage_tail(plan))
     if any(what in ("salvage", "move-aside") for what, _ in fixable):
         part = scan_partition(part.path, part.topic, part.id, part.config)
         problems = check_partition(part)
@@ -163,7 +135,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
                 }
             )
     after = check_partition(scan_partition(part.path, part.topic, part.id, part.config))
-    res.unfixed = [p.to_dict() for p in after if p.severity == "error"]
+    res.unfixed += [p.to_dict() for p in after if p.severity == "error"]
     res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.FIXED
 
 
@@ -176,7 +148,7 @@ def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tup
     for p in problems:
         if p.code == "wide-index":
             fixes.append(("move-aside", p.path))
-        elif p.code == "torn-tail" and options.salvage and p.path in by_path and p.offset:
+        elif p.code == "torn-tail" and options.salvage and p.path in by_path:
             fixes.append(("salvage", by_path[p.path]))
     rebuild: dict[str, Segment] = {}
     for p in problems:

@@ -9,7 +9,7 @@ import time
 
 from tank_log.errors import NeedsAttention, PartitionLooksLive
 from tank_log.storage.datadir import Partition, scan_partition
-from tank_log.storage.swap import repair_partition
+from tank_log.storage.repair import repair_partition
 
 
 def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:
@@ -53,7 +53,7 @@ def preflight(
     if not broker_stopped and not dry_run:
         refuse_if_live(part, job, live_window_s, now)
     rep = repair_partition(part.path, dry_run=dry_run)
-    if rep.action == "none":
+    if not rep.has_work:
         return part, None
     if not dry_run:
         part = scan_partition(part.path, part.topic, part.id, part.config)

@@ -11,6 +11,7 @@ from tank_log.format.index import verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Partition, classify_path, partitions_at, scan_data_dir
+from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment
 
 
@@ -55,7 +56,19 @@ def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentChe
     tail = walk.tail
     assert tail is not None
     result.valid_end = tail.valid_end
-    if tail.torn_bytes:
+    beyond = data_beyond_break(seg, tail) if tail.torn_bytes else None
+    if beyond is not None:
+        result.problems.append(
+            Problem(
+                seg.path,
+                tail.valid_end,
+                "mid-file-corruption",
+                f"the bytes here do not form a bundle, but data follows ({beyond}): corruption inside the file, "
+                f"not a torn tail; readers stop here and salvage cuts nothing; needs a human",
+                aborts=seg.is_active,
+            )
+        )
+    elif tail.torn_bytes:
         if seg.is_active:
             msg = (
                 f"torn tail: {tail.torn_bytes} bytes after the last complete bundle (an append in flight if the "
@@ -63,7 +76,7 @@ def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentChe
             )
         else:
             msg = f"torn tail in an RO segment: {tail.torn_bytes} bytes after the last complete bundle (§3.11)"
-        result.problems.append(Problem(seg.path, tail.valid_end, "torn-tail", msg))
+        result.problems.append(Problem(seg.path, tail.valid_end, "torn-tail", msg, aborts=seg.is_active))
     if not headers:
         if not seg.is_active:
             result.problems.append(Problem(seg.path, 0, "empty-segment", "RO segment without any complete bundle"))
@@ -141,6 +154,7 @@ def check_partition(part: Partition) -> list[Problem]:
                     "gap-before-active",
                     f"seq gap {last_ro + 1}..{part.active.base - 1} between the last RO segment and "
                     f"the active segment: the broker aborts on a fetch inside it (§4.4)",
+                    aborts=True,
                 )
             )
     bases = {s.base for s in part.segments}

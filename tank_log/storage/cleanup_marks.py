@@ -7,7 +7,8 @@ import os
 from collections.abc import Mapping
 
 from tank_log.format.cleanup_log import FILE_NAME, CleanupRecord, encode_cleanup_log, parse_cleanup_log
-from tank_log.storage.fsutil import atomic_write
+from tank_log.storage.fsutil import atomic_write, remove_our_temps
+from tank_log.storage.locking import PartitionLock
 
 
 def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]:
@@ -28,11 +29,14 @@ def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, in
 
 
 def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
-    """Set (or, with None, remove) records for some partitions, keeping the others."""
-    marks = read_cleanup_log(base_path)
-    for key, seq in updates.items():
-        if seq is None:
-            marks.pop(key, None)
-        else:
-            marks[key] = seq
-    write_cleanup_log(base_path, marks)
+    """Set (or, with None, remove) records for some partitions, keeping the others: read-modify-write under the
+    base path's lock, after deleting temporaries a killed rewrite left (TANK_FORMAT.md §1.6)."""
+    with PartitionLock(base_path, "cleanup-log", blocking=True):
+        remove_our_temps(base_path)
+        marks = read_cleanup_log(base_path)
+        for key, seq in updates.items():
+            if seq is None:
+                marks.pop(key, None)
+            else:
+                marks[key] = seq
+        write_cleanup_log(base_path, marks)

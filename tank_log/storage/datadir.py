@@ -15,6 +15,7 @@ from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.names import CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.cleanup_marks import read_cleanup_log
+from tank_log.storage.fsutil import is_our_temp
 from tank_log.storage.segment import Segment
 
 
@@ -82,7 +83,9 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             part.problems.append(Problem(full, None, "bad-name", err.message))
             continue
         if parsed is None:
-            if not entry.startswith(".") and entry != "config":
+            if is_our_temp(entry):
+                part.problems.append(_leftover_temporary(full))
+            elif not entry.startswith(".") and entry != "config":
                 part.problems.append(
                     Problem(
                         full, None, "unexpected-name", "unexpected name (the broker logs and ignores it)", "warning"
@@ -100,6 +103,7 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
                         None,
                         "wide-index",
                         "_64.index is not implemented: the broker aborts on this segment (§4.6)",
+                        aborts=True,
                     )
                 )
             else:
@@ -195,7 +199,9 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
     for entry in sorted(os.listdir(path)):
         full = os.path.join(path, entry)
         if entry.startswith("."):
-            if os.path.isdir(full):
+            if is_our_temp(entry):
+                dd.problems.append(_leftover_temporary(full))
+            elif os.path.isdir(full):
                 dd.problems.append(
                     Problem(full, None, "stray-topic", "stray or half-created topic (the broker ignores it)", "warning")
                 )
@@ -208,6 +214,11 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
         if is_dir:
             dd.topics.append(scan_topic(full, entry))
     return dd
+
+
+def _leftover_temporary(path: str) -> Problem:
+    message = "temporary of a killed tank-log run; `tank-log repair` deletes it"
+    return Problem(path, None, "leftover-temporary", message, "warning")
 
 
 def _looks_like_segment_file(name: str) -> bool:

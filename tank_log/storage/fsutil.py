@@ -4,7 +4,13 @@ rule 8). The broker skips `.`-prefixed names (§1.7), so temporaries never confu
 from __future__ import annotations
 
 import os
+import re
 import uuid
+from collections.abc import Callable
+
+StepHook = Callable[[str], None]  # called after every file operation of a multi-file protocol (crash tests)
+
+_OUR_TEMP = re.compile(r"^\..*\.tank-log-[0-9a-f]{12}\.tmp$")
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -18,6 +24,28 @@ def fsync_dir(path: str | os.PathLike) -> None:
 def temp_path(directory: str | os.PathLike, final_name: str) -> str:
     """A unique `.`-prefixed temporary path in `directory` for a file that will become `final_name`."""
     return os.path.join(os.fspath(directory), f".{final_name}.tank-log-{uuid.uuid4().hex[:12]}.tmp")
+
+
+def is_our_temp(name: str) -> bool:
+    """Whether `name` is one of our temporaries (`temp_path`): left only by a killed process, safe to delete."""
+    return _OUR_TEMP.match(name) is not None
+
+
+def our_temps(directory: str | os.PathLike) -> list[str]:
+    """Paths of our temporaries in `directory` (see `is_our_temp`)."""
+    d = os.fspath(directory)
+    return [os.path.join(d, n) for n in sorted(os.listdir(d)) if is_our_temp(n)]
+
+
+def remove_our_temps(directory: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
+    """Delete our temporaries in `directory` (the caller holds its lock); return their paths."""
+    temps = our_temps(directory)
+    if not dry_run and temps:
+        for p in temps:
+            if os.path.exists(p):
+                os.unlink(p)
+        fsync_dir(directory)
+    return temps
 
 
 def write_file_synced(path: str, data: bytes) -> None:

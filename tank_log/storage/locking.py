@@ -20,15 +20,19 @@ LOCK_NAME = ".tank-log.lock"
 
 
 class PartitionLock:
-    def __init__(self, partition_dir: str | os.PathLike, job: str = "tank-log"):
+    """The lock of one directory: a partition's, or the base path's (taken around `.cleanup.log` rewrites).
+    `blocking` waits for the holder instead of raising PartitionLocked."""
+
+    def __init__(self, partition_dir: str | os.PathLike, job: str = "tank-log", *, blocking: bool = False):
         self.path = os.path.join(os.fspath(partition_dir), LOCK_NAME)
         self.job = job
+        self.blocking = blocking
         self._fd: int | None = None
 
     def acquire(self) -> PartitionLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
         except BlockingIOError:
             holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
             os.close(fd)

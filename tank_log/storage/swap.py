@@ -5,8 +5,8 @@ Forward (`swap_in`; outputs already written and fsynced under `.`-prefixed tempo
   cleaned: outputs → `<name>.cleaned`            A: `.cleaned` → `.swap`
   B: inputs → `<name>.old`                        C: strip `.swap` (outputs take their final names)
   D: unlink the `.old` inputs
-The directory is fsynced after every phase. A crash anywhere leaves a state `repair_partition` maps to exactly the
-inputs (before A completed) or exactly the outputs (after), which is the recovery below.
+The directory is fsynced after every phase. A crash anywhere leaves a state that `storage.repair.repair_partition`
+maps to exactly the inputs (before A completed) or exactly the outputs (after), which is the recovery below.
 
 Recovery, for the broker's compactions and ours ("Recommended recovery for an external tool"):
 
@@ -26,44 +26,17 @@ unrenamed input never overlaps another input (the partition had no overlaps befo
 from __future__ import annotations
 
 import os
-import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tank_log.errors import TankFormatError
 from tank_log.format.names import CompactionTemp, FileName, Kind, format_index_name, parse_name
-from tank_log.storage.fsutil import fsync_dir
+from tank_log.storage.fsutil import StepHook, fsync_dir
 
 if TYPE_CHECKING:
     from tank_log.storage.segment import Segment
     from tank_log.storage.writer import WrittenSegment
-
-StepHook = Callable[[str], None]
-
-_OUR_TEMP = re.compile(r"^\..*\.tank-log-[0-9a-f]{12}\.tmp$")
-
-
-@dataclass
-class RepairResult:
-    path: str
-    action: str = "none"  # none | rollback | rollforward | cleanup
-    removed: list[str] = field(default_factory=list)
-    renamed: list[tuple[str, str]] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def changed(self) -> bool:
-        return bool(self.removed or self.renamed)
-
-    def to_dict(self) -> dict:
-        return {
-            "path": self.path,
-            "action": self.action,
-            "removed": self.removed,
-            "renamed": [list(x) for x in self.renamed],
-            "problems": self.problems,
-        }
 
 
 def _overlaps(a: FileName, b: FileName) -> bool:
@@ -80,8 +53,8 @@ class RepairPlan:
     remove_last: list[str] = field(default_factory=list)
 
 
-def plan_repair(partition_dir: str) -> RepairPlan:
-    """What repair would do in `partition_dir`; touches nothing."""
+def plan_swap_recovery(partition_dir: str) -> RepairPlan:
+    """What recovering an interrupted compaction would do in `partition_dir`; touches nothing."""
     names = sorted(os.listdir(partition_dir))
     temps: dict[str, list[tuple[str, CompactionTemp]]] = {"cleaned": [], "swap": [], "old": []}
     plain_ro: list[tuple[str, FileName]] = []
@@ -98,7 +71,7 @@ def plan_repair(partition_dir: str) -> RepairPlan:
     def j(n: str) -> str:
         return os.path.join(partition_dir, n)
 
-    plan = RepairPlan(remove_first=[j(n) for n in names if _OUR_TEMP.match(n)])
+    plan = RepairPlan()
     if temps["cleaned"]:  # crash while writing outputs or in phase A: inputs untouched → roll back
         plan.action = "rollback"
         plan.remove_first += [j(n) for n, _ in temps["cleaned"] + temps["swap"]]
@@ -121,28 +94,7 @@ def plan_repair(partition_dir: str) -> RepairPlan:
     elif temps["old"]:  # phase D: outputs final → drop the inputs
         plan.action = "cleanup"
         plan.remove_last = [j(n) for n, _ in temps["old"]]
-    elif plan.remove_first:
-        plan.action = "cleanup"
     return plan
-
-
-def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False) -> RepairResult:
-    """Apply the recovery; see module docstring. With `dry_run`, only report."""
-    partition_dir = os.fspath(partition_dir)
-    plan = plan_repair(partition_dir)
-    result = RepairResult(partition_dir, plan.action, plan.remove_first + plan.remove_last, plan.renames)
-    if dry_run or plan.action == "none":
-        return result
-    for step in (plan.remove_first, plan.renames, plan.remove_last):
-        if not step:
-            continue
-        for op in step:
-            if isinstance(op, tuple):
-                os.replace(*op)
-            elif os.path.exists(op):
-                os.unlink(op)
-        fsync_dir(partition_dir)
-    return result
 
 
 def swap_in(

@@ -58,11 +58,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_repair(args: argparse.Namespace) -> int:
     from tank_log.errors import PartitionLocked
-    from tank_log.storage.datadir import partitions_at
+    from tank_log.storage.datadir import classify_path, partitions_at
     from tank_log.storage.locking import PartitionLock
-    from tank_log.storage.swap import repair_partition
+    from tank_log.storage.repair import repair_base, repair_partition
 
     status = 0
+    if classify_path(args.path) == "base":
+        try:
+            temps = repair_base(args.path, dry_run=args.dry_run)
+        except PartitionLocked as err:
+            print(json.dumps({"path": args.path, "action": "skipped", "reason": str(err)}))
+            temps, status = [], 1
+        if temps or args.verbose:
+            print(json.dumps({"path": args.path, "removed": temps, "dry_run": args.dry_run}))
     for part in partitions_at(args.path):
         try:
             if args.dry_run:
@@ -74,7 +82,7 @@ def _cmd_repair(args: argparse.Namespace) -> int:
             print(json.dumps({"path": part.path, "action": "skipped", "reason": str(err)}))
             status = 1
             continue
-        if res.action != "none" or args.verbose:
+        if res.has_work or args.verbose:
             print(json.dumps({**res.to_dict(), "dry_run": args.dry_run}))
     return status
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 from collections.abc import Iterator
 
+from tank_log.errors import TankFormatError
 from tank_log.storage.datadir import classify_path, partitions_at
-from tank_log.storage.segment import Segment
+from tank_log.storage.salvage import data_beyond_break
+from tank_log.storage.segment import Segment, Tail
 
 _PRINTABLE = bytes(range(0x20, 0x7F))
 
@@ -18,8 +21,36 @@ def _text(raw: bytes) -> str | None:
     return raw.decode("ascii") if not raw.translate(None, _PRINTABLE) else None
 
 
+log = logging.getLogger(__name__)
+
+
+def check_tail(segment: Segment, tail: Tail | None) -> None:
+    """After a whole segment was read: warn about a torn tail (§3.11), fail on mid-file corruption (data follows
+    the break, so the messages read are not all there is).
+
+    Raises:
+        TankFormatError: mid-file corruption (file and offset of the break).
+    """
+    if tail is None or not tail.torn_bytes:
+        return
+    beyond = data_beyond_break(segment, tail)
+    if beyond is not None:
+        raise TankFormatError(
+            f"corrupt bytes inside the file, data follows ({beyond}); output stops here", segment.path, tail.valid_end
+        )
+    what = "an append in flight if the broker runs" if segment.is_active else "an RO segment: data lost at the end"
+    log.warning(
+        "%s @%d: torn tail of %d bytes after the last complete bundle (%s)",
+        segment.path,
+        tail.valid_end,
+        tail.torn_bytes,
+        what,
+    )
+
+
 def message_records(segment: Segment, topic: str | None, partition: int | None) -> Iterator[dict]:
-    for chunk in segment.chunks():
+    walk = segment.chunks()
+    for chunk in walk:
         c = chunk.cols
         seqs, tss = c.seq.tolist(), c.ts.tolist()
         for i in range(len(c)):
@@ -35,10 +66,12 @@ def message_records(segment: Segment, topic: str | None, partition: int | None) 
                 "value": _text(value),
                 "value_b64": base64.b64encode(value).decode(),
             }
+    check_tail(segment, walk.tail)
 
 
 def bundle_records(segment: Segment) -> Iterator[dict]:
-    for h in segment.bundles():
+    walk = segment.bundles()
+    for h in walk:
         yield {
             "file": os.path.basename(segment.path),
             "offset": h.offset,
@@ -50,6 +83,7 @@ def bundle_records(segment: Segment) -> Iterator[dict]:
             "first_seq": h.first_seq,
             "last_seq": h.last_seq,
         }
+    check_tail(segment, walk.tail)
 
 
 def _segment_location(path: str) -> tuple[str | None, int | None]:

@@ -117,12 +117,17 @@ def test_salvage_ro_segment_renames_to_the_true_last(fixture_copy):
     assert check_partition(scan_partition(part.path, "events", 2)) == []
 
 
-def test_salvaging_the_last_ro_segment_reports_the_gap_before_active(fixture_copy):
+def test_salvage_refuses_to_cut_the_last_ro_segment_before_the_active(fixture_copy):
+    """Cutting messages off the last RO segment would leave a seq gap before the active segment, which the broker
+    aborts on (§4.4: "a tool must never create this layout"): refused, the log left byte for byte."""
     part, sf, bundles = _torn_ro(fixture_copy, -1)
+    before = open(sf.path, "rb").read()
     res = maintain_partition(part, IndexJobOptions(broker_stopped=True, salvage=True))
-    assert [a["action"] for a in res.actions][:1] == ["salvaged"]
+    assert "salvaged" not in [a["action"] for a in res.actions]
     assert res.status == "needs-attention"
-    assert [u["code"] for u in res.unfixed] == ["gap-before-active"]
+    assert [u["code"] for u in res.unfixed] == ["salvage-refused", "torn-tail", "name-last"]
+    assert "gap before the active segment" in res.unfixed[0]["message"]
+    assert open(sf.path, "rb").read() == before
 
 
 def test_wide_index_is_moved_aside_and_leftovers_repaired(fixture_copy):

@@ -15,8 +15,8 @@ from tank_log.maintenance.compaction import CompactionOptions, compact_partition
 from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.datadir import classify_path, partitions_at
+from tank_log.storage.repair import repair_partition
 from tank_log.storage.segment import Segment
-from tank_log.storage.swap import repair_partition
 from tank_log.tools.cli import exit_code_for
 
 

@@ -6,7 +6,7 @@ from conftest import copy_tree, data_dir
 
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import scan_partition
-from tank_log.storage.swap import repair_partition
+from tank_log.storage.repair import repair_partition
 
 
 def _msgs(d):

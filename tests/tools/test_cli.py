@@ -77,3 +77,22 @@ def test_a_reader_closing_the_pipe_is_not_an_error():
     proc.stdout.close()
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0 and b"tank-log:" not in err
+
+
+def test_dump_fails_on_mid_file_corruption_and_warns_on_torn_tails(fixture_copy):
+    """#15.1: `dump` no longer stops silently at a corrupt length varint with intact bundles after it."""
+    base = fixture_copy("A_multi")
+    part_dir = os.path.join(base, "events", "1")
+    (active,) = [n for n in os.listdir(part_dir) if n.endswith(".log")]
+    path = os.path.join(part_dir, active)
+    data = bytearray(open(path, "rb").read())
+    data[776] ^= 0x80
+    open(path, "wb").write(bytes(data))
+    res = run("dump", part_dir)
+    assert res.returncode == 1
+    assert f"{path} @775" in res.stderr and "data follows" in res.stderr and "Traceback" not in res.stderr
+    data[776] ^= 0x80
+    open(path, "wb").write(bytes(data[:-3]))  # a torn tail: every complete bundle is dumped, with a warning
+    res = run("dump", part_dir)
+    assert res.returncode == 0 and "torn tail of" in res.stderr
+    assert len(res.stdout.splitlines()) > 7000

@@ -12,7 +12,8 @@ from tank_log.maintenance.outcome import Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import Partition
-from tank_log.storage.swap import StepHook, swap_in
+from tank_log.storage.fsutil import StepHook
+from tank_log.storage.swap import swap_in
 
 
 def compact_partition(

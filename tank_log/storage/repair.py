@@ -1,0 +1,128 @@
+"""Bringing a partition back to a consistent state after a crash — what every mutating job runs first and
+`tank-log repair` runs alone. One pass, in this order, each part idempotent:
+
+1. our temporaries (`.…tank-log-….tmp`, `fsutil.temp_path`) left by a killed process are deleted;
+2. an interrupted compaction is rolled back or forward (`swap.plan_swap_recovery`, TANK_FORMAT.md §6.4);
+3. an interrupted salvage is finished (`salvage.plan_salvage_recovery`, §3.11);
+4. an index entry at or past the end of its log (a crash between the broker's log and index writes, §4.4, or an
+   old salvage) is dropped: the index is rewritten atomically without it, or deleted when nothing is left, so the
+   broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6).
+
+`repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from tank_log.errors import TankFormatError
+from tank_log.format.index import ENTRY, encode_index, read_index
+from tank_log.format.names import FileName, Kind, format_index_name, parse_name
+from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
+from tank_log.storage.locking import PartitionLock
+from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
+from tank_log.storage.swap import plan_swap_recovery
+
+
+@dataclass
+class RepairResult:
+    """What repair did (or, in a dry run, would do) to one partition. `action` is the compaction recovery."""
+
+    path: str
+    action: str = "none"  # none | rollback | rollforward | cleanup
+    removed: list[str] = field(default_factory=list)
+    renamed: list[tuple[str, str]] = field(default_factory=list)
+    salvages_finished: list[str] = field(default_factory=list)
+    indexes_trimmed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "action": self.action,
+            "removed": self.removed,
+            "renamed": [list(x) for x in self.renamed],
+            "salvages_finished": self.salvages_finished,
+            "indexes_trimmed": self.indexes_trimmed,
+            "problems": self.problems,
+        }
+
+
+def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False) -> RepairResult:
+    """Apply the recovery of the module docstring to one partition directory. With `dry_run`, only report."""
+    d = os.fspath(partition_dir)
+    temps = remove_our_temps(d, dry_run=dry_run)
+    swap = plan_swap_recovery(d)
+    result = RepairResult(d, swap.action, temps + swap.remove_first + swap.remove_last, list(swap.renames))
+    if not dry_run:
+        for ops in (swap.remove_first, swap.renames, swap.remove_last):
+            for op in ops:
+                if isinstance(op, tuple):
+                    os.replace(*op)
+                elif os.path.exists(op):
+                    os.unlink(op)
+            if ops:
+                fsync_dir(d)
+    for rec in plan_salvage_recovery(d):
+        result.salvages_finished.append(rec.describe())
+        if not dry_run:
+            finish_salvage(rec)
+    for index, keep in _indexes_past_eof(d):
+        kept = f"kept {len(keep)} entries before the end of the log" if keep else "deleted"
+        result.indexes_trimmed.append(f"{os.path.basename(index)}: {kept}")
+        if dry_run:
+            continue
+        if keep:
+            atomic_write(index, encode_index(keep))
+        else:
+            os.unlink(index)
+            fsync_dir(d)
+    return result
+
+
+def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(index path, the entries before the end of its log) for every index whose last entry is at or past it."""
+    out = []
+    for n in sorted(os.listdir(d)):
+        try:
+            parsed = parse_name(n)
+        except TankFormatError:
+            continue
+        if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
+            continue
+        index = os.path.join(d, format_index_name(parsed.base))
+        try:
+            with open(index, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size < ENTRY.size or size % ENTRY.size:
+                    continue  # empty, or malformed: verify reports it and the index job rebuilds it
+                fh.seek(size - ENTRY.size)
+                _, last_off = ENTRY.unpack(fh.read(ENTRY.size))
+            log_size = os.path.getsize(os.path.join(d, n))
+        except FileNotFoundError:
+            continue
+        if last_off < log_size:
+            continue
+        entries = read_index(index)
+        if any(b[0] <= a[0] or b[1] <= a[1] for a, b in zip(entries, entries[1:], strict=False)):
+            continue  # out of order: not a crash state, verify reports it and the index job rebuilds it
+        out.append((index, [e for e in entries if e[1] < log_size]))
+    return out
+
+
+def repair_base(base_path: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
+    """Delete our temporaries in the base directory (a `.cleanup.log` rewrite killed midway), under the base path's
+    lock; return their paths.
+
+    Raises:
+        PartitionLocked: another job is rewriting `.cleanup.log` right now.
+    """
+    if dry_run:
+        return our_temps(base_path)
+    with PartitionLock(base_path, "repair"):
+        return remove_our_temps(base_path)

@@ -1,0 +1,368 @@
+"""Salvaging a torn tail (TANK_FORMAT.md §3.11) and finishing a salvage a crash interrupted — both directions of
+the protocol in one place, as `swap.py` holds compaction's.
+
+A tail is torn only when nothing valid follows the break (`data_beyond_break`): an index entry pointing past it,
+or a resynchronisation scan that finds complete bundles after it, means mid-file corruption, which is never cut.
+
+Forward (`salvage_tail`), each step durable (fsync) before the next, so every intermediate state is one the
+broker accepts no worse than the torn original (§9 rule 5):
+  1. index: replace `<base>.index` atomically by the rebuild-rule entries (§4.5) of the bundles before the cut
+     (valid for the log both before and after the cut: no entry at or past the new end, ever), or delete it when
+     no bundle is left;
+  2. side file: the cut bytes → `.<log name>.torn-at-<cut>` (temporary, fsync, rename, fsync dir). It keeps the
+     bytes and is the journal record of this salvage;
+  3. cut: truncate the log at the cut and fsync (an RO segment left with no bundle is unlinked with its index
+     instead: its seqs become a gap between RO segments, which the broker skips, §4.4 step 2);
+  4. name: an RO segment is renamed to its true last seq (§9 rule 6); an active segment cut to nothing while RO
+     segments exist is removed and the last RO segment becomes the active one (§9 rule 4: RO segments need a
+     non-empty active segment).
+Crash states and what `finish_salvages` (run by every repair) does with them:
+  after 1       torn log, valid index, no side file: nothing to finish; the torn tail is reported as before.
+  during 2      our `.tank-log-*.tmp` temporary: repair deletes it (the state after 1).
+  after 2       side file == log[cut:]: truncate (3), then 4.
+  after 3       RO under its old name: rename to the true last; RO cut to nothing: unlink what is left of it;
+                no active log after an active cut to nothing: reactivate the last RO segment.
+A side file whose segment has moved on (renamed, appended to by the broker after a finished salvage) is left alone.
+
+Salvage refuses (NeedsAttention, nothing touched) what would break a layout rule: cutting messages of the last RO
+segment (the gap before the active segment aborts the broker, §4.4), or an active segment cut to nothing when the
+last RO segment cannot become active (a gap before it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tank_log.errors import NeedsAttention, TankFormatError
+from tank_log.format.bundle import BundleHeader
+from tank_log.format.decode import INCOMPLETE, decode_messages, walk_bundles
+from tank_log.format.index import build_rebuild_rule, encode_index, read_index
+from tank_log.format.names import FileName, Kind, format_active_name, format_ro_name, parse_name
+from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, temp_path, write_file_synced
+from tank_log.storage.segment import Segment, Tail
+
+SIDE_FILE = re.compile(r"^\.(?P<log>.+)\.torn-at-(?P<cut>0|[1-9][0-9]*)$")
+RESYNC_SCAN_BYTES = 16 << 20  # how far past a break the resynchronisation scan looks for complete bundles
+
+
+def side_file_name(log_name: str, cut: int) -> str:
+    return f".{log_name}.torn-at-{cut}"
+
+
+# ---- torn tail or mid-file corruption? ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DataBeyond:
+    """Evidence that valid data follows a break: it is mid-file corruption, not a torn tail."""
+
+    offset: int  # file offset of the data found
+    how: str
+
+    def __str__(self) -> str:
+        return f"{self.how} at offset {self.offset}"
+
+
+def data_beyond_break(seg: Segment, tail: Tail) -> DataBeyond | None:
+    """Whether anything valid follows the break at `tail.valid_end`: an index entry pointing past it (the broker
+    indexes only bundles it wrote whole), or a chain of complete, decodable bundles starting after it (seqs
+    continuing the partition) that reaches the end of the file or holds at least two bundles."""
+    if not tail.torn_bytes:
+        return None
+    try:
+        entries = read_index(seg.index_path)
+    except (OSError, TankFormatError):
+        entries = []
+    for rel, off in entries:
+        if tail.valid_end < off < tail.file_size:
+            return DataBeyond(off, f"index entry ({rel}, {off}) points past the break")
+    with open(seg.path, "rb") as fh:
+        fh.seek(tail.valid_end)
+        buf = fh.read(min(tail.torn_bytes, RESYNC_SCAN_BYTES))
+    for p in range(1, len(buf) - 2):
+        if _chain_at(buf, p, tail.next_seq, reaches_eof=tail.valid_end + len(buf) == tail.file_size):
+            return DataBeyond(tail.valid_end + p, "complete bundles resume")
+    return None
+
+
+def _chain_at(buf: bytes, p: int, next_seq: int, *, reaches_eof: bool) -> bool:
+    b = buf[p]
+    if b == 0 or (b < 0x80 and p + 1 + b > len(buf)):
+        return False  # fast reject: no bundle, or one longer than what is left
+    try:
+        res = walk_bundles(buf, p, next_seq, collect=True)
+        if not len(res.table):
+            return False
+        decode_messages(res.table)
+    except TankFormatError:
+        return False
+    ends_at_eof = res.stop == len(buf) and res.reason != INCOMPLETE
+    return len(res.table) >= 2 or (ends_at_eof and reaches_eof)
+
+
+# ---- forward -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SalvagePlan:
+    """What `salvage_tail` will do to one segment."""
+
+    segment: Segment
+    tail: Tail
+    headers: Sequence[BundleHeader]  # the complete bundles before the cut
+    rename_to: str | None = None  # RO: the name with the true last seq
+    drop_segment: bool = False  # RO left with no bundle: unlink it
+    reactivate: Segment | None = None  # active cut to nothing: the RO segment to make active instead
+
+    @property
+    def cut(self) -> int:
+        return self.tail.valid_end
+
+
+def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) -> SalvagePlan:
+    """Plan the salvage of `seg`'s torn tail in a partition with RO segments `ro` (sorted) and `active`.
+
+    Raises:
+        NeedsAttention: no torn tail, mid-file corruption, or a cut that would break a layout rule (§9 rules 3–4).
+        TankFormatError: the segment does not decode before the break.
+    """
+    walk = seg.bundles()
+    headers = list(walk)
+    tail = walk.tail
+    assert tail is not None
+    if not tail.torn_bytes:
+        raise NeedsAttention(f"{seg.path}: no torn tail to salvage")
+    beyond = data_beyond_break(seg, tail)
+    if beyond is not None:
+        raise NeedsAttention(
+            f"{seg.path} @{tail.valid_end}: not a torn tail, {beyond}: mid-file corruption, nothing cut"
+        )
+    true_last = tail.next_seq - 1
+    if seg.is_active:
+        if headers or not ro:
+            return SalvagePlan(seg, tail, headers)
+        last_ro = ro[-1]
+        before = ro[-2].last if len(ro) > 1 else None
+        if before is not None and before + 1 != last_ro.base:
+            raise NeedsAttention(
+                f"{seg.path}: the torn tail is its only data; cutting it leaves no non-empty active segment "
+                f"(§9 rule 4) and {last_ro.file_name} cannot take its place (seq gap {before + 1}..{last_ro.base - 1} "
+                f"before it, §4.4)"
+            )
+        return SalvagePlan(seg, tail, headers, reactivate=last_ro)
+    if seg.last is not None and true_last < seg.last and ro and ro[-1].path == seg.path and active is not None:
+        raise NeedsAttention(
+            f"{seg.path}: salvage would cut seqs {true_last + 1}..{seg.last} of the last RO segment and leave a seq "
+            f"gap before the active segment, which the broker aborts on (§4.4); nothing cut"
+        )
+    if not headers:
+        return SalvagePlan(seg, tail, headers, drop_segment=True)
+    new_name = None
+    if seg.last != true_last:
+        new_name = format_ro_name(seg.base, true_last, seg.ts)
+    return SalvagePlan(seg, tail, headers, rename_to=new_name)
+
+
+def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
+    """Apply a salvage plan (see module docstring); return the report action. `on_step` is called after every
+    file operation (crash-injection tests)."""
+    step = on_step or (lambda what: None)
+    seg = plan.segment
+    d = os.path.dirname(seg.path)
+    entries = build_rebuild_rule(plan.headers, seg.base)
+    if entries:  # 1
+        atomic_write(seg.index_path, encode_index(entries))
+        step("index replaced")
+    elif os.path.exists(seg.index_path):
+        os.unlink(seg.index_path)
+        fsync_dir(d)
+        step("index removed")
+    side = os.path.join(d, side_file_name(seg.file_name, plan.cut))  # 2
+    with open(seg.path, "rb") as fh:
+        fh.seek(plan.cut)
+        cut_bytes = fh.read()
+    tmp = temp_path(d, os.path.basename(side))
+    write_file_synced(tmp, cut_bytes)
+    step("side file written")
+    os.rename(tmp, side)
+    fsync_dir(d)
+    step("side file in place")
+    action: dict = {
+        "action": "salvaged",
+        "segment": seg.file_name,
+        "cut_at": plan.cut,
+        "bytes_cut": len(cut_bytes),
+        "side_file": os.path.basename(side),
+    }
+    action.update(_finish(seg, plan.cut, plan.tail.next_seq - 1, step, reactivate=plan.reactivate))
+    return action
+
+
+def _finish(
+    seg: Segment, cut: int, true_last: int, step: StepHook, *, reactivate: Segment | None = None
+) -> dict[str, str]:
+    """Steps 3 and 4 for a segment whose side file is in place."""
+    d = os.path.dirname(seg.path)
+    done: dict[str, str] = {}
+    if not seg.is_active and cut == 0:
+        os.unlink(seg.path)
+        fsync_dir(d)
+        step("segment removed")
+        _unlink_if_exists(seg.index_path)
+        step("index removed")
+        done["removed"] = seg.file_name
+        return done
+    if os.path.getsize(seg.path) != cut:
+        with open(seg.path, "r+b") as fh:
+            fh.truncate(cut)
+            os.fsync(fh.fileno())
+        step("log cut")
+    if seg.is_active:
+        if reactivate is not None:
+            _unlink_if_exists(seg.index_path)
+            os.unlink(seg.path)
+            fsync_dir(d)
+            step("empty active removed")
+            done.update(_reactivate(reactivate, seg.ts))
+            step("last RO segment reactivated")
+        return done
+    if seg.last != true_last:
+        new_name = format_ro_name(seg.base, true_last, seg.ts)
+        os.rename(seg.path, os.path.join(d, new_name))
+        fsync_dir(d)
+        step("renamed")
+        done["renamed_to"] = new_name
+    return done
+
+
+def _reactivate(ro: Segment, ts: int | None) -> dict[str, str]:
+    """Make the last RO segment the active one: `<base>-<last>_<ts>.ilog` → `<base>_<ts>.log` (its index is valid
+    for an active segment: every entry is a bundle start before the end, §2.6)."""
+    name = format_active_name(ro.base, ts if ts is not None else ro.ts)
+    os.rename(ro.path, os.path.join(os.path.dirname(ro.path), name))
+    fsync_dir(os.path.dirname(ro.path))
+    return {"reactivated": ro.file_name, "as": name}
+
+
+def _unlink_if_exists(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+        fsync_dir(os.path.dirname(path))
+
+
+# ---- recovery ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SalvageRecovery:
+    """A salvage a crash interrupted, and the step that finishes it."""
+
+    side_file: str
+    log_path: str
+    cut: int
+    what: str  # "cut" | "rename" | "remove" | "remove-index" | "reactivate"
+
+    def describe(self) -> str:
+        return f"finish salvage of {os.path.basename(self.log_path)} at {self.cut}: {self.what}"
+
+
+def plan_salvage_recovery(partition_dir: str) -> list[SalvageRecovery]:
+    """The interrupted salvages of a partition (see module docstring); touches nothing."""
+    names = sorted(os.listdir(partition_dir))
+    logs = _segment_names(names)
+    out: list[SalvageRecovery] = []
+    for n in names:
+        m = SIDE_FILE.match(n)
+        if not m or (name := _parsed(m["log"])) is None or name.kind is Kind.INDEX:
+            continue
+        log_name, cut = m["log"], int(m["cut"])
+        log_path = os.path.join(partition_dir, log_name)
+        what = None
+        if log_name not in logs:  # cut to nothing and removed (or renamed/rolled since: done)
+            if cut == 0 and name.kind is Kind.RO:
+                if f"{name.base}.index" in names and all(f.base != name.base for f in logs.values()):
+                    what = "remove-index"
+            elif cut == 0 and all(f.kind is not Kind.ACTIVE for f in logs.values()):
+                what = "reactivate" if _last_ro_before(name.base, logs) else None
+        else:
+            size = os.path.getsize(log_path)
+            if size > cut:
+                what = "cut" if _tail_matches(log_path, cut, os.path.join(partition_dir, n)) else None
+            elif size == cut and name.kind is Kind.RO:
+                what = "remove" if cut == 0 else ("rename" if _true_last_or(log_path, name) != name.last else None)
+            elif size == cut == 0 and _last_ro_before(name.base, logs):
+                what = "reactivate"
+        if what:
+            out.append(SalvageRecovery(os.path.join(partition_dir, n), log_path, cut, what))
+    return out
+
+
+def finish_salvage(rec: SalvageRecovery) -> dict[str, str]:
+    """Finish one interrupted salvage. Idempotent: a crash in here leaves a state planned again the same way."""
+    d = os.path.dirname(rec.log_path)
+    name = _parsed(os.path.basename(rec.log_path))
+    assert name is not None
+    if rec.what == "remove-index":
+        index = os.path.join(d, f"{name.base}.index")
+        _unlink_if_exists(index)
+        return {"removed": os.path.basename(index)}
+    if rec.what == "cut":
+        with open(rec.log_path, "r+b") as fh:
+            fh.truncate(rec.cut)
+            os.fsync(fh.fileno())
+    reactivate = None
+    if name.kind is Kind.ACTIVE and rec.cut == 0:
+        last = _last_ro_before(name.base, _segment_names(os.listdir(d)))
+        reactivate = Segment(os.path.join(d, last)) if last else None
+    if not os.path.exists(rec.log_path):  # "reactivate" after the empty active was removed
+        assert reactivate is not None
+        return _reactivate(reactivate, name.ts)
+    seg = Segment(rec.log_path, name=name)
+    true_last = _true_last(rec.log_path, name) if rec.cut else 0
+    return _finish(seg, rec.cut, true_last, lambda what: None, reactivate=reactivate)
+
+
+def _segment_names(names: Sequence[str]) -> dict[str, FileName]:
+    """The segment logs among `names` (file name → parsed name)."""
+    return {n: f for n in names if (f := _parsed(n)) is not None and f.kind is not Kind.INDEX}
+
+
+def _parsed(name: str) -> FileName | None:
+    try:
+        parsed = parse_name(name)
+    except TankFormatError:
+        return None
+    return parsed if isinstance(parsed, FileName) else None
+
+
+def _last_ro_before(active_base: int, logs: dict[str, FileName]) -> str | None:
+    """The file name of the last RO segment if it ends right before `active_base` (the active it would replace)."""
+    ro = sorted(((f.base, n, f) for n, f in logs.items() if f.kind is Kind.RO))
+    if ro and ro[-1][2].last is not None and ro[-1][2].last + 1 == active_base:
+        return ro[-1][1]
+    return None
+
+
+def _tail_matches(log_path: str, cut: int, side: str) -> bool:
+    with open(log_path, "rb") as fh, open(side, "rb") as sf:
+        fh.seek(cut)
+        return fh.read() == sf.read()
+
+
+def _true_last_or(log_path: str, name: FileName) -> int | None:
+    """`_true_last`, or the name's own last when the log does not decode (verify reports it; not ours to fix)."""
+    try:
+        return _true_last(log_path, name)
+    except TankFormatError:
+        return name.last
+
+
+def _true_last(log_path: str, name: FileName) -> int:
+    walk = Segment(log_path, name=name).bundles()
+    for _ in walk:
+        pass
+    assert walk.tail is not None
+    return walk.tail.next_seq - 1
