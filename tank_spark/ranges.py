@@ -18,7 +18,7 @@ from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
 from tank_log.storage.segment import Segment, seq_mask
-from tank_spark.schema import ROW_SCHEMA
+from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
 DEFAULT_SPLIT_BYTES = 64 << 20
 
@@ -152,6 +152,21 @@ def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> lis
     ]
 
 
+def spark_ts(ts_ms: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """(ts, ts_raw) row columns of u64 producer timestamps: see `tank_spark.schema.MAX_TS_MS`."""
+    out = ts_ms > np.uint64(MAX_TS_MS)
+    if not out.any():
+        us = ts_ms.astype(np.int64) * 1000
+        return pa.array(us, pa.timestamp("us", tz="UTC")), pa.nulls(len(ts_ms), TS_RAW.type)
+    us = np.where(out, 0, ts_ms).astype(np.int64) * 1000
+    raw = pc.cast(pa.array(ts_ms, pa.uint64()), TS_RAW.type)
+    keep = pa.array(out)
+    return (
+        pa.array(us, pa.timestamp("us", tz="UTC"), mask=out),
+        pc.if_else(keep, raw, pa.nulls(len(ts_ms), TS_RAW.type)),
+    )
+
+
 def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     """Arrow batches of ROW_SCHEMA for one range (library code only; also used by the export job)."""
     seg = Segment(r.path, r.base)
@@ -170,15 +185,16 @@ def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
                 continue
             batch = to_record_batch(c, None if sel.all() else sel)
             n = batch.num_rows
-            ts_ms = pc.cast(batch.column("ts"), pa.int64())
+            ts, ts_raw = spark_ts(batch.column("ts").to_numpy())
             yield pa.RecordBatch.from_arrays(
                 [
                     topic.take(pa.array(np.zeros(n, dtype=np.int32))),
                     pa.array(np.full(n, r.partition, dtype=np.int32)),
                     pc.cast(batch.column("seq"), pa.int64()),
-                    pc.cast(pc.multiply(ts_ms, 1000), pa.timestamp("us", tz="UTC")),
+                    ts,
                     batch.column("key"),
                     batch.column("value"),
+                    ts_raw,
                 ],
                 schema=ROW_SCHEMA,
             )

@@ -14,6 +14,7 @@ from tank_spark.export.plan import (
     PartitionPlan,
     open_table,
 )
+from tank_spark.schema import TS_RAW
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,12 @@ def create_table(settings: ExportSettings, schema: pa.Schema):
     return DeltaTable.create(settings.table, schema=schema, partition_by=list(settings.partition_by), mode="error")
 
 
-def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> None:
-    """Refuse an existing table whose columns or partitioning differ from what this export writes."""
+def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool:
+    """Refuse an existing table whose columns or partitioning differ from what this export writes; return whether
+    it only lacks `ts_raw` (a table made before that column: `add_ts_raw` evolves it)."""
     have_names = [f.name for f in table.schema().fields]
-    if have_names != schema.names:
+    lacks_ts_raw = have_names + [TS_RAW.name] == schema.names
+    if have_names != schema.names and not lacks_ts_raw:
         raise JobConfigError(
             f"existing table {settings.table} has columns {have_names}, this export writes "
             f"{schema.names} (value format/schema differ?)"
@@ -37,6 +40,15 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> None
         raise JobConfigError(
             f"existing table {settings.table} is partitioned by {parts}, not {list(settings.partition_by)}"
         )
+    return lacks_ts_raw
+
+
+def add_ts_raw(table) -> None:
+    """Schema evolution of a table made before `ts_raw`: add the nullable column (old rows read it as null)."""
+    from deltalake import Field
+    from deltalake.schema import PrimitiveType
+
+    table.alter.add_columns([Field(TS_RAW.name, PrimitiveType("decimal(20,0)"), nullable=True)])
 
 
 def commit(
@@ -94,6 +106,7 @@ def write_with_delta_spark(df, settings: ExportSettings, work: list[PartitionPla
             .mode("append")
             .option("txnAppId", p.app_id)
             .option("txnVersion", p.end)
+            .option("mergeSchema", "true")  # a table made before ts_raw gains it
             .partitionBy(*settings.partition_by)
             .save(settings.table)
         )

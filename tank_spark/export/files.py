@@ -16,11 +16,15 @@ from tank_spark.export.plan import (
     table_key,
 )
 from tank_spark.export.rows import table_batches
+from tank_spark.schema import TS_RAW
 
 FILE_META_SCHEMA = (
     "path string, size long, partition_values string, num_records long, stats string, "
     "modification_time long, counts string"
 )
+
+
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # the directory of a null partition value (Delta/Hive convention)
 
 
 def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str):
@@ -40,7 +44,9 @@ def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str
             table = pa.Table.from_batches(pending.pop(key))
             sizes.pop(key)
             values = dict(zip(partition_by, key, strict=True))
-            rel_dir = "/".join(f"{c}={quote(str(v), safe='')}" for c, v in values.items())
+            rel_dir = "/".join(
+                f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
+            )
             name = f"part-{run_id}-{task}-{n[0]:04d}.parquet"
             n[0] += 1
             rel = f"{rel_dir}/{name}" if rel_dir else name
@@ -51,7 +57,7 @@ def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str
             return {
                 "path": rel,
                 "size": os.path.getsize(full),
-                "partition_values": json.dumps({c: str(v) for c, v in values.items()}),
+                "partition_values": json.dumps({c: None if v is None else str(v) for c, v in values.items()}),
                 "num_records": table.num_rows,
                 "stats": json.dumps(file_stats(data)),
                 "modification_time": int(time.time() * 1000),
@@ -91,7 +97,8 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
 
 
 def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
-    """(partition values as strings, row indices or None for all rows) per distinct value combination."""
+    """(partition values as strings — None for null —, row indices or None for all rows) per distinct value
+    combination."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -102,7 +109,8 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
     for c in columns:
         enc = pc.dictionary_encode(batch.column(c))
         dictionaries.append(enc.dictionary.to_pylist())
-        codes = codes * (len(enc.dictionary) + 1) + enc.indices.to_numpy(zero_copy_only=False)
+        indices = pc.fill_null(enc.indices, len(enc.dictionary))  # null → the extra slot
+        codes = codes * (len(enc.dictionary) + 1) + indices.to_numpy(zero_copy_only=False)
     uniq, inverse = np.unique(codes, return_inverse=True)
     if len(uniq) == 1:
         rows_of = [None]
@@ -115,7 +123,7 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
         key = []
         for d in reversed(dictionaries):
             code, idx = divmod(code, len(d) + 1)
-            key.append(str(d[idx]))
+            key.append(None if idx == len(d) else str(d[idx]))
         out.append((tuple(reversed(key)), rows_of[i]))
     return out
 
@@ -147,10 +155,13 @@ def file_stats(table: pa.Table) -> dict:
 def partition_counts(table: pa.Table) -> dict:
     """Per TANK partition in a file: [rows, min seq, max seq, decode errors] (for the run report)."""
     aggs = [("seq", "count"), ("seq", "min"), ("seq", "max")]
-    if "decode_error" in table.column_names:
-        aggs.append(("decode_error", "count"))  # counts non-null values: the rows with an error
+    for quarantine in ("decode_error", TS_RAW.name):
+        if quarantine in table.column_names:
+            aggs.append((quarantine, "count"))  # counts non-null values: the rows with an error / a ts out of range
     g = table.group_by(["topic", "partition"]).aggregate(aggs).to_pydict()
-    errors = g.get("decode_error_count", [0] * len(g["topic"]))
+    zeros = [0] * len(g["topic"])
+    decode_errors, ts_out = g.get("decode_error_count", zeros), g.get(f"{TS_RAW.name}_count", zeros)
+    errors = [a + b for a, b in zip(decode_errors, ts_out, strict=True)]
     return {
         f"{t}/{p}": [n, lo, hi, e]
         for t, p, n, lo, hi, e in zip(

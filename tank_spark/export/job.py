@@ -29,6 +29,7 @@ import time
 import uuid
 
 from tank_spark.export.commit import (
+    add_ts_raw,
     check_compatible,
     check_delta_spark,
     commit,
@@ -43,12 +44,14 @@ from tank_spark.export.files import (
 )
 from tank_spark.export.plan import (
     add_options,
+    open_table,
     prepare,
     table_key,
 )
 from tank_spark.export.rows import count_direct, decoded_frame, direct_ranges
 from tank_spark.export.schema import table_schema
 from tank_spark.runner import count_by, run_job
+from tank_spark.schema import TS_RAW
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +67,7 @@ def execute(ctx, prepared, spark):
     if settings.engine == "spark":
         check_delta_spark(spark)
     schema = table_schema(settings, spark)
-    if table is not None:
-        check_compatible(settings, schema, table)
+    evolve = table is not None and check_compatible(settings, schema, table)
     work = [p for p in plans if p.has_work]
     results = {
         (p.topic, p.partition): {
@@ -114,6 +116,10 @@ def execute(ctx, prepared, spark):
         version = write_with_delta_spark(decoded_frame(spark, ctx, settings, plans), settings, work)
         files: list[dict] = []
     else:
+        if evolve:
+            log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
+            add_ts_raw(table)
+            table = open_table(settings.table)
         table = table if table is not None else create_table(settings, schema)
         run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
         if sql_path:

@@ -10,6 +10,7 @@ from tank_spark.export.plan import (
     PartitionPlan,
 )
 from tank_spark.export.schema import BASE_COLUMNS, json_fields
+from tank_spark.schema import TS_RAW
 
 
 def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPlan]):
@@ -44,6 +45,7 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
                 cols.append(F.when(error.isNull(), F.col(f"_parsed.`{f.name}`")).alias(f.name))
         cols += [error.alias("decode_error"), F.when(error.isNotNull(), F.col("value")).alias("raw_value")]
     cols.append(F.to_date(F.col("ts")).alias("date"))
+    cols.append(F.col(TS_RAW.name))
     return df.select(*cols)
 
 
@@ -73,6 +75,7 @@ def table_batches(ranges, settings: ExportSettings, schema: pa.Schema):
                 text, error = utf8_with_errors(value)
                 cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
             cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
+            cols.append(b.column(TS_RAW.name))
             yield pa.RecordBatch.from_arrays(cols, schema=schema)
 
 

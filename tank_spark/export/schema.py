@@ -8,7 +8,7 @@ from tank_log.errors import JobConfigError
 from tank_spark.export.plan import (
     ExportSettings,
 )
-from tank_spark.schema import KEY_COLUMNS, ROW_SCHEMA
+from tank_spark.schema import KEY_COLUMNS, ROW_SCHEMA, TS_RAW
 
 BASE_COLUMNS = KEY_COLUMNS  # topic, partition, seq, ts, key: as the data source reads them
 VALUE_FIELDS = {"binary": pa.field("value", pa.binary()), "utf8": pa.field("value", pa.string())}
@@ -28,7 +28,7 @@ def table_schema(settings: ExportSettings, spark) -> pa.Schema:
         fields += json_fields(settings.value_schema, spark)
     if settings.value_format != "binary":
         fields += QUARANTINE_FIELDS
-    return pa.schema(fields + DERIVED_FIELDS)
+    return pa.schema(fields + DERIVED_FIELDS + [TS_RAW])  # ts_raw last: tables made before it gain it by evolution
 
 
 def json_fields(ddl: str, spark) -> list[pa.Field]:
@@ -39,7 +39,7 @@ def json_fields(ddl: str, spark) -> list[pa.Field]:
         struct = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
     except Exception as err:
         raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
-    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS} | {"value"}
+    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS} | {"value", TS_RAW.name}
     clash = [f.name for f in struct.fields if f.name in reserved]
     if clash:
         raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")

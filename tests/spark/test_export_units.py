@@ -43,3 +43,16 @@ def test_group_rows_and_stats():
     stats = file_stats(pa.Table.from_batches([b]))
     assert stats["numRecords"] == 3 and stats["minValues"]["seq"] == 1 and stats["maxValues"]["seq"] == 3
     assert stats["minValues"]["ts"] == "1970-01-01T00:00:00.001Z" and stats["nullCount"]["topic"] == 0
+
+
+def test_spark_ts_never_wraps():
+    import numpy as np
+
+    from tank_spark.ranges import spark_ts
+    from tank_spark.schema import MAX_TS_MS
+
+    ts, raw = spark_ts(np.array([0, MAX_TS_MS, MAX_TS_MS + 1, 2**63 // 1000, 2**64 - 1], dtype=np.uint64))
+    assert pa.compute.cast(ts, pa.int64()).to_pylist() == [0, MAX_TS_MS * 1000, None, None, None]
+    assert raw.to_pylist() == [None, None, MAX_TS_MS + 1, 2**63 // 1000, 2**64 - 1]
+    ts, raw = spark_ts(np.array([5], dtype=np.uint64))
+    assert ts.to_pylist()[0] == dt.datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=dt.UTC) and raw.null_count == 1

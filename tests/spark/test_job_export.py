@@ -176,3 +176,43 @@ def test_dry_run_and_usage_errors(tmp_path):
 def test_engine_spark_without_jars_is_a_clear_error(tmp_path):
     r = run_job("--data-dir", data_dir("C_misc"), "--table", str(tmp_path / "t"), "--engine", "spark")
     assert r.returncode == 2 and "Delta Lake's jars" in r.stderr
+
+
+def test_timestamps_out_of_range_are_quarantined_and_old_tables_evolve(tmp_path):
+    """#15.3: a ts beyond 9999-12-31 is stored as null ts + exact ts_raw and counted quarantined, never wrapped; a
+    table made before ts_raw existed gains the column (schema evolution) and keeps its rows."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from tank_log.storage.writer import write_partition
+    from tank_spark.schema import MAX_TS_MS
+
+    base = tmp_path / "data"
+    pdir = base / "t" / "0"
+    pdir.mkdir(parents=True)
+    stamps = [1_700_000_000_000, 2**62, 2**64 - 1, MAX_TS_MS + 1]
+    write_partition(pdir, [Message(i + 1, ts, None, b"v%d" % i) for i, ts in enumerate(stamps)])
+    table = str(tmp_path / "table")
+    old = pa.schema(
+        [
+            pa.field("topic", pa.string()),
+            pa.field("partition", pa.int32()),
+            pa.field("seq", pa.int64()),
+            pa.field("ts", pa.timestamp("us", tz="UTC")),
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("date", pa.date32()),
+        ]
+    )
+    write_deltalake(table, pa.Table.from_pylist([], old), partition_by=["topic", "date"])
+    report = tmp_path / "r.json"
+    r = run_job("--data-dir", str(base), "--table", table, "--value-format", "binary", "--report", str(report))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(report.read_text())["summary"]
+    assert summary["quarantined"] == 3 and summary["rows"] == 4
+    t = DeltaTable(table)
+    assert t.schema().fields[-1].name == "ts_raw"
+    rows = sorted(t.to_pyarrow_table().to_pylist(), key=lambda r: r["seq"])
+    assert [r["ts_raw"] for r in rows] == [None, 2**62, 2**64 - 1, MAX_TS_MS + 1]
+    assert [r["ts"] is None for r in rows] == [False, True, True, True]
+    assert [r["date"] is None for r in rows] == [False, True, True, True]

@@ -49,7 +49,7 @@ def test_pyspark_test_package_agrees(spark):
 def test_schema(spark):
     df = spark.read.format("tank").load(data_dir("C_misc"))
     assert df.schema.simpleString() == (
-        "struct<topic:string,partition:int,seq:bigint,ts:timestamp,key:binary,value:binary>"
+        "struct<topic:string,partition:int,seq:bigint,ts:timestamp,key:binary,value:binary,ts_raw:decimal(20,0)>"
     )
 
 
@@ -108,3 +108,21 @@ def test_where_pushdown_is_opt_in(spark):
 def test_missing_path_is_a_clear_error(spark):
     with pytest.raises(Exception, match="base path not found"):
         spark.read.format("tank").load("/nonexistent/tank").count()
+
+
+def test_timestamps_out_of_range_are_null_with_the_raw_value(spark, tmp_path):
+    """#15.3: a u64 ts beyond 9999-12-31 never wraps: ts is null and ts_raw holds the exact value."""
+    from tank_log.format.bundle import Message
+    from tank_log.storage.writer import write_partition
+    from tank_spark.schema import MAX_TS_MS
+
+    stamps = [1, MAX_TS_MS, MAX_TS_MS + 1, 2**62, 2**64 - 1]
+    pdir = tmp_path / "t" / "0"
+    pdir.mkdir(parents=True)
+    write_partition(pdir, [Message(i + 1, ts, None, b"v") for i, ts in enumerate(stamps)])
+    rows = spark.read.format("tank").load(str(tmp_path)).orderBy("seq").collect()
+    assert [r["ts_raw"] for r in rows] == [None, None, MAX_TS_MS + 1, 2**62, 2**64 - 1]
+    assert [r["ts"] is None for r in rows] == [False, False, True, True, True]
+    assert rows[1]["ts"].year == 9999
+    millis = spark.read.format("tank").load(str(tmp_path)).orderBy("seq").select(F.unix_millis("ts")).collect()
+    assert [m[0] for m in millis] == [1, MAX_TS_MS, None, None, None]
