@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import pyarrow as pa
 
@@ -13,6 +14,8 @@ from tank_spark.export.plan import (
     ExportSettings,
     PartitionPlan,
     open_table,
+    recorded_version,
+    table_key,
 )
 from tank_spark.schema import TS_RAW
 
@@ -51,32 +54,57 @@ def add_ts_raw(table) -> None:
     table.alter.add_columns([Field(TS_RAW.name, PrimitiveType("decimal(20,0)"), nullable=True)])
 
 
+class ConcurrentExport(Exception):
+    """Another run committed to the table since this run planned: re-plan and retry."""
+
+
 def commit(
-    table, settings: ExportSettings, schema: pa.Schema, files: list[dict], plans: list[PartitionPlan], run_id: str
+    settings: ExportSettings, schema: pa.Schema, files: list[dict], plans: list[PartitionPlan], run_id: str
 ) -> int:
+    """Commit the written files with each partition's new version, against the table's latest version.
+
+    Raises:
+        ConcurrentExport: a partition's recorded version moved since planning, or delta-rs found a conflicting
+            concurrent commit (nothing committed).
+    """
     from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction
 
+    table = open_table(settings.table)  # the latest version: a snapshot from planning cannot see other runs
     for p in plans:  # delta-rs does not skip an already-recorded version by itself
-        now = table.transaction_version(p.app_id)
+        _, now = recorded_version(table, settings.table, p.topic, p.partition)
         if now != p.previous:
-            raise RuntimeError(
-                f"{p.topic}/{p.partition}: the table's recorded version changed from {p.previous} "
-                f"to {now} during this run (a concurrent export?); nothing committed"
+            raise ConcurrentExport(
+                f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
+                f"since this run planned (a concurrent export)"
             )
     actions = [
         AddAction(f["path"], f["size"], json.loads(f["partition_values"]), f["modification_time"], True, f["stats"])
         for f in files
     ]
     txns = [Transaction(p.app_id, p.end) for p in plans if p.has_work]
-    table.create_write_transaction(
-        actions,
-        mode="append",
-        schema=schema,
-        partition_by=list(settings.partition_by),
-        commit_properties=CommitProperties(app_transactions=txns, custom_metadata={"tank-log.run": run_id}),
-    )
+    try:
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=schema,
+            partition_by=list(settings.partition_by),
+            commit_properties=CommitProperties(app_transactions=txns, custom_metadata={"tank-log.run": run_id}),
+        )
+    except CommitFailedError as err:
+        raise ConcurrentExport(f"commit conflict: {err}") from None
     return open_table(settings.table).version()
+
+
+def remove_uncommitted(settings: ExportSettings, files: list[dict]) -> None:
+    """Delete files this run wrote but did not commit (after a concurrent export)."""
+    root = table_key(settings.table)
+    for f in files:
+        try:
+            os.unlink(os.path.join(root, f["path"]))
+        except FileNotFoundError:
+            pass
 
 
 def check_delta_spark(spark) -> None:

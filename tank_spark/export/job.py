@@ -27,13 +27,16 @@ import logging
 import os
 import time
 import uuid
+from dataclasses import replace
 
 from tank_spark.export.commit import (
+    ConcurrentExport,
     add_ts_raw,
     check_compatible,
     check_delta_spark,
     commit,
     create_table,
+    remove_uncommitted,
     table_version,
     write_with_delta_spark,
 )
@@ -43,8 +46,11 @@ from tank_spark.export.files import (
     write_direct,
 )
 from tank_spark.export.plan import (
+    PartitionPlan,
     add_options,
+    app_id,
     open_table,
+    plan_export,
     prepare,
     table_key,
 )
@@ -56,6 +62,8 @@ from tank_spark.schema import TS_RAW
 log = logging.getLogger(__name__)
 
 
+COMMIT_ATTEMPTS = 3  # re-plans after a concurrent commit before the run fails
+HOLD_ENV = "TANK_LOG_EXPORT_HOLD"  # test hook: wait before the commit until a file exists (see _hold_before_commit)
 CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver dies after the files are written
 
 
@@ -69,23 +77,7 @@ def execute(ctx, prepared, spark):
     schema = table_schema(settings, spark)
     evolve = table is not None and check_compatible(settings, schema, table)
     work = [p for p in plans if p.has_work]
-    results = {
-        (p.topic, p.partition): {
-            "topic": p.topic,
-            "partition": p.partition,
-            "path": p.base_path,
-            "app_id": p.app_id,
-            "previous_version": p.previous,
-            "from_seq": p.first if p.has_work else None,
-            "to_seq": p.end if p.has_work else None,
-            "status": "pending" if p.has_work else "up-to-date",
-            "rows": 0,
-            "quarantined": 0,
-            "files": 0,
-            "bytes": 0,
-        }
-        for p in plans
-    }
+    results = _results(plans)
     summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
     if not work:
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
@@ -112,6 +104,10 @@ def execute(ctx, prepared, spark):
             table_version=table_version(table),
         )
         return list(results.values()), summary
+    if table is None:  # the table's id names the partitions' app transactions (`plan.app_id`)
+        table = create_table(settings, schema)
+        plans = [replace(p, app_id=app_id(table.metadata().id, p.topic, p.partition)) for p in plans]
+        results, work = _results(plans), [p for p in plans if p.has_work]
     if settings.engine == "spark":
         version = write_with_delta_spark(decoded_frame(spark, ctx, settings, plans), settings, work)
         files: list[dict] = []
@@ -119,26 +115,26 @@ def execute(ctx, prepared, spark):
         if evolve:
             log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
             add_ts_raw(table)
-            table = open_table(settings.table)
-        table = table if table is not None else create_table(settings, schema)
-        run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-        if sql_path:
-            writer = make_file_writer(
-                table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
-            )
-            df = decoded_frame(spark, ctx, settings, plans)
-            files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
-        else:
-            ranges = direct_ranges(ctx, settings, plans)
-            log.info("export: %d partitions with new messages, %d read tasks", len(work), len(ranges))
-            files = write_direct(spark, ranges, settings, schema, run_id)
-        log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
-        if os.environ.get(CRASH_ENV) == "before-commit":
-            log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
-            os._exit(137)
-        t_commit = time.monotonic()
-        version = commit(table, settings, schema, files, plans, run_id)
-        log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            files = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
+            _hold_before_commit()
+            t_commit = time.monotonic()
+            try:
+                version = commit(settings, schema, files, plans, uuid.uuid4().hex[:8])
+            except ConcurrentExport as conflict:
+                remove_uncommitted(settings, files)
+                if attempt == COMMIT_ATTEMPTS:
+                    raise
+                log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
+                plans, _ = plan_export(ctx, settings)
+                results, work = _results(plans), [p for p in plans if p.has_work]
+                if not work:
+                    summary.update(by_status=count_by(list(results.values())), rows=0)
+                    summary["table_version"] = table_version(open_table(settings.table))
+                    return list(results.values()), summary
+                continue
+            log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
+            break
     for f in files:
         for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
             topic, _, pid = key.rpartition("/")
@@ -164,6 +160,58 @@ def execute(ctx, prepared, spark):
         rows_per_s=round(rows / elapsed) if elapsed else None,
     )
     return list(results.values()), summary
+
+
+def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
+    """The report row of each partition, before anything is written."""
+    return {
+        (p.topic, p.partition): {
+            "topic": p.topic,
+            "partition": p.partition,
+            "path": p.base_path,
+            "app_id": p.app_id,
+            "previous_version": p.previous,
+            "from_seq": p.first if p.has_work else None,
+            "to_seq": p.end if p.has_work else None,
+            "status": "pending" if p.has_work else "up-to-date",
+            "rows": 0,
+            "quarantined": 0,
+            "files": 0,
+            "bytes": 0,
+        }
+        for p in plans
+    }
+
+
+def _write_files(ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float) -> list[dict]:
+    """Write every partition's range as Parquet files under the table (not committed); return their metadata."""
+    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    if sql_path:
+        writer = make_file_writer(
+            table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
+        )
+        df = decoded_frame(spark, ctx, settings, plans)
+        files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+    else:
+        ranges = direct_ranges(ctx, settings, plans)
+        log.info("export: %d partitions with new messages, %d read tasks", sum(p.has_work for p in plans), len(ranges))
+        files = write_direct(spark, ranges, settings, schema, run_id)
+    log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
+    if os.environ.get(CRASH_ENV) == "before-commit":
+        log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
+        os._exit(137)
+    return files
+
+
+def _hold_before_commit() -> None:
+    """Test hook (`HOLD_ENV`=PATH): announce PATH.ready, then wait until PATH exists (a concurrent run commits)."""
+    path = os.environ.get(HOLD_ENV)
+    if not path:
+        return
+    open(path + ".ready", "w").close()
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:

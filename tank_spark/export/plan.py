@@ -15,10 +15,26 @@ from tank_log.jobs.config import parse_partition_by, parse_size_arg
 log = logging.getLogger(__name__)
 
 
-def app_id(table: str, topic: str, partition: int) -> str:
-    """Application transaction id of one partition in one table."""
+def app_id(table_id: str, topic: str, partition: int) -> str:
+    """Application transaction id of one partition in one table. `table_id` is the Delta table's own id (its
+    metaData id, kept when the table is moved, copied or reached through another path or a symlink), so exactly-once
+    belongs to the table, not to the path used to reach it."""
+    return f"tank-log:{table_id}:{topic}:{partition}"
+
+
+def legacy_app_id(table: str, topic: str, partition: int) -> str:
+    """The id of tables exported before `app_id` used the table's id (a hash of the path): read, never written."""
     digest = hashlib.sha1(table_key(table).encode()).hexdigest()[:12]
     return f"tank-log:{digest}:{topic}:{partition}"
+
+
+def recorded_version(table, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
+    """(app id, last exported seq recorded in the table for the partition, None if never)."""
+    aid = app_id(table.metadata().id, topic, partition)
+    version = table.transaction_version(aid)
+    if version is None:
+        version = table.transaction_version(legacy_app_id(table_path, topic, partition))
+    return aid, version
 
 
 def table_key(table: str) -> str:
@@ -30,7 +46,7 @@ class PartitionPlan:
     base_path: str
     topic: str
     partition: int
-    app_id: str
+    app_id: str | None  # None until the table exists
     previous: int | None  # last exported seq recorded in the table (None: never exported)
     end: int | None  # last complete seq now (None: empty partition)
 
@@ -103,6 +119,8 @@ def prepare(ctx, args):
 
 
 def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], object | None]:
+    """Per partition: the range to export, against the table's latest version (also used to re-plan after a
+    concurrent commit)."""
     from deltalake import DeltaTable
 
     from tank_log.storage.datadir import last_complete_seq, scan_data_dir
@@ -122,8 +140,11 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
                         f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
                     )
                 seen[part.key] = base
-                aid = app_id(settings.table, part.topic, part.id)
-                previous = table.transaction_version(aid) if isinstance(table, DeltaTable) else None
+                aid, previous = (
+                    recorded_version(table, settings.table, part.topic, part.id)
+                    if isinstance(table, DeltaTable)
+                    else (None, None)
+                )
                 plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
     if ctx.topics is not None:
         missing = sorted(ctx.topics - found_topics)

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import ROOT, copy_tree, data_dir, load_dump
@@ -216,3 +217,78 @@ def test_timestamps_out_of_range_are_quarantined_and_old_tables_evolve(tmp_path)
     assert [r["ts_raw"] for r in rows] == [None, 2**62, 2**64 - 1, MAX_TS_MS + 1]
     assert [r["ts"] is None for r in rows] == [False, True, True, True]
     assert [r["date"] is None for r in rows] == [False, True, True, True]
+
+
+def _rows_of_report(path):
+    return json.loads(open(path).read())["summary"]
+
+
+def test_exactly_once_belongs_to_the_table_not_its_path(tmp_path):
+    """#15.2: the app ids come from the table's own id: reaching the table through a symlink, or copying it to a
+    new place, exports nothing twice."""
+    import shutil
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "lake" / "t")
+    os.makedirs(os.path.dirname(table))
+    args = ("--data-dir", base, "--topics", "events", "--value-format", "binary")
+    r = run_job(*args, "--table", table)
+    assert r.returncode == 0, r.stderr[-3000:]
+    expected = dump_rows("A_multi", {"events"})
+    assert table_rows(table) == expected
+    os.symlink(str(tmp_path / "lake"), str(tmp_path / "lake_link"))
+    r = run_job(*args, "--table", str(tmp_path / "lake_link" / "t"), "--report", str(tmp_path / "2.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _rows_of_report(tmp_path / "2.json")["rows"] == 0 and table_rows(table) == expected
+    copy = str(tmp_path / "elsewhere")
+    shutil.copytree(table, copy)
+    appended = roll_and_append(base, "events", 5)
+    r = run_job(*args, "--table", copy, "--report", str(tmp_path / "3.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _rows_of_report(tmp_path / "3.json")["rows"] == len(appended)
+    assert table_rows(copy) == sorted(expected + appended)
+
+
+def test_a_concurrent_export_that_already_committed_makes_the_other_replan(tmp_path):
+    """#15.2: run A plans and writes, then waits; run B exports the same ranges and commits; A re-reads the table
+    before committing, sees B's versions, re-plans, finds nothing left, removes its files and exits 0."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    args = ("--data-dir", base, "--topics", "events", "--value-format", "binary", "--table", table)
+    r = run_job(*args)  # the table exists: both runs plan against the same version
+    assert r.returncode == 0, r.stderr[-3000:]
+    appended = roll_and_append(base, "events", 7)
+    hold = str(tmp_path / "release")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", TANK_LOG_EXPORT_HOLD=hold)
+    a = subprocess.Popen(
+        [sys.executable, JOB, "--master", "local[2]", *args, "--report", str(tmp_path / "a.json")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
+        time.sleep(0.2)
+    assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+    r = run_job(*args, "--report", str(tmp_path / "b.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _rows_of_report(tmp_path / "b.json")["rows"] == len(appended)
+    open(hold, "w").close()
+    _, err = a.communicate(timeout=300)
+    assert a.returncode == 0, err[-3000:]
+    assert "re-planning" in err
+    report = json.loads(open(tmp_path / "a.json").read())
+    assert report["summary"]["rows"] == 0
+    assert table_rows(table) == sorted(dump_rows("A_multi", {"events"}) + appended)
+    from urllib.parse import unquote
+
+    committed = {os.path.relpath(unquote(u.removeprefix("file://")), table) for u in DeltaTable(table).file_uris()}
+    on_disk = {
+        os.path.relpath(os.path.join(d, f), table)
+        for d, _, fs in os.walk(table)
+        if "_delta_log" not in d
+        for f in fs
+        if f.endswith(".parquet")
+    }
+    assert on_disk == committed  # A removed what it wrote and did not commit
