@@ -9,6 +9,7 @@ the broker).
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -154,6 +155,16 @@ def format_active_name(base: int, ts: int | None) -> str:
 def format_index_name(base: int, *, wide: bool = False) -> str:
     """`<base>.index` (`<base>_64.index` only to name the reserved wide form; never write it)."""
     return f"{base}_64.index" if wide else f"{base}.index"
+
+
+def name_ts_from_message_ts(message_ts: int, now: float | None = None) -> int:
+    """A name timestamp (u32 seconds, §2.2) for a segment from one of its message timestamps: the message ts read as
+    ms (§3.7) when that is a plausible time (after the epoch, not beyond a day from now), else the clock — producers
+    writing µs or ns would otherwise give a name ts past u32 (or far in the future, which age retention never
+    deletes). Never 0 (§9 rule 6)."""
+    now = time.time() if now is None else now
+    seconds = message_ts // 1000
+    return seconds if 0 < seconds <= now + 86400 else int(now)
 
 
 def _check_ts(ts: int) -> int:

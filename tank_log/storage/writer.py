@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
-from tank_log.format.names import format_active_name, format_index_name, format_ro_name
+from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
 from tank_log.format.varint import unframed_size
 from tank_log.storage.fsutil import fsync_dir, temp_path
 
@@ -294,7 +294,7 @@ def write_partition(
     try:
         for m in messages:
             if writer is not None and roll_due and m.seq == writer.expected_next:
-                writer.ts = newest // 1000
+                writer.ts = name_ts_from_message_ts(newest)
                 done.append(commit(writer.finish()))  # type: ignore[arg-type]
                 writer = None
             if writer is None:
@@ -307,9 +307,9 @@ def write_partition(
             written = writer.finish()
             if written is not None:
                 written = (
-                    replace(written, active=True, ts=first_ts // 1000)
+                    replace(written, active=True, ts=name_ts_from_message_ts(first_ts))
                     if with_active
-                    else replace(written, ts=newest // 1000)
+                    else replace(written, ts=name_ts_from_message_ts(newest))
                 )
                 done.append(commit(written))
     except BaseException:

@@ -223,3 +223,26 @@ def test_crash_at_every_step_then_repair(tmp_path):
         assert problems == [], (k, steps[k - 1], problems)
         assert not repair_partition(pdir).has_work  # repair is idempotent
     assert outcomes == {"original", "compacted"}
+
+
+def test_legacy_names_with_microsecond_timestamps(tmp_path):
+    """#15.6: inputs with ts-less (legacy) names whose messages carry µs timestamps (beyond u32 seconds when read as
+    ms): the output name ts must fit u32 and be truthful enough for age retention (§9 rule 6), never fail."""
+    d = str(tmp_path / "t" / "0")
+    os.makedirs(d)
+    now_us = int(time.time() * 1_000_000)
+    msgs = [Message(i, now_us + i, b"k%d" % (i % 3), b"v%d" % i * 40) for i in range(1, 301)]
+    write_partition(d, msgs, segment_bytes=2000, policy=BundlePolicy(max_messages=4))
+    for n in os.listdir(d):  # strip the timestamps: legacy names <base>-<last>.ilog (§2.1)
+        if n.endswith(".ilog"):
+            os.rename(os.path.join(d, n), os.path.join(d, n.split("_")[0] + ".ilog"))
+    part = scan_partition(d, "t", 0)
+    assert all(s.ts is None for s in part.ro) and len(part.ro) >= 3
+    res = compact_partition(part, STOPPED)
+    assert res.status == "compacted", res
+    after = scan_partition(d, "t", 0)
+    assert not [n for n in os.listdir(d) if n.startswith(".") and n != ".tank-log.lock"]
+    for s in after.ro:
+        assert s.ts is not None and 0 < s.ts < 2**32
+        assert abs(s.ts - time.time()) < 3600  # the clock: the messages' ts are not seconds-since-epoch in ms
+    assert [p for p in check_partition(after) if p.severity == "error"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tank_log.format.bundle import Message
+from tank_log.format.names import name_ts_from_message_ts
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.storage.writer import SegmentWriter, WrittenSegment
 
@@ -46,8 +47,8 @@ class OutputSegments:
     def close_current(self) -> None:
         if self.writer is None:
             return
-        # name ts: the newest input absorbed (§6.3); legacy inputs without ts: the newest message's, in seconds
-        self.writer.ts = self.input_ts if self.input_ts is not None else self.newest_ts // 1000
+        # name ts: the newest input absorbed (§6.3); legacy inputs without ts: from the newest message's, if plausible
+        self.writer.ts = self.input_ts if self.input_ts is not None else name_ts_from_message_ts(self.newest_ts)
         written = self.writer.finish()
         if written is not None:
             self.done.append(written)
