@@ -43,6 +43,10 @@ COMPLETE = "complete"  # every byte consumed
 INCOMPLETE = "incomplete"  # the last bundle (or its length varint) continues past the buffer
 ZERO = "zero"  # a zero length varint: trailing zero bytes (torn tail) or corruption
 LIMIT = "limit"  # stopped early at max_bytes / stop_seq
+BUDGET = "budget"  # stopped after `max_messages` collected messages; more bundles follow
+
+MIN_MESSAGE_BYTES = 2  # flags + a 1-byte content length (§3.5): bounds a bundle's count by its message set's size
+DEFAULT_MAX_MESSAGES = 1 << 20  # messages per collecting walk: bounds decode_messages' arrays (~64 B each)
 
 
 @dataclass
@@ -111,24 +115,33 @@ def walk_bundles(
     collect: bool = True,
     max_bytes: int | None = None,
     stop_seq: int | None = None,
+    max_messages: int = DEFAULT_MAX_MESSAGES,
 ) -> WalkResult:
     """Walk framed bundles of `buf` from `start`; see module docstring.
 
     `collect`: decompress Snappy message sets and build `data` (for `decode_messages`); otherwise headers only.
     `max_bytes`: stop after the bundle that brings the walked bytes to this size. `stop_seq`: stop after the
-    bundle whose last seq is >= stop_seq.
+    bundle whose last seq is >= stop_seq. `max_messages`: with `collect`, stop (reason BUDGET) after the bundle
+    that brings the collected messages to this many, so what is decoded at once stays bounded on any input (a
+    bundle's count is checked against its message set's size first).
     """
     gc_was_enabled = gc.isenabled()
     gc.disable()  # one tuple per bundle and no cycles: the cyclic GC would only rescan them, costing ~1 µs/bundle
     try:
-        return _walk(buf, start, next_seq, collect, max_bytes, stop_seq)
+        return _walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
 def _walk(
-    buf: bytes, start: int, next_seq: int, collect: bool, max_bytes: int | None, stop_seq: int | None
+    buf: bytes,
+    start: int,
+    next_seq: int,
+    collect: bool,
+    max_bytes: int | None,
+    stop_seq: int | None,
+    max_messages: int,
 ) -> WalkResult:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     append = rows.append
@@ -140,6 +153,7 @@ def _walk(
     limit = n if max_bytes is None else min(n, start + max_bytes)
     stop_at = U64_MAX + 1 if stop_seq is None else stop_seq
     codecs = CODECS
+    collected = 0
     reason = COMPLETE
     need = 0
     while pos < n:
@@ -175,20 +189,30 @@ def _walk(
         codec = f & CODEC_MASK
         if codec:
             spec = codecs[codec]
-            if c > spec.max_expansion * (end - q) + 64:
+            if c > (spec.max_expansion * (end - q) + 64) // MIN_MESSAGE_BYTES:
                 raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
             if collect:
                 try:
-                    packed_sets.append(spec.decompress(mv[q:end]))
+                    unpacked = spec.decompress(mv[q:end])
                 except TankFormatError as err:
                     raise TankFormatError(err.message, offset=pos) from None
+                if c > len(unpacked) // MIN_MESSAGE_BYTES:  # before decode_messages allocates per-message arrays
+                    raise TankFormatError(
+                        f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
+                        offset=pos,
+                    )
+                packed_sets.append(unpacked)
                 packed_rows.append(len(rows))
-        elif c > end - q:  # every message takes at least 2 bytes (flags + length)
+        elif c > (end - q) // MIN_MESSAGE_BYTES:
             raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         append((pos, end, q, f, c, first, next_seq - 1))
         pos = end
         if next_seq > stop_at or pos >= limit:
             reason = LIMIT if pos < n else COMPLETE
+            break
+        collected += c
+        if collect and collected >= max_messages and pos < n:
+            reason = BUDGET  # enough for one decode: the caller continues from `stop`
             break
     t = BundleTable()
     if rows:

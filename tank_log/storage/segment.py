@@ -19,6 +19,7 @@ from tank_log.errors import TankFormatError
 from tank_log.format.arrow import MESSAGE_SCHEMA, to_record_batch
 from tank_log.format.bundle import BundleHeader, Message
 from tank_log.format.decode import (
+    BUDGET,
     COMPLETE,
     INCOMPLETE,
     LIMIT,
@@ -176,6 +177,9 @@ class Segment:
                 next_seq = res.next_seq
                 if res.reason == LIMIT:
                     return None
+                if res.reason == BUDGET:
+                    want = chunk_bytes
+                    continue
                 if res.reason == INCOMPLETE:
                     if at_eof:
                         break

@@ -1,5 +1,6 @@
 """Thousands of mutated fixture segments raise only TankFormatError (or are reported by verify) and never hang."""
 
+import json
 import os
 import random
 import signal
@@ -107,3 +108,48 @@ def test_bad_snappy_length_claim_does_not_allocate(tmp_path):
     path.write_bytes(bytes(b))
     with pytest.raises(TankFormatError, match="Snappy"):
         list(Segment(str(path)).messages())
+
+
+def _hostile_segment(path, megabytes, counts):
+    """Real Snappy bundles whose counts are raised (`counts(message set, compressed set)`) — #15.5's crafted input."""
+    from tank_log.format.bundle import Message, encode_message_set, frame
+    from tank_log.format.codecs import Codec, block_codec
+    from tank_log.format.varint import encode_varint
+
+    data, seq = bytearray(), 1
+    while len(data) < megabytes << 20:
+        msgs = [Message(seq + i, 1_700_000_000_000, None, b"\0" * 2000) for i in range(40)]
+        plain = encode_message_set(msgs, False)
+        packed = block_codec(Codec.SNAPPY).compress(plain)
+        count = counts(plain, packed)
+        data += frame(bytes([int(Codec.SNAPPY)]) + encode_varint(count) + packed)
+        seq += count
+    open(path, "wb").write(data)
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [lambda plain, packed: 22 * len(packed) + 64, lambda plain, packed: len(plain) // 2],
+    ids=["decoder-maximum", "what-the-set-could-hold"],
+)
+def test_memory_stays_bounded_on_hostile_counts(tmp_path, counts):
+    """#15.5: 4 MB of bundles claiming far more messages than they hold: a typed error naming the file and offset,
+    with peak memory bounded (it was about 1.1 GB per MB of input before the count checks and the decode budget)."""
+    import subprocess
+    import sys
+
+    pdir = tmp_path / "t" / "0"
+    pdir.mkdir(parents=True)
+    path = str(pdir / "1_1700000000.log")
+    _hostile_segment(path, 4, counts)
+    probe = (
+        "import json, resource, sys\n"
+        "from tank_log.maintenance.verify import verify_path\n"
+        "problems = [str(p) for p in verify_path(sys.argv[1])]\n"
+        "print(json.dumps([problems, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, str(pdir)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    problems, maxrss_kb = json.loads(out.stdout)
+    assert any(f"{path} @0: [format] message count" in p for p in problems), problems
+    assert maxrss_kb < 400 * 1024, f"peak RSS {maxrss_kb // 1024} MiB"
