@@ -86,6 +86,29 @@ def tree_digest(path: str, *, include_lock: bool = False) -> dict[str, bytes]:
     return out
 
 
+CRASHED = 17  # the exit status of a process `crash_after_step` killed
+
+
+def crash_after_step(k: int, run) -> int:
+    """Fork; in the child call `run(hook)`, where `hook` (a StepHook) kills the child with os._exit — no cleanup,
+    like kill -9 — right after file operation number k; return the child's exit status (CRASHED if it got there)."""
+    pid = os.fork()
+    if pid == 0:
+        count = [0]
+
+        def hook(step):
+            count[0] += 1
+            if count[0] == k:
+                os._exit(CRASHED)
+
+        try:
+            run(hook)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    return os.WEXITSTATUS(status)
+
+
 @pytest.fixture
 def fixture_copy(tmp_path):
     """Copy a fixture data dir into tmp and return its path: fixture_copy("A_multi")."""

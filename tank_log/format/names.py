@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -115,6 +116,21 @@ def parse_name(name: str, path: str | None = None) -> FileName | CompactionTemp 
         return _parse_name(name)
     except SegmentNameError as err:
         raise err.located(path or name) from None
+
+
+def parse_log_name(name: str) -> FileName | None:
+    """The parsed name of a segment log (RO or active); None for anything else, including names the broker would
+    mis-parse (verify and the partition scan report those; recovery code leaves them alone)."""
+    try:
+        parsed = _parse_name(name)
+    except SegmentNameError:
+        return None
+    return parsed if isinstance(parsed, FileName) and parsed.kind is not Kind.INDEX else None
+
+
+def segment_logs(names: Iterable[str]) -> dict[str, FileName]:
+    """The segment logs among directory entries: entry name → parsed name (see `parse_log_name`)."""
+    return {n: f for n in names if (f := parse_log_name(n)) is not None}
 
 
 def _parse_name(name: str) -> FileName | CompactionTemp | None:

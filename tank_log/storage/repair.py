@@ -16,9 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from tank_log.errors import TankFormatError
 from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import FileName, Kind, format_index_name, parse_name
+from tank_log.format.names import format_index_name, segment_logs
 from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
@@ -88,13 +87,7 @@ def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False)
 def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
     """(index path, the entries before the end of its log) for every index whose last entry is at or past it."""
     out = []
-    for n in sorted(os.listdir(d)):
-        try:
-            parsed = parse_name(n)
-        except TankFormatError:
-            continue
-        if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
-            continue
+    for n, parsed in segment_logs(sorted(os.listdir(d))).items():
         index = os.path.join(d, format_index_name(parsed.base))
         try:
             with open(index, "rb") as fh:

@@ -40,7 +40,7 @@ from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.bundle import BundleHeader
 from tank_log.format.decode import INCOMPLETE, decode_messages, walk_bundles
 from tank_log.format.index import build_rebuild_rule, encode_index, read_index
-from tank_log.format.names import FileName, Kind, format_active_name, format_ro_name, parse_name
+from tank_log.format.names import FileName, Kind, format_active_name, format_ro_name, parse_log_name, segment_logs
 from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, temp_path, write_file_synced
 from tank_log.storage.segment import Segment, Tail
 
@@ -112,14 +112,17 @@ class SalvagePlan:
 
     segment: Segment
     tail: Tail
-    headers: Sequence[BundleHeader]  # the complete bundles before the cut
-    rename_to: str | None = None  # RO: the name with the true last seq
-    drop_segment: bool = False  # RO left with no bundle: unlink it
+    headers: Sequence[BundleHeader]  # the complete bundles before the cut (none: an RO segment is removed)
     reactivate: Segment | None = None  # active cut to nothing: the RO segment to make active instead
 
     @property
     def cut(self) -> int:
         return self.tail.valid_end
+
+    @property
+    def true_last(self) -> int:
+        """The last seq before the cut (an RO segment is renamed to it)."""
+        return self.tail.next_seq - 1
 
 
 def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) -> SalvagePlan:
@@ -158,12 +161,7 @@ def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) ->
             f"{seg.path}: salvage would cut seqs {true_last + 1}..{seg.last} of the last RO segment and leave a seq "
             f"gap before the active segment, which the broker aborts on (§4.4); nothing cut"
         )
-    if not headers:
-        return SalvagePlan(seg, tail, headers, drop_segment=True)
-    new_name = None
-    if seg.last != true_last:
-        new_name = format_ro_name(seg.base, true_last, seg.ts)
-    return SalvagePlan(seg, tail, headers, rename_to=new_name)
+    return SalvagePlan(seg, tail, headers)
 
 
 def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
@@ -197,7 +195,7 @@ def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
         "bytes_cut": len(cut_bytes),
         "side_file": os.path.basename(side),
     }
-    action.update(_finish(seg, plan.cut, plan.tail.next_seq - 1, step, reactivate=plan.reactivate))
+    action.update(_finish(seg, plan.cut, plan.true_last, step, reactivate=plan.reactivate))
     return action
 
 
@@ -272,11 +270,11 @@ class SalvageRecovery:
 def plan_salvage_recovery(partition_dir: str) -> list[SalvageRecovery]:
     """The interrupted salvages of a partition (see module docstring); touches nothing."""
     names = sorted(os.listdir(partition_dir))
-    logs = _segment_names(names)
+    logs = segment_logs(names)
     out: list[SalvageRecovery] = []
     for n in names:
         m = SIDE_FILE.match(n)
-        if not m or (name := _parsed(m["log"])) is None or name.kind is Kind.INDEX:
+        if not m or (name := parse_log_name(m["log"])) is None:
             continue
         log_name, cut = m["log"], int(m["cut"])
         log_path = os.path.join(partition_dir, log_name)
@@ -303,7 +301,7 @@ def plan_salvage_recovery(partition_dir: str) -> list[SalvageRecovery]:
 def finish_salvage(rec: SalvageRecovery) -> dict[str, str]:
     """Finish one interrupted salvage. Idempotent: a crash in here leaves a state planned again the same way."""
     d = os.path.dirname(rec.log_path)
-    name = _parsed(os.path.basename(rec.log_path))
+    name = parse_log_name(os.path.basename(rec.log_path))
     assert name is not None
     if rec.what == "remove-index":
         index = os.path.join(d, f"{name.base}.index")
@@ -315,7 +313,7 @@ def finish_salvage(rec: SalvageRecovery) -> dict[str, str]:
             os.fsync(fh.fileno())
     reactivate = None
     if name.kind is Kind.ACTIVE and rec.cut == 0:
-        last = _last_ro_before(name.base, _segment_names(os.listdir(d)))
+        last = _last_ro_before(name.base, segment_logs(os.listdir(d)))
         reactivate = Segment(os.path.join(d, last)) if last else None
     if not os.path.exists(rec.log_path):  # "reactivate" after the empty active was removed
         assert reactivate is not None
@@ -323,19 +321,6 @@ def finish_salvage(rec: SalvageRecovery) -> dict[str, str]:
     seg = Segment(rec.log_path, name=name)
     true_last = _true_last(rec.log_path, name) if rec.cut else 0
     return _finish(seg, rec.cut, true_last, lambda what: None, reactivate=reactivate)
-
-
-def _segment_names(names: Sequence[str]) -> dict[str, FileName]:
-    """The segment logs among `names` (file name → parsed name)."""
-    return {n: f for n in names if (f := _parsed(n)) is not None and f.kind is not Kind.INDEX}
-
-
-def _parsed(name: str) -> FileName | None:
-    try:
-        parsed = parse_name(name)
-    except TankFormatError:
-        return None
-    return parsed if isinstance(parsed, FileName) else None
 
 
 def _last_ro_before(active_base: int, logs: dict[str, FileName]) -> str | None:

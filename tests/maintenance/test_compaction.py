@@ -5,7 +5,7 @@ import random
 import time
 
 import pytest
-from conftest import copy_tree, data_dir, load_dump, tree_digest
+from conftest import CRASHED, copy_tree, crash_after_step, data_dir, load_dump, tree_digest
 
 from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition
@@ -186,20 +186,10 @@ def test_two_concurrent_processes(tmp_path):
 
 
 def _run_and_crash(base, k):
-    """Fork a compaction that dies (os._exit, no cleanup) right after file operation number k."""
-    pid = os.fork()
-    if pid == 0:
-        count = [0]
-
-        def hook(step):
-            count[0] += 1
-            if count[0] == k:
-                os._exit(17)
-
-        compact_partition(only_partition(base), STOPPED, base_path=base, on_step=hook)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WEXITSTATUS(status)
+    """A compaction that dies right after file operation number k."""
+    return crash_after_step(
+        k, lambda hook: compact_partition(only_partition(base), STOPPED, base_path=base, on_step=hook)
+    )
 
 
 def test_crash_at_every_step_then_repair(tmp_path):
@@ -213,7 +203,7 @@ def test_crash_at_every_step_then_repair(tmp_path):
     outcomes = set()
     for k in range(1, len(steps) + 1):
         base = copy_tree(src, str(tmp_path / f"k{k}"))
-        assert _run_and_crash(base, k) == 17, f"step {k} ({steps[k - 1]}) did not crash"
+        assert _run_and_crash(base, k) == CRASHED, f"step {k} ({steps[k - 1]}) did not crash"
         pdir = os.path.join(base, "kv", "0")
         repair_partition(pdir)
         got = messages_of(pdir)

@@ -5,6 +5,7 @@ import os
 import shutil
 
 import pytest
+from conftest import CRASHED, crash_after_step
 
 from tank_log.errors import NeedsAttention
 from tank_log.format.index import read_index
@@ -66,22 +67,14 @@ def _errors(base):
 
 
 def _salvage_in_child(pdir, k):
-    """Fork a salvage that dies (os._exit, no cleanup) right after file operation number k."""
-    pid = os.fork()
-    if pid == 0:
-        count = [0]
+    """A salvage that dies right after file operation number k."""
 
-        def hook(step):
-            count[0] += 1
-            if count[0] == k:
-                os._exit(17)
-
+    def run(hook):
         part = scan_partition(pdir, "events", 2)
         seg = next(s for s in part.segments if check_partition_has_torn(s))
         salvage_tail(plan_salvage(seg, part.ro, part.active), on_step=hook)
-        os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    return os.WEXITSTATUS(status)
+
+    return crash_after_step(k, run)
 
 
 def check_partition_has_torn(seg):
@@ -113,7 +106,7 @@ def test_crash_at_every_salvage_step_then_repair(fixture_copy, tmp_path, scenari
         run = str(tmp_path / f"k{k}")
         shutil.copytree(base, run)
         run_pdir = os.path.join(run, "events", "2")
-        assert _salvage_in_child(run_pdir, k) == 17, f"step {k} ({steps[k - 1]}) did not crash"
+        assert _salvage_in_child(run_pdir, k) == CRASHED, f"step {k} ({steps[k - 1]}) did not crash"
         assert _aborts(run) <= original_aborts, (k, steps[k - 1], _aborts(run))
         repair_partition(run_pdir)
         assert _messages(run_pdir) == original_messages, (k, steps[k - 1])
