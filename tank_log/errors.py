@@ -53,6 +53,10 @@ class JobConfigError(UsageError, ValueError):
     """A bad job configuration (YAML file or flags)."""
 
 
+class NothingMatched(UsageError):
+    """A run selected nothing it was asked for: an empty or non-TANK data dir, or a topic that does not exist."""
+
+
 class PartitionLocked(Exception):
     """Another tank-log process holds the partition's lock."""
 

@@ -21,14 +21,15 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def prepare(ctx, args):
-    """Flags over the config file → the JobConfig this run uses (validated before Spark starts)."""
-    return apply_flags(
+    """Flags over the config file, then the plan (before Spark starts: a run that matches nothing fails fast)."""
+    config = apply_flags(
         ctx.config, force=args.force, tombstone_retention=args.tombstone_retention, drop_keyless=args.drop_keyless
     )
+    return plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
 
 
-def execute(ctx, config, spark):
-    tasks, skipped = plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
+def execute(ctx, plan, spark):
+    tasks, skipped = plan
     results = run_on_executors(spark, tasks)
     if not ctx.dry_run:
         record_cleanup_marks(results)

@@ -107,7 +107,7 @@ def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
 def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
     """Read tasks for the segments that can hold rows within the bounds (pruned by names, seeked by indexes)."""
     out = []
-    for sel in select_partitions(paths, b.topics):
+    for sel in select_partitions(paths, b.topics, require_match=False):
         part = sel.partition
         if b.partitions is not None and part.id not in b.partitions:
             continue

@@ -20,11 +20,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def prepare(ctx, args):
-    return args.salvage
+    """The plan, before Spark starts (a run that matches nothing fails fast)."""
+    return plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=args.salvage)
 
 
-def execute(ctx, salvage, spark):
-    tasks, extra = plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=salvage)
+def execute(ctx, plan, spark):
+    tasks, extra = plan
     results = run_on_executors(spark, tasks) + extra
     summary = {
         "partitions": len(results),

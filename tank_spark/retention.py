@@ -20,12 +20,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def prepare(ctx, args):
-    return ctx.config, args.time_basis
+    """The plan, before Spark starts (a run that matches nothing fails fast)."""
+    return plan_retention_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, time_basis=args.time_basis)
 
 
-def execute(ctx, prepared, spark):
-    config, time_basis = prepared
-    tasks, skipped = plan_retention_run(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run, time_basis=time_basis)
+def execute(ctx, plan, spark):
+    tasks, skipped = plan
     results = run_on_executors(spark, tasks)
     if not ctx.dry_run:
         clamp_cleanup_marks(results)

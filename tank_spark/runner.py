@@ -167,7 +167,7 @@ def run_job(
         spark = spark_session(ctx)
         report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
         results, summary = execute(ctx, prepared, spark)
-    except JobConfigError as err:
+    except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())
         write_report(ctx.report_path, report)

@@ -81,7 +81,7 @@ def plan_compaction(
     settings = config.compaction
     tasks: list[CompactionTask] = []
     skipped: list[dict[str, Any]] = []
-    for sel in select_partitions(data_dirs, topics):
+    for sel in select_partitions(data_dirs, topics, named_in_config=settings.topics):
         part = sel.partition
         override = settings.topics.get(part.topic)
         policy = override.policy if override and override.policy else part.config.cleanup_policy
@@ -96,6 +96,8 @@ def plan_compaction(
         log.info("plan %s/%d: %s", part.topic, part.id, why)
         options = options_for(part.topic, settings, config, dry_run=dry_run)
         tasks.append(CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why))
+    if not tasks:
+        log.warning("no selected topic has log.cleanup.policy=cleanup (nor a job override): nothing to compact")
     return tasks, skipped
 
 

@@ -373,8 +373,9 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
 
 
 def load_job_config(path: str | os.PathLike | None) -> JobConfig:
-    """Read and validate a YAML job config; None = defaults. Relative paths are relative to the working
-    directory."""
+    """Read and validate a YAML job config; None = defaults. Relative paths in it (`data_dirs`, a local
+    `export.table`) are relative to the config file's directory, so a config works from any working directory
+    (an Airflow worker's is not the repository)."""
     if path is None:
         return JobConfig()
     try:
@@ -387,9 +388,22 @@ def load_job_config(path: str | os.PathLike | None) -> JobConfig:
     except JobConfigError as err:
         raise JobConfigError(f"{path}: {err}") from None
     try:
-        return parse_job_config(doc or {}, os.fspath(path))
+        config = parse_job_config(doc or {}, os.fspath(path))
     except JobConfigError as err:
         raise JobConfigError(f"{path}: {err}") from None
+    return relative_to(config, os.path.dirname(os.path.abspath(path)))
+
+
+def relative_to(config: JobConfig, directory: str) -> JobConfig:
+    """The config with its relative local paths resolved against `directory` (URIs and absolute paths kept)."""
+
+    def resolve(p: str) -> str:
+        return p if "://" in p else os.path.normpath(os.path.join(directory, os.path.expanduser(p)))
+
+    export = config.export
+    if export.table is not None:
+        export = replace(export, table=resolve(export.table))
+    return replace(config, data_dirs=tuple(resolve(d) for d in config.data_dirs), export=export)
 
 
 def parse_duration_ms(value: str, where: str) -> int:

@@ -7,10 +7,11 @@ its task does and which partitions it leaves out, and why.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tank_log.errors import NothingMatched
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
 
@@ -24,15 +25,55 @@ class Selected:
     partition: Partition
 
 
-def select_partitions(data_dirs: Iterable[str], topics: Collection[str] | None = None) -> Iterator[Selected]:
-    """Every partition of the data dirs (only `topics` when given), in directory order."""
-    for base in data_dirs:
-        dd = scan_data_dir(base)
-        for topic in dd.topics:
-            if topics is not None and topic.name not in topics:
-                continue
-            for part in topic.partitions:
-                yield Selected(base, dd, part)
+def select_partitions(
+    data_dirs: Iterable[str],
+    topics: Collection[str] | None = None,
+    *,
+    named_in_config: Collection[str] = (),
+    require_match: bool = True,
+) -> list[Selected]:
+    """Every partition of the data dirs (only `topics` when given), in directory order.
+
+    Raises:
+        NothingMatched: a data dir holds no partition at all (empty, or not a TANK base path), or a topic asked for
+            (`topics`, or named by the job config's per-topic sections) exists in none of the data dirs — so a
+            misconfigured nightly run fails (exit 2) instead of succeeding with nothing done. Not raised with
+            `require_match=False` (the data source: an empty read is a valid answer).
+    """
+    scans = [scan_data_dir(base) for base in data_dirs]
+    if require_match:
+        check_selection(scans, topics, named_in_config)
+    return [
+        Selected(dd.path, dd, part)
+        for dd in scans
+        for topic in dd.topics
+        if topics is None or topic.name in topics
+        for part in topic.partitions
+    ]
+
+
+def check_selection(scans: list[DataDir], topics: Collection[str] | None, named_in_config: Collection[str]) -> None:
+    """The checks of `select_partitions` on data dirs already scanned (the export plans with its own loop)."""
+    for dd in scans:
+        if not any(t.partitions for t in dd.topics):
+            found = sorted(t.name for t in dd.topics)
+            what = f"directories {_listing(found)} hold no partition directories 0..N-1" if found else "it is empty"
+            raise NothingMatched(f"{dd.path}: not a TANK base path: {what} (TANK_FORMAT.md §1.2)")
+    existing = sorted({t.name for dd in scans for t in dd.topics if t.partitions})
+    where = ", ".join(dd.path for dd in scans)
+    missing = sorted(set(topics or ()) - set(existing))
+    if missing:
+        raise NothingMatched(f"unknown topic(s) {', '.join(missing)}: {where} hold(s) {_listing(existing)}")
+    missing = sorted(set(named_in_config) - set(existing))
+    if missing:
+        raise NothingMatched(
+            f"topic(s) {', '.join(missing)} named in the job config do not exist: {where} hold(s) {_listing(existing)}"
+        )
+
+
+def _listing(names: list[str], limit: int = 20) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def left_out(part: Partition, reason: str) -> dict[str, Any]:

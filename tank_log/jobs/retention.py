@@ -49,7 +49,7 @@ def plan_retention_run(
     options = RetentionOptions(
         broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
-    for sel in select_partitions(data_dirs, topics):
+    for sel in select_partitions(data_dirs, topics, named_in_config=settings.topics):
         part = sel.partition
         cfg = part.config
         o = settings.topics.get(part.topic)
@@ -67,6 +67,8 @@ def plan_retention_run(
             continue
         rules = rules_for(part, settings, time_basis)
         tasks.append(RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options))
+    if not tasks:
+        log.warning("no selected topic has log.cleanup.policy=delete (nor a job override): nothing to retain")
     return tasks, skipped
 
 

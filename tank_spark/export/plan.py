@@ -123,15 +123,17 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
     concurrent commit)."""
     from deltalake import DeltaTable
 
+    from tank_log.jobs.planning import check_selection
     from tank_log.storage.datadir import last_complete_seq, scan_data_dir
 
     table = open_table(settings.table)
     plans: list[PartitionPlan] = []
     seen: dict[tuple[str, int], str] = {}
-    found_topics: set[str] = set()
-    for base in ctx.data_dirs:
-        for topic in scan_data_dir(base).topics:
-            found_topics.add(topic.name)
+    scans = [scan_data_dir(base) for base in ctx.data_dirs]
+    check_selection(scans, ctx.topics, ())
+    for dd in scans:
+        base = dd.path
+        for topic in dd.topics:
             if ctx.topics is not None and topic.name not in ctx.topics:
                 continue
             for part in topic.partitions:
@@ -146,10 +148,6 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
                     else (None, None)
                 )
                 plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
-    if ctx.topics is not None:
-        missing = sorted(ctx.topics - found_topics)
-        if missing:
-            raise JobConfigError(f"unknown topic(s): {', '.join(missing)} (not in {', '.join(ctx.data_dirs)})")
     return plans, table
 
 

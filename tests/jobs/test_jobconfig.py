@@ -68,3 +68,17 @@ def test_file_errors(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1, 2\n")
     with pytest.raises(JobConfigError, match="not valid YAML"):
         load_job_config(tmp_path / "bad.yaml")
+
+
+def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
+    """#13: `data_dirs: [demo-data]` broke unless the worker ran from the repository."""
+    conf = tmp_path / "etc" / "job.yaml"
+    conf.parent.mkdir()
+    conf.write_text("data_dirs: [../data, /abs/tank, ~/tank]\nexport: {table: lake/t}\n")
+    monkeypatch.chdir("/")
+    cfg = load_job_config(str(conf))
+    assert cfg.data_dirs == (str(tmp_path / "data"), "/abs/tank", os.path.expanduser("~/tank"))
+    assert cfg.export.table == str(tmp_path / "etc" / "lake" / "t")
+    conf.write_text("export: {table: 's3://bucket/t'}\n")
+    assert load_job_config(str(conf)).export.table == "s3://bucket/t"
+    assert load_job_config(os.path.join(ROOT, "conf", "local.yaml")).data_dirs == (os.path.join(ROOT, "demo-data"),)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
 from conftest import data_dir, load_dump
 
+from tank_log.errors import NothingMatched
 from tank_log.jobs.compaction import cleanup_mark_of, plan_compaction, record_cleanup_marks
 from tank_log.jobs.config import JobConfig, parse_job_config
 from tank_log.jobs.indexes import plan_index_run
@@ -24,11 +26,33 @@ def test_select_partitions_covers_every_partition_and_filters_topics():
     topic = every[0][0]
     only = [(s.partition.topic, s.partition.id) for s in select_partitions([base], {topic})]
     assert only and all(t == topic for t, _ in only)
-    assert list(select_partitions([base], {"no-such-topic"})) == []
+    with pytest.raises(NothingMatched, match=r"unknown topic\(s\) no-such-topic: .* hold\(s\) events, retained"):
+        select_partitions([base], {"no-such-topic"})
+    assert select_partitions([base], {"no-such-topic"}, require_match=False) == []  # the data source's read
+
+
+def test_nothing_matched_names_what_was_asked_and_what_exists(tmp_path):
+    """#13: an empty dir, a non-TANK dir (a copy of /etc), a topic typo or a config topic that does not exist is an
+    error, not a green run with 0 partitions."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(NothingMatched, match="not a TANK base path: it is empty"):
+        select_partitions([str(empty)])
+    etc = tmp_path / "etc"
+    (etc / "ssh").mkdir(parents=True)
+    (etc / "ssh" / "sshd_config").write_text("x")
+    (etc / "hosts").write_text("x")
+    with pytest.raises(NothingMatched, match="directories ssh hold no partition directories"):
+        select_partitions([str(etc)])
+    base = data_dir("A_multi")
+    with pytest.raises(NothingMatched, match=r"topic\(s\) ordres named in the job config do not exist"):
+        select_partitions([base], named_in_config={"ordres": None})
+    with pytest.raises(NothingMatched):  # one good dir does not hide a bad one
+        select_partitions([base, str(empty)])
 
 
 def test_left_out_entries_are_skipped_with_the_reason():
-    sel = next(select_partitions([data_dir("A_multi")]))
+    sel = select_partitions([data_dir("A_multi")])[0]
     entry = left_out(sel.partition, "because")
     assert entry["status"] == Status.SKIPPED == "skipped" and entry["reason"] == "because"
 
@@ -67,3 +91,10 @@ def test_retention_and_index_tasks_plan_every_partition():
     index_tasks, extra = plan_index_run([base], None, STOPPED, dry_run=True, salvage=False)
     assert len(index_tasks) == len(load_dump("A_multi")) and not extra
     assert {t.run()["status"] for t in index_tasks} <= {"clean", "dry-run"}
+
+
+def test_no_compactable_topic_is_not_an_error_but_is_said(caplog):
+    """#13: an installation without cleanup-policy topics plans nothing and says so (the job exits 0)."""
+    tasks, skipped = plan_compaction([data_dir("A_multi")], None, STOPPED, dry_run=True)
+    assert tasks == [] and skipped and all(s["status"] == "skipped" for s in skipped)
+    assert "nothing to compact" in caplog.text

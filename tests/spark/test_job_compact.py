@@ -116,10 +116,19 @@ def test_dry_run_changes_nothing(tmp_path):
         (["--data-dir", "."], "compaction:\n  colour: red\n", "unknown key"),
         (["--data-dir", ".", "--tombstone-retention", "5m"], None, "--tombstone-retention"),
         (["--data-dir", ".", "--no-such-flag"], None, "unrecognized arguments"),
+        # #13: nothing matched is an error, not a green run with 0 partitions
+        (["--data-dir", "{empty}"], None, "not a TANK base path: it is empty"),
+        (["--data-dir", "{etc}"], None, "directories ssh hold no partition directories"),
+        (["--data-dir", "{demo}", "--topics", "profils"], None, "unknown topic(s) profils"),
+        (["--data-dir", "{demo}"], "compaction:\n  topics:\n    ordres: {policy: cleanup}\n", "ordres named in"),
     ],
 )
 def test_usage_errors_exit_2_with_a_report(tmp_path, args, config, needle):
     report_path = str(tmp_path / "r.json")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "etc" / "ssh").mkdir(parents=True)
+    paths = {"empty": tmp_path / "empty", "etc": tmp_path / "etc", "demo": write_demo(str(tmp_path / "demo"))}
+    args = [a.format(**paths) for a in args]
     if config:
         (tmp_path / "c.yaml").write_text(config)
         args = [*args, "--config", str(tmp_path / "c.yaml")]
