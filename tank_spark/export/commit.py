@@ -29,14 +29,18 @@ def create_table(settings: ExportSettings, schema: pa.Schema):
 
 
 def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool:
-    """Refuse an existing table whose columns or partitioning differ from what this export writes; return whether
-    it only lacks `ts_raw` (a table made before that column: `add_ts_raw` evolves it)."""
-    have_names = [f.name for f in table.schema().fields]
-    lacks_ts_raw = have_names + [TS_RAW.name] == schema.names
-    if have_names != schema.names and not lacks_ts_raw:
+    """Refuse an existing table whose columns (names, order, types, nullability) or partitioning differ from what
+    this export writes — before anything is written (a table written with other types can become unreadable);
+    return whether it only lacks `ts_raw` (a table made before that column: `add_ts_raw` evolves it)."""
+    from deltalake import Schema
+
+    have = _columns(table.schema())
+    want = _columns(Schema.from_arrow(schema))
+    lacks_ts_raw = have == want[:-1] and want[-1][0] == TS_RAW.name
+    if have != want and not lacks_ts_raw:
         raise JobConfigError(
-            f"existing table {settings.table} has columns {have_names}, this export writes "
-            f"{schema.names} (value format/schema differ?)"
+            f"existing table {settings.table} does not match this export (value format/schema differ?): "
+            + "; ".join(_schema_diff(have, want))
         )
     parts = list(table.metadata().partition_columns)
     if parts != list(settings.partition_by):
@@ -44,6 +48,35 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool
             f"existing table {settings.table} is partitioned by {parts}, not {list(settings.partition_by)}"
         )
     return lacks_ts_raw
+
+
+Column = tuple[str, str, bool]  # name, Delta type (JSON), nullable
+
+
+def _columns(delta_schema) -> list[Column]:
+    return [
+        (f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"], sort_keys=True), f["nullable"])
+        for f in json.loads(delta_schema.to_json())["fields"]
+    ]
+
+
+def _schema_diff(have: list[Column], want: list[Column]) -> list[str]:
+    """Human-readable differences: `column: table has X, this export writes Y`."""
+    show = lambda c: f"{c[1]}{'' if c[2] else ' not null'}"  # noqa: E731
+    by_name = {c[0]: c for c in have}
+    out = []
+    for c in want:
+        h = by_name.get(c[0])
+        if h is None:
+            out.append(f"{c[0]}: missing in the table (this export writes {show(c)})")
+        elif h != c:
+            out.append(f"{c[0]}: table has {show(h)}, this export writes {show(c)}")
+    extra = [c[0] for c in have if c[0] not in {w[0] for w in want}]
+    if extra:
+        out.append(f"table has columns this export does not write: {', '.join(extra)}")
+    if not out:
+        out.append(f"column order: table has {[c[0] for c in have]}, this export writes {[c[0] for c in want]}")
+    return out
 
 
 def add_ts_raw(table) -> None:

@@ -148,7 +148,25 @@ def test_json_values_typed_and_quarantined(tmp_path, json_data):
     assert json.load(open(tmp_path / "r.json"))["summary"]["quarantined"] == 3
     # an incompatible table: the same table, another value format
     r = run_job("--data-dir", json_data, "--table", table, "--value-format", "binary", "--partition-by", "topic")
-    assert r.returncode == 2 and "has columns" in r.stderr
+    assert r.returncode == 2 and "does not match this export" in r.stderr
+    assert "value: missing in the table (this export writes binary)" in r.stderr
+    # #13: the same column names with other types was accepted and left a table delta-rs could not read
+    version = DeltaTable(table).version()
+    r = run_job(
+        "--data-dir",
+        json_data,
+        "--table",
+        table,
+        "--value-format",
+        "json",
+        "--value-schema",
+        "id string, name string, amount double",
+        "--partition-by",
+        "topic",
+    )
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "id: table has long, this export writes string" in r.stderr
+    assert DeltaTable(table).version() == version and DeltaTable(table).to_pyarrow_table().num_rows == 7
 
 
 def test_dry_run_and_usage_errors(tmp_path):
