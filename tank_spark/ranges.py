@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
+from tank_log.errors import TankFormatError
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
@@ -167,8 +168,22 @@ def spark_ts(ts_ms: np.ndarray) -> tuple[pa.Array, pa.Array]:
     )
 
 
-def read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of ROW_SCHEMA for one range (library code only; also used by the export job)."""
+def read_range(r: SegmentRange, stopped_by: list[TankFormatError] | None = None) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of ROW_SCHEMA for one range (library code only; also used by the export job).
+
+    Raises:
+        TankFormatError: malformed data (file and offset) — unless `stopped_by` is given: then the read stops at the
+            first malformed chunk and the error is appended there (the batches before it were complete).
+    """
+    try:
+        yield from _read_range(r)
+    except TankFormatError as err:
+        if stopped_by is None:
+            raise
+        stopped_by.append(err)
+
+
+def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())
     try:

@@ -34,6 +34,7 @@ One format for every job; durations and sizes use the broker's grammar (TANK_FOR
       value_schema: "id long, name string"
       partition_by: [topic, date]       # from topic, partition, date (UTC date of ts)
       target_file_size: 128mb
+      on_corruption: prefix             # a partition with malformed data: export what precedes it | skip it
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ class ExportConfig:
     value_schema: str | None = None  # DDL, with value_format json
     partition_by: tuple[str, ...] = ("topic", "date")
     target_file_size: int = 128 << 20
+    on_corruption: str = "prefix"  # prefix | skip: what a partition with malformed data exports
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,8 @@ def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
 def _export(value: Any) -> ExportConfig:
     w = "export"
     v = _mapping(value, w)
-    _check_keys(v, {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size"}, w)
+    keys = {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size", "on_corruption"}
+    _check_keys(v, keys, w)
     kw: dict[str, Any] = {}
     if v.get("table") is not None:
         if not isinstance(v["table"], str) or not v["table"]:
@@ -318,6 +321,8 @@ def _export(value: Any) -> ExportConfig:
         kw["partition_by"] = parse_partition_by(v["partition_by"], f"{w}.partition_by")
     if "target_file_size" in v:
         kw["target_file_size"] = _size(v["target_file_size"], f"{w}.target_file_size")
+    if "on_corruption" in v:
+        kw["on_corruption"] = _choice(v["on_corruption"], f"{w}.on_corruption", ("prefix", "skip"))
     cfg = replace(ExportConfig(), **kw)
     if (cfg.value_format == "json") != (cfg.value_schema is not None):
         raise JobConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")

@@ -83,17 +83,28 @@ def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str
     return write
 
 
-def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str) -> list[dict]:
-    """One Spark task per range: read, decode, write Parquet files; returns the files' metadata."""
+def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str):
+    """One Spark task per range: read, decode, write Parquet files. Returns the files' metadata (each with the
+    `range` it came from) and each range's outcome (a malformed chunk stops that range, not the run)."""
+    from tank_spark.export.corruption import TrackedRead
+
     writer = make_file_writer(
         table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
     )
 
     def task(it):
-        for meta in writer(table_batches(list(it), settings, schema)):
-            yield from meta.to_pylist()
+        from tank_spark.ranges import read_range
 
-    return spark.sparkContext.parallelize(ranges, max(1, len(ranges))).mapPartitions(task).collect()
+        for i, r in it:
+            read = TrackedRead(i, r, read_range)
+            for meta in writer(table_batches(read, settings, schema)):
+                for m in meta.to_pylist():
+                    yield ("file", {**m, "range": i})
+            yield ("outcome", read.outcome())
+
+    indexed = list(enumerate(ranges))
+    out = spark.sparkContext.parallelize(indexed, max(1, len(indexed))).mapPartitions(task).collect()
+    return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
 
 
 def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):

@@ -40,6 +40,7 @@ from tank_spark.export.commit import (
     table_version,
     write_with_delta_spark,
 )
+from tank_spark.export.corruption import Cut, cut_at_corruption, scan_ranges
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     make_file_writer,
@@ -54,7 +55,7 @@ from tank_spark.export.plan import (
     prepare,
     table_key,
 )
-from tank_spark.export.rows import count_direct, decoded_frame, direct_ranges
+from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.schema import table_schema
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import TS_RAW
@@ -68,8 +69,6 @@ CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver
 
 
 def execute(ctx, prepared, spark):
-    from pyspark.sql import functions as F
-
     settings, plans, table = prepared
     t0 = time.monotonic()
     if settings.engine == "spark":
@@ -84,20 +83,14 @@ def execute(ctx, prepared, spark):
         return list(results.values()), summary
     sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
-        if sql_path:
-            agg = (
-                decoded_frame(spark, ctx, settings, plans)
-                .groupBy("topic", "partition")
-                .agg(F.count("*").alias("rows"), F.min("seq").alias("min"), F.max("seq").alias("max"))
-                .collect()
-            )
-            counts = {(r["topic"], r["partition"]): [r["rows"], r["min"], r["max"]] for r in agg}
-        else:
-            counts = count_direct(spark, direct_ranges(ctx, settings, plans))
-        for key, (rows, lo, hi) in counts.items():
-            results[key].update(rows=rows, first_row_seq=lo, last_row_seq=hi)
+        outcomes = scan_ranges(spark, direct_ranges(ctx, settings, plans))
+        cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
+        for o in outcomes:
+            if o.index in cut.kept and o.rows:
+                _count(results[o.key], o.rows, o.min_seq, o.max_seq)
         for p in work:
             results[(p.topic, p.partition)]["status"] = "dry-run"
+        _record_failures(results, cut)
         summary.update(
             by_status=count_by(list(results.values())),
             rows=sum(r["rows"] for r in results.values()),
@@ -107,28 +100,34 @@ def execute(ctx, prepared, spark):
     if table is None:  # the table's id names the partitions' app transactions (`plan.app_id`)
         table = create_table(settings, schema)
         plans = [replace(p, app_id=app_id(table.metadata().id, p.topic, p.partition)) for p in plans]
-        results, work = _results(plans), [p for p in plans if p.has_work]
+        results = _results(plans)
     if settings.engine == "spark":
-        version = write_with_delta_spark(decoded_frame(spark, ctx, settings, plans), settings, work)
+        cut = _pre_pass(spark, ctx, settings, plans)
+        version = write_with_delta_spark(
+            decoded_frame(spark, ctx, settings, cut.plans), settings, [p for p in cut.plans if p.has_work]
+        )
         files: list[dict] = []
     else:
         if evolve:
             log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
             add_ts_raw(table)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            files = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
+            files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
+            if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
+                version = table_version(open_table(settings.table))
+                break
             _hold_before_commit()
             t_commit = time.monotonic()
             try:
-                version = commit(settings, schema, files, plans, uuid.uuid4().hex[:8])
+                version = commit(settings, schema, files, cut.plans, uuid.uuid4().hex[:8])
             except ConcurrentExport as conflict:
                 remove_uncommitted(settings, files)
                 if attempt == COMMIT_ATTEMPTS:
                     raise
                 log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
                 plans, _ = plan_export(ctx, settings)
-                results, work = _results(plans), [p for p in plans if p.has_work]
-                if not work:
+                results = _results(plans)
+                if not any(p.has_work for p in plans):
                     summary.update(by_status=count_by(list(results.values())), rows=0)
                     summary["table_version"] = table_version(open_table(settings.table))
                     return list(results.values()), summary
@@ -139,14 +138,14 @@ def execute(ctx, prepared, spark):
         for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
             topic, _, pid = key.rpartition("/")
             r = results[(topic, int(pid))]
-            r["first_row_seq"] = min(lo, r.get("first_row_seq") or lo)
-            r["last_row_seq"] = max(hi, r.get("last_row_seq") or hi)
-            r["rows"] += rows
+            _count(r, rows, lo, hi)
             r["quarantined"] += bad
             r["files"] += 1
             r["bytes"] += f["size"]
-    for p in work:
-        results[(p.topic, p.partition)]["status"] = "exported"
+    for p in cut.plans:
+        if p.has_work:
+            results[(p.topic, p.partition)]["status"] = "exported"
+    _record_failures(results, cut)
     rows = sum(r["rows"] for r in results.values())
     elapsed = time.monotonic() - t0
     summary.update(
@@ -160,6 +159,20 @@ def execute(ctx, prepared, spark):
         rows_per_s=round(rows / elapsed) if elapsed else None,
     )
     return list(results.values()), summary
+
+
+def _count(r: dict, rows: int, lo: int | None, hi: int | None) -> None:
+    r["rows"] += rows
+    if lo is not None:
+        r["first_row_seq"] = min(lo, r.get("first_row_seq") or lo)
+    if hi is not None:
+        r["last_row_seq"] = max(hi, r.get("last_row_seq") or hi)
+
+
+def _record_failures(results: dict[tuple[str, int], dict], cut: Cut) -> None:
+    for key, fields in cut.failures.items():
+        results[key].update(fields)
+        log.error("export: %s/%s failed: %s (%s)", key[0], key[1], fields["error"], fields["reason"])
 
 
 def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
@@ -183,24 +196,38 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
     }
 
 
-def _write_files(ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float) -> list[dict]:
-    """Write every partition's range as Parquet files under the table (not committed); return their metadata."""
+def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> Cut:
+    """Exports that decode through Spark SQL read every range once first: the data source cannot report a
+    malformed range per partition, so the plans are cut before the real read (`corruption.py`)."""
+    cut = cut_at_corruption(plans, scan_ranges(spark, direct_ranges(ctx, settings, plans)), settings.on_corruption)
+    return cut
+
+
+def _write_files(
+    ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float
+) -> tuple[list[dict], Cut]:
+    """Write every partition's range as Parquet files under the table (not committed); return the metadata of the
+    files to commit and the run's plans after malformed ranges (files past a corruption are removed)."""
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     if sql_path:
+        cut = _pre_pass(spark, ctx, settings, plans)
         writer = make_file_writer(
             table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
         )
-        df = decoded_frame(spark, ctx, settings, plans)
+        df = decoded_frame(spark, ctx, settings, cut.plans)
         files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
     else:
         ranges = direct_ranges(ctx, settings, plans)
         log.info("export: %d partitions with new messages, %d read tasks", sum(p.has_work for p in plans), len(ranges))
-        files = write_direct(spark, ranges, settings, schema, run_id)
+        written, outcomes = write_direct(spark, ranges, settings, schema, run_id)
+        cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
+        files = [f for f in written if f["range"] in cut.kept]
+        remove_uncommitted(settings, [f for f in written if f["range"] not in cut.kept])
     log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
     if os.environ.get(CRASH_ENV) == "before-commit":
         log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
         os._exit(137)
-    return files
+    return files, cut
 
 
 def _hold_before_commit() -> None:

@@ -68,6 +68,7 @@ class ExportSettings:
     partition_by: tuple[str, ...]
     target_file_bytes: int
     since_ms: int | None = None
+    on_corruption: str = "prefix"  # corruption.ON_CORRUPTION
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -77,6 +78,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
     p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
     p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+    p.add_argument(
+        "--on-corruption",
+        choices=("prefix", "skip"),
+        help="a partition with malformed data: export what precedes the corruption (prefix, default) or nothing of "
+        "it (skip); either way it is reported failed with the file and offset, and the others are exported",
+    )
     p.add_argument(
         "--since",
         metavar="TIME",
@@ -113,7 +120,8 @@ def prepare(ctx, args):
             since = parse_time_ms(args.since)
         except ValueError:
             raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
-    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since)
+    on_corruption = args.on_corruption or cfg.on_corruption
+    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since, on_corruption)
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
     return settings, plans, delta_table
 

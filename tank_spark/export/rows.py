@@ -22,7 +22,10 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
 
     register(spark)
     ranges = {(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}
-    df = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges)).load(",".join(ctx.data_dirs))
+    reader = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges))
+    if settings.since_ms is not None:
+        reader = reader.option("min_ts", str(settings.since_ms))
+    df = reader.load(",".join(ctx.data_dirs))
     cols = [F.col(c) for c in BASE_COLUMNS]
     if settings.value_format == "binary":
         cols.append(F.col("value"))
@@ -59,24 +62,21 @@ def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
     return [r for r in plan_ranges(list(ctx.data_dirs), bounds, True, DEFAULT_SPLIT_BYTES) if r.path]
 
 
-def table_batches(ranges, settings: ExportSettings, schema: pa.Schema):
-    """Batches of the table's schema for binary/utf8 values, straight from the segment files (executor side)."""
+def table_batches(row_batches, settings: ExportSettings, schema: pa.Schema):
+    """Batches of the table's schema for binary/utf8 values from row batches of segment ranges (executor side)."""
     import pyarrow.compute as pc
 
-    from tank_spark.ranges import read_range
-
-    for r in ranges:
-        for b in read_range(r):
-            cols = [b.column(c) for c in BASE_COLUMNS]
-            value = b.column("value")
-            if settings.value_format == "binary":
-                cols.append(value)
-            else:
-                text, error = utf8_with_errors(value)
-                cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
-            cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
-            cols.append(b.column(TS_RAW.name))
-            yield pa.RecordBatch.from_arrays(cols, schema=schema)
+    for b in row_batches:
+        cols = [b.column(c) for c in BASE_COLUMNS]
+        value = b.column("value")
+        if settings.value_format == "binary":
+            cols.append(value)
+        else:
+            text, error = utf8_with_errors(value)
+            cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
+        cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
+        cols.append(b.column(TS_RAW.name))
+        yield pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 def utf8_with_errors(value: pa.Array) -> tuple[pa.Array, pa.Array]:
@@ -93,25 +93,3 @@ def utf8_with_errors(value: pa.Array) -> tuple[pa.Array, pa.Array]:
                 texts.append(None)
                 errors.append("invalid UTF-8")
         return pa.array(texts, pa.string()), pa.array(errors, pa.string())
-
-
-def count_direct(spark, ranges) -> dict[tuple[str, int], list[int]]:
-    """Dry run: rows, min and max seq per partition."""
-    from tank_spark.ranges import read_range
-
-    def task(it):
-        out = {}
-        for r in it:
-            for b in read_range(r):
-                seqs = b.column("seq").to_numpy()
-                c = out.setdefault((r.topic, r.partition), [0, int(seqs.min()), int(seqs.max())])
-                c[0] += len(seqs)
-                c[1], c[2] = min(c[1], int(seqs.min())), max(c[2], int(seqs.max()))
-        yield from out.items()
-
-    merged: dict[tuple[str, int], list[int]] = {}
-    for key, (n, lo, hi) in spark.sparkContext.parallelize(ranges, max(1, len(ranges))).mapPartitions(task).collect():
-        c = merged.setdefault(key, [0, lo, hi])
-        c[0] += n
-        c[1], c[2] = min(c[1], lo), max(c[2], hi)
-    return merged

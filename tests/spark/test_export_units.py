@@ -10,7 +10,7 @@ from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
 from tank_spark.export.rows import utf8_with_errors as _utf8
 from tank_spark.export.schema import table_schema
-from tank_spark.ranges import Bounds, plan_ranges
+from tank_spark.ranges import Bounds, plan_ranges, read_range
 
 
 def test_utf8_decoding_quarantines_invalid_rows():
@@ -23,7 +23,8 @@ def test_table_batches_from_segment_ranges():
     settings = ExportSettings("t", "deltalake", "utf8", None, ("topic", "date"), 1 << 20)
     schema = table_schema(settings, None)
     ranges = plan_ranges([data_dir("C_misc")], Bounds(seq_ranges={("bigmsg", 0): (2, None)}), True, 1 << 20)
-    rows = [r for b in table_batches(ranges, settings, schema) for r in b.to_pylist()]
+    row_batches = (b for r in ranges for b in read_range(r))
+    rows = [r for b in table_batches(row_batches, settings, schema) for r in b.to_pylist()]
     dump = [m for m in load_dump("C_misc")[("bigmsg", 0)] if m[0] >= 2]
     assert [r["seq"] for r in rows] == [m[0] for m in dump]
     for r, (_, ts, _, value) in zip(rows, dump, strict=True):
@@ -56,3 +57,25 @@ def test_spark_ts_never_wraps():
     assert raw.to_pylist() == [None, None, MAX_TS_MS + 1, 2**63 // 1000, 2**64 - 1]
     ts, raw = spark_ts(np.array([5], dtype=np.uint64))
     assert ts.to_pylist()[0] == dt.datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=dt.UTC) and raw.null_count == 1
+
+
+def test_cut_at_corruption_keeps_a_contiguous_prefix_or_nothing():
+    from tank_spark.export.corruption import RangeOutcome, cut_at_corruption
+    from tank_spark.export.plan import PartitionPlan
+
+    plans = [PartitionPlan("b", "t", 0, "a0", 10, 100), PartitionPlan("b", "t", 1, "a1", None, 50)]
+    outcomes = [
+        RangeOutcome(0, "t", 0, 20, 11, 30),
+        RangeOutcome(1, "t", 0, 5, 31, 40, "seg @7: bad"),  # stopped after seq 40
+        RangeOutcome(2, "t", 0, 60, 41, 100),  # after the corruption: never committed
+        RangeOutcome(3, "t", 1, 50, 1, 50),
+    ]
+    cut = cut_at_corruption(plans, outcomes, "prefix")
+    assert cut.kept == {0, 1, 3}
+    assert [(p.partition, p.end) for p in cut.plans] == [(0, 40), (1, 50)]
+    assert cut.failures[("t", 0)]["exported_to_seq"] == 40 and cut.failures[("t", 0)]["error"] == "seg @7: bad"
+    cut = cut_at_corruption(plans, outcomes, "skip")
+    assert cut.kept == {3} and not cut.plans[0].has_work and cut.plans[0].previous == 10
+    first_range_bad = [RangeOutcome(0, "t", 0, 0, None, None, "seg @0: bad"), *outcomes[2:]]
+    cut = cut_at_corruption(plans, first_range_bad, "prefix")  # nothing before the corruption: nothing to commit
+    assert cut.kept == {0, 3} and not cut.plans[0].has_work and cut.failures[("t", 0)]["exported_to_seq"] is None

@@ -1,0 +1,130 @@
+"""A partition whose segment data turns out malformed while the export reads it (TANK has no checksums, so only a
+full read finds some corruptions, TANK_FORMAT.md §3.1): the other partitions are exported and committed; that one is
+reported `failed` with the file and byte offset, and the run exits 1. `--on-corruption` says what is committed of it:
+
+- `prefix` (default): the rows before the corruption. Its recorded version becomes the last seq committed, so the
+  next run starts right after it and stops at the same place until the data is repaired (nothing duplicated, nothing
+  skipped; `jobs/rebuild_indexes.py --salvage` or an operator fixes the segment);
+- `skip`: nothing of that partition; its recorded version stays where it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tank_spark.export.plan import PartitionPlan
+
+ON_CORRUPTION = ("prefix", "skip")
+
+
+@dataclass(frozen=True)
+class RangeOutcome:
+    """What reading one range found. `index` is its position in the run's range list (a partition's ranges are in
+    seq order there)."""
+
+    index: int
+    topic: str
+    partition: int
+    rows: int = 0
+    min_seq: int | None = None
+    max_seq: int | None = None
+    error: str | None = None  # the TankFormatError (file @offset: message) that stopped the read
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+@dataclass
+class Cut:
+    """The run after corruptions: the plans to commit, the ranges whose rows are committed, and the report fields
+    of each failed partition."""
+
+    plans: list[PartitionPlan]
+    kept: set[int]
+    failures: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+
+
+def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], mode: str) -> Cut:
+    """Per partition with a malformed range: keep its ranges up to that one (`prefix`) or none (`skip`), and end
+    its plan at the last seq kept (or where it was)."""
+    first_bad: dict[tuple[str, int], RangeOutcome] = {}
+    for o in sorted(outcomes, key=lambda o: o.index):
+        if o.error is not None and o.key not in first_bad:
+            first_bad[o.key] = o
+    kept: set[int] = set()
+    last_kept: dict[tuple[str, int], int] = {}
+    for o in outcomes:
+        bad = first_bad.get(o.key)
+        if bad is not None and (mode == "skip" or o.index > bad.index):
+            continue
+        kept.add(o.index)
+        if bad is not None and o.max_seq is not None:
+            last_kept[o.key] = max(o.max_seq, last_kept.get(o.key, o.max_seq))
+    cut_plans, failures = [], {}
+    for p in plans:
+        key = (p.topic, p.partition)
+        bad = first_bad.get(key)
+        if bad is None:
+            cut_plans.append(p)
+            continue
+        last = last_kept.get(key)
+        cut_plans.append(replace(p, end=last if last is not None else p.first - 1))
+        failures[key] = {
+            "status": "failed",
+            "error": bad.error,
+            "on_corruption": mode,
+            "exported_to_seq": last,
+            "reason": (
+                f"malformed data: exported up to seq {last}, the rest waits for a repair"
+                if last is not None
+                else "malformed data: nothing of this partition exported"
+            ),
+        }
+    return Cut(cut_plans, kept, failures)
+
+
+def scan_ranges(spark, ranges) -> list[RangeOutcome]:
+    """Read every range on the executors, writing nothing: rows, seq bounds and the error that stopped it (the
+    dry run, and the pre-pass of exports that decode through Spark SQL, whose reader cannot report per range)."""
+
+    def task(it):
+        from tank_spark.ranges import read_range
+
+        for i, r in it:
+            yield outcome_of(i, r, read_range)
+
+    indexed = list(enumerate(ranges))
+    return spark.sparkContext.parallelize(indexed, max(1, len(indexed))).mapPartitions(task).collect()
+
+
+def outcome_of(index: int, r, read_range) -> RangeOutcome:
+    """Read one range to its end or its first malformed chunk."""
+    read = TrackedRead(index, r, read_range)
+    for _ in read:
+        pass
+    return read.outcome()
+
+
+class TrackedRead:
+    """The row batches of one range (`read_range`), stopping at its first malformed chunk, and what was read."""
+
+    def __init__(self, index: int, r, read_range):
+        self.index, self.range, self._read_range = index, r, read_range
+        self.stopped: list = []
+        self.rows, self.lo, self.hi = 0, None, None
+
+    def __iter__(self):
+        for b in self._read_range(self.range, self.stopped):
+            seqs = b.column("seq").to_numpy()
+            if len(seqs):
+                self.rows += len(seqs)
+                lo, hi = int(seqs.min()), int(seqs.max())
+                self.lo = lo if self.lo is None else min(self.lo, lo)
+                self.hi = hi if self.hi is None else max(self.hi, hi)
+            yield b
+
+    def outcome(self) -> RangeOutcome:
+        error = str(self.stopped[0]) if self.stopped else None
+        return RangeOutcome(self.index, self.range.topic, self.range.partition, self.rows, self.lo, self.hi, error)
