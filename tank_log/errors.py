@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -67,3 +68,13 @@ class PartitionLooksLive(RuntimeError):
 
 class NeedsAttention(Exception):
     """The partition holds something no job may change automatically (e.g. a file name the broker mis-parses)."""
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for an expected condition: an OSError names the errno and the file (`EROFS: read-only file system:
+    /data/t/0/.x.tmp`), anything else is its message."""
+    if isinstance(err, OSError) and err.errno is not None:
+        name = errno.errorcode.get(err.errno, str(err.errno))
+        where = f": {err.filename}" if err.filename else ""
+        return f"{name}: {err.strerror or err}{where}".rstrip()
+    return str(err)

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from tank_log.errors import NeedsAttention, PartitionLocked, PartitionLooksLive, TankFormatError
+from tank_log.errors import NeedsAttention, PartitionLocked, PartitionLooksLive, TankFormatError, describe_error
 from tank_log.storage.locking import PartitionLock
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,8 @@ def run_on_partition(
     """Run `body(outcome)` on the partition directory `path`, under its lock unless `dry_run`.
 
     Expected conditions become a status, never an exception: locked → skipped; NeedsAttention → needs-attention;
-    bad data or a live partition → failed with the reason. Anything else is a bug: failed, traceback logged.
+    bad data, a live partition or an OSError (errno and file) → failed with the reason. Anything else is a bug:
+    failed with "internal error", traceback logged.
     """
     t0 = time.monotonic()
     try:
@@ -90,8 +91,11 @@ def run_on_partition(
         outcome.status, outcome.reason = Status.NEEDS_ATTENTION, str(err)
     except (TankFormatError, PartitionLooksLive) as err:
         outcome.status, outcome.error = Status.FAILED, str(err)
-    except Exception as err:  # a partition's failure is reported, never fatal for the run
-        log.exception("%s of %s failed", job, path)
-        outcome.status, outcome.error = Status.FAILED, f"{type(err).__name__}: {err}"
+    except OSError as err:  # the environment (full disk, read-only mount, permissions): one line, no traceback
+        outcome.status, outcome.error = Status.FAILED, describe_error(err)
+        log.error("%s of %s failed: %s", job, path, outcome.error)
+    except Exception as err:  # a bug: reported as such, with the traceback in the log; never fatal for the run
+        log.exception("%s of %s: internal error", job, path)
+        outcome.status, outcome.error = Status.FAILED, f"internal error: {type(err).__name__}: {err}"
     outcome.duration_s = round(time.monotonic() - t0, 3)
     return outcome

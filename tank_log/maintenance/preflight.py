@@ -8,7 +8,7 @@ import os
 import time
 
 from tank_log.errors import NeedsAttention, PartitionLooksLive
-from tank_log.storage.datadir import Partition, scan_partition
+from tank_log.storage.datadir import NOT_A_FILE, Partition, scan_partition
 from tank_log.storage.repair import repair_partition
 
 
@@ -41,7 +41,7 @@ def preflight(
     it is now and what repair did (None if nothing).
 
     Raises:
-        NeedsAttention: a file name the broker would mis-parse.
+        NeedsAttention: a file name the broker would mis-parse, or a non-regular file under a segment/index name.
         PartitionLooksLive: the partition changed within `live_window_s`.
     """
     misnamed = [p for p in part.problems if p.code == "bad-name"]
@@ -50,6 +50,9 @@ def preflight(
             "; ".join(f"{p.path}: {p.message}" for p in misnamed)
             + " (the broker mis-parses such names, TANK_FORMAT.md §2.1: rename or remove the file first)"
         )
+    odd = [p for p in part.problems if p.code == NOT_A_FILE]
+    if odd:  # checked before anything is touched: a plan that cannot complete must not start
+        raise NeedsAttention("; ".join(f"{p.path}: {p.message}" for p in odd))
     if not broker_stopped and not dry_run:
         refuse_if_live(part, job, live_window_s, now)
     rep = repair_partition(part.path, dry_run=dry_run)

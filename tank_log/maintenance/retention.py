@@ -165,6 +165,13 @@ def _messages_in(sf: Segment) -> int:
     return sum(h.count for h in sf.bundles())
 
 
+def _count_deleted(res: RetentionResult, remaining: list[Segment]) -> None:
+    res.segments_deleted = len(res.deleted)
+    res.bytes_deleted = sum(d["bytes"] for d in res.deleted)
+    res.messages_deleted = sum(d["messages"] for d in res.deleted)
+    res.first_seq_after = remaining[0].base if remaining else None
+
+
 def apply_retention(part: Partition, rules: RetentionRules, options: RetentionOptions | None = None) -> RetentionResult:
     """Enforce `rules` on one partition; never raises for data problems (the result says `failed` and why)."""
     opts = options or RetentionOptions()
@@ -201,30 +208,32 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
             f"empty partition whose seqs restart at 1; nothing deleted"
         )
         return
-    for sf, why in plan:
-        res.deleted.append(
-            {
-                "name": os.path.basename(sf.path),
-                "base": sf.base,
-                "last": sf.last,
-                "bytes": sf.size,
-                "messages": _messages_in(sf),
-                "reason": why,
-            }
-        )
-    res.segments_deleted = len(plan)
-    res.bytes_deleted = sum(d["bytes"] for d in res.deleted)
-    res.messages_deleted = sum(d["messages"] for d in res.deleted)
+    planned = [
+        {
+            "name": os.path.basename(sf.path),
+            "base": sf.base,
+            "last": sf.last,
+            "bytes": sf.size,
+            "messages": _messages_in(sf),
+            "reason": why,
+        }
+        for sf, why in plan
+    ]
     remaining = part.segments[len(plan) :]
-    res.first_seq_after = remaining[0].base if remaining else None
     if options.dry_run:
+        res.deleted = planned
+        _count_deleted(res, remaining)
         res.status = Status.DRY_RUN
         return
-    for sf, _ in plan:
-        os.unlink(sf.path)
-        if os.path.exists(sf.index_path):
-            os.unlink(sf.index_path)
-        fsync_dir(part.path)
+    try:
+        for (sf, _), entry in zip(plan, planned, strict=True):  # oldest first: a crash leaves a valid prefix deleted
+            os.unlink(sf.path)
+            res.deleted.append(entry)  # the report states what happened, also when a later step fails
+            if os.path.exists(sf.index_path):
+                os.unlink(sf.index_path)
+            fsync_dir(part.path)
+    finally:
+        _count_deleted(res, part.segments[len(res.deleted) :])
     # indexes left behind by an earlier interrupted deletion (log gone, index kept) below the first segment
     first = remaining[0].base if remaining else None
     for base, path in sorted(part.index_files.items()):

@@ -185,11 +185,19 @@ def verify_path(path: str | os.PathLike) -> list[Problem]:
             for t in dd.topics:
                 problems += t.problems
                 for p in t.partitions:
-                    problems += check_partition(p)
+                    problems += _checked(p)
             return problems
         problems = []
         for p in partitions_at(path):
-            problems += check_partition(p)
+            problems += _checked(p)
         return problems
     except OSError as err:
         return [Problem(path, None, "io", str(err))]
+
+
+def _checked(part: Partition) -> list[Problem]:
+    """`check_partition`, with an I/O error reported as a problem of that partition (the others are still checked)."""
+    try:
+        return check_partition(part)
+    except OSError as err:
+        return [*part.problems, Problem(err.filename or part.path, None, "io", str(err))]

@@ -15,8 +15,10 @@ from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.names import CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.cleanup_marks import read_cleanup_log
-from tank_log.storage.fsutil import is_our_temp
+from tank_log.storage.fsutil import is_our_temp, is_regular_file
 from tank_log.storage.segment import Segment
+
+NOT_A_FILE = "not-a-file"  # Problem code: a non-regular file where a segment, index or temporary should be
 
 
 @dataclass
@@ -81,6 +83,9 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             parsed = parse_name(entry)
         except TankFormatError as err:
             part.problems.append(Problem(full, None, "bad-name", err.message))
+            continue
+        if (parsed is not None or is_our_temp(entry)) and not is_regular_file(full) and os.path.lexists(full):
+            part.problems.append(_not_a_file(full))
             continue
         if parsed is None:
             if is_our_temp(entry):
@@ -214,6 +219,12 @@ def scan_data_dir(path: str | os.PathLike) -> DataDir:
         if is_dir:
             dd.topics.append(scan_topic(full, entry))
     return dd
+
+
+def _not_a_file(path: str) -> Problem:
+    kind = "a directory" if os.path.isdir(path) else "not a regular file"
+    message = f"{kind} under a segment/index name: the broker fails opening it; move it away (no job touches it)"
+    return Problem(path, None, NOT_A_FILE, message, aborts=True)
 
 
 def _leftover_temporary(path: str) -> Problem:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import uuid
 from collections.abc import Callable
 
@@ -48,6 +49,14 @@ def remove_our_temps(directory: str | os.PathLike, *, dry_run: bool = False) -> 
     return temps
 
 
+def is_regular_file(path: str | os.PathLike) -> bool:
+    """Whether `path` is (a symlink to) a regular file — not a directory, FIFO, socket, device or broken link."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
 def write_file_synced(path: str, data: bytes) -> None:
     with open(path, "wb") as fh:
         fh.write(data)
@@ -55,16 +64,28 @@ def write_file_synced(path: str, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` atomically and durably."""
+def remove_if_exists(path: str | os.PathLike) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_temp_then_rename(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to a temporary beside `path`, fsync, rename to `path` (the caller fsyncs the directory); the
+    temporary is removed when anything fails (a full disk must not stay full of our leftovers)."""
     path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    tmp = temp_path(directory, os.path.basename(path))
+    tmp = temp_path(os.path.dirname(path) or ".", os.path.basename(path))
     try:
         write_file_synced(tmp, data)
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        remove_if_exists(tmp)
         raise
-    fsync_dir(directory)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` atomically and durably."""
+    path = os.fspath(path)
+    write_temp_then_rename(path, data)
+    fsync_dir(os.path.dirname(path) or ".")

@@ -16,11 +16,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import format_index_name, segment_logs
-from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
+from tank_log.format.names import format_index_name, parse_name, segment_logs
+from tank_log.storage.fsutil import (
+    atomic_write,
+    fsync_dir,
+    is_our_temp,
+    is_regular_file,
+    our_temps,
+    remove_our_temps,
+)
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
+from tank_log.storage.salvage import SIDE_FILE, finish_salvage, plan_salvage_recovery
 from tank_log.storage.swap import plan_swap_recovery
 
 
@@ -53,8 +61,18 @@ class RepairResult:
 
 
 def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False) -> RepairResult:
-    """Apply the recovery of the module docstring to one partition directory. With `dry_run`, only report."""
+    """Apply the recovery of the module docstring to one partition directory. With `dry_run`, only report.
+
+    Raises:
+        NeedsAttention: a name repair could touch is not a regular file (checked before anything is changed).
+    """
     d = os.fspath(partition_dir)
+    odd = non_regular_entries(d)
+    if odd:
+        raise NeedsAttention(
+            f"not regular files under segment/index/temporary names: {', '.join(odd)} — move them away first "
+            f"(the broker fails on them too); nothing was changed"
+        )
     temps = remove_our_temps(d, dry_run=dry_run)
     swap = plan_swap_recovery(d)
     result = RepairResult(d, swap.action, temps + swap.remove_first + swap.remove_last, list(swap.renames))
@@ -82,6 +100,19 @@ def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False)
             os.unlink(index)
             fsync_dir(d)
     return result
+
+
+def non_regular_entries(d: str) -> list[str]:
+    """Paths in a partition dir whose names a job may read, rename or delete but that are not regular files."""
+    out = []
+    for n in sorted(os.listdir(d)):
+        try:
+            ours = parse_name(n) is not None
+        except TankFormatError:
+            ours = True
+        if (ours or is_our_temp(n) or SIDE_FILE.match(n)) and not is_regular_file(os.path.join(d, n)):
+            out.append(os.path.join(d, n))
+    return out
 
 
 def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:

@@ -41,7 +41,7 @@ from tank_log.format.bundle import BundleHeader
 from tank_log.format.decode import INCOMPLETE, decode_messages, walk_bundles
 from tank_log.format.index import build_rebuild_rule, encode_index, read_index
 from tank_log.format.names import FileName, Kind, format_active_name, format_ro_name, parse_log_name, segment_logs
-from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, temp_path, write_file_synced
+from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, write_temp_then_rename
 from tank_log.storage.segment import Segment, Tail
 
 SIDE_FILE = re.compile(r"^\.(?P<log>.+)\.torn-at-(?P<cut>0|[1-9][0-9]*)$")
@@ -182,10 +182,8 @@ def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
     with open(seg.path, "rb") as fh:
         fh.seek(plan.cut)
         cut_bytes = fh.read()
-    tmp = temp_path(d, os.path.basename(side))
-    write_file_synced(tmp, cut_bytes)
+    write_temp_then_rename(side, cut_bytes)
     step("side file written")
-    os.rename(tmp, side)
     fsync_dir(d)
     step("side file in place")
     action: dict = {

@@ -17,7 +17,7 @@ from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
 from tank_log.format.varint import unframed_size
-from tank_log.storage.fsutil import fsync_dir, temp_path
+from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
 
@@ -212,12 +212,14 @@ class SegmentWriter:
         return None if written is None else commit(written)
 
     def abort(self) -> None:
-        """Drop everything written so far."""
+        """Drop everything written so far (also after a failed write: a full disk fails the close's flush too)."""
         if self._fh is not None and not self._fh.closed:
-            self._fh.close()
+            try:
+                self._fh.close()
+            except OSError:
+                pass  # the descriptor is closed anyway; the file is dropped below
         for path in (self._log_tmp, self._index_tmp):
-            if os.path.exists(path):
-                os.unlink(path)
+            remove_if_exists(path)
         self._closed = True
 
     def __enter__(self) -> SegmentWriter:

@@ -45,7 +45,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
         print(format_table(rows))
-    return 0
+    for r in rows:
+        if r.error:
+            print(f"tank-log stats: {r.topic}/{r.partition}: {r.error}", file=sys.stderr)
+    return 1 if any(r.error for r in rows) else 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -57,7 +60,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from tank_log.errors import PartitionLocked
+    from tank_log.errors import NeedsAttention, PartitionLocked, describe_error
     from tank_log.storage.datadir import classify_path, partitions_at
     from tank_log.storage.locking import PartitionLock
     from tank_log.storage.repair import repair_base, repair_partition
@@ -66,8 +69,9 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     if classify_path(args.path) == "base":
         try:
             temps = repair_base(args.path, dry_run=args.dry_run)
-        except PartitionLocked as err:
-            print(json.dumps({"path": args.path, "action": "skipped", "reason": str(err)}))
+        except (PartitionLocked, OSError) as err:
+            action = "skipped" if isinstance(err, PartitionLocked) else "failed"
+            print(json.dumps({"path": args.path, "action": action, "reason": describe_error(err)}))
             temps, status = [], 1
         if temps or args.verbose:
             print(json.dumps({"path": args.path, "removed": temps, "dry_run": args.dry_run}))
@@ -78,8 +82,9 @@ def _cmd_repair(args: argparse.Namespace) -> int:
             else:
                 with PartitionLock(part.path, "repair"):
                     res = repair_partition(part.path)
-        except PartitionLocked as err:
-            print(json.dumps({"path": part.path, "action": "skipped", "reason": str(err)}))
+        except (PartitionLocked, NeedsAttention, OSError) as err:  # reported; the other partitions are repaired
+            action = {PartitionLocked: "skipped", NeedsAttention: "needs-attention"}.get(type(err), "failed")
+            print(json.dumps({"path": part.path, "action": action, "reason": describe_error(err)}))
             status = 1
             continue
         if res.has_work or args.verbose:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from tank_log.errors import TankFormatError
 from tank_log.format.bundle import CODEC_MASK, SPARSE
 from tank_log.storage.datadir import Partition, partitions_at
 
@@ -32,6 +33,7 @@ class PartitionStats:
     snappy_bundles: int = 0
     sparse_bundles: int = 0
     torn_bytes: int = 0
+    error: str | None = None  # why the figures stop early (malformed data, I/O error)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,7 +74,14 @@ def partition_stats(part: Partition, *, distinct_keys: bool = True) -> Partition
 
 
 def stats_path(path: str | os.PathLike, topics: list[str] | None = None) -> list[PartitionStats]:
-    return [partition_stats(p) for p in partitions_at(path, topics)]
+    """Figures of every partition; one malformed partition gets its `error`, the others are still counted."""
+    out = []
+    for p in partitions_at(path, topics):
+        try:
+            out.append(partition_stats(p))
+        except (TankFormatError, OSError) as err:
+            out.append(PartitionStats(p.topic, p.id, segments=len(p.segments), error=str(err)))
+    return out
 
 
 def format_table(rows: list[PartitionStats]) -> str:
