@@ -46,6 +46,11 @@ class CleanupLogError(TankFormatError):
     """A malformed `.cleanup.log` (TANK_FORMAT.md §1.6)."""
 
 
+class UnrepresentableData(TankFormatError):
+    """Valid TANK data a consumer cannot hold (e.g. a u64 seq beyond Spark's long): the reader stops there, with the
+    file and offset, instead of wrapping or dropping rows."""
+
+
 class UsageError(Exception):
     """A bad command line or path given by the user: jobs and the CLI exit with code 2."""
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import TankFormatError, UnrepresentableData
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
@@ -22,6 +22,7 @@ from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
 DEFAULT_SPLIT_BYTES = 64 << 20
+SPARK_LONG_MAX = (1 << 63) - 1
 
 
 def parse_time_ms(value: str) -> int:
@@ -198,6 +199,15 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
                 sel &= c.ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(c), bool)
             if not sel.any():
                 continue
+            if int(c.seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
+                i = next(k for k, last in enumerate(chunk.table.lasts) if last > SPARK_LONG_MAX)
+                at = chunk.file_offset + chunk.table.offsets[i]  # the first bundle holding such a seq
+                raise UnrepresentableData(
+                    f"seq {int(c.seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows "
+                    f"cannot hold",
+                    r.path,
+                    at,
+                )
             batch = to_record_batch(c, None if sel.all() else sel)
             n = batch.num_rows
             ts, ts_raw = spark_ts(batch.column("ts").to_numpy())

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
-from tank_log.format.varint import unframed_size
+from tank_log.format.varint import U32_MAX, unframed_size
 from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
@@ -101,6 +101,13 @@ class SegmentWriter:
     # ---- input -------------------------------------------------------------------------------------------------
 
     @property
+    def first_seq(self) -> int | None:
+        """The segment's first seq so far (written or pending), None while empty."""
+        if self.base is not None:
+            return self.base
+        return self._pending[0].seq if self._pending else None
+
+    @property
     def expected_next(self) -> int | None:
         """Seq a message must have to continue the running counter (non-sparse)."""
         if self._pending:
@@ -119,6 +126,8 @@ class SegmentWriter:
             raise ValueError(f"key of {len(key)} bytes exceeds 255 (§3.8)")
         if self.base is not None and seq - self.base >= REL_SEQ_LIMIT:
             raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
+        if self._pending and seq - self._pending[0].seq - 1 > U32_MAX:
+            self.flush_bundle()  # a sparse bundle's span is a u32 varint (§3.3): a larger seq gap starts a new one
         self._pending.append(message)
         self._pending_bytes += (len(key) if key else 0) + len(value) + 8
         if len(self._pending) >= self.policy.max_messages or self._pending_bytes >= self.policy.max_bytes:

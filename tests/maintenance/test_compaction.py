@@ -236,3 +236,26 @@ def test_legacy_names_with_microsecond_timestamps(tmp_path):
         assert s.ts is not None and 0 < s.ts < 2**32
         assert abs(s.ts - time.time()) < 3600  # the clock: the messages' ts are not seconds-since-epoch in ms
     assert [p for p in check_partition(after) if p.severity == "error"] == []
+
+
+def test_outputs_roll_before_a_relative_seq_beyond_2_31(tmp_path):
+    """#13 sweep: an input whose seqs jump past base + 2**31 (sparse bundles may) made compaction fail with an
+    internal ValueError; outputs roll instead, so no output needs the unimplemented _64 index (§4.6)."""
+    from tank_log.format.bundle import encode_bundle, frame
+
+    far = (1 << 31) + 10
+    pdir = tmp_path / "t" / "0"
+    pdir.mkdir(parents=True)
+    b1 = frame(encode_bundle([Message(1, 1000, b"a", b"old"), Message(2, 1000, b"b", b"v")], sparse=True))
+    b2 = frame(encode_bundle([Message(far, 2000, b"a", b"new"), Message(far + 1, 2000, b"c", b"v")], sparse=True))
+    (pdir / f"1-{far + 1}_1795000000.ilog").write_bytes(b1 + b2)
+    (pdir / f"{far + 2}_1795000001.log").write_bytes(
+        frame(encode_bundle([Message(far + 2, 3000, b"d", b"v")], sparse=False))
+    )
+    part = scan_partition(str(pdir), "t", 0)
+    res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+    assert res.status == "compacted", res
+    after = scan_partition(str(pdir), "t", 0)
+    assert [(s.base, s.last) for s in after.ro] == [(2, 2), (far, far + 1)]
+    assert [m.seq for s in after.segments for m in s.messages()] == [2, far, far + 1, far + 2]
+    assert not [p for p in check_partition(after) if p.severity == "error"]

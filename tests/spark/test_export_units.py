@@ -79,3 +79,24 @@ def test_cut_at_corruption_keeps_a_contiguous_prefix_or_nothing():
     first_range_bad = [RangeOutcome(0, "t", 0, 0, None, None, "seg @0: bad"), *outcomes[2:]]
     cut = cut_at_corruption(plans, first_range_bad, "prefix")  # nothing before the corruption: nothing to commit
     assert cut.kept == {0, 3} and not cut.plans[0].has_work and cut.failures[("t", 0)]["exported_to_seq"] is None
+
+
+def test_a_seq_beyond_spark_long_is_a_typed_error_with_file_and_offset(tmp_path):
+    """#13 sweep: a u64 seq ≥ 2**63 (valid TANK, §3.6) failed reads with ArrowInvalid from a cast."""
+    import pytest
+
+    from tank_log.errors import TankFormatError, UnrepresentableData
+    from tank_log.format.bundle import Message, encode_bundle, frame
+
+    pdir = tmp_path / "t" / "0"
+    pdir.mkdir(parents=True)
+    huge = (1 << 63) + 5
+    b1 = frame(encode_bundle([Message(1, 1, b"a", b"v"), Message(2, 1, b"b", b"v")], sparse=False))
+    b2 = frame(encode_bundle([Message(huge, 2, b"c", b"v")], sparse=True))
+    (pdir / f"1-{huge}_1795000000.ilog").write_bytes(b1 + b2)
+    (ranges,) = [r for r in plan_ranges([str(tmp_path)], Bounds(), True, 1 << 20) if r.path]
+    with pytest.raises(UnrepresentableData) as err:
+        list(read_range(ranges))
+    assert err.value.path == ranges.path and err.value.offset == len(b1)
+    stopped: list[TankFormatError] = []
+    assert sum(b.num_rows for b in read_range(ranges, stopped)) <= 2 and len(stopped) == 1

@@ -100,3 +100,16 @@ def test_copy_encoded_bundles(tmp_path):
         out.add_bundle(raw[h.offset : h.end], h.first_seq, h.last_seq, h.count, sparse=h.sparse)
     copy = out.close()
     assert open(copy.log_path, "rb").read() == raw
+
+
+def test_a_seq_gap_beyond_u32_starts_a_new_bundle(tmp_path):
+    """#13 sweep: a sparse bundle's span is a u32 varint (§3.3); a gap beyond it raised ValueError mid-compaction."""
+    gap = (1 << 32) + 7
+    msgs = [Message(1, 1, b"a", b"x"), Message(2, 1, b"b", b"y"), Message(2 + gap, 2, b"c", b"z")]
+    w = SegmentWriter(tmp_path, policy=BundlePolicy(max_messages=100))
+    for m in msgs[:2]:
+        w.add(m)
+    w.add(msgs[2])  # would not fit one sparse bundle with the first two
+    assert w.bundles == 1  # the first two were flushed as their own bundle
+    written = w.finish()
+    assert written.bundles == 2

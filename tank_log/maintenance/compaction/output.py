@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tank_log.format.bundle import Message
+from tank_log.format.index import REL_SEQ_LIMIT
 from tank_log.format.names import name_ts_from_message_ts
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.storage.writer import SegmentWriter, WrittenSegment
@@ -29,12 +30,22 @@ class OutputSegments:
             self.newest_ts = 0
         return self.writer
 
+    def _roll_before(self, last_seq: int) -> None:
+        """Start a new segment when `last_seq` would not fit the index's relative seq (< 2**31, §4.6): inputs can
+        span more (a seq jump in a sparse bundle), outputs never need a _64 index."""
+        w = self.writer
+        if w is not None and w.first_seq is not None and last_seq - w.first_seq >= REL_SEQ_LIMIT:
+            w.flush_bundle()
+            self.close_current()
+
     def add(self, m: Message) -> None:
+        self._roll_before(m.seq)
         self._ensure().add(m)
         self.newest_ts = max(self.newest_ts, m.ts)
         self._maybe_roll()
 
     def add_bundle(self, framed: bytes, first: int, last: int, count: int, sparse: bool, max_ts: int) -> None:
+        self._roll_before(last)
         w = self._ensure()
         w.add_bundle(framed, first, last, count, sparse=sparse)
         self.newest_ts = max(self.newest_ts, max_ts)
