@@ -51,6 +51,9 @@ class SegmentRange(InputPartition):
     max_seq: int | None
     min_ts: int | None
     max_ts: int | None
+    error: str | None = None  # planning found the segment inconsistent: reading raises this error
+    error_path: str | None = None
+    error_offset: int | None = None
 
 
 @dataclass
@@ -136,6 +139,12 @@ def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> lis
     for e in entries[1:]:
         if e[1] - cuts[-1][1] >= split_bytes:
             cuts.append(e)
+    if cuts != [(0, 0)]:  # read from index entries: they must agree with the data, or seqs would differ from a scan
+        try:
+            sf.check_headers()
+        except TankFormatError as err:
+            at = (err.message, err.path, err.offset)
+            return [SegmentRange(topic, pid, sf.path, sf.base, 0, sf.base, None, None, None, None, None, *at)]
     return [
         SegmentRange(
             topic,
@@ -177,6 +186,8 @@ def read_range(r: SegmentRange, stopped_by: list[TankFormatError] | None = None)
             first malformed chunk and the error is appended there (the batches before it were complete).
     """
     try:
+        if r.error is not None:
+            raise TankFormatError(r.error, r.error_path, r.error_offset)
         yield from _read_range(r)
     except TankFormatError as err:
         if stopped_by is None:

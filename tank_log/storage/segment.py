@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tank_log.errors import TankFormatError
 from tank_log.format.arrow import MESSAGE_SCHEMA, to_record_batch
-from tank_log.format.bundle import BundleHeader, Message
+from tank_log.format.bundle import SPARSE, BundleHeader, Message
 from tank_log.format.decode import (
     BUDGET,
     COMPLETE,
@@ -156,6 +156,7 @@ class Segment:
         """Yield (WalkResult, file offset of its buffer) per chunk; return the Tail at the end of the file (None
         when stopped early by `stop_seq` / `stop_offset`)."""
         next_seq = self.base if next_seq is None else next_seq
+        at_entry = start > 0  # reading from an index entry: it says which seq the bundle there starts with
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             pos = start
@@ -172,6 +173,9 @@ class Segment:
                 except TankFormatError as err:
                     raise err.located(self.path, pos) from None
                 if len(res.table):
+                    if at_entry:
+                        _check_entry_bundle(res, self.path, pos, next_seq)
+                        at_entry = False
                     yield res, pos
                 pos += res.stop
                 next_seq = res.next_seq
@@ -279,6 +283,36 @@ class Segment:
 
         return SegmentWalk(gen())
 
+    def check_headers(self) -> None:
+        """The header-level consistency an index-guided read relies on (no message decoding): the bundles' seqs
+        agree with the name (first = base; RO: last = the name's last) and every usable index entry points at a
+        bundle start with the entry's seq (§4.4). A read from an index entry of a segment that fails this would
+        number messages differently from a full scan.
+
+        Raises:
+            TankFormatError: the first contradiction (file and offset), or a malformed bundle.
+        """
+        starts: dict[int, int] = {}
+        first = last = None
+        for h in self.bundles():
+            starts[h.offset] = h.first_seq
+            first = h.first_seq if first is None else first
+            last = h.last_seq
+        if first is None:
+            return
+        if first != self.base:
+            raise TankFormatError(f"name says base {self.base}, the first bundle starts at seq {first}", self.path, 0)
+        if not self.is_active and last != self.last:
+            raise TankFormatError(f"name says last {self.last}, the bundles end at seq {last}", self.path, None)
+        for rel, off in usable_entries(self.index_path, self.size):
+            if starts.get(off) != self.base + rel:
+                found = "no bundle starts there" if off not in starts else f"the bundle there starts at {starts[off]}"
+                raise TankFormatError(
+                    f"index entry (rel {rel}, offset {off}) says seq {self.base + rel}, but {found} (§4.4)",
+                    self.index_path,
+                    off,
+                )
+
     def seek(self, seq: int) -> tuple[int, int]:
         """(file offset, next_seq) of the indexed bundle to start scanning from for `seq` (§4.4 step 3).
 
@@ -289,6 +323,17 @@ class Segment:
             return 0, self.base
         rel, off = lookup(entries, seq - self.base)
         return off, self.base + rel
+
+
+def _check_entry_bundle(res: WalkResult, path: str, pos: int, expected: int) -> None:
+    """A sparse bundle carries its absolute first seq (§3.3): at an index entry it must be the entry's seq."""
+    if res.table.flags[0] & SPARSE and res.table.firsts[0] != expected:
+        raise TankFormatError(
+            f"the index entry for this offset says seq {expected}, the sparse bundle here starts at "
+            f"{res.table.firsts[0]} (index and data disagree, §4.4)",
+            path,
+            pos + res.table.offsets[0],
+        )
 
 
 def seq_mask(seq: np.ndarray, min_seq: int | None, max_seq: int | None) -> np.ndarray | None:

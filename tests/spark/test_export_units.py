@@ -100,3 +100,28 @@ def test_a_seq_beyond_spark_long_is_a_typed_error_with_file_and_offset(tmp_path)
     assert err.value.path == ranges.path and err.value.offset == len(b1)
     stopped: list[TankFormatError] = []
     assert sum(b.num_rows for b in read_range(ranges, stopped)) <= 2 and len(stopped) == 1
+
+
+def test_planning_reports_a_segment_whose_index_contradicts_its_data(tmp_path):
+    """#13 sweep: the data source and the export read from index entries; a contradicting segment is an error of
+    that segment (file and offset), not rows numbered differently from a full scan."""
+    import pytest
+
+    from tank_log.errors import TankFormatError
+    from tank_log.format.bundle import Message
+    from tank_log.format.index import encode_index, read_index
+    from tank_log.storage.writer import BundlePolicy, write_segment
+
+    pdir = tmp_path / "t" / "0"
+    pdir.mkdir(parents=True)
+    msgs = [Message(s, 1_700_000_000_000, b"k", b"v" * 50) for s in range(1, 62)]
+    w = write_segment(pdir, msgs, ts=1795000000, policy=BundlePolicy(max_messages=1), index_interval=0)
+    index = str(pdir / "1.index")
+    entries = read_index(index)
+    entries[30] = (entries[30][0] - 1, entries[30][1])
+    with open(index, "wb") as fh:
+        fh.write(encode_index(entries))
+    (r,) = [r for r in plan_ranges([str(tmp_path)], Bounds(min_seq=40), True, 1 << 20) if r.path]
+    with pytest.raises(TankFormatError, match="index entry") as err:
+        list(read_range(r))
+    assert err.value.path == index and err.value.offset == entries[30][1] and w.messages == 61

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tank_log.errors import TankFormatError
 from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.format.index import build_append_rule, encode_index
 from tank_log.maintenance.verify import check_partition
@@ -113,3 +114,33 @@ def test_a_seq_gap_beyond_u32_starts_a_new_bundle(tmp_path):
     assert w.bundles == 1  # the first two were flushed as their own bundle
     written = w.finish()
     assert written.bundles == 2
+
+
+def _segment_with_index(tmp_path, sparse: bool):
+    """An RO segment of 1-message bundles (sparse ones with seq gaps when `sparse`) with an index entry per bundle."""
+    seqs = [1, *range(10, 10 + 3 * 60, 3)] if sparse else list(range(1, 62))
+    msgs = [Message(s, 1_700_000_000_000, b"k%d" % s, b"v" * 50) for s in seqs]
+    w = write_segment(tmp_path, msgs, ts=1795000000, policy=BundlePolicy(max_messages=1), index_interval=0)
+    return Segment(os.path.join(tmp_path, w.log_name)), seqs
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_an_index_entry_that_contradicts_the_data_is_an_error_not_other_seqs(tmp_path, sparse):
+    """#13 sweep: a read from an index entry numbered messages differently from a full scan, silently."""
+    from tank_log.format.index import read_index
+
+    seg, seqs = _segment_with_index(tmp_path, sparse)
+    entries = read_index(seg.index_path)
+    i = len(entries) // 2
+    rel, off = entries[i]
+    entries[i] = (rel - 1, off)  # the entry now claims the bundle there starts one seq earlier
+    with open(seg.index_path, "wb") as fh:
+        fh.write(encode_index(entries))
+    with pytest.raises(TankFormatError, match=r"index entry \(rel") as err:
+        seg.check_headers()
+    assert err.value.path == seg.index_path and err.value.offset == off
+    if sparse:  # the bundle there carries its absolute seq: a seek detects the contradiction by itself
+        with pytest.raises(TankFormatError, match="index and data disagree") as err:
+            list(seg.batches(min_seq=seg.base + rel - 1))
+        assert err.value.path == seg.path and err.value.offset == off
+    assert [m.seq for m in seg.messages()] == seqs  # a full scan is not affected
