@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
+from tank_spark.runner import Interrupted, add_broker_stopped, count_by, run_job, run_on_executors
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,13 @@ def prepare(ctx, args):
 
 def execute(ctx, plan, spark):
     tasks, skipped = plan
-    results = run_on_executors(spark, tasks)
+    try:
+        results = run_on_executors(spark, tasks)
+    except Interrupted as stop:  # the partitions that finished still get their `.cleanup.log` marks
+        if not ctx.dry_run:
+            record_cleanup_marks(stop.results)
+        stop.results += skipped
+        raise
     if not ctx.dry_run:
         record_cleanup_marks(results)
     results += skipped

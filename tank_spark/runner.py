@@ -5,7 +5,8 @@ the executors, the JSON run report and exit codes an orchestrator can trust.
                                [--dry-run] [--report FILE.json] [job options]
 
 Exit codes: 0 = done (or nothing to do), 1 = at least one partition failed (others done; the report says which),
-2 = usage or configuration error. The report is written even on partial failure.
+2 = usage or configuration error (including nothing matched), 130 = interrupted (Ctrl-C, SIGTERM: the report lists
+what finished). The report is written in every case.
 """
 
 from __future__ import annotations
@@ -15,20 +16,25 @@ import datetime as dt
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pyspark.accumulators import AccumulatorParam
+
 from tank_log.errors import JobConfigError, UsageError
 from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
+from tank_log.jobs.progress import Progress, describe, interrupted_entry
 from tank_log.maintenance.outcome import FAILING
 
 log = logging.getLogger("tank_log.job")
 
-EXIT_OK, EXIT_PARTIAL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,6 +56,12 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
     p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
+    p.add_argument(
+        "--spark-log-level",
+        default="WARN",
+        choices=("ERROR", "WARN", "INFO", "DEBUG"),
+        help="Spark's own log level, from its start-up on (default WARN: no INFO lines before the job's output)",
+    )
     return p
 
 
@@ -71,6 +83,7 @@ class JobContext:
     dry_run: bool
     report_path: str | None
     master: str | None
+    spark_log_level: str = "WARN"
 
 
 def build_context(job: str, args: argparse.Namespace) -> JobContext:
@@ -85,7 +98,14 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
             raise JobConfigError(f"data directory not found: {d}")
     topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
     return JobContext(
-        job, config, tuple(os.path.abspath(d) for d in data_dirs), topics, args.dry_run, args.report, args.master
+        job,
+        config,
+        tuple(os.path.abspath(d) for d in data_dirs),
+        topics,
+        args.dry_run,
+        args.report,
+        args.master,
+        args.spark_log_level,
     )
 
 
@@ -106,18 +126,98 @@ def spark_session(ctx: JobContext):
     for k, v in ctx.config.spark.conf.items():
         builder = builder.config(k, v)
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    conf = SparkConf()
+    for k, v in builder._options.items():  # the JVM (local runs) is launched with the session's settings
+        conf.set(k, v)
+    SparkContext._ensure_initialized(conf=conf)
+    jvm = SparkContext._jvm
+    assert jvm is not None
+    log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too
+    log4j.core.config.Configurator.setRootLevel(log4j.Level.getLevel(ctx.spark_log_level))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(ctx.spark_log_level)
     return spark
 
 
-def run_on_executors(spark, tasks: list[Any], fn: Callable[[Any], dict] = run_task) -> list[dict]:
-    """One Spark task per item (one per partition; by default `PartitionTask.run`); results come back in order."""
+class Interrupted(Exception):
+    """The run was stopped (SIGINT, SIGTERM) while partitions ran: `results` has the report entry of every task —
+    what finished, and `interrupted` entries for the rest."""
+
+    def __init__(self, results: list[dict]):
+        super().__init__(f"interrupted with {sum(r['status'] != 'interrupted' for r in results)} partitions done")
+        self.results = results
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (an orchestrator stopping the run), handled like Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
+class _ListParam(AccumulatorParam):
+    def zero(self, value):
+        return []
+
+    def addInPlace(self, a, b):
+        a.extend(b)
+        return a
+
+
+def run_on_executors(
+    spark, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
+) -> list[dict]:
+    """One Spark task per item (one per partition; by default `PartitionTask.run`); results come back in order.
+
+    Each result also reaches the driver as its task finishes (an accumulator), so the driver logs a line per
+    partition as it finishes, and on Ctrl-C/SIGTERM cancels the job and raises `Interrupted` with what finished.
+    """
     if not tasks:
         return []
-    rdd = spark.sparkContext.parallelize(list(enumerate(tasks)), numSlices=len(tasks))
-    results = rdd.map(lambda it: (it[0], fn(it[1]))).collect()
-    return [r for _, r in sorted(results, key=lambda x: x[0])]
+    sc = spark.sparkContext
+    finished = sc.accumulator([], _ListParam())
+
+    def run(items):
+        for i, task in items:
+            r = fn(task)
+            finished.add([(i, r)])
+            yield i, r
+
+    rdd = sc.parallelize(list(enumerate(tasks)), numSlices=len(tasks)).mapPartitions(run)
+    box: dict[str, Any] = {}
+
+    def collect() -> None:
+        try:
+            box["results"] = rdd.collect()
+        except BaseException as err:  # re-raised by the driver thread
+            box["error"] = err
+
+    seen: dict[int, dict] = {}
+    worker = threading.Thread(target=collect, name="tank-log-collect", daemon=True)
+    with Progress(what, len(tasks)) as progress:
+
+        def report_new(entries) -> None:
+            for i, r in list(entries):
+                if i not in seen:
+                    seen[i] = r
+                    progress.finished(r)
+
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.5)
+                report_new(finished.value)
+        except KeyboardInterrupt:
+            log.warning("interrupted: cancelling the running partitions (crash-safe; the next run repairs them)")
+            sc.cancelAllJobs()
+            worker.join(120)
+            report_new(finished.value)
+            raise Interrupted([seen.get(i) or interrupted_entry(t) for i, t in enumerate(tasks)]) from None
+        if "error" in box:
+            raise box["error"]
+        report_new(box["results"])
+    return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
 
 
 def write_report(path: str | None, report: dict) -> None:
@@ -146,6 +246,7 @@ def run_job(
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
     add_options(parser)
     report: dict[str, Any] = {"job": job, "started": _now()}
@@ -163,6 +264,7 @@ def run_job(
         return EXIT_USAGE
     report.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark = None
+    signal.signal(signal.SIGTERM, _on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         spark = spark_session(ctx)
         report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
@@ -172,6 +274,18 @@ def run_job(
         report.update(status="usage-error", error=str(err), finished=_now())
         write_report(ctx.report_path, report)
         return EXIT_USAGE
+    except Interrupted as stop:
+        report.update(
+            status="interrupted",
+            finished=_now(),
+            duration_s=round(time.monotonic() - t0, 3),
+            summary={"partitions": len(stop.results), "by_status": count_by(stop.results)},
+            partitions=stop.results,
+        )
+        write_report(ctx.report_path, report)
+        done = [describe(r) for r in stop.results if r["status"] != "interrupted"]
+        print(f"{job}: interrupted; {len(done)} partition(s) finished:", *done, sep="\n  ", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as err:
         log.exception("%s failed", job)
         report.update(

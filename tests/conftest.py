@@ -163,3 +163,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         elif item.originalname in SLOW_ELSEWHERE:
             item.add_marker(pytest.mark.slow)
+
+
+def many_small_partitions(base, n: int) -> str:
+    """A `cleanup` topic of `n` small partitions with compactable RO segments (runs long enough to be stopped)."""
+    from tank_log.format.bundle import Message
+    from tank_log.storage.writer import BundlePolicy, write_partition
+
+    msgs = [Message(s, 1_700_000_000_000 + s, b"k%d" % (s % 5), b"v%d" % s) for s in range(1, 61)]
+    for pid in range(n):
+        write_partition(os.path.join(base, "kv", str(pid)), msgs, segment_bytes=300, policy=BundlePolicy(5))
+    with open(os.path.join(base, "kv", "config"), "w") as fh:
+        fh.write("log.cleanup.policy=cleanup\n")
+    return str(base)

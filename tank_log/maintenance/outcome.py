@@ -36,6 +36,7 @@ class Status(StrEnum):
     SKIPPED = "skipped"  # not touched: locked, not selected, policy
     NEEDS_ATTENTION = "needs-attention"  # a problem no job fixes automatically
     FAILED = "failed"
+    INTERRUPTED = "interrupted"  # the run was stopped (Ctrl-C, SIGTERM) before this partition finished
 
     @property
     def failing(self) -> bool:

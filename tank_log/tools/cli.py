@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 from tank_log.errors import TankFormatError, UsageError
@@ -95,6 +96,8 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
     from tank_log.jobs.config import load_job_config
+    from tank_log.jobs.progress import Progress, describe
+    from tank_log.maintenance.outcome import Status
     from tank_log.storage.datadir import classify_path
 
     if classify_path(args.path) != "base":
@@ -109,12 +112,24 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
-    results = [t.run() for t in tasks]
+    results: list[dict] = []
+    try:
+        with Progress("compact", len(tasks)) as progress:
+            for t in tasks:
+                results.append(t.run())
+                print(json.dumps(results[-1]), flush=True)
+                progress.finished(results[-1])
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what finished keeps its marks; the rest is crash-safe
+        if not args.dry_run:
+            record_cleanup_marks(results)
+        done = "".join(f"\n  {describe(r)}" for r in results)
+        print(f"tank-log compact: interrupted; {len(results)} partition(s) finished:{done}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if not args.dry_run:
         record_cleanup_marks(results)
-    for r in results + skipped:
+    for r in skipped:
         print(json.dumps(r))
-    return 1 if any(r["status"] == "failed" for r in results) else 0
+    return 1 if any(Status(r["status"]).failing for r in results) else 0
 
 
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:
@@ -149,7 +164,9 @@ def _topics(value: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tank-log", description="Inspect and maintain TANK broker data files.")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging; repair also prints clean partitions"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("dump", help="messages as JSON lines (or bundle headers with --bundles)")
@@ -159,15 +176,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_dump)
 
     p = sub.add_parser("verify", help="check segments, indexes, names and layout; exit 0 only if clean")
-    p.add_argument("path")
+    p.add_argument("path", help="segment file, partition dir, topic dir or base path")
     p.add_argument("--json", action="store_true", help="one JSON object per problem")
     p.add_argument("--warnings", action="store_true", help="also print warnings")
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("stats", help="per-partition statistics")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--topics", type=_topics)
+    p.add_argument("path", help="partition dir, topic dir or base path")
+    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
 
     p = sub.add_parser("repair", help="recover partitions from interrupted compactions (TANK_FORMAT.md §6.4)")
@@ -177,13 +194,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compact", help="compact a base path without Spark (same rules as jobs/compact.py)")
     p.add_argument("path", help="broker base path")
-    p.add_argument("--config", help="YAML job configuration")
-    p.add_argument("--topics", type=_topics)
-    p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--force", action="store_true")
-    p.add_argument("--broker-stopped", action="store_true")
-    p.add_argument("--tombstone-retention", metavar="DURATION")
-    p.add_argument("--drop-keyless", action="store_true")
+    p.add_argument("--config", metavar="FILE", help="YAML job configuration (its compaction section applies)")
+    p.add_argument("--topics", type=_topics, metavar="T1,T2", help="only these topics (each must exist)")
+    p.add_argument("--dry-run", action="store_true", help="print what would be compacted; change nothing")
+    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    p.add_argument(
+        "--broker-stopped",
+        action="store_true",
+        help="the broker is stopped (required to mutate partitions that changed recently, TANK_FORMAT.md §9)",
+    )
+    p.add_argument(
+        "--tombstone-retention",
+        metavar="DURATION",
+        help="drop tombstones older than this (by message ts), e.g. 7days — beyond the broker's rules",
+    )
+    p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")
@@ -199,8 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_rebuild_index)
 
     p = sub.add_parser("demo", help="write a demo data directory")
-    p.add_argument("dir")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("dir", help="directory to create (must not exist)")
+    p.add_argument("--seed", type=int, default=7, help="random seed of the generated messages (default 7)")
     p.set_defaults(func=_cmd_demo)
     return parser
 
@@ -212,7 +237,11 @@ def exit_code_for(err: BaseException) -> int:
     return 1
 
 
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped by an orchestrator: like Ctrl-C
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -221,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except BrokenPipeError:  # an OSError: must come first (`tank-log dump ... | head` is not an error)
         return 0
+    except KeyboardInterrupt:
+        print("tank-log: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (TankFormatError, UsageError, OSError, ValueError) as err:  # expected: one line, no traceback
         print(f"tank-log: {err}", file=sys.stderr)
         return exit_code_for(err)

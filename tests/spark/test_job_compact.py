@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, copy_tree, data_dir, load_dump, tree_digest
+from conftest import ROOT, copy_tree, data_dir, load_dump, many_small_partitions, tree_digest
 
 from tank_log.maintenance.verify import verify_path
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -63,6 +63,8 @@ def test_mixed_run_reports_partial_failure(scenario):
         report_path,
     )
     assert r.returncode == 1, r.stderr[-3000:]
+    assert " INFO SparkContext" not in r.stderr  # #13: Spark's start-up INFO lines are quiet by default
+    assert "tank_log.progress: [1/" in r.stderr  # a line per partition as it finishes
     report = json.load(open(report_path))
     parts = by_key(report)
     assert report["status"] == "partial-failure"
@@ -137,3 +139,35 @@ def test_usage_errors_exit_2_with_a_report(tmp_path, args, config, needle):
     assert needle in r.stderr
     report = json.load(open(report_path))
     assert report["status"] == "usage-error" and needle in report["error"]
+
+
+def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tmp_path):
+    """#13: Ctrl-C/SIGTERM: the report lists what finished and what was interrupted; the data stays consistent."""
+    import signal
+
+    base = many_small_partitions(tmp_path / "many", 300)  # on local[1]: long enough to be stopped midway
+    report_path = str(tmp_path / "r.json")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [sys.executable, JOB, "--master", "local[1]", "--data-dir", base, "--broker-stopped"]
+    proc = subprocess.Popen([*cmd, "--report", report_path], stderr=subprocess.PIPE, text=True, env=env)
+    lines = []
+    for line in proc.stderr:  # wait for the first finished partition, then stop the run
+        lines.append(line)
+        if "tank_log.progress: [1/300]" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    lines += proc.stderr.readlines()
+    assert proc.wait(timeout=300) == 130, "".join(lines)[-3000:]
+    err = "".join(lines)
+    assert "Traceback" not in err and "compact: interrupted;" in err
+    report = json.load(open(report_path))
+    by_status = report["summary"]["by_status"]
+    assert report["status"] == "interrupted" and sum(by_status.values()) == 300
+    finished = sum(n for status, n in by_status.items() if status != "interrupted")
+    assert finished >= 1 and by_status.get("interrupted", 0) >= 1, by_status
+    assert f"{finished} partition(s) finished" in err
+    assert not [p for p in verify_path(base) if p.severity == "error"]
+    r = run_job("--data-dir", base, "--broker-stopped")  # the rerun compacts the rest
+    assert r.returncode == 0, r.stderr[-3000:]
+    parts = read_cleanup_log(base)
+    assert len(parts) == 300

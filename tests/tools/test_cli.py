@@ -96,3 +96,53 @@ def test_dump_fails_on_mid_file_corruption_and_warns_on_torn_tails(fixture_copy)
     res = run("dump", part_dir)
     assert res.returncode == 0 and "torn tail of" in res.stderr
     assert len(res.stdout.splitlines()) > 7000
+
+
+def _options_without_help(parser):
+    import argparse
+
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += [f"{name} {o}" for o in _options_without_help(sub)]
+        elif not isinstance(action, argparse._HelpAction) and not action.help:
+            out.append("/".join(action.option_strings) or action.dest)
+    return out
+
+
+def test_every_option_of_the_cli_and_the_jobs_has_a_help_text():
+    """#13: `tank-log compact --help` listed --force, --topics, --dry-run with no description."""
+    from tank_log.tools.cli import build_parser
+
+    assert _options_without_help(build_parser()) == []
+    from tank_spark import compact, rebuild_indexes, retention
+    from tank_spark.export import plan
+    from tank_spark.runner import job_parser
+
+    for module in (compact, retention, rebuild_indexes, plan):
+        parser = job_parser("job", "")
+        module.add_options(parser)
+        assert _options_without_help(parser) == [], module.__name__
+
+
+def test_ctrl_c_prints_what_finished_and_leaves_consistent_data(tmp_path):
+    """#13: Ctrl-C: the CLI prints the partitions already done (exit 130, no traceback)."""
+    import signal
+
+    from conftest import many_small_partitions
+
+    from tank_log.maintenance.verify import verify_path
+
+    base = many_small_partitions(tmp_path / "many", 300)
+    proc = subprocess.Popen(
+        [*CLI, "compact", base, "--broker-stopped"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    first = proc.stdout.readline()  # one partition done
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "tank-log compact: interrupted;" in err
+    done = [json.loads(line) for line in [first, *out.splitlines()] if line.startswith("{")]
+    assert 1 <= len(done) < 300 and f"{len(done)} partition(s) finished" in err
+    assert not [p for p in verify_path(base) if p.severity == "error"]
