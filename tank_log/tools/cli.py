@@ -158,6 +158,13 @@ def _cmd_rebuild_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_job_path(args: argparse.Namespace) -> int:
+    from tank_spark.jobs import job_path
+
+    print(job_path(args.job))
+    return 0
+
+
 def _topics(value: str) -> list[str]:
     return [t for t in value.split(",") if t]
 
@@ -222,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=int, help="append rule interval (default: the partition's config)")
     p.add_argument("--out", help="output file (default: <base>.index next to the segment)")
     p.set_defaults(func=_cmd_rebuild_index)
+
+    p = sub.add_parser(
+        "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
+    )
+    p.add_argument("job", choices=("compact", "retention", "rebuild_indexes", "export_delta"), help="job name")
+    p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir", help="directory to create (must not exist)")

@@ -59,3 +59,36 @@ def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):
     assert rep["status"] == "ok" and rep["spark"]["master"] == "local[2]"
     retained = next(p for p in rep["partitions"] if p["topic"] == "retained")
     assert retained["status"] == "nothing-to-do"  # retention.segments.count=3 already holds
+
+
+def test_installed_package_runs_the_jobs_without_the_checkout(tmp_path):
+    """#13: `jobs/` was not installed, so jobs needed the repository; `python -m tank_spark.compact` did nothing."""
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, ROOT],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = dict(os.environ, PYTHONPATH=str(site), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    cli = [sys.executable, "-m", "tank_log.tools.cli"]
+    path = subprocess.run(
+        [*cli, "job-path", "retention"], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
+    ).stdout.strip()
+    assert path == str(site / "tank_spark" / "jobs" / "retention.py")
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    for cmd in (
+        [sys.executable, "-m", "tank_spark.jobs.retention", "--master", "local[1]"],
+        [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[1]", path],
+    ):
+        report = tmp_path / "r.json"
+        r = subprocess.run(
+            [*cmd, "--data-dir", base, "--dry-run", "--report", str(report)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.load(open(report))["status"] == "ok"

@@ -1,0 +1,12 @@
+"""Compact keyed (cleanup-policy) partitions.
+
+python -m tank_spark.jobs.compact --help
+spark-submit $(tank-log job-path compact) ...
+"""
+
+import sys
+
+from tank_spark.compact import main
+
+if __name__ == "__main__":
+    sys.exit(main())

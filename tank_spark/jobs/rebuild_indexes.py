@@ -1,0 +1,12 @@
+"""Verify and rebuild indexes, repair, salvage.
+
+python -m tank_spark.jobs.rebuild_indexes --help
+spark-submit $(tank-log job-path rebuild_indexes) ...
+"""
+
+import sys
+
+from tank_spark.rebuild_indexes import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Delete expired RO segments of delete-policy topics.
+
+python -m tank_spark.jobs.retention --help
+spark-submit $(tank-log job-path retention) ...
+"""
+
+import sys
+
+from tank_spark.retention import main
+
+if __name__ == "__main__":
+    sys.exit(main())
