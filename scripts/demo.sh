@@ -12,7 +12,7 @@ export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 .venv/bin/tank-log demo "$DIR"
 echo "== before compaction"
 .venv/bin/tank-log stats "$DIR"
-# the demo data is not served by a broker, hence --broker-stopped (TANK_FORMAT.md §9: mutations need it stopped)
+# the demo data is not served by a broker, hence --broker-stopped (docs/FORMAT.md §9: mutations need it stopped)
 .venv/bin/python jobs/compact.py --data-dir "$DIR" --broker-stopped --report reports/compact-demo.json
 echo "== after compaction (report: reports/compact-demo.json)"
 .venv/bin/tank-log stats "$DIR"

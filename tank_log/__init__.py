@@ -1,6 +1,6 @@
 """tank_log: file-level reader and writer for the on-disk data of the TANK broker.
 
-The format reference is TANK_FORMAT.md (shared with the project); modules cite its sections.
+The format reference is docs/FORMAT.md (shared with the project); modules cite its sections.
 This package never imports Spark.
 """
 

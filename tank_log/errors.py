@@ -35,15 +35,15 @@ class TankFormatError(Exception):
 
 
 class SegmentNameError(TankFormatError):
-    """A file name with a segment/index extension that the broker would mis-parse (TANK_FORMAT.md §2.1)."""
+    """A file name with a segment/index extension that the broker would mis-parse (docs/FORMAT.md §2.1)."""
 
 
 class IndexFormatError(TankFormatError):
-    """A malformed index file (TANK_FORMAT.md §4.1)."""
+    """A malformed index file (docs/FORMAT.md §4.1)."""
 
 
 class CleanupLogError(TankFormatError):
-    """A malformed `.cleanup.log` (TANK_FORMAT.md §1.6)."""
+    """A malformed `.cleanup.log` (docs/FORMAT.md §1.6)."""
 
 
 class UnrepresentableData(TankFormatError):
@@ -68,7 +68,7 @@ class PartitionLocked(Exception):
 
 
 class PartitionLooksLive(RuntimeError):
-    """The partition changed too recently: mutating it needs the broker stopped (TANK_FORMAT.md §9 rule 1)."""
+    """The partition changed too recently: mutating it needs the broker stopped (docs/FORMAT.md §9 rule 1)."""
 
 
 class NeedsAttention(Exception):

@@ -12,7 +12,7 @@ class Problem:
     code: str  # short stable identifier, e.g. "index-entry-mismatch"
     message: str
     severity: str = "error"  # "error" (the broker may crash or mis-serve) | "warning"
-    aborts: bool = False  # the broker aborts or exits on it (at open or at the first read), per TANK_FORMAT.md
+    aborts: bool = False  # the broker aborts or exits on it (at open or at the first read), per docs/FORMAT.md
 
     def __str__(self) -> str:
         where = self.path if self.offset is None else f"{self.path} @{self.offset}"

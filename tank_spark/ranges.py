@@ -1,5 +1,5 @@
 """Read tasks over segment files, shared by the `tank` data source and the Delta export: which byte ranges of which
-segments hold the rows within some bounds (pruned by names, started at index entries, TANK_FORMAT.md §4.4), and
+segments hold the rows within some bounds (pruned by names, started at index entries, docs/FORMAT.md §4.4), and
 reading one range into Arrow batches of the row schema (`tank_spark.schema.ROW_SCHEMA`)."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from tank_log.format.arrow import MESSAGE_SCHEMA
 
-# message column → its type in Spark rows (u64 seq fits long; ts ms → µs timestamp, TANK_FORMAT.md §3.7)
+# message column → its type in Spark rows (u64 seq fits long; ts ms → µs timestamp, docs/FORMAT.md §3.7)
 _SPARK_TYPES = {"seq": pa.int64(), "ts": pa.timestamp("us", tz="UTC")}
 
 # The producer's ts is any u64 (§3.7: ms by convention, nothing checks it). Rows keep `ts` only when it is a time

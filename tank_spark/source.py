@@ -11,13 +11,13 @@ date/time), `seq_ranges` (JSON `{"topic/partition": [min_seq, max_seq]}`: only t
 an error), `split_bytes` (default 64 MiB). Several base paths: `load("a,b")` or option `paths`.
 
 Parallelism: one input partition per segment, or per bounded byte range of a large segment cut at index entries
-(TANK_FORMAT.md §4.4). Pruning: the topic, partition and seq options skip whole segments by their names and start
+(docs/FORMAT.md §4.4). Pruning: the topic, partition and seq options skip whole segments by their names and start
 reads at an index entry; `ts` bounds are applied per batch (segment names carry no message times); WHERE clauses are
 evaluated by Spark. With option `pushdown=true`, WHERE clauses on topic/partition/seq prune too (see
 TankPushdownReader for the caveat). The reader yields Arrow record batches.
 
 The files must be readable at the same path on every executor (local disk in local mode, a shared filesystem on a
-cluster). Reading while the broker runs is fine (TANK_FORMAT.md §9 rule 2): files that vanish are skipped.
+cluster). Reading while the broker runs is fine (docs/FORMAT.md §9 rule 2): files that vanish are skipped.
 """
 
 from __future__ import annotations

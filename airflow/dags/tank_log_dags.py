@@ -107,7 +107,7 @@ compaction = _maintenance_dag(
     "30 2 * * *",
     timedelta(hours=4),
     "Nightly compaction of `log.cleanup.policy=cleanup` topics (jobs/compact.py). Mutations need the broker "
-    "stopped (TANK_FORMAT.md §9): set Variable tank_log_broker_stopped=true when the window stops it; otherwise "
+    "stopped (docs/FORMAT.md §9): set Variable tank_log_broker_stopped=true when the window stops it; otherwise "
     "live partitions are refused and reported.",
 )
 

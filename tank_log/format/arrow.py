@@ -15,7 +15,7 @@ from tank_log.format.decode import MessageColumns
 MESSAGE_SCHEMA = pa.schema(
     [
         pa.field("seq", pa.uint64(), nullable=False),
-        pa.field("ts", pa.uint64(), nullable=False),  # producer timestamp, ms by convention (TANK_FORMAT.md §3.7)
+        pa.field("ts", pa.uint64(), nullable=False),  # producer timestamp, ms by convention (docs/FORMAT.md §3.7)
         pa.field("key", pa.binary()),  # null = no key
         pa.field("value", pa.binary(), nullable=False),
     ]

@@ -1,4 +1,4 @@
-"""Topic and partition `config` files with the broker's grammar, units and defaults (TANK_FORMAT.md §1.5).
+"""Topic and partition `config` files with the broker's grammar, units and defaults (docs/FORMAT.md §1.5).
 
 `parse_config` never raises for content: every line the broker would reject (startup abort) or misread is a
 Problem; valid lines apply on top of the given base configuration (topic level first, then partition level).

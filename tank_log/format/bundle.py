@@ -1,4 +1,4 @@
-"""Bundle header and message encoding (TANK_FORMAT.md §3.3–§3.7).
+"""Bundle header and message encoding (docs/FORMAT.md §3.3–§3.7).
 
 Decoding of whole files lives in `decode.py` (vectorised); this module holds the scalar header parser and the
 encoder used by writers. Encoders follow the broker's conventions exactly so that re-encoding decoded bundles with

@@ -1,4 +1,4 @@
-"""`.cleanup.log` in the base path (TANK_FORMAT.md §1.6): per compacted partition, the highest seq covered by its
+"""`.cleanup.log` in the base path (docs/FORMAT.md §1.6): per compacted partition, the highest seq covered by its
 last compaction. Binary records `topic_len:u8 topic partition:u16 seq:u64`, no header; last record wins.
 
 This module is the byte format only; reading and rewriting the file is `storage/cleanup_marks.py`."""

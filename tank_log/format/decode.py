@@ -1,4 +1,4 @@
-"""Bulk decoding of segment bytes (TANK_FORMAT.md §3).
+"""Bulk decoding of segment bytes (docs/FORMAT.md §3).
 
 Two stages:
 1. `walk_bundles` — a sequential pass over the framing (§3.1) and bundle headers (§3.3), deriving each bundle's

@@ -1,4 +1,4 @@
-"""Index files `<base>.index` (TANK_FORMAT.md §4): read, look up, verify against the log, build.
+"""Index files `<base>.index` (docs/FORMAT.md §4): read, look up, verify against the log, build.
 
 An entry is (rel_seq u32, file_offset u32), little-endian, pointing at the length varint of a bundle whose first
 message has seq base+rel_seq. The index is sparse; three writers space entries differently (§4.3):

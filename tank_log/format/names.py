@@ -1,4 +1,4 @@
-"""File names of a partition directory (TANK_FORMAT.md §2.1, §2.6 scan, §6.4 compaction temporaries).
+"""File names of a partition directory (docs/FORMAT.md §2.1, §2.6 scan, §6.4 compaction temporaries).
 
 The broker splits a name at its first `.`; the stem carries unpadded decimal numbers. It parses `.ilog` numbers
 without validating digits, so garbage names become garbage segments: we reject anything that is not canonical
@@ -35,7 +35,7 @@ class Kind(Enum):
 class FileName:
     """A parsed segment log or index name.
 
-    `last` is set for RO logs only; `ts` is None for legacy names (TANK_FORMAT.md §2.1: "ts treated as 0");
+    `last` is set for RO logs only; `ts` is None for legacy names (docs/FORMAT.md §2.1: "ts treated as 0");
     `wide` marks `<base>_64.index` (§4.6, never written by the broker, crashes it).
     """
 
@@ -56,7 +56,7 @@ class FileName:
 
 @dataclass(frozen=True)
 class CompactionTemp:
-    """A compaction leftover `<inner>.cleaned|.swap|.old` (TANK_FORMAT.md §6.4); `inner` is the final name.
+    """A compaction leftover `<inner>.cleaned|.swap|.old` (docs/FORMAT.md §6.4); `inner` is the final name.
 
     `inner` is None only for `.cleaned` files whose name is not a valid segment name, such as the broker's
     placeholder `<base>-0_0.ilog.cleaned` written before the output's last seq is known (the broker unlinks every

@@ -1,4 +1,4 @@
-"""TANK's 32-bit varint (TANK_FORMAT.md §3.2): unsigned LEB128, at most 5 bytes, values < 2**32."""
+"""TANK's 32-bit varint (docs/FORMAT.md §3.2): unsigned LEB128, at most 5 bytes, values < 2**32."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """The jobs' configuration file (YAML) and command line, validated at load.
 
-One format for every job; durations and sizes use the broker's grammar (TANK_FORMAT.md §1.5: `7days`, `1h+30min`,
+One format for every job; durations and sizes use the broker's grammar (docs/FORMAT.md §1.5: `7days`, `1h+30min`,
 `64kb`, `1gb`). Unknown keys and bad values are errors naming the key. Command-line flags override the file.
 
     data_dirs: [/var/lib/tank]          # one or several broker base paths
-    broker_stopped: false               # mutations need the broker stopped (TANK_FORMAT.md §9)
+    broker_stopped: false               # mutations need the broker stopped (docs/FORMAT.md §9)
     live_window: 5min                   # a partition changed this recently looks live and is refused
     spark:
       master: local[2]                  # used when not given by spark-submit
@@ -235,7 +235,7 @@ def _compaction(value: Any) -> CompactionSettings:
     if v.get("segment_bytes") is not None:
         n = _size(v["segment_bytes"], f"{w}.segment_bytes")
         if not 64 <= n < 1 << 32:
-            raise JobConfigError(f"{w}.segment_bytes: must be within 64 bytes and 4 GiB (TANK_FORMAT.md §8)")
+            raise JobConfigError(f"{w}.segment_bytes: must be within 64 bytes and 4 GiB (docs/FORMAT.md §8)")
         kw["segment_bytes"] = n
     if v.get("min_cleanable_ratio") is not None:
         kw["min_cleanable_ratio"] = _ratio(v["min_cleanable_ratio"], f"{w}.min_cleanable_ratio")

@@ -58,7 +58,7 @@ def check_selection(scans: list[DataDir], topics: Collection[str] | None, named_
         if not any(t.partitions for t in dd.topics):
             found = sorted(t.name for t in dd.topics)
             what = f"directories {_listing(found)} hold no partition directories 0..N-1" if found else "it is empty"
-            raise NothingMatched(f"{dd.path}: not a TANK base path: {what} (TANK_FORMAT.md §1.2)")
+            raise NothingMatched(f"{dd.path}: not a TANK base path: {what} (docs/FORMAT.md §1.2)")
     existing = sorted({t.name for dd in scans for t in dd.topics if t.partitions})
     where = ", ".join(dd.path for dd in scans)
     missing = sorted(set(topics or ()) - set(existing))

@@ -131,7 +131,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
                     "action": "rebuilt-index",
                     "file": os.path.basename(path),
                     "entries": n,
-                    "rule": "rebuild (TANK_FORMAT.md §4.5)",
+                    "rule": "rebuild (docs/FORMAT.md §4.5)",
                 }
             )
     after = check_partition(scan_partition(part.path, part.topic, part.id, part.config))

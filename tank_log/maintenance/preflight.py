@@ -1,5 +1,5 @@
 """What every mutating job does to a partition first: refuse it if it holds a file the broker would mis-parse
-(§2.1) or if the broker may be writing to it (TANK_FORMAT.md §9 rule 1), then repair leftovers of interrupted
+(§2.1) or if the broker may be writing to it (docs/FORMAT.md §9 rule 1), then repair leftovers of interrupted
 compactions (§6.4)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None =
     if age is not None:
         raise PartitionLooksLive(
             f"partition looks live (modified {age:.0f}s ago): {job} needs the broker stopped "
-            f"(TANK_FORMAT.md §9); stop it and pass --broker-stopped"
+            f"(docs/FORMAT.md §9); stop it and pass --broker-stopped"
         )
 
 
@@ -48,7 +48,7 @@ def preflight(
     if misnamed:
         raise NeedsAttention(
             "; ".join(f"{p.path}: {p.message}" for p in misnamed)
-            + " (the broker mis-parses such names, TANK_FORMAT.md §2.1: rename or remove the file first)"
+            + " (the broker mis-parses such names, docs/FORMAT.md §2.1: rename or remove the file first)"
         )
     odd = [p for p in part.problems if p.code == NOT_A_FILE]
     if odd:  # checked before anything is touched: a plan that cannot complete must not start

@@ -1,4 +1,4 @@
-"""Retention: deleting the oldest RO segments by count, size and age (TANK_FORMAT.md §5), without the broker's
+"""Retention: deleting the oldest RO segments by count, size and age (docs/FORMAT.md §5), without the broker's
 weaknesses.
 
 Like the broker: only a prefix of RO segments (oldest first) is deleted, never the active segment; policies
@@ -45,7 +45,7 @@ class RetentionRules:
 
     @classmethod
     def from_config(cls, cfg: PartitionConfig, time_basis: str = "name") -> RetentionRules:
-        """The broker's own limits of a partition (its `config` files, TANK_FORMAT.md §1.5)."""
+        """The broker's own limits of a partition (its `config` files, docs/FORMAT.md §1.5)."""
         return cls(**{p.name: getattr(cfg, p.broker_field) for p in POLICIES}, time_basis=time_basis)
 
     @property
@@ -63,7 +63,7 @@ class RemainingRO:
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """One retention limit (TANK_FORMAT.md §5).
+    """One retention limit (docs/FORMAT.md §5).
 
     `name`: its field in RetentionRules and its key in the job config (`retention.topics.<topic>.<config_key>`);
     `broker_field`: the PartitionConfig field holding the broker's value; `unit`: how the job config parses it
@@ -143,7 +143,7 @@ def segment_time_s(sf: Segment, basis: str) -> tuple[int | None, str]:
 
 
 def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list[tuple[Segment, str]]:
-    """The deletable prefix of RO segments, each with the reason (TANK_FORMAT.md §5 loop, real sizes, every age)."""
+    """The deletable prefix of RO segments, each with the reason (docs/FORMAT.md §5 loop, real sizes, every age)."""
     ro = list(part.ro)
     left = RemainingRO(len(ro), sum(s.size for s in ro))
     out: list[tuple[Segment, str]] = []

@@ -106,7 +106,7 @@ def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentChe
 
 
 def check_partition(part: Partition) -> list[Problem]:
-    """Every segment of a partition plus the layout invariants of TANK_FORMAT.md §9 rules 3–4."""
+    """Every segment of a partition plus the layout invariants of docs/FORMAT.md §9 rules 3–4."""
     problems = list(part.problems)
     for path, temp in part.leftovers:
         problems.append(

@@ -1,4 +1,4 @@
-"""The base path's `.cleanup.log` as a file (TANK_FORMAT.md §1.6): (topic, partition) → last compacted seq, read as
+"""The base path's `.cleanup.log` as a file (docs/FORMAT.md §1.6): (topic, partition) → last compacted seq, read as
 the broker loads it and rewritten atomically (temp + fsync + rename + directory fsync)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, in
 
 def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
     """Set (or, with None, remove) records for some partitions, keeping the others: read-modify-write under the
-    base path's lock, after deleting temporaries a killed rewrite left (TANK_FORMAT.md §1.6)."""
+    base path's lock, after deleting temporaries a killed rewrite left (docs/FORMAT.md §1.6)."""
     with PartitionLock(base_path, "cleanup-log", blocking=True):
         remove_our_temps(base_path)
         marks = read_cleanup_log(base_path)

@@ -1,4 +1,4 @@
-"""Discovering topics, partitions and segments of a broker base path, as the broker does (TANK_FORMAT.md §1, §2.6).
+"""Discovering topics, partitions and segments of a broker base path, as the broker does (docs/FORMAT.md §1, §2.6).
 
 What the broker ignores is ignored here too (`.`-prefixed names, non-directories at the top, unknown names in a
 partition); what it would mis-parse, crash on or silently drop is reported as a Problem instead.
@@ -246,7 +246,7 @@ def _subdirs(path: str) -> list[str]:
 
 def classify_path(path: str | os.PathLike[str]) -> str:
     """What a user-given path is — "segment", "partition", "topic" or "base" — decided by its content, not its name
-    (a topic or a base path may be named by digits, TANK_FORMAT.md §1.3):
+    (a topic or a base path may be named by digits, docs/FORMAT.md §1.3):
     - a file is a segment; a directory holding segment/index files is a partition;
     - a directory whose subdirectories are digit-named partitions (no deeper directories), `0` among them, is a topic
       (the broker serves partitions 0..N-1, §1.4);

@@ -1,4 +1,4 @@
-"""Crash-safe file mutations: `.`-prefixed temporary name, fsync file, rename, fsync directory (TANK_FORMAT.md §9
+"""Crash-safe file mutations: `.`-prefixed temporary name, fsync file, rename, fsync directory (docs/FORMAT.md §9
 rule 8). The broker skips `.`-prefixed names (§1.7), so temporaries never confuse it."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-partition lock so that two tank-log jobs never mutate the same partition.
 
-The lock is a `.`-prefixed file in the partition directory (the broker ignores such names, TANK_FORMAT.md §1.7)
+The lock is a `.`-prefixed file in the partition directory (the broker ignores such names, docs/FORMAT.md §1.7)
 held with `flock`: the kernel releases it when the holder dies, so a crashed job never leaves a stale lock. The
 file's content (pid, host, job, start time) is only for humans. The broker itself takes no lock (§1.1), which is
 why mutations also require it to be stopped (§9).

@@ -2,7 +2,7 @@
 `tank-log repair` runs alone. One pass, in this order, each part idempotent:
 
 1. our temporaries (`.…tank-log-….tmp`, `fsutil.temp_path`) left by a killed process are deleted;
-2. an interrupted compaction is rolled back or forward (`swap.plan_swap_recovery`, TANK_FORMAT.md §6.4);
+2. an interrupted compaction is rolled back or forward (`swap.plan_swap_recovery`, docs/FORMAT.md §6.4);
 3. an interrupted salvage is finished (`salvage.plan_salvage_recovery`, §3.11);
 4. an index entry at or past the end of its log (a crash between the broker's log and index writes, §4.4, or an
    old salvage) is dropped: the index is rewritten atomically without it, or deleted when nothing is left, so the

@@ -1,4 +1,4 @@
-"""Salvaging a torn tail (TANK_FORMAT.md §3.11) and finishing a salvage a crash interrupted — both directions of
+"""Salvaging a torn tail (docs/FORMAT.md §3.11) and finishing a salvage a crash interrupted — both directions of
 the protocol in one place, as `swap.py` holds compaction's.
 
 A tail is torn only when nothing valid follows the break (`data_beyond_break`): an index entry pointing past it,

@@ -1,6 +1,6 @@
 """Reading one segment log file (`.ilog` RO or `.log` active): bundles, messages, Arrow batches, torn tails.
 
-Sequence numbers are derived exactly as TANK_FORMAT.md §3.6 from the base in the file name. A torn tail (an
+Sequence numbers are derived exactly as docs/FORMAT.md §3.6 from the base in the file name. A torn tail (an
 incomplete last bundle, §3.11) is data, not a crash: iteration stops at the last complete bundle and the walk's
 `tail` tells where that is.
 """
@@ -61,7 +61,7 @@ class Chunk:
 
 class SegmentWalk(Iterator[T]):
     """One pass over a segment's bundles (headers, decoded chunks, batches or messages). Once exhausted, `tail`
-    says where the complete bundles end (TANK_FORMAT.md §3.11); it stays None if the pass stopped early."""
+    says where the complete bundles end (docs/FORMAT.md §3.11); it stays None if the pass stopped early."""
 
     def __init__(self, gen: Generator[T, None, Tail | None]):
         self._gen = gen
@@ -79,7 +79,7 @@ class SegmentWalk(Iterator[T]):
 
 
 class Segment:
-    """One segment log file: an RO `<base>-<last>[_<ts>].ilog` or the active `<base>[_<ts>].log` (TANK_FORMAT.md
+    """One segment log file: an RO `<base>-<last>[_<ts>].ilog` or the active `<base>[_<ts>].log` (docs/FORMAT.md
     §2.1), with the numbers of its name. `base` comes from the name unless given (a file under another name).
 
     Raises:
@@ -250,7 +250,7 @@ class Segment:
     ) -> SegmentWalk[pa.RecordBatch]:
         """Messages as Arrow batches (schema `format.arrow.MESSAGE_SCHEMA`), optionally restricted to a seq range.
 
-        With `min_seq` the index is used to seek (TANK_FORMAT.md §4.4 step 3) when `use_index` and it exists.
+        With `min_seq` the index is used to seek (docs/FORMAT.md §4.4 step 3) when `use_index` and it exists.
         """
         start, next_seq = 0, None
         if min_seq is not None and use_index:

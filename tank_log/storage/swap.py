@@ -1,4 +1,4 @@
-"""The compaction file protocol (TANK_FORMAT.md §6.4): replacing input segments by output segments, and bringing a
+"""The compaction file protocol (docs/FORMAT.md §6.4): replacing input segments by output segments, and bringing a
 partition with leftovers of an interrupted replacement back to a consistent state — both directions in one place.
 
 Forward (`swap_in`; outputs already written and fsynced under `.`-prefixed temporary names):

@@ -1,4 +1,4 @@
-"""Writing new segments (TANK_FORMAT.md Appendix B).
+"""Writing new segments (docs/FORMAT.md Appendix B).
 
 Bundles are non-sparse only when they continue the running counter, sparse otherwise (§3.6); Snappy per a policy
 (§3.4); index entries by the append rule (§4.3) or the compaction rule (§6.3). Files are written under

@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
 
-    p = sub.add_parser("repair", help="recover partitions from interrupted compactions (TANK_FORMAT.md §6.4)")
+    p = sub.add_parser("repair", help="recover partitions from interrupted compactions (docs/FORMAT.md §6.4)")
     p.add_argument("path", help="partition dir, topic dir or base path")
     p.add_argument("--dry-run", action="store_true", help="print what would be done")
     p.set_defaults(func=_cmd_repair)
@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--broker-stopped",
         action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, TANK_FORMAT.md §9)",
+        help="the broker is stopped (required to mutate partitions that changed recently, docs/FORMAT.md §9)",
     )
     p.add_argument(
         "--tombstone-retention",

@@ -1,5 +1,5 @@
 """A partition whose segment data turns out malformed while the export reads it (TANK has no checksums, so only a
-full read finds some corruptions, TANK_FORMAT.md §3.1): the other partitions are exported and committed; that one is
+full read finds some corruptions, docs/FORMAT.md §3.1): the other partitions are exported and committed; that one is
 reported `failed` with the file and byte offset, and the run exits 1. `--on-corruption` says what is committed of it:
 
 - `prefix` (default): the rows before the corruption. Its recorded version becomes the last seq committed, so the

@@ -53,7 +53,7 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
 
 
 def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
-    """Read tasks (segment ranges, TANK_FORMAT.md §4.4) covering every partition's (previous, end] range."""
+    """Read tasks (segment ranges, docs/FORMAT.md §4.4) covering every partition's (previous, end] range."""
     from tank_spark.ranges import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
 
     bounds = Bounds(

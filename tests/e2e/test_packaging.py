@@ -63,9 +63,15 @@ def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):
 
 def test_installed_package_runs_the_jobs_without_the_checkout(tmp_path):
     """#13: `jobs/` was not installed, so jobs needed the repository; `python -m tank_spark.compact` did nothing."""
-    site = tmp_path / "site"
+    import shutil
+
+    src, site = tmp_path / "src", tmp_path / "site"  # build from a copy: the checkout gets no build/ directory
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "tank_log", "tank_spark"):
+        copy = shutil.copytree if os.path.isdir(os.path.join(ROOT, name)) else shutil.copy
+        copy(os.path.join(ROOT, name), src / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, ROOT],
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, src],
         check=True,
         capture_output=True,
         timeout=300,

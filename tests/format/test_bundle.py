@@ -1,4 +1,4 @@
-"""Bundle encode/decode round trips (TANK_FORMAT.md §3.3–§3.7), property-based."""
+"""Bundle encode/decode round trips (docs/FORMAT.md §3.3–§3.7), property-based."""
 
 import struct
 

@@ -11,7 +11,7 @@ from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log,
 
 
 def test_observed_example():
-    # TANK_FORMAT.md §1.6: topic kv, partition 0, seq 30
+    # docs/FORMAT.md §1.6: topic kv, partition 0, seq 30
     raw = bytes.fromhex("026b7600001e00000000000000")
     assert parse_cleanup_log(raw) == [CleanupRecord("kv", 0, 30)]
     assert encode_cleanup_log([CleanupRecord("kv", 0, 30)]) == raw

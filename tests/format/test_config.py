@@ -1,4 +1,4 @@
-"""Broker config grammar (TANK_FORMAT.md §1.5)."""
+"""Broker config grammar (docs/FORMAT.md §1.5)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Index rules (TANK_FORMAT.md §4) against what the real broker wrote."""
+"""Index rules (docs/FORMAT.md §4) against what the real broker wrote."""
 
 import glob
 import os

@@ -1,4 +1,4 @@
-"""Compaction (TANK_FORMAT.md §6): agreement with the broker, Kafka-style invariants, crash safety, locking."""
+"""Compaction (docs/FORMAT.md §6): agreement with the broker, Kafka-style invariants, crash safety, locking."""
 
 import os
 import random

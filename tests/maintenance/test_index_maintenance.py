@@ -1,4 +1,4 @@
-"""Index/integrity maintenance (TANK_FORMAT.md §4, §3.11, §6.4) against what the real broker rebuilt."""
+"""Index/integrity maintenance (docs/FORMAT.md §4, §3.11, §6.4) against what the real broker rebuilt."""
 
 import glob
 import os

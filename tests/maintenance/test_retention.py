@@ -1,4 +1,4 @@
-"""Retention (TANK_FORMAT.md §5) with the broker's policies and without its weaknesses."""
+"""Retention (docs/FORMAT.md §5) with the broker's policies and without its weaknesses."""
 
 import os
 

@@ -313,7 +313,7 @@ def test_a_concurrent_export_that_already_committed_makes_the_other_replan(tmp_p
 
 
 def _corrupt_first_bundle(path):
-    """The first bundle's flags: bit 7 + codec 3 (an unknown codec; only a full read finds it, TANK_FORMAT.md §3.1)."""
+    """The first bundle's flags: bit 7 + codec 3 (an unknown codec; only a full read finds it, docs/FORMAT.md §3.1)."""
     with open(path, "r+b") as fh:
         flags_at = 1 if fh.read(1)[0] < 0x80 else 2
         fh.seek(flags_at)

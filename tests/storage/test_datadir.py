@@ -1,4 +1,4 @@
-"""Discovery as the broker scans (TANK_FORMAT.md §1, §2.6), problems reported instead of ignored/aborting."""
+"""Discovery as the broker scans (docs/FORMAT.md §1, §2.6), problems reported instead of ignored/aborting."""
 
 import os
 

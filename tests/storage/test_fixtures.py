@@ -1,4 +1,4 @@
-"""Every fixture written by the real broker decodes to exactly its dump (TANK_FORMAT.md §3), through the library,
+"""Every fixture written by the real broker decodes to exactly its dump (docs/FORMAT.md §3), through the library,
 the Arrow path and `tank-log dump`; re-encoding its bundles with the same choices reproduces them."""
 
 import io

@@ -1,4 +1,4 @@
-"""Repair of interrupted compactions (TANK_FORMAT.md §6.4 "Recommended recovery"), broker-made leftovers."""
+"""Repair of interrupted compactions (docs/FORMAT.md §6.4 "Recommended recovery"), broker-made leftovers."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Salvage of torn tails (TANK_FORMAT.md §3.11) and its crash safety (storage/salvage.py, storage/repair.py)."""
+"""Salvage of torn tails (docs/FORMAT.md §3.11) and its crash safety (storage/salvage.py, storage/repair.py)."""
 
 import hashlib
 import os

@@ -1,4 +1,4 @@
-"""Torn tails (TANK_FORMAT.md §3.11) are data, not crashes."""
+"""Torn tails (docs/FORMAT.md §3.11) are data, not crashes."""
 
 import os
 

@@ -1,4 +1,4 @@
-"""Compression codecs of bundle message sets (TANK_FORMAT.md §3.4), keyed by the 2-bit codec id of the flags.
+"""Compression codecs of bundle message sets (docs/FORMAT.md §3.4), keyed by the 2-bit codec id of the flags.
 
 Adding a codec = one module here (compress, decompress, max_expansion) + one member of `Codec` + one entry in
 `CODECS`. The walker (`format/decode.py`) and the encoder (`format/bundle.py`) only go through this table.

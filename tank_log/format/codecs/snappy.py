@@ -1,4 +1,4 @@
-"""Raw Snappy blocks (TANK_FORMAT.md §3.4: one raw block per message set, not the framing format).
+"""Raw Snappy blocks (docs/FORMAT.md §3.4: one raw block per message set, not the framing format).
 
 Compression goes through python-snappy. Decompression is on the hot path (one call per bundle), so it calls
 python-snappy's own backend, cramjam, directly: python-snappy's `decompress` adds a copy to `bytes` and ~0.4 µs

@@ -1,4 +1,4 @@
-"""Compaction of keyed partitions (TANK_FORMAT.md §6), crash-safe and with memory bounded by distinct keys.
+"""Compaction of keyed partitions (docs/FORMAT.md §6), crash-safe and with memory bounded by distinct keys.
 
 Semantics are the broker's (§6.2), so a partition compacted here reads as if the broker had compacted it:
 - only RO segments; the active segment is never read or modified;

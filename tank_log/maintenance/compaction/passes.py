@@ -1,5 +1,5 @@
 """Choosing the inputs and the two passes over them: pass 1 finds each key's last seq, pass 2 decides per message
-what survives (TANK_FORMAT.md §6.2) and streams survivors to the output."""
+what survives (docs/FORMAT.md §6.2) and streams survivors to the output."""
 
 from __future__ import annotations
 
