@@ -16,7 +16,9 @@ Airflow Variables (read when a task runs; defaults in brackets):
   tank_log_py_files  zip shipping tank_log + tank_spark to executors    [empty: installed on the executors]
   tank_log_broker_stopped  "true" when maintenance windows stop the broker (adds --broker-stopped) ["false"]
 Connection: `spark_default` (conn type spark; host = the master, e.g. local[2], yarn, spark://host:7077).
-Environment: TANK_LOG_DAG_RETRIES (default 2) sets the tasks' retries.
+Environment (read when the DAG file is parsed): TANK_LOG_DAG_RETRIES (default 2) and TANK_LOG_DAG_RETRY_DELAY_S
+(default 600) set the tasks' retries; `airflow dags test` waits out the retry delay of a failed task, so the demo
+(scripts/airflow-demo.sh) sets retries to 0. A missing Spark connection fails the task at once, saying so.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_HOME = os.path.dirname(os.path.dirname(HERE))
 START = datetime(2026, 1, 1)
 RETRIES = int(os.environ.get("TANK_LOG_DAG_RETRIES", "2"))  # environment, not a Variable: read at parse time
+RETRY_DELAY = timedelta(seconds=int(os.environ.get("TANK_LOG_DAG_RETRY_DELAY_S", "600")))
 
 # Variables are read when a task runs (Jinja), never while the DAG file is parsed.
 HOME = f"{{{{ var.value.get('tank_log_home', '{DEFAULT_HOME}') }}}}"
@@ -52,8 +55,27 @@ def _common_args(job: str, *, mutating: bool) -> list[str]:
     return ["--config", CONFIG, "--report", _report_path(job), BROKER_STOPPED if mutating else ""]
 
 
+class TankSparkSubmit(SparkSubmitOperator):
+    """spark-submit that fails fast, saying what to do, when its Spark connection is missing (the provider would
+    silently fall back to master `yarn`)."""
+
+    def execute(self, context):
+        from airflow.sdk import Connection
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        try:
+            Connection.get(self._conn_id)
+        except AirflowNotFoundException as err:
+            raise RuntimeError(
+                f"no Airflow connection {self._conn_id!r} (conn type spark, host = the master, e.g. local[2] or yarn):"
+                f" create it, e.g. `airflow connections add {self._conn_id} --conn-type spark --conn-host 'local[2]'`"
+                f" (bash scripts/airflow-demo.sh sets up a local Airflow with it) — {err}"
+            ) from None
+        return super().execute(context)
+
+
 def _spark_submit(job: str, args: list[str], timeout: timedelta) -> SparkSubmitOperator:
-    return SparkSubmitOperator(
+    return TankSparkSubmit(
         task_id=f"run_{job}",
         application=f"{HOME}/jobs/{job}.py",
         application_args=args,
@@ -92,7 +114,7 @@ def _maintenance_dag(
         start_date=START,
         catchup=False,
         max_active_runs=1,  # the job mutates partitions: never two runs at once
-        default_args={"retries": RETRIES, "retry_delay": timedelta(minutes=10)},
+        default_args={"retries": RETRIES, "retry_delay": RETRY_DELAY},
         tags=["tank-log"],
         doc_md=doc,
     ) as dag:
@@ -135,7 +157,7 @@ with DAG(
     start_date=START,
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": min(RETRIES, 1), "retry_delay": timedelta(minutes=5)},
+    default_args={"retries": min(RETRIES, 1), "retry_delay": RETRY_DELAY},
     tags=["tank-log"],
     params={
         "topics": Param("", type="string", description="comma-separated topics (empty: all)"),

@@ -119,3 +119,26 @@ def test_retention_dag_end_to_end_and_failure(airflow_env, tmp_path):
     out, r = probe(env, "run", "tank_retention_hourly")
     assert out["state"] == "failed"
     assert out["tasks"]["run_retention"] == "failed" and out["tasks"]["publish_report"] == "failed"
+
+
+def test_a_missing_spark_connection_fails_fast_and_says_so(airflow_env, tmp_path):
+    """#13: without `spark_default` the provider silently fell back to master yarn and failed obscurely."""
+    base = _retention_data(str(tmp_path))
+    conf = tmp_path / "job.yaml"
+    conf.write_text(f"data_dirs: [{base}]\nbroker_stopped: true\n")
+    env = {k: v for k, v in airflow_env.items() if k != "AIRFLOW_CONN_SPARK_DEFAULT"}
+    env.update(AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf), AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"))
+    out, r = probe(env, "run", "tank_retention_hourly")
+    assert out["state"] == "failed" and out["tasks"]["run_retention"] == "failed"
+    assert "no Airflow connection 'spark_default'" in r.stdout + r.stderr
+    assert len(os.listdir(os.path.join(base, "logs", "0"))) == 12  # nothing ran
+
+
+def test_the_airflow_demo_command_sets_up_airflow_and_runs_the_nightly_dag(tmp_path):
+    """#13: one command sets up a local Airflow (connection, variables, dags folder, reserialize) and runs a DAG."""
+    env = dict(os.environ, TANK_LOG_AIRFLOW_DIR=str(tmp_path / "af"))
+    r = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "airflow-demo.sh")], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "tank_compaction_nightly" in r.stdout and '"status": "ok"' in r.stdout
