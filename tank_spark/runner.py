@@ -26,7 +26,7 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from tank_log.errors import JobConfigError, UsageError
+from tank_log.errors import JobConfigError, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, describe, interrupted_entry
@@ -287,10 +287,15 @@ def run_job(
         print(f"{job}: interrupted; {len(done)} partition(s) finished:", *done, sep="\n  ", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:
-        log.exception("%s failed", job)
+        if isinstance(err, OSError):  # the environment (a full disk, a read-only mount): one line, errno and file
+            error = describe_error(err)
+            log.error("%s failed: %s", job, error)
+        else:  # a bug: the traceback goes to the log
+            error = f"internal error: {type(err).__name__}: {err}"
+            log.exception("%s failed", job)
         report.update(
             status="failed",
-            error=f"{type(err).__name__}: {err}",
+            error=error,
             finished=_now(),
             duration_s=round(time.monotonic() - t0, 3),
         )

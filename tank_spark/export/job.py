@@ -29,6 +29,7 @@ import time
 import uuid
 from dataclasses import replace
 
+from tank_log.jobs.progress import describe
 from tank_spark.export.commit import (
     ConcurrentExport,
     add_ts_raw,
@@ -146,6 +147,9 @@ def execute(ctx, prepared, spark):
         if p.has_work:
             results[(p.topic, p.partition)]["status"] = "exported"
     _record_failures(results, cut)
+    for r in results.values():
+        if r["status"] == "exported":
+            log.info("export: %s", describe(r))
     rows = sum(r["rows"] for r in results.values())
     elapsed = time.monotonic() - t0
     summary.update(
