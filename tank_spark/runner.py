@@ -338,5 +338,6 @@ def _report_arg(argv: list[str] | None) -> str | None:
 def count_by(results: list[dict], key: str = "status") -> dict[str, int]:
     out: dict[str, int] = {}
     for r in results:
-        out[r.get(key)] = out.get(r.get(key), 0) + 1
+        value = str(r.get(key))
+        out[value] = out.get(value, 0) + 1
     return out

@@ -23,7 +23,7 @@ cluster). Reading while the broker runs is fine (docs/FORMAT.md §9 rule 2): fil
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -33,6 +33,7 @@ from pyspark.sql.datasource import (
     GreaterThan,
     GreaterThanOrEqual,
     In,
+    InputPartition,
     LessThan,
     LessThanOrEqual,
 )
@@ -75,7 +76,7 @@ def _csv(value: str | None) -> list[str]:
 
 
 class TankReader(DataSourceReader):
-    def __init__(self, options: dict):
+    def __init__(self, options: Mapping[str, str]):
         paths = _csv(options.get("path")) + _csv(options.get("paths"))
         if not paths:
             raise ValueError("tank data source: no base path (load(PATH) or option paths)")
@@ -103,7 +104,8 @@ class TankReader(DataSourceReader):
     def partitions(self):
         return plan_ranges(self.paths, self.bounds, self.include_active, self.split_bytes)
 
-    def read(self, partition: SegmentRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange)  # what `partitions` plans
         if not partition.path:
             return
         yield from read_range(partition)

@@ -10,6 +10,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tank_log.format.varint import U32_MAX
 from tank_log.problems import Problem
@@ -226,7 +227,8 @@ def parse_config(
             continue
         field, parser = spec
         try:
-            config = replace(config, **{field: parser(value)})
+            parsed: dict[str, Any] = {field: parser(value)}
+            config = replace(config, **parsed)
         except ValueError as err:
             problems.append(Problem(path, lineno, "config-value", f"{key} = {value!r}: {err}"))
     return config, problems

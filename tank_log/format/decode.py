@@ -279,7 +279,7 @@ def _varints(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w = buf[q[:, None] + _AR5]
     cont = w >= 0x80
     if cont.all(axis=1).any():
-        raise _VecError(cont.all(axis=1), "varint longer than 5 bytes")
+        raise _VecError(np.asarray(cont.all(axis=1)), "varint longer than 5 bytes")
     length = np.argmin(cont, axis=1) + 1
     bad5 = (length == 5) & (w[:, 4] > 0x0F)
     if bad5.any():
@@ -322,7 +322,8 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     bundle_of = np.repeat(np.arange(nb, dtype=np.int64), counts)
 
     ids = np.arange(nb, dtype=np.int64)
-    p = table.set_starts.copy()  # type: ignore[union-attr]
+    assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
+    p = table.set_starts.copy()
     end = table.set_ends
     remaining = counts.copy()
     flags = np.array(table.flags, dtype=np.uint8)

@@ -143,7 +143,7 @@ class TopicRetention:
     """Per-topic retention overrides (a messaging system's topic TTL); None = the topic's broker config."""
 
     enabled: bool | None = None  # true: enforce even on a cleanup topic; false: never
-    limits: dict[str, int] = field(default_factory=dict)  # RetentionRules field → value (retention POLICIES)
+    limits: dict[str, Any] = field(default_factory=dict)  # RetentionRules field → value (retention POLICIES)
     time_basis: str | None = None
 
 
@@ -349,7 +349,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise JobConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
             seen.add(key)

@@ -139,10 +139,10 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
     res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.FIXED
 
 
-def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tuple[str, object]]:
+def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tuple[str, Any]]:
     by_path = {s.path: s for s in part.segments}
     by_index = {s.index_path: s for s in part.segments}
-    fixes: list[tuple[str, object]] = []
+    fixes: list[tuple[str, Any]] = []
     torn = {p.path for p in problems if p.code == "torn-tail"}
     broken = {p.path for p in problems if p.code in ("format", "io")}
     for p in problems:

@@ -123,13 +123,13 @@ def check_partition(part: Partition) -> list[Problem]:
     # layout: ranges by name (what the broker routes by), §9 rule 3
     prev: Segment | None = None
     for s in part.ro:
-        if prev is not None and s.base <= prev.last:  # type: ignore[operator]
+        if prev is not None and prev.last is not None and s.base <= prev.last:
             problems.append(
                 Problem(s.path, None, "overlap", f"RO range {s.base}-{s.last} overlaps {os.path.basename(prev.path)}")
             )
         prev = s
     if part.ro:
-        last_ro = max(s.last for s in part.ro)  # type: ignore[type-var]
+        last_ro = max(s.last or 0 for s in part.ro)  # RO names always carry a last
         if part.active is None or part.active.size == 0:
             problems.append(
                 Problem(

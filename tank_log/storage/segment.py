@@ -357,7 +357,7 @@ def _flat_map(
         try:
             res, base = next(walk)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
         yield from items(res, base)
 
 

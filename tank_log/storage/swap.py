@@ -80,7 +80,7 @@ def plan_swap_recovery(partition_dir: str) -> RepairPlan:
         plan.action = "rollforward"
         swap_ro = [t.inner for _, t in temps["swap"] if t.inner and t.inner.kind is Kind.RO]
         old_ro = [t.inner for _, t in temps["old"] if t.inner and t.inner.kind is Kind.RO]
-        m = max((s.last for s in swap_ro), default=0)  # type: ignore[type-var]
+        m = max((s.last for s in swap_ro if s.last is not None), default=0)
         output_bases = {s.base for s in swap_ro}
         for n, seg in plain_ro:
             if seg.base > m or any(_overlaps(seg, o) for o in old_ro):

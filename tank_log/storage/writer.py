@@ -12,6 +12,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import BinaryIO
 
 from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
@@ -93,7 +94,7 @@ class SegmentWriter:
         self._entries: list[tuple[int, int]] = []
         self._since_entry: int | None = None  # append rule: bytes since the last indexed bundle start
         self._since_msgs = 0
-        self._fh = None
+        self._fh: BinaryIO | None = None
         self._log_tmp = temp_path(self.directory, "segment.log")
         self._index_tmp = temp_path(self.directory, "segment.index")
         self._closed = False
@@ -170,20 +171,23 @@ class SegmentWriter:
         if self.base is None:
             self.base = first
             self._fh = open(self._log_tmp, "wb")
+        base, since, fh = self.base, self._since_entry, self._fh
+        assert fh is not None  # opened with the first bundle
         if self.size + len(framed) > SEGMENT_SIZE_LIMIT:
             raise ValueError("segment would exceed 4 GiB (§8); start a new segment")
         if self.index_rule == "append":
-            if self._since_entry is None or self._since_entry > self.index_interval:
-                self._entries.append((first - self.base, self.size))
-                self._since_entry = 0
-            self._since_entry += len(framed)
+            if since is None or since > self.index_interval:
+                self._entries.append((first - base, self.size))
+                since = 0
+            since += len(framed)
         else:
-            if not self._entries or self._since_entry > 10000 or self._since_msgs > 128:
-                self._entries.append((first - self.base, self.size))
-                self._since_entry = self._since_msgs = 0
-            self._since_entry += unframed_size(len(framed))  # bundle bytes without the length varint (§6.3)
+            if not self._entries or since is None or since > 10000 or self._since_msgs > 128:
+                self._entries.append((first - base, self.size))
+                since = self._since_msgs = 0
+            since += unframed_size(len(framed))  # bundle bytes without the length varint (§6.3)
             self._since_msgs += count
-        self._fh.write(framed)
+        self._since_entry = since
+        fh.write(framed)
         self.size += len(framed)
         self.messages += count
         self.bundles += 1
@@ -193,7 +197,7 @@ class SegmentWriter:
         """Flush, fsync both temp files and return them un-renamed (None if nothing was written)."""
         self.flush_bundle()
         self._closed = True
-        if self._fh is None:
+        if self._fh is None or self.base is None or self.last is None:
             return None
         self._fh.flush()
         os.fsync(self._fh.fileno())
@@ -207,7 +211,7 @@ class SegmentWriter:
             self.base,
             self.last,
             self.ts,
-            self.active,  # type: ignore[arg-type]
+            self.active,
             self._log_tmp,
             self._index_tmp,
             self.size,

@@ -116,7 +116,7 @@ def commit(
         AddAction(f["path"], f["size"], json.loads(f["partition_values"]), f["modification_time"], True, f["stats"])
         for f in files
     ]
-    txns = [Transaction(p.app_id, p.end) for p in plans if p.has_work]
+    txns = [Transaction(p.app_id, p.end) for p in plans if p.has_work and p.app_id and p.end is not None]
     try:
         table.create_write_transaction(
             actions,

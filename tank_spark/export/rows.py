@@ -21,7 +21,9 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
     from tank_spark.source import register
 
     register(spark)
-    ranges = {(p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work}
+    ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {
+        (p.topic, p.partition): (p.first, p.end) for p in plans if p.has_work
+    }
     reader = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges))
     if settings.since_ms is not None:
         reader = reader.option("min_ts", str(settings.since_ms))
@@ -36,6 +38,7 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
             error = F.when(~valid, F.lit("invalid UTF-8"))
             cols.append(F.when(error.isNull(), text).alias("value"))
         else:
+            assert settings.value_schema is not None  # value_format json comes with a schema (plan.prepare)
             ddl = settings.value_schema + ", _corrupt_record string"
             parsed = F.from_json(text, ddl, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt_record"})
             df = df.withColumn("_parsed", parsed)
@@ -84,7 +87,8 @@ def utf8_with_errors(value: pa.Array) -> tuple[pa.Array, pa.Array]:
     try:
         return value.cast(pa.string()), pa.nulls(len(value), pa.string())
     except pa.ArrowInvalid:
-        texts, errors = [], []
+        texts: list[str | None] = []
+        errors: list[str | None] = []
         for v in value.to_pylist():
             try:
                 texts.append(v.decode("utf-8"))

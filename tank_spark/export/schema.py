@@ -31,14 +31,18 @@ def table_schema(settings: ExportSettings, spark) -> pa.Schema:
     return pa.schema(fields + DERIVED_FIELDS + [TS_RAW])  # ts_raw last: tables made before it gain it by evolution
 
 
-def json_fields(ddl: str, spark) -> list[pa.Field]:
+def json_fields(ddl: str | None, spark) -> list[pa.Field]:
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructType
 
+    if ddl is None:
+        raise JobConfigError("--value-format json needs --value-schema DDL")
     try:
         struct = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
     except Exception as err:
         raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
+    if not isinstance(struct, StructType):
+        raise JobConfigError(f"--value-schema {ddl!r}: expected fields such as 'id long, name string'")
     reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS} | {"value", TS_RAW.name}
     clash = [f.name for f in struct.fields if f.name in reserved]
     if clash:
