@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -18,5 +19,5 @@ class Problem:
         where = self.path if self.offset is None else f"{self.path} @{self.offset}"
         return f"{self.severity}: {where}: [{self.code}] {self.message}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)

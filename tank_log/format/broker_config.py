@@ -234,7 +234,9 @@ def parse_config(
     return config, problems
 
 
-def load_config(path: str | os.PathLike, base: PartitionConfig | None = None) -> tuple[PartitionConfig, list[Problem]]:
+def load_config(
+    path: str | os.PathLike[str], base: PartitionConfig | None = None
+) -> tuple[PartitionConfig, list[Problem]]:
     """Read a config file (missing file = `base` unchanged)."""
     path = os.fspath(path)
     try:

@@ -36,12 +36,12 @@ def parse_index(data: bytes, path: str | None = None) -> list[Entry]:
     return list(ENTRY.iter_unpack(data))
 
 
-def read_index(path: str | os.PathLike) -> list[Entry]:
+def read_index(path: str | os.PathLike[str]) -> list[Entry]:
     with open(path, "rb") as fh:
         return parse_index(fh.read(), os.fspath(path))
 
 
-def usable_entries(index_path: str | os.PathLike, log_size: int) -> list[Entry]:
+def usable_entries(index_path: str | os.PathLike[str], log_size: int) -> list[Entry]:
     """The entries a reader may seek with: none unless the index reads and starts with (0, 0) (§4.2); entries at or
     past the end of the log dropped (an active index may run ahead of a torn log, §4.4)."""
     try:

@@ -36,9 +36,13 @@ class CompactionTask(PartitionTask):
         return result
 
 
+def pick(override: Any, default: Any) -> Any:
+    """A per-topic override when set, else the default."""
+    return default if override is None else override
+
+
 def options_for(topic: str, settings: CompactionSettings, config: JobConfig, *, dry_run: bool) -> CompactionOptions:
     o = settings.topics.get(topic)
-    pick = lambda override, default: default if override is None else override  # noqa: E731
     return CompactionOptions(
         force=settings.force,
         min_cleanable_ratio=pick(o and o.min_cleanable_ratio, settings.min_cleanable_ratio),

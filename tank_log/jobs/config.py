@@ -97,7 +97,7 @@ def _choice(value: Any, where: str, choices: tuple[str, ...]) -> str:
     raise JobConfigError(f"{where}: expected one of {', '.join(choices)}, got {value!r}")
 
 
-def _mapping(value: Any, where: str) -> dict:
+def _mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -105,7 +105,7 @@ def _mapping(value: Any, where: str) -> dict:
     return value
 
 
-def _check_keys(section: dict, allowed: set[str], where: str) -> None:
+def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
     unknown = sorted(set(section) - allowed)
     if unknown:
         raise JobConfigError(
@@ -183,7 +183,7 @@ class JobConfig:
     compaction: CompactionSettings = CompactionSettings()
     retention: RetentionSettings = RetentionSettings()
     export: ExportConfig = ExportConfig()
-    raw: dict = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
 
 
 _TOPIC_COMPACTION_KEYS = {"policy", "tombstone_retention", "drop_keyless", "min_compaction_lag", "min_cleanable_ratio"}
@@ -377,7 +377,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
     )
 
 
-def load_job_config(path: str | os.PathLike | None) -> JobConfig:
+def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
     """Read and validate a YAML job config; None = defaults. Relative paths in it (`data_dirs`, a local
     `export.table`) are relative to the config file's directory, so a config works from any working directory
     (an Airflow worker's is not the repository)."""

@@ -72,7 +72,7 @@ def plan_retention_run(
     return tasks, skipped
 
 
-def clamp_cleanup_marks(results: list[dict]) -> None:
+def clamp_cleanup_marks(results: list[dict[str, Any]]) -> None:
     """Keep `.cleanup.log` consistent: a mark below the new first seq - 1 is raised to it (what the broker does
     in memory when it loads the file, §1.6)."""
     by_base: dict[str, dict[tuple[str, int], int]] = {}

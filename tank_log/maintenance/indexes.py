@@ -23,6 +23,7 @@ from tank_log.format.index import build_append_rule, build_rebuild_rule, encode_
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import refuse_if_live
 from tank_log.maintenance.verify import check_partition
+from tank_log.problems import Problem
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.repair import repair_partition
@@ -139,7 +140,7 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
     res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.FIXED
 
 
-def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tuple[str, Any]]:
+def _plan_fixes(part: Partition, problems: list[Problem], options: IndexJobOptions) -> list[tuple[str, Any]]:
     by_path = {s.path: s for s in part.segments}
     by_index = {s.index_path: s for s in part.segments}
     fixes: list[tuple[str, Any]] = []
@@ -163,6 +164,6 @@ def _plan_fixes(part: Partition, problems, options: IndexJobOptions) -> list[tup
     return fixes
 
 
-def _covered(problem, fixes) -> bool:
+def _covered(problem: Problem, fixes: list[tuple[str, Any]]) -> bool:
     targets = {getattr(t, "path", t) for _, t in fixes} | {getattr(t, "index_path", None) for _, t in fixes}
     return problem.path in targets

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from tank_log.errors import NeedsAttention, PartitionLooksLive
 from tank_log.storage.datadir import NOT_A_FILE, Partition, scan_partition
@@ -36,7 +37,7 @@ def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None =
 
 def preflight(
     part: Partition, job: str, *, broker_stopped: bool, live_window_s: int, dry_run: bool, now: float | None = None
-) -> tuple[Partition, dict | None]:
+) -> tuple[Partition, dict[str, Any] | None]:
     """Name check, liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as
     it is now and what repair did (None if nothing).
 

@@ -23,6 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tank_log.format.broker_config import PartitionConfig
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
@@ -112,7 +113,7 @@ class RetentionOptions:
 
 @dataclass
 class RetentionResult(PartitionOutcome):
-    rules: dict = field(default_factory=dict)
+    rules: dict[str, Any] = field(default_factory=dict)
     segments_before: int = 0
     bytes_before: int = 0
     segments_deleted: int = 0
@@ -120,7 +121,7 @@ class RetentionResult(PartitionOutcome):
     messages_deleted: int = 0
     first_seq_before: int | None = None
     first_seq_after: int | None = None
-    deleted: list[dict] = field(default_factory=list)  # name, bytes, messages, reason
+    deleted: list[dict[str, Any]] = field(default_factory=list)  # name, bytes, messages, reason
     stale_indexes_removed: list[str] = field(default_factory=list)
 
 

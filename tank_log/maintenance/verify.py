@@ -172,7 +172,7 @@ def check_partition(part: Partition) -> list[Problem]:
     return problems
 
 
-def verify_path(path: str | os.PathLike) -> list[Problem]:
+def verify_path(path: str | os.PathLike[str]) -> list[Problem]:
     """Verify a segment file, partition, topic or base path; never raises for bad data."""
     path = os.fspath(path)
     try:

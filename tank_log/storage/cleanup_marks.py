@@ -11,7 +11,7 @@ from tank_log.storage.fsutil import atomic_write, remove_our_temps
 from tank_log.storage.locking import PartitionLock
 
 
-def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]:
+def read_cleanup_log(base_path: str | os.PathLike[str]) -> dict[tuple[str, int], int]:
     """(topic, partition) → lastCleanupMaxSeqNum as the broker loads it: last record wins, seq 0 skipped."""
     path = os.path.join(os.fspath(base_path), FILE_NAME)
     try:
@@ -22,13 +22,13 @@ def read_cleanup_log(base_path: str | os.PathLike) -> dict[tuple[str, int], int]
     return {(r.topic, r.partition): r.seq for r in records if r.seq}
 
 
-def write_cleanup_log(base_path: str | os.PathLike, marks: Mapping[tuple[str, int], int]) -> None:
+def write_cleanup_log(base_path: str | os.PathLike[str], marks: Mapping[tuple[str, int], int]) -> None:
     """Write all records atomically (temp + fsync + rename + directory fsync)."""
     records = [CleanupRecord(t, p, s) for (t, p), s in sorted(marks.items())]
     atomic_write(os.path.join(os.fspath(base_path), FILE_NAME), encode_cleanup_log(records))
 
 
-def update_cleanup_log(base_path: str | os.PathLike, updates: Mapping[tuple[str, int], int | None]) -> None:
+def update_cleanup_log(base_path: str | os.PathLike[str], updates: Mapping[tuple[str, int], int | None]) -> None:
     """Set (or, with None, remove) records for some partitions, keeping the others: read-modify-write under the
     base path's lock, after deleting temporaries a killed rewrite left (docs/FORMAT.md §1.6)."""
     with PartitionLock(base_path, "cleanup-log", blocking=True):

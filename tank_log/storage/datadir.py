@@ -191,7 +191,7 @@ def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> T
     return topic
 
 
-def scan_data_dir(path: str | os.PathLike) -> DataDir:
+def scan_data_dir(path: str | os.PathLike[str]) -> DataDir:
     """A broker base path (§1.2): every directory not starting with `.` is a topic (symlinks followed)."""
     path = os.fspath(path)
     if not os.path.isdir(path):
@@ -275,7 +275,7 @@ def classify_path(path: str | os.PathLike[str]) -> str:
     return "base"
 
 
-def partitions_at(path: str | os.PathLike, topics: list[str] | None = None) -> list[Partition]:
+def partitions_at(path: str | os.PathLike[str], topics: list[str] | None = None) -> list[Partition]:
     """Partitions under a partition, topic or base path (used by the CLI and the jobs)."""
     path = os.fspath(path).rstrip("/") or "/"
     kind = classify_path(path)

@@ -14,7 +14,7 @@ StepHook = Callable[[str], None]  # called after every file operation of a multi
 _OUR_TEMP = re.compile(r"^\..*\.tank-log-[0-9a-f]{12}\.tmp$")
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -22,7 +22,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def temp_path(directory: str | os.PathLike, final_name: str) -> str:
+def temp_path(directory: str | os.PathLike[str], final_name: str) -> str:
     """A unique `.`-prefixed temporary path in `directory` for a file that will become `final_name`."""
     return os.path.join(os.fspath(directory), f".{final_name}.tank-log-{uuid.uuid4().hex[:12]}.tmp")
 
@@ -32,13 +32,13 @@ def is_our_temp(name: str) -> bool:
     return _OUR_TEMP.match(name) is not None
 
 
-def our_temps(directory: str | os.PathLike) -> list[str]:
+def our_temps(directory: str | os.PathLike[str]) -> list[str]:
     """Paths of our temporaries in `directory` (see `is_our_temp`)."""
     d = os.fspath(directory)
     return [os.path.join(d, n) for n in sorted(os.listdir(d)) if is_our_temp(n)]
 
 
-def remove_our_temps(directory: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
+def remove_our_temps(directory: str | os.PathLike[str], *, dry_run: bool = False) -> list[str]:
     """Delete our temporaries in `directory` (the caller holds its lock); return their paths."""
     temps = our_temps(directory)
     if not dry_run and temps:
@@ -49,7 +49,7 @@ def remove_our_temps(directory: str | os.PathLike, *, dry_run: bool = False) -> 
     return temps
 
 
-def is_regular_file(path: str | os.PathLike) -> bool:
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
     """Whether `path` is (a symlink to) a regular file — not a directory, FIFO, socket, device or broken link."""
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
@@ -64,14 +64,14 @@ def write_file_synced(path: str, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def remove_if_exists(path: str | os.PathLike) -> None:
+def remove_if_exists(path: str | os.PathLike[str]) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
 
 
-def write_temp_then_rename(path: str | os.PathLike, data: bytes) -> None:
+def write_temp_then_rename(path: str | os.PathLike[str], data: bytes) -> None:
     """Write `data` to a temporary beside `path`, fsync, rename to `path` (the caller fsyncs the directory); the
     temporary is removed when anything fails (a full disk must not stay full of our leftovers)."""
     path = os.fspath(path)
@@ -84,7 +84,7 @@ def write_temp_then_rename(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Replace `path` with `data` atomically and durably."""
     path = os.fspath(path)
     write_temp_then_rename(path, data)

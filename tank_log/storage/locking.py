@@ -23,7 +23,7 @@ class PartitionLock:
     """The lock of one directory: a partition's, or the base path's (taken around `.cleanup.log` rewrites).
     `blocking` waits for the holder instead of raising PartitionLocked."""
 
-    def __init__(self, partition_dir: str | os.PathLike, job: str = "tank-log", *, blocking: bool = False):
+    def __init__(self, partition_dir: str | os.PathLike[str], job: str = "tank-log", *, blocking: bool = False):
         self.path = os.path.join(os.fspath(partition_dir), LOCK_NAME)
         self.job = job
         self.blocking = blocking
@@ -54,5 +54,5 @@ class PartitionLock:
     def __enter__(self) -> PartitionLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.index import ENTRY, encode_index, read_index
@@ -48,7 +49,7 @@ class RepairResult:
     def has_work(self) -> bool:
         return bool(self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "action": self.action,
@@ -60,7 +61,7 @@ class RepairResult:
         }
 
 
-def repair_partition(partition_dir: str | os.PathLike, *, dry_run: bool = False) -> RepairResult:
+def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = False) -> RepairResult:
     """Apply the recovery of the module docstring to one partition directory. With `dry_run`, only report.
 
     Raises:
@@ -139,7 +140,7 @@ def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
     return out
 
 
-def repair_base(base_path: str | os.PathLike, *, dry_run: bool = False) -> list[str]:
+def repair_base(base_path: str | os.PathLike[str], *, dry_run: bool = False) -> list[str]:
     """Delete our temporaries in the base directory (a `.cleanup.log` rewrite killed midway), under the base path's
     lock; return their paths.
 

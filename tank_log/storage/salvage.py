@@ -35,6 +35,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.bundle import BundleHeader
@@ -164,7 +165,7 @@ def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) ->
     return SalvagePlan(seg, tail, headers)
 
 
-def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
+def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict[str, Any]:
     """Apply a salvage plan (see module docstring); return the report action. `on_step` is called after every
     file operation (crash-injection tests)."""
     step = on_step or (lambda what: None)
@@ -186,7 +187,7 @@ def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict:
     step("side file written")
     fsync_dir(d)
     step("side file in place")
-    action: dict = {
+    action: dict[str, Any] = {
         "action": "salvaged",
         "segment": seg.file_name,
         "cut_at": plan.cut,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -357,11 +357,12 @@ def _flat_map(
         try:
             res, base = next(walk)
         except StopIteration as stop:
-            return stop.value
+            tail: Tail | None = stop.value
+            return tail
         yield from items(res, base)
 
 
-def _zeros_to_eof(fh, pos: int, size: int) -> bool:
+def _zeros_to_eof(fh: BinaryIO, pos: int, size: int) -> bool:
     fh.seek(pos)
     while pos < size:
         block = fh.read(min(1 << 20, size - pos))

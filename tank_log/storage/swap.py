@@ -104,8 +104,11 @@ def swap_in(
 
     `on_step` is called after every file operation (crash-injection tests).
     """
-    step = on_step or (lambda what: None)
-    j = lambda n: os.path.join(directory, n)  # noqa: E731
+    step: StepHook = on_step or (lambda what: None)
+
+    def j(name: str) -> str:
+        return os.path.join(directory, name)
+
     finals = [(w, w.log_name, w.index_name) for w in outputs]
     # outputs become visible to the protocol as *.cleaned (the broker would unlink them: rollback)
     for w, log_name, index_name in finals:

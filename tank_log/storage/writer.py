@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
@@ -68,7 +68,7 @@ class SegmentWriter:
 
     def __init__(
         self,
-        directory: str | os.PathLike,
+        directory: str | os.PathLike[str],
         *,
         active: bool = False,
         ts: int | None = None,
@@ -238,7 +238,7 @@ class SegmentWriter:
     def __enter__(self) -> SegmentWriter:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         if exc_type is not None:
             self.abort()
         elif not self._closed:
@@ -273,7 +273,9 @@ def commit(written: WrittenSegment) -> WrittenSegment:
     )
 
 
-def write_segment(directory: str | os.PathLike, messages: Iterable[Message], **kwargs) -> WrittenSegment | None:
+def write_segment(
+    directory: str | os.PathLike[str], messages: Iterable[Message], **kwargs: Any
+) -> WrittenSegment | None:
     """Write `messages` (increasing seqs) as one new segment; see SegmentWriter for options."""
     writer = SegmentWriter(directory, **kwargs)
     try:
@@ -285,7 +287,7 @@ def write_segment(directory: str | os.PathLike, messages: Iterable[Message], **k
 
 
 def write_partition(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     messages: Iterable[Message],
     *,
     segment_bytes: int = 1 << 30,

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from tank_log.errors import TankFormatError, UsageError
 
@@ -112,7 +113,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
-    results: list[dict] = []
+    results: list[dict[str, Any]] = []
     try:
         with Progress("compact", len(tasks)) as progress:
             for t in tasks:
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return args.func(args)
+        code: int = args.func(args)
+        return code
     except BrokenPipeError:  # an OSError: must come first (`tank-log dump ... | head` is not an error)
         return 0
     except KeyboardInterrupt:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Callable
 
 from tank_log.errors import UsageError
 from tank_log.format.bundle import Message, SnappyPolicy
@@ -66,7 +67,7 @@ def _clicks(rng: random.Random, n: int, t0: int) -> list[Message]:
     ]
 
 
-def write_demo(directory: str | os.PathLike, *, seed: int = 7, now_ms: int | None = None) -> str:
+def write_demo(directory: str | os.PathLike[str], *, seed: int = 7, now_ms: int | None = None) -> str:
     """Create the demo base path at `directory` (must not exist or be empty); return it."""
     import time
 
@@ -75,7 +76,7 @@ def write_demo(directory: str | os.PathLike, *, seed: int = 7, now_ms: int | Non
         raise UsageError(f"{directory} exists and is not empty (the demo writes a new directory)")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     rng = random.Random(seed)
-    topics = {
+    topics: dict[str, tuple[str, int, Callable[[], list[Message]], BundlePolicy]] = {
         "orders": (
             "log.segment.bytes=64kb\nlog.retention.secs=7days\n",
             3,

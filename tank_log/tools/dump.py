@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from tank_log.errors import TankFormatError
 from tank_log.storage.datadir import classify_path, partitions_at
@@ -48,7 +49,7 @@ def check_tail(segment: Segment, tail: Tail | None) -> None:
     )
 
 
-def message_records(segment: Segment, topic: str | None, partition: int | None) -> Iterator[dict]:
+def message_records(segment: Segment, topic: str | None, partition: int | None) -> Iterator[dict[str, Any]]:
     walk = segment.chunks()
     for chunk in walk:
         c = chunk.cols
@@ -69,7 +70,7 @@ def message_records(segment: Segment, topic: str | None, partition: int | None) 
     check_tail(segment, walk.tail)
 
 
-def bundle_records(segment: Segment) -> Iterator[dict]:
+def bundle_records(segment: Segment) -> Iterator[dict[str, Any]]:
     walk = segment.bundles()
     for h in walk:
         yield {
@@ -94,7 +95,7 @@ def _segment_location(path: str) -> tuple[str | None, int | None]:
     return None, None
 
 
-def dump_path(path: str | os.PathLike, *, bundles: bool = False, topics: list[str] | None = None) -> Iterator[str]:
+def dump_path(path: str | os.PathLike[str], *, bundles: bool = False, topics: list[str] | None = None) -> Iterator[str]:
     """JSON lines for a segment file, partition, topic or base path (sequence order per partition)."""
     path = os.fspath(path)
     if classify_path(path) == "segment":

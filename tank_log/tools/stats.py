@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class PartitionStats:
     torn_bytes: int = 0
     error: str | None = None  # why the figures stop early (malformed data, I/O error)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -73,7 +74,7 @@ def partition_stats(part: Partition, *, distinct_keys: bool = True) -> Partition
     return st
 
 
-def stats_path(path: str | os.PathLike, topics: list[str] | None = None) -> list[PartitionStats]:
+def stats_path(path: str | os.PathLike[str], topics: list[str] | None = None) -> list[PartitionStats]:
     """Figures of every partition; one malformed partition gets its `error`, the others are still counted."""
     out = []
     for p in partitions_at(path, topics):

@@ -41,7 +41,14 @@ def compact_partition(
     )
 
 
-def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> None:
+def _compact_locked(
+    part: Partition,
+    options: CompactionOptions,
+    res: CompactionResult,
+    base_path: str | None,
+    cleanup_mark: int,
+    on_step: StepHook | None,
+) -> None:
     now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
     part, res.repair = preflight(
         part,
@@ -52,9 +59,9 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
         now=now_ms / 1000,
     )
     for a, b in zip(part.ro, part.ro[1:], strict=False):
-        if b.base <= a.last:
+        if b.base <= (a.last or 0):
             raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")
-    if part.ro and part.active is not None and part.active.base <= part.ro[-1].last:
+    if part.ro and part.active is not None and part.active.base <= (part.ro[-1].last or 0):
         raise NeedsAttention("active segment base <= last RO seq; run verify first")
 
     res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
@@ -71,6 +78,7 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
     res.segments_before = len(inputs)
     res.bytes_before = sum(s.size for s in inputs)
     res.range_first, res.range_last = inputs[0].base, inputs[-1].last
+    range_last = inputs[-1].last or 0  # RO names always carry a last
 
     survivors = collect_survivors(inputs, res, options.pass1_window_rows)  # pass 1: key → last seq
 
@@ -84,7 +92,7 @@ def _compact_locked(part, options, res, base_path, cleanup_mark, on_step) -> Non
         for sf in inputs:
             if out is not None:
                 out.input_ts = sf.ts
-            pass2_segment(sf, survivors, res, out, options, cutoff, res.range_last)
+            pass2_segment(sf, survivors, res, out, options, cutoff, range_last)
         if res.messages_after == res.messages_before:
             if out is not None:
                 out.abort()

@@ -46,4 +46,5 @@ def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
         return np.zeros(len(values), dtype=bool)
     idx = np.searchsorted(sorted_set, values)
     idx[idx == len(sorted_set)] = 0
-    return sorted_set[idx] == values
+    found: np.ndarray = sorted_set[idx] == values
+    return found

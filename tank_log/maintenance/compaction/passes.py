@@ -8,8 +8,10 @@ import numpy as np
 from tank_log.errors import TankFormatError
 from tank_log.format.arrow import binary_column
 from tank_log.format.bundle import SPARSE, Message
+from tank_log.format.decode import BundleTable, MessageColumns
 from tank_log.maintenance.compaction.key_state import KeyState, in_sorted
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
+from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
 
@@ -69,7 +71,15 @@ def _check_complete(seg: Segment, tail: Tail | None) -> None:
         )
 
 
-def pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
+def pass2_segment(
+    sf: Segment,
+    survivors: np.ndarray,
+    res: CompactionResult,
+    out: OutputSegments | None,
+    options: CompactionOptions,
+    cutoff: int | None,
+    range_last: int,
+) -> None:
     min_copy = max(1, options.policy.max_messages // 2)
     for chunk in sf.chunks(chunk_bytes=PASS_CHUNK_BYTES):
         c, t = chunk.cols, chunk.table
@@ -91,7 +101,7 @@ def pass2_segment(sf, survivors, res, out, options, cutoff, range_last) -> None:
         _write_survivors(c, t, keep, out, min_copy)
 
 
-def _write_survivors(c, t, keep, out, min_copy: int) -> None:
+def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: OutputSegments, min_copy: int) -> None:
     """Copy whole surviving bundles verbatim (when large enough and valid at this position); re-encode the rest."""
     per_bundle = np.bincount(c.bundle[keep], minlength=len(t)).tolist()
     idx = np.flatnonzero(keep)
