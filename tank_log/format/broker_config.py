@@ -96,7 +96,11 @@ def _parse_terms(text: str, units: dict[str, int], what: str) -> int:
 
 
 def parse_duration(text: str) -> int:
-    """Seconds (§1.5 duration grammar: `1d`, `2h+30min`, `90`; `5m` is an error)."""
+    """Seconds (§1.5 duration grammar: `1d`, `2h+30min`, `90`; `5m` is an error).
+
+    Raises:
+        ValueError: not in the broker's duration grammar (§1.5).
+    """
     value = _parse_terms(text, DURATION_UNITS, "duration")
     if value > U32_MAX:
         raise ValueError(f"duration {text!r} overflows the broker's u32 seconds")

@@ -169,7 +169,11 @@ _SMALL_VARINTS = [bytes([i]) for i in range(128)]
 def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
     """Encode messages per §3.5 with the writers' conventions (§3.6, §3.7): HaveKey only for non-empty keys,
     UseLastSpecifiedTS when the ts repeats (never on the first message), and for sparse bundles bit 2 or a delta
-    on middle messages only (never on the first/last)."""
+    on middle messages only (never on the first/last).
+
+    Raises:
+        ValueError: a key over 255 bytes, or seqs not increasing / a gap of 2**32 or more (§3.5, §3.6).
+    """
     out = bytearray()
     last_index = len(messages) - 1
     prev_seq = prev_ts = -1
@@ -238,6 +242,9 @@ def encode_bundle(
     its messages continue the running counter (§3.6) — the caller checks that (see `is_contiguous`).
     `codec`: a fixed codec or a SnappyPolicy. `varint_count`: force the count into a varint even when < 16
     (None = the writers' rule: 4-bit field iff count < 16).
+
+    Raises:
+        ValueError: no message, an invalid seq range, or a sparse span beyond the u32 varint (§3.3).
     """
     count = len(messages)
     if count == 0:

@@ -24,7 +24,11 @@ class CleanupRecord:
 
 def parse_cleanup_log(data: bytes, path: str | None = None) -> list[CleanupRecord]:
     """Decode every record, in file order; a truncated record raises CleanupLogError (the broker would read past
-    its mapping)."""
+    its mapping).
+
+    Raises:
+        CleanupLogError: a truncated or malformed record (with its byte offset).
+    """
     out = []
     pos = 0
     while pos < len(data):
@@ -39,6 +43,9 @@ def parse_cleanup_log(data: bytes, path: str | None = None) -> list[CleanupRecor
 
 
 def encode_cleanup_log(records: Iterable[CleanupRecord]) -> bytes:
+    """Raises:
+    ValueError: a topic name over 255 bytes, a partition over u16 or a seq over u64.
+    """
     out = bytearray()
     for r in records:
         topic = r.topic.encode("utf-8", errors="surrogateescape")

@@ -305,7 +305,11 @@ def _u64_view(data: bytes) -> np.ndarray:
 
 
 def decode_messages(table: BundleTable) -> MessageColumns:
-    """Decode every message of `table` (collected with `walk_bundles(collect=True)`)."""
+    """Decode every message of `table` (collected with `walk_bundles(collect=True)`).
+
+    Raises:
+        TankFormatError: a message set that contradicts its bundle header (offset of the bundle).
+    """
     nb = len(table)
     data = table.data
     buf = np.frombuffer(data, dtype=np.uint8)

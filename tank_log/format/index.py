@@ -30,7 +30,11 @@ Entry = tuple[int, int]
 
 
 def parse_index(data: bytes, path: str | None = None) -> list[Entry]:
-    """Decode index bytes; a size that is not a multiple of 8 raises IndexFormatError."""
+    """Decode index bytes; a size that is not a multiple of 8 raises IndexFormatError.
+
+    Raises:
+        IndexFormatError: a size not a multiple of 8 bytes.
+    """
     if len(data) % ENTRY.size:
         raise IndexFormatError(f"index size {len(data)} is not a multiple of 8", path, len(data) - len(data) % 8)
     return list(ENTRY.iter_unpack(data))

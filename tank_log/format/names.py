@@ -155,14 +155,22 @@ def _parse_name(name: str) -> FileName | CompactionTemp | None:
 
 
 def format_ro_name(base: int, last: int, ts: int | None) -> str:
-    """`<base>-<last>_<ts>.ilog` (or legacy `<base>-<last>.ilog` when ts is None)."""
+    """`<base>-<last>_<ts>.ilog` (or legacy `<base>-<last>.ilog` when ts is None).
+
+    Raises:
+        ValueError: last < base, or numbers out of range.
+    """
     if not 1 <= base <= last <= U64_MAX:
         raise ValueError(f"invalid RO segment range {base}-{last}")
     return f"{base}-{last}.ilog" if ts is None else f"{base}-{last}_{_check_ts(ts)}.ilog"
 
 
 def format_active_name(base: int, ts: int | None) -> str:
-    """`<base>_<ts>.log` (or legacy `<base>.log` when ts is None)."""
+    """`<base>_<ts>.log` (or legacy `<base>.log` when ts is None).
+
+    Raises:
+        ValueError: numbers out of range.
+    """
     if not 1 <= base <= U64_MAX:
         raise ValueError(f"invalid segment base {base}")
     return f"{base}.log" if ts is None else f"{base}_{_check_ts(ts)}.log"

@@ -9,7 +9,11 @@ U64_MAX = (1 << 64) - 1  # sequence numbers and timestamps are u64 (§3.6, §3.7
 
 
 def encode_varint(value: int) -> bytes:
-    """Canonical (minimal) encoding: 1 byte < 2**7, 2 < 2**14, 3 < 2**21, 4 < 2**28, else 5."""
+    """Canonical (minimal) encoding: 1 byte < 2**7, 2 < 2**14, 3 < 2**21, 4 < 2**28, else 5.
+
+    Raises:
+        ValueError: a value outside u32.
+    """
     if not 0 <= value <= U32_MAX:
         raise ValueError(f"varint value out of u32 range: {value}")
     out = bytearray()
@@ -30,6 +34,9 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, end: int | None
 
     Bounds-checked: raises TankFormatError when the varint runs past `end` (default: len(buf)) or is longer than
     5 bytes / overflows u32 (the broker silently drops such bits; no writer produces them).
+
+    Raises:
+        TankFormatError: a varint running past the buffer.
     """
     if end is None:
         end = len(buf)
@@ -52,7 +59,11 @@ def decode_varint(buf: bytes | bytearray | memoryview, pos: int, end: int | None
 
 
 def unframed_size(framed_size: int) -> int:
-    """Bundle length L given len(varint(L)) + L (canonical varint)."""
+    """Bundle length L given len(varint(L)) + L (canonical varint).
+
+    Raises:
+        ValueError: a size no framed bundle can have.
+    """
     for k in range(1, 6):
         if varint_size(framed_size - k) == k:
             return framed_size - k

@@ -289,6 +289,9 @@ PARTITION_COLUMNS = ("topic", "partition", "date")
 
 
 def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
+    """Raises:
+    JobConfigError: an unknown or repeated column.
+    """
     cols = value.split(",") if isinstance(value, str) else value
     if not isinstance(cols, list | tuple) or not all(isinstance(c, str) for c in cols):
         raise JobConfigError(f"{where}: expected a list of columns")
@@ -347,6 +350,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's last key silently wins; a job config must not (a repeated section would hide the first)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """Raises:
+        JobConfigError: a key given twice in one mapping.
+        """
         seen: set[Any] = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -357,7 +363,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
-    """Validate a parsed YAML document."""
+    """Validate a parsed YAML document.
+
+    Raises:
+        JobConfigError: an unknown key or a bad value, naming the key.
+    """
     v = _mapping(doc, source)
     _check_keys(v, TOP_LEVEL_KEYS, source)
     dirs = v.get("data_dirs", [])
@@ -380,7 +390,11 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
 def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
     """Read and validate a YAML job config; None = defaults. Relative paths in it (`data_dirs`, a local
     `export.table`) are relative to the config file's directory, so a config works from any working directory
-    (an Airflow worker's is not the repository)."""
+    (an Airflow worker's is not the repository).
+
+    Raises:
+        JobConfigError: a missing file, invalid YAML, a repeated key, an unknown key or a bad value.
+    """
     if path is None:
         return JobConfig()
     try:

@@ -53,7 +53,11 @@ def select_partitions(
 
 
 def check_selection(scans: list[DataDir], topics: Collection[str] | None, named_in_config: Collection[str]) -> None:
-    """The checks of `select_partitions` on data dirs already scanned (the export plans with its own loop)."""
+    """The checks of `select_partitions` on data dirs already scanned (the export plans with its own loop).
+
+    Raises:
+        NothingMatched: see `select_partitions`.
+    """
     for dd in scans:
         if not any(t.partitions for t in dd.topics):
             found = sorted(t.name for t in dd.topics)

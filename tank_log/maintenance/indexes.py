@@ -21,7 +21,7 @@ from typing import Any
 from tank_log.errors import NeedsAttention
 from tank_log.format.index import build_append_rule, build_rebuild_rule, encode_index
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
-from tank_log.maintenance.preflight import refuse_if_live
+from tank_log.maintenance.preflight import SafetyOptions, refuse_if_live
 from tank_log.maintenance.verify import check_partition
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Partition, scan_partition
@@ -45,11 +45,8 @@ INDEX_CODES = {
 
 
 @dataclass(frozen=True)
-class IndexJobOptions:
+class IndexJobOptions(SafetyOptions):
     salvage: bool = False
-    broker_stopped: bool = False
-    live_window_s: int = 300
-    dry_run: bool = False
     rebuild_missing: bool = True  # also write indexes that are missing (the broker would rebuild them on read)
 
 

@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from tank_log.errors import NeedsAttention, PartitionLooksLive
 from tank_log.storage.datadir import NOT_A_FILE, Partition, scan_partition
 from tank_log.storage.repair import repair_partition
+
+
+@dataclass(frozen=True)
+class SafetyOptions:
+    """What every mutating operation is told about the broker: whether it is known to be stopped (§9 rule 1), how
+    recent a change makes a partition look live, and whether to change nothing. Operations' options extend it."""
+
+    broker_stopped: bool = False  # skip the recent-change heuristic
+    live_window_s: int = 300  # a partition changed this recently looks live
+    dry_run: bool = False
 
 
 def looks_live(part: Partition, window_s: int, now: float | None = None) -> float | None:
@@ -27,6 +38,9 @@ def looks_live(part: Partition, window_s: int, now: float | None = None) -> floa
 
 
 def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None = None) -> None:
+    """Raises:
+    PartitionLooksLive: the partition changed within `window_s`.
+    """
     age = looks_live(part, window_s, now)
     if age is not None:
         raise PartitionLooksLive(
@@ -36,7 +50,7 @@ def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None =
 
 
 def preflight(
-    part: Partition, job: str, *, broker_stopped: bool, live_window_s: int, dry_run: bool, now: float | None = None
+    part: Partition, job: str, safety: SafetyOptions, *, now: float | None = None
 ) -> tuple[Partition, dict[str, Any] | None]:
     """Name check, liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as
     it is now and what repair did (None if nothing).
@@ -54,11 +68,11 @@ def preflight(
     odd = [p for p in part.problems if p.code == NOT_A_FILE]
     if odd:  # checked before anything is touched: a plan that cannot complete must not start
         raise NeedsAttention("; ".join(f"{p.path}: {p.message}" for p in odd))
-    if not broker_stopped and not dry_run:
-        refuse_if_live(part, job, live_window_s, now)
-    rep = repair_partition(part.path, dry_run=dry_run)
+    if not safety.broker_stopped and not safety.dry_run:
+        refuse_if_live(part, job, safety.live_window_s, now)
+    rep = repair_partition(part.path, dry_run=safety.dry_run)
     if not rep.has_work:
         return part, None
-    if not dry_run:
+    if not safety.dry_run:
         part = scan_partition(part.path, part.topic, part.id, part.config)
     return part, rep.to_dict()

@@ -27,7 +27,7 @@ from typing import Any
 
 from tank_log.format.broker_config import PartitionConfig
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
-from tank_log.maintenance.preflight import preflight
+from tank_log.maintenance.preflight import SafetyOptions, preflight
 from tank_log.storage.datadir import Partition
 from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.segment import Segment
@@ -104,10 +104,7 @@ POLICIES: tuple[RetentionPolicy, ...] = (
 
 
 @dataclass(frozen=True)
-class RetentionOptions:
-    broker_stopped: bool = False
-    live_window_s: int = 300
-    dry_run: bool = False
+class RetentionOptions(SafetyOptions):
     now_s: float | None = None  # for tests
 
 
@@ -182,14 +179,7 @@ def apply_retention(part: Partition, rules: RetentionRules, options: RetentionOp
 
 def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult) -> None:
     now_s = time.time() if options.now_s is None else options.now_s
-    part, res.repair = preflight(
-        part,
-        "retention",
-        broker_stopped=options.broker_stopped,
-        live_window_s=options.live_window_s,
-        dry_run=options.dry_run,
-        now=now_s,
-    )
+    part, res.repair = preflight(part, "retention", options, now=now_s)
     res.segments_before = len(part.ro)
     res.bytes_before = sum(s.size for s in part.ro)
     res.first_seq_before = part.segments[0].base if part.segments else None

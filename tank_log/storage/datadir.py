@@ -192,7 +192,11 @@ def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> T
 
 
 def scan_data_dir(path: str | os.PathLike[str]) -> DataDir:
-    """A broker base path (§1.2): every directory not starting with `.` is a topic (symlinks followed)."""
+    """A broker base path (§1.2): every directory not starting with `.` is a topic (symlinks followed).
+
+    Raises:
+        FileNotFoundError: `path` is not a directory.
+    """
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(f"not a directory: {path}")
@@ -276,7 +280,11 @@ def classify_path(path: str | os.PathLike[str]) -> str:
 
 
 def partitions_at(path: str | os.PathLike[str], topics: list[str] | None = None) -> list[Partition]:
-    """Partitions under a partition, topic or base path (used by the CLI and the jobs)."""
+    """Partitions under a partition, topic or base path (used by the CLI and the jobs).
+
+    Raises:
+        UsageError: a path that is no partition, topic or base path.
+    """
     path = os.fspath(path).rstrip("/") or "/"
     kind = classify_path(path)
     if kind == "partition":

@@ -30,6 +30,9 @@ class PartitionLock:
         self._fd: int | None = None
 
     def acquire(self) -> PartitionLock:
+        """Raises:
+        PartitionLocked: another tank-log process holds the lock (non-blocking mode).
+        """
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))

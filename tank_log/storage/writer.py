@@ -116,6 +116,9 @@ class SegmentWriter:
         return None if self.last is None else self.last + 1
 
     def add(self, message: Message) -> None:
+        """Raises:
+        ValueError: a seq not above the previous one, a key over 255 bytes, or a relative seq beyond 2**31 (§4.6).
+        """
         seq, _, key, value = message
         if self._pending:
             prev = self._pending[-1][0]
@@ -157,6 +160,9 @@ class SegmentWriter:
         """Append an already-encoded, framed bundle (e.g. copied from another segment).
 
         A non-sparse bundle must continue the running counter (its seqs are implicit, §3.6).
+
+        Raises:
+            ValueError: a bundle that does not follow the previous one (or continue the counter when non-sparse).
         """
         self.flush_bundle()
         if not sparse and self.last is not None and first_seq != self.last + 1:
@@ -249,6 +255,9 @@ def commit(written: WrittenSegment) -> WrittenSegment:
     """Rename a finished segment into place: index first, then log, then fsync the directory (Appendix B step 4).
 
     Refuses to overwrite existing files.
+
+    Raises:
+        FileExistsError: a file already has the final name (nothing is overwritten).
     """
     d = written.directory
     index_final = os.path.join(d, written.index_name)

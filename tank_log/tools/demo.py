@@ -68,7 +68,11 @@ def _clicks(rng: random.Random, n: int, t0: int) -> list[Message]:
 
 
 def write_demo(directory: str | os.PathLike[str], *, seed: int = 7, now_ms: int | None = None) -> str:
-    """Create the demo base path at `directory` (must not exist or be empty); return it."""
+    """Create the demo base path at `directory` (must not exist or be empty); return it.
+
+    Raises:
+        UsageError: `directory` exists and is not empty.
+    """
     import time
 
     directory = os.fspath(directory)

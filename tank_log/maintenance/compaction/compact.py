@@ -50,14 +50,7 @@ def _compact_locked(
     on_step: StepHook | None,
 ) -> None:
     now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
-    part, res.repair = preflight(
-        part,
-        "compaction",
-        broker_stopped=options.broker_stopped,
-        live_window_s=options.live_window_s,
-        dry_run=options.dry_run,
-        now=now_ms / 1000,
-    )
+    part, res.repair = preflight(part, "compaction", options, now=now_ms / 1000)
     for a, b in zip(part.ro, part.ro[1:], strict=False):
         if b.base <= (a.last or 0):
             raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")

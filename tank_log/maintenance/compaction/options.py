@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 
 from tank_log.format.bundle import SnappyPolicy
 from tank_log.maintenance.outcome import PartitionOutcome
+from tank_log.maintenance.preflight import SafetyOptions
 from tank_log.storage.writer import BundlePolicy
 
 
 @dataclass(frozen=True)
-class CompactionOptions:
+class CompactionOptions(SafetyOptions):
     force: bool = False  # compact even when the dirty ratio is below the threshold
     min_cleanable_ratio: float | None = None  # None: the partition's log.cleaner.min.cleanable.ratio
     segment_bytes: int | None = None  # output size; None: the partition's log.segment.bytes
@@ -18,9 +19,6 @@ class CompactionOptions:
     tombstone_retention_ms: int | None = None  # None: keep tombstones forever (the broker's rule)
     drop_keyless: bool = False
     policy: BundlePolicy = BundlePolicy(max_messages=100, max_bytes=64 << 10, snappy=SnappyPolicy.WHEN_SMALLER)
-    broker_stopped: bool = False  # skip the liveness check
-    live_window_s: int = 300  # a partition whose active segment changed this recently looks live
-    dry_run: bool = False
     pass1_window_rows: int = 1_000_000
     now_ms: int | None = None  # for tests
 
