@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
-from tank_spark.runner import Interrupted, add_broker_stopped, count_by, run_job, run_on_executors
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -29,17 +29,7 @@ def prepare(ctx, args):
 
 
 def execute(ctx, plan, spark):
-    tasks, skipped = plan
-    try:
-        results = run_on_executors(spark, tasks)
-    except Interrupted as stop:  # the partitions that finished still get their `.cleanup.log` marks
-        if not ctx.dry_run:
-            record_cleanup_marks(stop.results)
-        stop.results += skipped
-        raise
-    if not ctx.dry_run:
-        record_cleanup_marks(results)
-    results += skipped
+    results = run_plan(spark, ctx, plan, record_cleanup_marks)  # finished partitions get their marks
     done = [r for r in results if r.get("status") == "compacted"]
     summary = {
         "partitions": len(results),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.indexes import plan_index_run
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_on_executors
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -25,8 +25,7 @@ def prepare(ctx, args):
 
 
 def execute(ctx, plan, spark):
-    tasks, extra = plan
-    results = run_on_executors(spark, tasks) + extra
+    results = run_plan(spark, ctx, plan)
     summary = {
         "partitions": len(results),
         "by_status": count_by(results),

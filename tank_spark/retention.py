@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
-from tank_spark.runner import Interrupted, add_broker_stopped, count_by, run_job, run_on_executors
+from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -25,17 +25,7 @@ def prepare(ctx, args):
 
 
 def execute(ctx, plan, spark):
-    tasks, skipped = plan
-    try:
-        results = run_on_executors(spark, tasks)
-    except Interrupted as stop:  # the partitions that finished still get consistent `.cleanup.log` marks
-        if not ctx.dry_run:
-            clamp_cleanup_marks(stop.results)
-        stop.results += skipped
-        raise
-    if not ctx.dry_run:
-        clamp_cleanup_marks(results)
-    results += skipped
+    results = run_plan(spark, ctx, plan, clamp_cleanup_marks)  # marks stay consistent with what was deleted
     summary = {
         "partitions": len(results),
         "by_status": count_by(results),

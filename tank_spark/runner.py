@@ -220,6 +220,28 @@ def run_on_executors(
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
 
 
+def run_plan(
+    spark,
+    ctx: JobContext,
+    plan: tuple[list[Any], list[dict]],
+    bookkeeping: Callable[[list[dict]], None] | None = None,
+) -> list[dict]:
+    """Run a job's planned tasks (`plan` = tasks, report entries of what was left out) and return every entry.
+    `bookkeeping(results)` — the driver's `.cleanup.log` update — runs unless dry, also on what finished before an
+    interruption."""
+    tasks, left_out = plan
+    try:
+        results = run_on_executors(spark, tasks)
+    except Interrupted as stop:
+        if bookkeeping and not ctx.dry_run:
+            bookkeeping(stop.results)
+        stop.results += left_out
+        raise
+    if bookkeeping and not ctx.dry_run:
+        bookkeeping(results)
+    return results + left_out
+
+
 def write_report(path: str | None, report: dict) -> None:
     if not path:
         return
