@@ -67,6 +67,10 @@ class PartitionLocked(Exception):
     """Another tank-log process holds the partition's lock."""
 
 
+class PartitionHeld(Exception):
+    """Another process (the broker) serves or holds the partition: nothing may change it (docs/FORMAT.md §9 rule 1)."""
+
+
 class PartitionLooksLive(RuntimeError):
     """The partition changed too recently: mutating it needs the broker stopped (docs/FORMAT.md §9 rule 1)."""
 

@@ -8,6 +8,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import time
 from collections import defaultdict
 
 import pytest
@@ -176,3 +178,28 @@ def many_small_partitions(base, n: int) -> str:
     with open(os.path.join(base, "kv", "config"), "w") as fh:
         fh.write("log.cleanup.policy=cleanup\n")
     return str(base)
+
+
+class Detached:
+    """A process that is not our child (started through a shell that exits, so it is re-parented): our own
+    descendants are never holders."""
+
+    def __init__(self, args, env):
+        self._sh = subprocess.Popen(
+            ["sh", "-c", '"$@" & echo $!', "sh", *args], stdout=subprocess.PIPE, text=True, env=env
+        )
+        self.pid = int(self._sh.stdout.readline())
+        assert self._sh.stdout.readline().strip() == "ready"
+        self._sh.wait()
+
+    def kill(self):
+        os.kill(self.pid, 9)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # gone once reaped by init (or a zombie: it holds nothing)
+            try:
+                with open(f"/proc/{self.pid}/stat") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        return
+            except FileNotFoundError:
+                return
+            time.sleep(0.05)

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from tank_log.errors import NeedsAttention, PartitionLocked, PartitionLooksLive, TankFormatError, describe_error
+from tank_log.storage.holders import partition_holders
 from tank_log.storage.locking import PartitionLock
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class PartitionOutcome:
     repair: dict[str, Any] | None = None
     duration_s: float = 0.0
     error: str | None = None
+    held_by: list[str] | None = None  # other processes holding the partition (storage/holders.py)
 
     def to_dict(self) -> dict[str, Any]:
         """The report entry (plain JSON types)."""
@@ -75,11 +77,22 @@ def run_on_partition(
 ) -> Outcome:
     """Run `body(outcome)` on the partition directory `path`, under its lock unless `dry_run`.
 
-    Expected conditions become a status, never an exception: locked → skipped; NeedsAttention → needs-attention;
+    First, another process holding the partition (the broker serving its base path, a file open or mapped,
+    `storage/holders.py`) → skipped, naming it (a dry run reports it in `held_by` and proceeds). Then expected
+    conditions become a status, never an exception: locked → skipped; NeedsAttention → needs-attention;
     bad data, a live partition or an OSError (errno and file) → failed with the reason. Anything else is a bug:
     failed with "internal error", traceback logged.
     """
     t0 = time.monotonic()
+    held = partition_holders(path)
+    if held:
+        outcome.held_by = [str(h) for h in held]
+        if not dry_run:  # verified, not trusted: even with --broker-stopped (§9 rule 1)
+            outcome.status = Status.SKIPPED
+            outcome.reason = f"held by another process (stop the broker first, §9 rule 1): {held[0]}"
+            log.warning("%s of %s skipped: %s", job, path, outcome.reason)
+            outcome.duration_s = round(time.monotonic() - t0, 3)
+            return outcome
     try:
         if dry_run:  # read-only: no lock file, the tree stays byte-identical
             body(outcome)

@@ -11,6 +11,7 @@ from tank_log.format.index import verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Partition, classify_path, partitions_at, scan_data_dir
+from tank_log.storage.holders import partition_holders
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment
 
@@ -197,7 +198,11 @@ def verify_path(path: str | os.PathLike[str]) -> list[Problem]:
 
 def _checked(part: Partition) -> list[Problem]:
     """`check_partition`, with an I/O error reported as a problem of that partition (the others are still checked)."""
+    held = [
+        Problem(part.path, None, "held", f"{h}: mutations skip this partition while it runs (§9 rule 1)", "warning")
+        for h in partition_holders(part.path)
+    ]
     try:
-        return check_partition(part)
+        return held + check_partition(part)
     except OSError as err:
         return [*part.problems, Problem(err.filename or part.path, None, "io", str(err))]

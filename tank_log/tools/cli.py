@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from tank_log.errors import TankFormatError, UsageError
+from tank_log.errors import PartitionHeld, TankFormatError, UsageError
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
@@ -62,8 +62,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from tank_log.errors import NeedsAttention, PartitionLocked, describe_error
+    from tank_log.errors import NeedsAttention, PartitionHeld, PartitionLocked, describe_error
     from tank_log.storage.datadir import classify_path, partitions_at
+    from tank_log.storage.holders import check_not_held
     from tank_log.storage.locking import PartitionLock
     from tank_log.storage.repair import repair_base, repair_partition
 
@@ -82,10 +83,12 @@ def _cmd_repair(args: argparse.Namespace) -> int:
             if args.dry_run:
                 res = repair_partition(part.path, dry_run=True)
             else:
+                check_not_held(part.path)
                 with PartitionLock(part.path, "repair"):
                     res = repair_partition(part.path)
-        except (PartitionLocked, NeedsAttention, OSError) as err:  # reported; the other partitions are repaired
-            action = {PartitionLocked: "skipped", NeedsAttention: "needs-attention"}.get(type(err), "failed")
+        except (PartitionLocked, PartitionHeld, NeedsAttention, OSError) as err:  # reported; the others are repaired
+            kinds = {PartitionLocked: "skipped", PartitionHeld: "skipped", NeedsAttention: "needs-attention"}
+            action = kinds.get(type(err), "failed")
             print(json.dumps({"path": part.path, "action": action, "reason": describe_error(err)}))
             status = 1
             continue
@@ -136,9 +139,12 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:
     from tank_log.format.broker_config import load_config
     from tank_log.maintenance.indexes import rebuild_index_file
+    from tank_log.storage.holders import check_not_held
     from tank_log.storage.segment import Segment
 
     seg = Segment(args.segment)
+    if args.out is None:  # replacing the segment's own index: nobody may hold the partition (§9 rule 1)
+        check_not_held(os.path.dirname(os.path.abspath(args.segment)))
     interval = args.interval
     if args.rule == "append" and interval is None:  # the partition's log.index.interval.bytes (§1.5)
         pdir = os.path.dirname(os.path.abspath(args.segment))
@@ -268,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tank-log: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (TankFormatError, UsageError, OSError, ValueError) as err:  # expected: one line, no traceback
+    except (TankFormatError, UsageError, OSError, ValueError, PartitionHeld) as err:  # expected: one line
         print(f"tank-log: {err}", file=sys.stderr)
         return exit_code_for(err)
 

@@ -171,3 +171,26 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     assert r.returncode == 0, r.stderr[-3000:]
     parts = read_cleanup_log(base)
     assert len(parts) == 300
+
+
+def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broker_stopped(tmp_path):
+    """#10.1: a process whose command line names the base path (the broker runs as `tank -p BASE`) holds every
+    partition: the job skips them, naming it, and changes nothing."""
+    from conftest import Detached
+
+    demo = write_demo(str(tmp_path / "demo"))
+    before = tree_digest(demo)
+    broker = Detached(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)", "-p", demo], dict(os.environ)
+    )
+    try:
+        report_path = str(tmp_path / "r.json")
+        r = run_job("--data-dir", demo, "--broker-stopped", "--report", report_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        parts = [p for p in json.load(open(report_path))["partitions"] if p["topic"] == "profiles"]
+        assert parts and all(p["status"] == "skipped" and f"pid {broker.pid}" in p["reason"] for p in parts)
+        assert tree_digest(demo) == before
+    finally:
+        broker.kill()
+    r = run_job("--data-dir", demo, "--broker-stopped")
+    assert r.returncode == 0 and tree_digest(demo) != before  # once it exited, the job proceeds

@@ -1,0 +1,80 @@
+"""#10.1: "the broker is stopped" is verified, not trusted — with real processes holding a partition: a file open,
+an index mapped, a command line naming the base path. Each makes the mutation skip the partition (even with
+--broker-stopped) and leave every byte; dry runs report it and proceed; once the process exits, the job proceeds."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import Detached, tree_digest
+
+from tank_log.maintenance.compaction import CompactionOptions, compact_partition
+from tank_log.maintenance.outcome import Status
+from tank_log.storage.datadir import partitions_at
+from tank_log.storage.holders import holders, partition_holders
+from tank_log.tools.demo import write_demo
+
+HOLD = {
+    "open": "import os, time; f = open(os.environ['HOLD'], 'rb'); print('ready', flush=True); time.sleep(600)",
+    "mmap": (  # mapped only: Python's mmap keeps a dup of the fd, closed here too
+        "import mmap, os, time; t = os.environ['HOLD']; f = open(t, 'rb'); "
+        "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); f.close(); "
+        "[os.close(int(fd)) for fd in os.listdir('/proc/self/fd') if os.path.realpath(f'/proc/self/fd/{fd}') == t]; "
+        "print('ready', flush=True); time.sleep(600)"
+    ),
+    "command": "import time; print('ready', flush=True); time.sleep(600)",
+}
+
+
+@pytest.fixture
+def profiles0(tmp_path):
+    base = write_demo(str(tmp_path / "demo"))
+    return base, next(p for p in partitions_at(base, ["profiles"]) if p.id == 0)
+
+
+def _start(kind, base, part):
+    target = part.ro[0].path if kind == "open" else part.ro[0].index_path
+    args = [sys.executable, "-c", HOLD[kind]] + (["-p", base] if kind == "command" else [])
+    return Detached(args, dict(os.environ, HOLD=target))
+
+
+@pytest.mark.parametrize("kind,how", [("open", "has "), ("mmap", "maps "), ("command", "names ")])
+def test_a_process_holding_the_partition_makes_mutations_skip_it(profiles0, kind, how):
+    base, part = profiles0
+    before = tree_digest(part.path)
+    proc = _start(kind, base, part)
+    try:
+        (held,) = partition_holders(part.path)
+        assert held.pid == proc.pid and held.how.startswith(how) and sys.executable in held.command
+        assert holders([os.path.join(base, "orders")]) == [] or kind == "command"  # only what it holds
+        res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+        assert res.status == Status.SKIPPED and f"pid {proc.pid}" in res.reason and res.held_by
+        assert tree_digest(part.path) == before
+        dry = compact_partition(part, CompactionOptions(force=True, broker_stopped=True, dry_run=True))
+        assert dry.status == Status.DRY_RUN and dry.held_by and f"pid {proc.pid}" in dry.held_by[0]
+    finally:
+        proc.kill()
+    res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+    assert res.status == Status.COMPACTED and res.held_by is None
+
+
+def test_repair_cli_skips_a_held_partition(profiles0, tmp_path):
+    base, part = profiles0
+    temp = os.path.join(part.path, ".x.tank-log-0123456789ab.tmp")  # repair would delete it
+    open(temp, "w").close()
+    proc = _start("open", base, part)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "tank_log.tools.cli", "repair", part.path], capture_output=True, text=True
+        )
+        assert r.returncode == 1 and '"action": "skipped"' in r.stdout and f"pid {proc.pid}" in r.stdout
+        assert os.path.exists(temp)
+    finally:
+        proc.kill()
+
+
+def test_our_own_process_and_children_are_not_holders(profiles0):
+    base, part = profiles0
+    with open(part.ro[0].path, "rb"):
+        assert partition_holders(part.path) == []  # this test process holds it: ours
