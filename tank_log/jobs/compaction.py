@@ -13,7 +13,7 @@ from typing import Any
 
 from tank_log.format.bundle import SnappyPolicy
 from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
-from tank_log.jobs.planning import PartitionTask, left_out, select_partitions
+from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition, dirty_ratio
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.cleanup_marks import update_cleanup_log
@@ -78,28 +78,36 @@ def apply_flags(
     return replace(config, compaction=settings, broker_stopped=broker_stopped or config.broker_stopped)
 
 
+def compaction_task_for(sel: Selected, config: JobConfig, *, dry_run: bool) -> CompactionTask | dict[str, Any]:
+    """The compaction task of one selected partition, or its left-out entry (not a cleanup-policy topic)."""
+    settings = config.compaction
+    part = sel.partition
+    override = settings.topics.get(part.topic)
+    policy = override.policy if override and override.policy else part.config.cleanup_policy
+    if policy != "cleanup":
+        return left_out(part, f"log.cleanup.policy={policy}")
+    mark = sel.data_dir.cleanup_marks.get(part.key, 0)
+    why = (
+        f"policy cleanup{' (job override)' if override and override.policy else ''}, "
+        f"dirty ratio {dirty_ratio(part, mark):.3f}, {len(part.ro)} RO segments"
+    )
+    log.info("plan %s/%d: %s", part.topic, part.id, why)
+    options = options_for(part.topic, settings, config, dry_run=dry_run)
+    return CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why)
+
+
 def plan_compaction(
     data_dirs: Iterable[str], topics: Collection[str] | None, config: JobConfig, *, dry_run: bool
 ) -> tuple[list[CompactionTask], list[dict[str, Any]]]:
     """Tasks for partitions to compact, and report entries for those left out (with the reason)."""
-    settings = config.compaction
     tasks: list[CompactionTask] = []
     skipped: list[dict[str, Any]] = []
-    for sel in select_partitions(data_dirs, topics, named_in_config=settings.topics):
-        part = sel.partition
-        override = settings.topics.get(part.topic)
-        policy = override.policy if override and override.policy else part.config.cleanup_policy
-        if policy != "cleanup":
-            skipped.append(left_out(part, f"log.cleanup.policy={policy}"))
-            continue
-        mark = sel.data_dir.cleanup_marks.get(part.key, 0)
-        why = (
-            f"policy cleanup{' (job override)' if override and override.policy else ''}, "
-            f"dirty ratio {dirty_ratio(part, mark):.3f}, {len(part.ro)} RO segments"
-        )
-        log.info("plan %s/%d: %s", part.topic, part.id, why)
-        options = options_for(part.topic, settings, config, dry_run=dry_run)
-        tasks.append(CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why))
+    for sel in select_partitions(data_dirs, topics, named_in_config=config.compaction.topics):
+        task = compaction_task_for(sel, config, dry_run=dry_run)
+        if isinstance(task, CompactionTask):
+            tasks.append(task)
+        else:
+            skipped.append(task)
     if not tasks:
         log.warning("no selected topic has log.cleanup.policy=cleanup (nor a job override): nothing to compact")
     return tasks, skipped

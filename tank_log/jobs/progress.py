@@ -21,6 +21,9 @@ def describe(r: dict[str, Any]) -> str:
     where = f"{r.get('topic')}/{r.get('partition')}" if r.get("topic") is not None else r.get("path", "?")
     status = r.get("status")
     would = status == "dry-run"
+    if "steps" in r:  # maintenance: each step in one line
+        steps = ", ".join(f"{name} {s.get('status')}" for name, s in r["steps"].items())
+        return f"{where}: {status} ({steps})"
     if "segments_before" in r and "messages_after" in r and status in ("compacted", "dry-run"):  # compaction
         what = (
             f"{r.get('segments_before')} segments, {_n(r.get('bytes_before'))} bytes, "

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tank_log.jobs.config import JobConfig, RetentionSettings
-from tank_log.jobs.planning import PartitionTask, left_out, select_partitions
+from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions
 from tank_log.maintenance.outcome import Status
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
@@ -35,6 +35,31 @@ def rules_for(part: Partition, settings: RetentionSettings, time_basis: str | No
     return replace(rules, **o.limits) if o is not None else rules
 
 
+def retention_task_for(
+    sel: Selected, config: JobConfig, *, dry_run: bool, time_basis: str | None = None
+) -> RetentionTask | dict[str, Any]:
+    """The retention task of one selected partition, or its left-out entry (retention off for its topic)."""
+    settings = config.retention
+    part = sel.partition
+    o = settings.topics.get(part.topic)
+    if o and o.enabled is not None:
+        enabled = o.enabled
+    else:
+        enabled = part.config.cleanup_policy == "delete" or settings.include_cleanup_topics
+    if not enabled:
+        why = (
+            "disabled by the job config"
+            if o and o.enabled is False
+            else f"log.cleanup.policy={part.config.cleanup_policy} (the broker applies no retention)"
+        )
+        return left_out(part, why)
+    options = RetentionOptions(
+        broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
+    )
+    rules = rules_for(part, settings, time_basis)
+    return RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options)
+
+
 def plan_retention_run(
     data_dirs: Iterable[str],
     topics: Collection[str] | None,
@@ -43,30 +68,14 @@ def plan_retention_run(
     dry_run: bool,
     time_basis: str | None = None,
 ) -> tuple[list[RetentionTask], list[dict[str, Any]]]:
-    settings = config.retention
     tasks: list[RetentionTask] = []
     skipped: list[dict[str, Any]] = []
-    options = RetentionOptions(
-        broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
-    )
-    for sel in select_partitions(data_dirs, topics, named_in_config=settings.topics):
-        part = sel.partition
-        cfg = part.config
-        o = settings.topics.get(part.topic)
-        if o and o.enabled is not None:
-            enabled = o.enabled
+    for sel in select_partitions(data_dirs, topics, named_in_config=config.retention.topics):
+        task = retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis)
+        if isinstance(task, RetentionTask):
+            tasks.append(task)
         else:
-            enabled = cfg.cleanup_policy == "delete" or settings.include_cleanup_topics
-        if not enabled:
-            why = (
-                "disabled by the job config"
-                if o and o.enabled is False
-                else f"log.cleanup.policy={cfg.cleanup_policy} (the broker applies no retention)"
-            )
-            skipped.append(left_out(part, why))
-            continue
-        rules = rules_for(part, settings, time_basis)
-        tasks.append(RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options))
+            skipped.append(task)
     if not tasks:
         log.warning("no selected topic has log.cleanup.policy=delete (nor a job override): nothing to retain")
     return tasks, skipped

@@ -8,9 +8,13 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import PartitionHeld, TankFormatError, UsageError
+
+if TYPE_CHECKING:
+    from tank_log.jobs.planning import PartitionTask
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
@@ -100,8 +104,6 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
     from tank_log.jobs.config import load_job_config
-    from tank_log.jobs.progress import Progress, describe
-    from tank_log.maintenance.outcome import Status
     from tank_log.storage.datadir import classify_path
 
     if classify_path(args.path) != "base":
@@ -116,22 +118,53 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
+    return _run_tasks("compact", tasks, skipped, record_cleanup_marks, dry_run=args.dry_run)
+
+
+def _cmd_maintain(args: argparse.Namespace) -> int:
+    from tank_log.jobs.compaction import apply_flags
+    from tank_log.jobs.config import load_job_config
+    from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
+    from tank_log.storage.datadir import classify_path
+
+    if classify_path(args.path) != "base":
+        raise UsageError(f"{args.path}: give the broker base path (the directory holding topic directories)")
+    config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
+    tasks, left_out = plan_maintenance(
+        [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run, salvage=args.salvage
+    )
+    return _run_tasks("maintain", tasks, left_out, record_maintenance_marks, dry_run=args.dry_run)
+
+
+def _run_tasks(
+    what: str,
+    tasks: Sequence[PartitionTask],
+    left_out: list[dict[str, Any]],
+    bookkeeping: Callable[[list[dict[str, Any]]], None],
+    *,
+    dry_run: bool,
+) -> int:
+    """Run tasks one after the other: a JSON line per partition as it finishes (and a progress bar on a terminal);
+    the driver's bookkeeping for what finished, also on Ctrl-C/SIGTERM (exit 130, listing what finished)."""
+    from tank_log.jobs.progress import Progress, describe
+    from tank_log.maintenance.outcome import Status
+
     results: list[dict[str, Any]] = []
     try:
-        with Progress("compact", len(tasks)) as progress:
+        with Progress(what, len(tasks)) as progress:
             for t in tasks:
                 results.append(t.run())
                 print(json.dumps(results[-1]), flush=True)
                 progress.finished(results[-1])
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what finished keeps its marks; the rest is crash-safe
-        if not args.dry_run:
-            record_cleanup_marks(results)
+    except KeyboardInterrupt:  # what finished keeps its bookkeeping; the rest is crash-safe
+        if not dry_run:
+            bookkeeping(results)
         done = "".join(f"\n  {describe(r)}" for r in results)
-        print(f"tank-log compact: interrupted; {len(results)} partition(s) finished:{done}", file=sys.stderr)
+        print(f"tank-log {what}: interrupted; {len(results)} partition(s) finished:{done}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    if not args.dry_run:
-        record_cleanup_marks(results)
-    for r in skipped:
+    if not dry_run:
+        bookkeeping(results)
+    for r in left_out:
         print(json.dumps(r))
     return 1 if any(Status(r["status"]).failing for r in results) else 0
 
@@ -225,6 +258,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
     p.set_defaults(func=_cmd_compact)
 
+    p = sub.add_parser(
+        "maintain", help="nightly maintenance without Spark: repair, retention, compaction, indexes, final verify"
+    )
+    p.add_argument("path", help="broker base path")
+    p.add_argument("--config", metavar="FILE", help="YAML job configuration (its compaction and retention sections)")
+    p.add_argument("--topics", type=_topics, metavar="T1,T2", help="only these topics (each must exist)")
+    p.add_argument("--dry-run", action="store_true", help="print what each step would do; change nothing")
+    p.add_argument("--broker-stopped", action="store_true", help="the broker is stopped (§9 rule 1; still checked)")
+    p.add_argument("--salvage", action="store_true", help="cut torn tails (cut bytes kept in a side file)")
+    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    p.set_defaults(func=_cmd_maintain)
+
     p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")
     p.add_argument("segment", help="segment log file (.ilog or .log)")
     p.add_argument(
@@ -240,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
-    p.add_argument("job", choices=("compact", "retention", "rebuild_indexes", "export_delta"), help="job name")
+    p.add_argument("job", choices=("maintain", "compact", "retention", "rebuild_indexes", "export_delta"), help="job")
     p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("demo", help="write a demo data directory")

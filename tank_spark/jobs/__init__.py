@@ -8,7 +8,7 @@
 
 import os
 
-NAMES = ("compact", "retention", "rebuild_indexes", "export_delta")
+NAMES = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta")
 
 
 def job_path(name: str) -> str:

@@ -116,11 +116,11 @@ def test_every_option_of_the_cli_and_the_jobs_has_a_help_text():
     from tank_log.tools.cli import build_parser
 
     assert _options_without_help(build_parser()) == []
-    from tank_spark import compact, rebuild_indexes, retention
+    from tank_spark import compact, maintain, rebuild_indexes, retention
     from tank_spark.export import plan
     from tank_spark.runner import job_parser
 
-    for module in (compact, retention, rebuild_indexes, plan):
+    for module in (maintain, compact, retention, rebuild_indexes, plan):
         parser = job_parser("job", "")
         module.add_options(parser)
         assert _options_without_help(parser) == [], module.__name__

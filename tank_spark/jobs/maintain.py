@@ -1,0 +1,12 @@
+"""Nightly maintenance per partition: repair, retention, compaction, indexes, final verify.
+
+python -m tank_spark.jobs.maintain --help
+spark-submit $(tank-log job-path maintain) ...
+"""
+
+import sys
+
+from tank_spark.maintain import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""#10.2: one maintenance task per partition — repair → retention → compaction → indexes → final verify — leaves the
+same files as the single-purpose jobs run one after the other, with one report entry naming each step."""
+
+import os
+import shutil
+
+from conftest import Detached, tree_digest
+
+from tank_log.jobs.compaction import plan_compaction, record_cleanup_marks
+from tank_log.jobs.config import JobConfig
+from tank_log.jobs.indexes import plan_index_run
+from tank_log.jobs.maintain import STEPS, plan_maintenance, record_maintenance_marks, summarize
+from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
+from tank_log.storage.cleanup_marks import read_cleanup_log
+from tank_log.tools.demo import write_demo
+
+STOPPED = JobConfig(broker_stopped=True)
+
+
+def _maintain(base, **kw):
+    tasks, left_out = plan_maintenance([base], None, STOPPED, dry_run=kw.pop("dry_run", False), **kw)
+    results = [t.run() for t in tasks]
+    record_maintenance_marks(results)
+    return results + left_out
+
+
+def test_maintenance_equals_the_single_jobs_one_after_the_other(tmp_path):
+    base = write_demo(str(tmp_path / "a"), now_ms=1_790_000_000_000)
+    other = shutil.copytree(base, str(tmp_path / "b"))
+    results = _maintain(base)
+    assert {(r["topic"], r["status"]) for r in results} == {
+        ("clicks", "maintained"),
+        ("orders", "maintained"),
+        ("profiles", "maintained"),
+    }
+    by = {(r["topic"], r["partition"]): r["steps"] for r in results}
+    assert list(by[("orders", 0)]) == list(STEPS)
+    assert (
+        by[("orders", 0)]["retention"]["status"] == "deleted" and by[("orders", 0)]["compaction"]["status"] == "skipped"
+    )
+    assert (
+        by[("profiles", 0)]["compaction"]["status"] == "compacted"
+        and by[("profiles", 0)]["verify"]["status"] == "clean"
+    )
+    summary = summarize(results)
+    assert summary["steps"]["verify"] == {"clean": 6} and summary["segments_deleted"] > 0
+
+    for plan, bookkeeping in (
+        (plan_retention_run([other], None, STOPPED, dry_run=False), clamp_cleanup_marks),
+        (plan_compaction([other], None, STOPPED, dry_run=False), record_cleanup_marks),
+        (plan_index_run([other], None, STOPPED, dry_run=False, salvage=False), lambda results: None),
+    ):
+        bookkeeping([t.run() for t in plan[0]])
+    assert tree_digest(base) == tree_digest(other)  # the same files, byte for byte
+    assert read_cleanup_log(base) == read_cleanup_log(other)
+
+
+def test_dry_run_changes_nothing_and_a_held_partition_is_skipped_whole(tmp_path):
+    import sys
+
+    base = write_demo(str(tmp_path / "a"))
+    before = tree_digest(base)
+    results = _maintain(base, dry_run=True)
+    assert {r["status"] for r in results} == {"dry-run"} and tree_digest(base) == before
+    profiles0 = os.path.join(base, "profiles", "0")
+    hold = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)", profiles0]
+    holder = Detached(hold, dict(os.environ))
+    try:
+        results = {(r["topic"], r["partition"]): r for r in _maintain(base)}
+    finally:
+        holder.kill()
+    held = results[("profiles", 0)]
+    assert held["status"] == "skipped" and f"pid {holder.pid}" in held["steps"]["repair"]["reason"]
+    assert {s["status"] for s in held["steps"].values()} == {"skipped"}
+    assert results[("profiles", 1)]["status"] == "maintained"
