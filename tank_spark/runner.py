@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -177,10 +178,14 @@ def run_on_executors(
         return []
     sc = spark.sparkContext
     finished = sc.accumulator([], _ListParam())
+    driver = (socket.gethostname(), os.getpid())  # on its host, the driver's process family is not a holder
 
     def run(items):
+        from tank_log.storage.holders import also_ours
+
         for i, task in items:
-            r = fn(task)
+            with also_ours(*driver):
+                r = fn(task)
             finished.add([(i, r)])
             yield i, r
 

@@ -11,12 +11,31 @@ command line only, which is world-readable.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tank_log.errors import PartitionHeld
 
 PROC = "/proc"
+
+_also_ours: list[int] = []  # pids whose process family counts as ours too (`also_ours`)
+
+
+@contextmanager
+def also_ours(host: str, pid: int) -> Iterator[None]:
+    """Count process `pid` of `host` — e.g. the Spark driver that sent this task — with its ancestors and
+    descendants as ours while the block runs, when this is that host (its command line names the base path, and in
+    local mode its JVM and Python workers are its descendants). Another host's pid means nothing here."""
+    mine = host == socket.gethostname()
+    if mine:
+        _also_ours.append(pid)
+    try:
+        yield
+    finally:
+        if mine:
+            _also_ours.remove(pid)
 
 
 def partition_holders(partition_dir: str | os.PathLike[str]) -> list[Holder]:
@@ -93,22 +112,23 @@ def _parents() -> dict[int, int]:
 
 
 def _ours(parents: dict[int, int]) -> set[int]:
-    """Our process, its ancestors and its descendants."""
-    me = os.getpid()
-    ours = {me}
-    p = parents.get(me, os.getppid())
-    while p > 0 and p not in ours:
-        ours.add(p)
-        p = parents.get(p, 0)
+    """Our process (and any `also_ours` one), their ancestors and their descendants."""
     children: dict[int, list[int]] = {}
     for pid, ppid in parents.items():
         children.setdefault(ppid, []).append(pid)
-    todo = [me]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in ours:
-                ours.add(child)
-                todo.append(child)
+    ours: set[int] = set()
+    for root in (os.getpid(), *_also_ours):
+        ours.add(root)
+        p = parents.get(root, os.getppid() if root == os.getpid() else 0)
+        while p > 0 and p not in ours:
+            ours.add(p)
+            p = parents.get(p, 0)
+        todo = [root]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                if child not in ours:
+                    ours.add(child)
+                    todo.append(child)
     return ours
 
 

@@ -78,3 +78,22 @@ def test_our_own_process_and_children_are_not_holders(profiles0):
     base, part = profiles0
     with open(part.ro[0].path, "rb"):
         assert partition_holders(part.path) == []  # this test process holds it: ours
+
+
+def test_the_spark_driver_of_this_task_is_ours_on_its_host(profiles0):
+    """A Spark driver on the executor's host names the base path on its command line (`--data-dir BASE`) and, in
+    local mode, is the executors' ancestor; on a cluster it is not: the task tells its executor who sent it."""
+    import socket
+
+    from tank_log.storage.holders import also_ours
+
+    base, part = profiles0
+    driver = _start("command", base, part)  # stands for `spark-submit jobs/compact.py --data-dir BASE`
+    try:
+        assert [h.pid for h in partition_holders(part.path)] == [driver.pid]
+        with also_ours(socket.gethostname(), driver.pid):
+            assert partition_holders(part.path) == []
+        with also_ours("another-host", driver.pid):  # a pid of another host means nothing here
+            assert [h.pid for h in partition_holders(part.path)] == [driver.pid]
+    finally:
+        driver.kill()
