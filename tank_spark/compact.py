@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_force, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    add_force(p)
     add_broker_stopped(p)
     p.add_argument(
         "--tombstone-retention",

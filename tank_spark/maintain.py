@@ -7,22 +7,14 @@ import argparse
 
 from tank_log.jobs.compaction import apply_flags
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_force, add_salvage, add_time_basis, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     add_broker_stopped(p)
-    p.add_argument(
-        "--salvage",
-        action="store_true",
-        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
-    )
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
-    p.add_argument(
-        "--time-basis",
-        choices=("name", "message"),
-        help="retention ages from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
-    )
+    add_salvage(p)
+    add_force(p)
+    add_time_basis(p)
 
 
 def prepare(ctx, args):

@@ -7,15 +7,11 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.indexes import plan_index_run
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_salvage, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--salvage",
-        action="store_true",
-        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
-    )
+    add_salvage(p)
     add_broker_stopped(p)
 
 

@@ -7,15 +7,11 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
-from tank_spark.runner import add_broker_stopped, count_by, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_time_basis, count_by, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--time-basis",
-        choices=("name", "message"),
-        help="age from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
-    )
+    add_time_basis(p)
     add_broker_stopped(p)
 
 

@@ -75,6 +75,26 @@ def add_broker_stopped(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_force(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+
+
+def add_salvage(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--salvage",
+        action="store_true",
+        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
+    )
+
+
+def add_time_basis(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--time-basis",
+        choices=("name", "message"),
+        help="retention ages from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
+    )
+
+
 @dataclass(frozen=True)
 class JobContext:
     job: str

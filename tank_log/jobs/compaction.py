@@ -13,7 +13,7 @@ from typing import Any
 
 from tank_log.format.bundle import SnappyPolicy
 from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
-from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions
+from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions, split_plan
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition, dirty_ratio
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.cleanup_marks import update_cleanup_log
@@ -100,14 +100,8 @@ def plan_compaction(
     data_dirs: Iterable[str], topics: Collection[str] | None, config: JobConfig, *, dry_run: bool
 ) -> tuple[list[CompactionTask], list[dict[str, Any]]]:
     """Tasks for partitions to compact, and report entries for those left out (with the reason)."""
-    tasks: list[CompactionTask] = []
-    skipped: list[dict[str, Any]] = []
-    for sel in select_partitions(data_dirs, topics, named_in_config=config.compaction.topics):
-        task = compaction_task_for(sel, config, dry_run=dry_run)
-        if isinstance(task, CompactionTask):
-            tasks.append(task)
-        else:
-            skipped.append(task)
+    selected = select_partitions(data_dirs, topics, named_in_config=config.compaction.topics)
+    tasks, skipped = split_plan((compaction_task_for(sel, config, dry_run=dry_run) for sel in selected), CompactionTask)
     if not tasks:
         log.warning("no selected topic has log.cleanup.policy=cleanup (nor a job override): nothing to compact")
     return tasks, skipped

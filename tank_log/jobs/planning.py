@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tank_log.errors import NothingMatched
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
+
+T = TypeVar("T", bound="PartitionTask")
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,18 @@ def check_selection(scans: list[DataDir], topics: Collection[str] | None, named_
 def _listing(names: list[str], limit: int = 20) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def split_plan(decisions: Iterable[T | dict[str, Any]], task_type: type[T]) -> tuple[list[T], list[dict[str, Any]]]:
+    """(tasks, left-out entries) of per-partition decisions (each a task or the entry saying why not)."""
+    tasks: list[T] = []
+    left: list[dict[str, Any]] = []
+    for d in decisions:
+        if isinstance(d, task_type):
+            tasks.append(d)
+        else:
+            left.append(d)  # type: ignore[arg-type]
+    return tasks, left
 
 
 def left_out(part: Partition, reason: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tank_log.jobs.config import JobConfig, RetentionSettings
-from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions
+from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions, split_plan
 from tank_log.maintenance.outcome import Status
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
@@ -68,14 +68,9 @@ def plan_retention_run(
     dry_run: bool,
     time_basis: str | None = None,
 ) -> tuple[list[RetentionTask], list[dict[str, Any]]]:
-    tasks: list[RetentionTask] = []
-    skipped: list[dict[str, Any]] = []
-    for sel in select_partitions(data_dirs, topics, named_in_config=config.retention.topics):
-        task = retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis)
-        if isinstance(task, RetentionTask):
-            tasks.append(task)
-        else:
-            skipped.append(task)
+    selected = select_partitions(data_dirs, topics, named_in_config=config.retention.topics)
+    decisions = (retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis) for sel in selected)
+    tasks, skipped = split_plan(decisions, RetentionTask)
     if not tasks:
         log.warning("no selected topic has log.cleanup.policy=delete (nor a job override): nothing to retain")
     return tasks, skipped
