@@ -23,6 +23,7 @@ _ACTIVE_RE = re.compile(rf"{_NUM}(?:_{_NUM})?")
 _INDEX_RE = re.compile(rf"{_NUM}(_64)?")
 
 COMPACTION_SUFFIXES = (".cleaned", ".swap", ".old")
+SIDE_FILE = re.compile(r"^\.(?P<log>.+)\.torn-at-(?P<cut>0|[1-9][0-9]*)$")  # the bytes a salvage cut (§3.11)
 
 
 class Kind(Enum):
@@ -174,6 +175,12 @@ def format_active_name(base: int, ts: int | None) -> str:
     if not 1 <= base <= U64_MAX:
         raise ValueError(f"invalid segment base {base}")
     return f"{base}.log" if ts is None else f"{base}_{_check_ts(ts)}.log"
+
+
+def side_file_name(log_name: str, cut: int) -> str:
+    """`.<log>.torn-at-<cut>`: the bytes a salvage cut off `log_name` at offset `cut` (`.`-prefixed: the broker
+    ignores it, §1.7)."""
+    return f".{log_name}.torn-at-{cut}"
 
 
 def format_index_name(base: int, *, wide: bool = False) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tank_log.errors import SegmentNameError, TankFormatError, UsageError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
-from tank_log.format.names import CompactionTemp, Kind, parse_name
+from tank_log.format.names import SIDE_FILE, CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.fsutil import is_our_temp, is_regular_file
@@ -84,7 +84,7 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
         except TankFormatError as err:
             part.problems.append(Problem(full, None, "bad-name", err.message))
             continue
-        if (parsed is not None or is_our_temp(entry)) and not is_regular_file(full) and os.path.lexists(full):
+        if (parsed is not None or _job_touches_unparsed(entry)) and _not_regular(full):
             part.problems.append(_not_a_file(full))
             continue
         if parsed is None:
@@ -223,6 +223,30 @@ def scan_data_dir(path: str | os.PathLike[str]) -> DataDir:
         if is_dir:
             dd.topics.append(scan_topic(full, entry))
     return dd
+
+
+def non_regular_entries(directory: str) -> list[str]:
+    """Paths in a partition dir under names a job may read, rename or delete (segments, indexes, compaction and our
+    temporaries, salvage side files; also names the broker mis-parses) that are not regular files."""
+    out = []
+    for name in sorted(os.listdir(directory)):
+        try:
+            touched = parse_name(name) is not None or _job_touches_unparsed(name)
+        except SegmentNameError:
+            touched = True
+        if touched and _not_regular(os.path.join(directory, name)):
+            out.append(os.path.join(directory, name))
+    return out
+
+
+def _job_touches_unparsed(name: str) -> bool:
+    """A `.`-prefixed name of ours: a temporary or a salvage side file (`parse_name` ignores both)."""
+    return is_our_temp(name) or SIDE_FILE.match(name) is not None
+
+
+def _not_regular(path: str) -> bool:
+    """Not (a symlink to) a regular file — and still there (a file vanishing meanwhile is no problem)."""
+    return not is_regular_file(path) and os.path.lexists(path)
 
 
 def _not_a_file(path: str) -> Problem:

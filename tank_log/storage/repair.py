@@ -17,19 +17,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tank_log.errors import NeedsAttention, TankFormatError
+from tank_log.errors import NeedsAttention
 from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import format_index_name, parse_name, segment_logs
-from tank_log.storage.fsutil import (
-    atomic_write,
-    fsync_dir,
-    is_our_temp,
-    is_regular_file,
-    our_temps,
-    remove_our_temps,
-)
+from tank_log.format.names import format_index_name, segment_logs
+from tank_log.storage.datadir import non_regular_entries
+from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.salvage import SIDE_FILE, finish_salvage, plan_salvage_recovery
+from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
 from tank_log.storage.swap import plan_swap_recovery
 
 
@@ -101,19 +95,6 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
             os.unlink(index)
             fsync_dir(d)
     return result
-
-
-def non_regular_entries(d: str) -> list[str]:
-    """Paths in a partition dir whose names a job may read, rename or delete but that are not regular files."""
-    out = []
-    for n in sorted(os.listdir(d)):
-        try:
-            ours = parse_name(n) is not None
-        except TankFormatError:
-            ours = True
-        if (ours or is_our_temp(n) or SIDE_FILE.match(n)) and not is_regular_file(os.path.join(d, n)):
-            out.append(os.path.join(d, n))
-    return out
 
 
 def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:

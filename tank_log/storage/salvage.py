@@ -32,7 +32,6 @@ last RO segment cannot become active (a gap before it).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,16 +40,20 @@ from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.bundle import BundleHeader
 from tank_log.format.decode import INCOMPLETE, decode_messages, walk_bundles
 from tank_log.format.index import build_rebuild_rule, encode_index, read_index
-from tank_log.format.names import FileName, Kind, format_active_name, format_ro_name, parse_log_name, segment_logs
+from tank_log.format.names import (
+    SIDE_FILE,
+    FileName,
+    Kind,
+    format_active_name,
+    format_ro_name,
+    parse_log_name,
+    segment_logs,
+    side_file_name,
+)
 from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, write_temp_then_rename
 from tank_log.storage.segment import Segment, Tail
 
-SIDE_FILE = re.compile(r"^\.(?P<log>.+)\.torn-at-(?P<cut>0|[1-9][0-9]*)$")
 RESYNC_SCAN_BYTES = 16 << 20  # how far past a break the resynchronisation scan looks for complete bundles
-
-
-def side_file_name(log_name: str, cut: int) -> str:
-    return f".{log_name}.torn-at-{cut}"
 
 
 # ---- torn tail or mid-file corruption? ---------------------------------------------------------------------------
