@@ -30,7 +30,7 @@ from pyspark.accumulators import AccumulatorParam
 from tank_log.errors import JobConfigError, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
-from tank_log.jobs.progress import Progress, describe, interrupted_entry
+from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.maintenance.outcome import FAILING
 
 log = logging.getLogger("tank_log.job")
@@ -330,8 +330,7 @@ def run_job(
             partitions=stop.results,
         )
         write_report(ctx.report_path, report)
-        done = [describe(r) for r in stop.results if r["status"] != "interrupted"]
-        print(f"{job}: interrupted; {len(done)} partition(s) finished:", *done, sep="\n  ", file=sys.stderr)
+        print(interrupted_message(job, stop.results), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:
         if isinstance(err, OSError):  # the environment (a full disk, a read-only mount): one line, errno and file

@@ -82,6 +82,12 @@ class Progress:
         self.close()
 
 
+def interrupted_message(what: str, results: list[dict[str, Any]]) -> str:
+    """What a run stopped by Ctrl-C/SIGTERM prints: the partitions that finished, one line each."""
+    done = [describe(r) for r in results if r.get("status") != Status.INTERRUPTED]
+    return "".join([f"{what}: interrupted; {len(done)} partition(s) finished:", *(f"\n  {d}" for d in done)])
+
+
 INTERRUPTED_REASON = (
     "not finished when the run was interrupted (crash-safe: the next run's repair completes or undoes a partial change)"
 )

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from tank_log.errors import NeedsAttention, PartitionLocked, PartitionLooksLive, TankFormatError, describe_error
-from tank_log.storage.holders import partition_holders
+from tank_log.storage.holders import held_reason, partition_holders
 from tank_log.storage.locking import PartitionLock
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def run_on_partition(
         outcome.held_by = [str(h) for h in held]
         if not dry_run:  # verified, not trusted: even with --broker-stopped (§9 rule 1)
             outcome.status = Status.SKIPPED
-            outcome.reason = f"held by another process (stop the broker first, §9 rule 1): {held[0]}"
+            outcome.reason = held_reason(held)
             log.warning("%s of %s skipped: %s", job, path, outcome.reason)
             outcome.duration_s = round(time.monotonic() - t0, 3)
             return outcome

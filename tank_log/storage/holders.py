@@ -52,7 +52,12 @@ def check_not_held(partition_dir: str | os.PathLike[str]) -> None:
     """
     held = partition_holders(partition_dir)
     if held:
-        raise PartitionHeld(f"held by another process (stop the broker first, §9 rule 1): {held[0]}")
+        raise PartitionHeld(held_reason(held))
+
+
+def held_reason(held: list[Holder]) -> str:
+    """The one line a skipped partition reports."""
+    return f"held by another process (stop the broker first, §9 rule 1): {held[0]}"
 
 
 @dataclass(frozen=True)

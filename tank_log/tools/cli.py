@@ -104,10 +104,8 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
     from tank_log.jobs.config import load_job_config
-    from tank_log.storage.datadir import classify_path
 
-    if classify_path(args.path) != "base":
-        raise UsageError(f"{args.path}: give the broker base path (the directory holding topic directories)")
+    _require_base_path(args.path)
     config = apply_flags(
         load_job_config(args.config),
         force=args.force,
@@ -125,15 +123,20 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags
     from tank_log.jobs.config import load_job_config
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
-    from tank_log.storage.datadir import classify_path
 
-    if classify_path(args.path) != "base":
-        raise UsageError(f"{args.path}: give the broker base path (the directory holding topic directories)")
+    _require_base_path(args.path)
     config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
     tasks, left_out = plan_maintenance(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run, salvage=args.salvage
     )
     return _run_tasks("maintain", tasks, left_out, record_maintenance_marks, dry_run=args.dry_run)
+
+
+def _require_base_path(path: str) -> None:
+    from tank_log.storage.datadir import classify_path
+
+    if classify_path(path) != "base":
+        raise UsageError(f"{path}: give the broker base path (the directory holding topic directories)")
 
 
 def _run_tasks(
@@ -146,7 +149,7 @@ def _run_tasks(
 ) -> int:
     """Run tasks one after the other: a JSON line per partition as it finishes (and a progress bar on a terminal);
     the driver's bookkeeping for what finished, also on Ctrl-C/SIGTERM (exit 130, listing what finished)."""
-    from tank_log.jobs.progress import Progress, describe
+    from tank_log.jobs.progress import Progress, interrupted_message
     from tank_log.maintenance.outcome import Status
 
     results: list[dict[str, Any]] = []
@@ -159,8 +162,7 @@ def _run_tasks(
     except KeyboardInterrupt:  # what finished keeps its bookkeeping; the rest is crash-safe
         if not dry_run:
             bookkeeping(results)
-        done = "".join(f"\n  {describe(r)}" for r in results)
-        print(f"tank-log {what}: interrupted; {len(results)} partition(s) finished:{done}", file=sys.stderr)
+        print(interrupted_message(f"tank-log {what}", results), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not dry_run:
         bookkeeping(results)

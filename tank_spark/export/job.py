@@ -41,7 +41,7 @@ from tank_spark.export.commit import (
     table_version,
     write_with_delta_spark,
 )
-from tank_spark.export.corruption import Cut, cut_at_corruption, scan_ranges
+from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     make_file_writer,
@@ -84,8 +84,7 @@ def execute(ctx, prepared, spark):
         return list(results.values()), summary
     sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
-        outcomes = scan_ranges(spark, direct_ranges(ctx, settings, plans))
-        cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
+        outcomes, cut = _pre_pass(spark, ctx, settings, plans)
         for o in outcomes:
             if o.index in cut.kept and o.rows:
                 _count(results[o.key], o.rows, o.min_seq, o.max_seq)
@@ -103,7 +102,7 @@ def execute(ctx, prepared, spark):
         plans = [replace(p, app_id=app_id(table.metadata().id, p.topic, p.partition)) for p in plans]
         results = _results(plans)
     if settings.engine == "spark":
-        cut = _pre_pass(spark, ctx, settings, plans)
+        _, cut = _pre_pass(spark, ctx, settings, plans)
         version = write_with_delta_spark(
             decoded_frame(spark, ctx, settings, cut.plans), settings, [p for p in cut.plans if p.has_work]
         )
@@ -200,11 +199,11 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
     }
 
 
-def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> Cut:
-    """Exports that decode through Spark SQL read every range once first: the data source cannot report a
-    malformed range per partition, so the plans are cut before the real read (`corruption.py`)."""
-    cut = cut_at_corruption(plans, scan_ranges(spark, direct_ranges(ctx, settings, plans)), settings.on_corruption)
-    return cut
+def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> tuple[list[RangeOutcome], Cut]:
+    """Read every range once, writing nothing, and cut the plans at malformed data (`corruption.py`): the dry run,
+    and the first pass of exports that decode through Spark SQL (the data source cannot report per range)."""
+    outcomes = scan_ranges(spark, direct_ranges(ctx, settings, plans))
+    return outcomes, cut_at_corruption(plans, outcomes, settings.on_corruption)
 
 
 def _write_files(
@@ -214,7 +213,7 @@ def _write_files(
     files to commit and the run's plans after malformed ranges (files past a corruption are removed)."""
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     if sql_path:
-        cut = _pre_pass(spark, ctx, settings, plans)
+        _, cut = _pre_pass(spark, ctx, settings, plans)
         writer = make_file_writer(
             table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
         )

@@ -7,20 +7,13 @@ import shutil
 import subprocess
 import sys
 
-from tank_log.storage.fsutil import is_our_temp
-from tank_log.tools.demo import write_demo
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/: conftest's helpers
+from conftest import tree_digest  # noqa: E402
+
+from tank_log.storage.fsutil import is_our_temp  # noqa: E402
+from tank_log.tools.demo import write_demo  # noqa: E402
 
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
-
-
-def digest(path):
-    out = {}
-    for root, _, files in os.walk(path):
-        for f in files:
-            if f != ".tank-log.lock":
-                with open(os.path.join(root, f), "rb") as fh:
-                    out[os.path.relpath(os.path.join(root, f), path)] = fh.read()
-    return out
 
 
 def our_temps(path):
@@ -44,17 +37,17 @@ def main(scenario, work):
         free = st.f_bavail * st.f_frsize
         with open(os.path.join(mnt, "filler"), "wb") as fh:  # leave 12 KiB: compaction outputs do not fit
             fh.write(b"\0" * (free - (12 << 10)))
-        before = digest(base)
+        before = tree_digest(base)
         out["compact"] = run("compact", base, "--broker-stopped", "--force")
     else:
         part = os.path.join(base, "orders", "0")
         open(os.path.join(part, ".x.tank-log-0123456789ab.tmp"), "w").close()  # repair has work to do
         subprocess.run(["mount", "-o", "remount,ro", mnt], check=True)
-        before = digest(base)
+        before = tree_digest(base)
         out["repair"] = run("repair", base)
         out["compact"] = run("compact", base, "--broker-stopped", "--force")
         out["verify"] = run("verify", base)
-    out["unchanged"] = digest(base) == before
+    out["unchanged"] = tree_digest(base) == before
     out["temps_left"] = [p for p in our_temps(base) if scenario == "full"]
     print(json.dumps(out))
 
