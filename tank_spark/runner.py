@@ -12,6 +12,7 @@ what finished). The report is written in every case.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -19,8 +20,10 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -186,26 +189,37 @@ class _ListParam(AccumulatorParam):
         return a
 
 
+STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
+
+
 def run_on_executors(
     spark, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
 ) -> list[dict]:
     """One Spark task per item (one per partition; by default `PartitionTask.run`); results come back in order.
 
     Each result also reaches the driver as its task finishes (an accumulator), so the driver logs a line per
-    partition as it finishes, and on Ctrl-C/SIGTERM cancels the job and raises `Interrupted` with what finished.
+    partition as it finishes. On Ctrl-C/SIGTERM the run drains: a stop flag (a file beside the driver, seen by
+    executors on its host) makes every task not yet started return `interrupted` at once, running ones finish
+    (up to `STOP_GRACE_S`, or until a second Ctrl-C; then the job is cancelled — crash-safe, the next run repairs),
+    and `Interrupted` is raised with what finished. Draining instead of killing also spares PySpark's daemon the
+    end-of-stream tracebacks of killed Python workers.
     """
     if not tasks:
         return []
     sc = spark.sparkContext
     finished = sc.accumulator([], _ListParam())
     driver = (socket.gethostname(), os.getpid())  # on its host, the driver's process family is not a holder
+    stop_flag = os.path.join(tempfile.gettempdir(), f".tank-log-stop-{os.getpid()}-{uuid.uuid4().hex}")
 
     def run(items):
         from tank_log.storage.holders import also_ours
 
         for i, task in items:
-            with also_ours(*driver):
-                r = fn(task)
+            if os.path.exists(stop_flag):  # the driver was interrupted: start no new partition
+                r = interrupted_entry(task)
+            else:
+                with also_ours(*driver):
+                    r = fn(task)
             finished.add([(i, r)])
             yield i, r
 
@@ -234,15 +248,34 @@ def run_on_executors(
                 worker.join(0.5)
                 report_new(finished.value)
         except KeyboardInterrupt:
-            log.warning("interrupted: cancelling the running partitions (crash-safe; the next run repairs them)")
-            sc.cancelAllJobs()
-            worker.join(120)
-            report_new(finished.value)
+            _drain(sc, worker, stop_flag)
+            report_new(box.get("results") or finished.value)
             raise Interrupted([seen.get(i) or interrupted_entry(t) for i, t in enumerate(tasks)]) from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stop_flag)
         if "error" in box:
             raise box["error"]
         report_new(box["results"])
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
+
+
+def _drain(sc, worker: threading.Thread, stop_flag: str) -> None:
+    """Stop an interrupted run: no new partition starts, running ones finish within the grace period."""
+    open(stop_flag, "w").close()
+    log.warning(
+        "interrupted: finishing the running partitions and starting no new ones (up to %.0f s; Ctrl-C again to "
+        "cancel them now: crash-safe, the next run repairs them)",
+        STOP_GRACE_S,
+    )
+    try:
+        worker.join(STOP_GRACE_S)
+    except KeyboardInterrupt:
+        pass
+    if worker.is_alive():
+        log.warning("cancelling the partitions still running")
+        sc.cancelAllJobs()
+        worker.join(120)
 
 
 def run_plan(
