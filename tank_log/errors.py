@@ -75,6 +75,14 @@ class PartitionLooksLive(RuntimeError):
     """The partition changed too recently: mutating it needs the broker stopped (docs/FORMAT.md §9 rule 1)."""
 
 
+class WindowStepFailed(RuntimeError):
+    """A step of a broker's maintenance window failed (`tank_log.jobs.window`); the message names broker and step."""
+
+    def __init__(self, broker: str, step: str, message: str) -> None:
+        super().__init__(f"broker {broker}: {step}: {message}")
+        self.broker, self.step = broker, step
+
+
 class NeedsAttention(Exception):
     """The partition holds something no job may change automatically (e.g. a file name the broker mis-parses)."""
 

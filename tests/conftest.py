@@ -8,7 +8,9 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -203,3 +205,50 @@ class Detached:
             except FileNotFoundError:
                 return
             time.sleep(0.05)
+
+
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_broker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def standin_broker(work, name: str, base: str, *, stubborn: bool = False, stop_timeout: str = "20s") -> dict:
+    """A `brokers:` entry whose stop/start commands manage a stand-in broker (tests/standin_broker.py) serving
+    `base` on a free loopback port; its up/down events go to `work/events`. `start_standin` starts it."""
+    port, pidfile, events = free_port(), os.path.join(work, f"{name}.pid"), os.path.join(work, "events")
+    flags = f"--port {port} --name {name} --pidfile {pidfile} --events {events}" + (" --stubborn" if stubborn else "")
+    return {
+        "name": name,
+        "data_dirs": [base],
+        "start_command": f"setsid {sys.executable} {STANDIN} -p {base} {flags} > /dev/null 2>&1 < /dev/null &",
+        "stop_command": f"kill -INT $(cat {pidfile})",
+        "ready_check": f"tcp://127.0.0.1:{port}",
+        "stop_timeout": stop_timeout,
+        "ready_timeout": "20s",
+    }
+
+
+def start_standin(entry: dict) -> int:
+    """Start a stand-in broker with its `start_command` (re-parented: not our descendant); its pid once it serves."""
+    subprocess.run(["sh", "-c", entry["start_command"]], check=True, timeout=30)
+    port = int(entry["ready_check"].rsplit(":", 1)[1])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, f"stand-in {entry['name']} did not start"
+            time.sleep(0.05)
+    pidfile = entry["stop_command"].split("$(cat ")[1].rstrip(")")
+    return int(open(pidfile).read())
+
+
+def events(work) -> list[str]:
+    """The stand-ins' up/down events in order, as `up a` / `down b`."""
+    path = os.path.join(work, "events")
+    return [" ".join(line.split()[:2]) for line in open(path)] if os.path.exists(path) else []

@@ -178,3 +178,213 @@ with DAG(
     ]
     _run = _spark_submit("export_delta", _args, timedelta(hours=6))
     _run >> publish_report(_report_path("export_delta"))
+
+
+# ---- tank_maintenance_window: stop → maintain → start, per broker host --------------------------------------------
+#
+# A mapped task instance runs on its operator's queue (Airflow sets a mapped instance's queue from `partial`, never
+# per index), so the brokers are grouped by `queue` when the DAG file is parsed — one mapped task group per queue —
+# and mapped over the brokers of that queue when the run starts (dynamic task mapping: brokers added to a queue
+# need no DAG change). The window's config is therefore read from the environment at parse time, not a Variable.
+WINDOW_CONFIG = os.environ.get("TANK_LOG_WINDOW_CONFIG", os.path.join(DEFAULT_HOME, "conf", "hosts.yaml"))
+WINDOW_STEPS = ("stop", "maintain", "start", "ready", "verify")
+
+
+def _window_broker(name: str):
+    from tank_log.jobs.config import load_job_config
+
+    (broker,) = [b for b in load_job_config(WINDOW_CONFIG).brokers if b.name == name]
+    return broker
+
+
+def _window_queues() -> list[str | None]:
+    """The brokers' queues in config order (None = the default queue); none when the config does not load (the
+    run's check_config task then fails, saying why)."""
+    from tank_log.errors import JobConfigError
+    from tank_log.jobs.config import load_job_config
+
+    try:
+        brokers = load_job_config(WINDOW_CONFIG).brokers
+    except JobConfigError:
+        return []
+    return list(dict.fromkeys(b.queue for b in brokers))
+
+
+def _same_index(step: str, key: str = "return_value"):
+    """An XCom of `step` of this broker's window (the same map index of the same group)."""
+    from airflow.sdk import get_current_context
+
+    ti = get_current_context()["ti"]
+    group = ti.task_id.rpartition(".")[0]
+    return ti.xcom_pull(task_ids=f"{group}.{step}", key=key, map_indexes=ti.map_index)
+
+
+@task
+def check_config() -> dict:
+    """Load and validate the window's config; fail unless it lists brokers."""
+    from tank_log.jobs.config import load_job_config
+
+    config = load_job_config(WINDOW_CONFIG)
+    if not config.brokers:
+        raise RuntimeError(f"{WINDOW_CONFIG}: no `brokers:` to maintain (see conf/hosts.yaml)")
+    return {"config": WINDOW_CONFIG, "brokers": [b.name for b in config.brokers], "rolling": config.window.rolling}
+
+
+@task
+def brokers_on(queue: str | None) -> list[str]:
+    """The names of the brokers whose worker listens on `queue`."""
+    from tank_log.jobs.config import load_job_config
+
+    return [b.name for b in load_job_config(WINDOW_CONFIG).brokers if b.queue == queue]
+
+
+@task
+def stop(broker: str) -> dict:
+    """Stop the broker and wait until nothing holds its data dirs (fail after stop_timeout: the job then does not
+    run, and `start` leaves a broker that still runs alone)."""
+    from airflow.sdk import get_current_context
+
+    from tank_log.jobs import window
+
+    get_current_context()["ti"].xcom_push(key="stop_issued", value=True)
+    return window.stop(_window_broker(broker)).to_dict()
+
+
+@task
+def maintain(broker: str, ts_nodash: str | None = None) -> dict:
+    """spark-submit jobs/maintain.py --broker-stopped on this host's data dirs (master: maintenance_window.
+    spark_master, local[*] by default); the report's summary is the return value."""
+    import subprocess
+
+    from airflow.sdk import Variable, get_current_context
+
+    from tank_log.jobs.config import load_job_config
+
+    config = load_job_config(WINDOW_CONFIG)
+    b = _window_broker(broker)
+    home = Variable.get("tank_log_home", default=DEFAULT_HOME)
+    reports = Variable.get("tank_log_reports", default=os.path.join(home, "reports"))
+    report_path = os.path.join(reports, f"maintain-{broker}-{ts_nodash}.json")
+    py_files = Variable.get("tank_log_py_files", default="")
+    cmd = ["spark-submit", "--master", config.window.spark_master, *(["--py-files", py_files] if py_files else [])]
+    cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", WINDOW_CONFIG, "--broker-stopped"]
+    cmd += [arg for d in b.data_dirs for arg in ("--data-dir", d)] + ["--report", report_path]
+    print("running:", " ".join(cmd), flush=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")])))
+    code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    try:
+        with open(report_path) as fh:
+            report = json.load(fh)
+    except FileNotFoundError:
+        report = {}
+    summary = {"report": report_path, "exit_code": code, **{k: report.get(k) for k in ("status", "error", "summary")}}
+    print(json.dumps(summary, indent=2))
+    get_current_context()["ti"].xcom_push(key="job_report", value=summary)  # for the window's report, also on failure
+    if code != 0:
+        status = report.get("status")
+        raise RuntimeError(f"broker {broker}: maintain: exit code {code}, status {status} ({report_path})")
+    return summary
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def start(broker: str) -> dict:
+    """Start the broker whenever its stop was issued, also when the job failed; never a second one next to a broker
+    that did not stop."""
+    from tank_log.jobs import window
+
+    if not _same_index("stop", "stop_issued"):
+        return {"broker": broker, "step": "start", "done": False, "detail": "its stop was never issued"}
+    return window.start(_window_broker(broker)).to_dict()
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def ready(broker: str) -> dict:
+    """Wait until the broker's ready_check accepts connections (also after a failed start: it may serve anyway)."""
+    from tank_log.jobs import window
+
+    return window.wait_ready(_window_broker(broker)).to_dict()
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def verify(broker: str) -> dict:
+    """`tank-log verify` of the broker's data dirs, whatever happened before."""
+    from tank_log.jobs import window
+
+    return window.verify(_window_broker(broker)).to_dict()
+
+
+@task(trigger_rule=TriggerRule.ALL_DONE)
+def window_report(broker: str, ts_nodash: str | None = None) -> dict:
+    """The window's report of this broker (logs, XCom and `window-BROKER-TS.json` beside the job reports); fails
+    naming the steps that did not succeed."""
+    from airflow.sdk import Variable
+
+    steps = {step: _same_index(step) for step in WINDOW_STEPS}
+    report = {"broker": broker, "steps": steps, "job_report": _same_index("maintain", "job_report")}
+    print(json.dumps(report, indent=2, default=str))
+    home = Variable.get("tank_log_home", default=DEFAULT_HOME)
+    reports = Variable.get("tank_log_reports", default=os.path.join(home, "reports"))
+    os.makedirs(reports, exist_ok=True)
+    with open(os.path.join(reports, f"window-{broker}-{ts_nodash}.json"), "w") as fh:
+        json.dump(report, fh, indent=2, default=str)
+    failed = [step for step, result in steps.items() if result is None]
+    if failed:
+        raise RuntimeError(f"broker {broker}: step(s) {', '.join(failed)} did not succeed (see their logs)")
+    return report
+
+
+def _window_group(queue: str | None):
+    """The window of the brokers on one queue, mapped over them."""
+    from airflow.sdk import task_group
+
+    key = "".join(c if c.isalnum() or c in "-_" else "_" for c in queue) if queue else "default"
+    on_queue = {"queue": queue} if queue else {}
+
+    @task_group(group_id=f"window_{key}")
+    def window_of(broker: str):
+        steps = [
+            stop.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
+            maintain.override(**on_queue, execution_timeout=timedelta(hours=6))(broker),
+            start.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
+            ready.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
+            verify.override(**on_queue, execution_timeout=timedelta(hours=2))(broker),
+            window_report.override(**on_queue, task_id="report")(broker),
+        ]
+        for before, after in zip(steps, steps[1:], strict=False):
+            before >> after
+
+    names = brokers_on.override(task_id=f"brokers_{key}")(queue)
+    return names, window_of.expand(broker=names)
+
+
+def _rolling() -> bool:
+    from tank_log.errors import JobConfigError
+    from tank_log.jobs.config import load_job_config
+
+    try:
+        return load_job_config(WINDOW_CONFIG).window.rolling
+    except JobConfigError:
+        return False
+
+
+with DAG(
+    dag_id="tank_maintenance_window",
+    schedule="0 3 * * *",
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": RETRIES, "retry_delay": RETRY_DELAY},
+    tags=["tank-log"],
+    doc_md="Nightly maintenance window of every broker host (config: $TANK_LOG_WINDOW_CONFIG, `brokers:`): stop "
+    "the broker → wait until nothing holds its data → jobs/maintain.py --broker-stopped → start it (always, once "
+    "its stop was issued) → wait until it serves → verify → report. With `maintenance_window.rolling: true` one "
+    "queue (host) at a time, stopping at the first failed window. See README, Production deployment.",
+) as maintenance_window:
+    _checked = check_config()
+    _previous = None
+    for _queue in _window_queues():
+        _names, _group = _window_group(_queue)
+        _checked >> _names
+        if _previous is not None and _rolling():
+            _previous >> _names
+        _previous = _group

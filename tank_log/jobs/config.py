@@ -35,6 +35,18 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
       partition_by: [topic, date]       # from topic, partition, date (UTC date of ts)
       target_file_size: 128mb
       on_corruption: prefix             # a partition with malformed data: export what precedes it | skip it
+    maintenance_window:                 # airflow DAG tank_maintenance_window (see brokers)
+      rolling: false                    # true: one host (Airflow queue) at a time; stop at the first failure
+      spark_master: local[*]            # the per-host maintenance job's master
+    brokers:                            # the broker hosts the window stops, maintains and starts
+      - name: broker-a
+        data_dirs: [/srv/tank]
+        stop_command: systemctl stop tank
+        start_command: systemctl start tank
+        ready_check: tcp://127.0.0.1:11011   # serving again = this port accepts connections
+        stop_timeout: 5min              # until nothing holds data_dirs; else fail and leave the broker alone
+        ready_timeout: 5min
+        queue: tank-host-a              # the Airflow (Celery) queue whose worker runs on that host
 """
 
 from __future__ import annotations
@@ -175,6 +187,31 @@ class SparkSettings:
 
 
 @dataclass(frozen=True)
+class BrokerHost:
+    """One broker of the maintenance window: where its data is, how to stop and start it, how to tell it serves."""
+
+    name: str
+    data_dirs: tuple[str, ...]
+    stop_command: str
+    start_command: str
+    ready_check: str  # tcp://HOST:PORT
+    stop_timeout_s: int = 300
+    ready_timeout_s: int = 300
+    queue: str | None = None  # the Airflow queue of a worker on that host; None = the default queue
+
+    @property
+    def ready_address(self) -> tuple[str, int]:
+        """(host, port) of `ready_check`."""
+        return parse_ready_check(self.ready_check, "ready_check")
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    rolling: bool = False
+    spark_master: str = "local[*]"
+
+
+@dataclass(frozen=True)
 class JobConfig:
     data_dirs: tuple[str, ...] = ()
     broker_stopped: bool = False
@@ -183,6 +220,8 @@ class JobConfig:
     compaction: CompactionSettings = CompactionSettings()
     retention: RetentionSettings = RetentionSettings()
     export: ExportConfig = ExportConfig()
+    window: WindowSettings = WindowSettings()
+    brokers: tuple[BrokerHost, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False)  # sections other jobs read (validated by them)
 
 
@@ -343,7 +382,103 @@ def _spark(value: Any) -> SparkSettings:
     )
 
 
-TOP_LEVEL_KEYS = {"data_dirs", "broker_stopped", "live_window", "spark", "compaction", "retention", "export"}
+def parse_ready_check(value: Any, where: str) -> tuple[str, int]:
+    """`tcp://HOST:PORT` → (HOST, PORT).
+
+    Raises:
+        JobConfigError: not of that form.
+    """
+    host, sep, port = value[len("tcp://") :].rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not (isinstance(value, str) and value.startswith("tcp://") and sep and host and port.isdigit()):
+        raise JobConfigError(f"{where}: expected tcp://HOST:PORT (the broker's listening address), got {value!r}")
+    if not 0 < int(port) < 65536:
+        raise JobConfigError(f"{where}: port {port} out of range")
+    return host.strip("[]"), int(port)
+
+
+def _text(value: Any, where: str) -> str:
+    if isinstance(value, str) and value.strip():
+        return value
+    raise JobConfigError(f"{where}: expected a non-empty string, got {value!r}")
+
+
+def _paths(value: Any, where: str, *, allow_empty: bool = False) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not (value or allow_empty) or not all(isinstance(d, str) and d for d in value):
+        raise JobConfigError(f"{where}: expected a list of paths")
+    return tuple(value)
+
+
+_BROKER_KEYS = {
+    "name",
+    "data_dirs",
+    "stop_command",
+    "start_command",
+    "ready_check",
+    "stop_timeout",
+    "ready_timeout",
+    "queue",
+}
+
+
+def _broker(value: Any, where: str) -> BrokerHost:
+    v = _mapping(value, where)
+    _check_keys(v, _BROKER_KEYS, where)
+    missing = sorted({"name", "data_dirs", "stop_command", "start_command", "ready_check"} - set(v))
+    if missing:
+        raise JobConfigError(f"{where}: missing {', '.join(missing)}")
+    parse_ready_check(v["ready_check"], f"{where}.ready_check")
+    return BrokerHost(
+        name=_text(v["name"], f"{where}.name"),
+        data_dirs=_paths(v["data_dirs"], f"{where}.data_dirs"),
+        stop_command=_text(v["stop_command"], f"{where}.stop_command"),
+        start_command=_text(v["start_command"], f"{where}.start_command"),
+        ready_check=v["ready_check"],
+        stop_timeout_s=_duration_ms(v.get("stop_timeout", 300), f"{where}.stop_timeout") // 1000,
+        ready_timeout_s=_duration_ms(v.get("ready_timeout", 300), f"{where}.ready_timeout") // 1000,
+        queue=None if v.get("queue") is None else _text(v["queue"], f"{where}.queue"),
+    )
+
+
+def _brokers(value: Any) -> tuple[BrokerHost, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise JobConfigError("brokers: expected a list of brokers (name, data_dirs, stop_command, ...)")
+    brokers = tuple(_broker(b, f"brokers[{i}]") for i, b in enumerate(value))
+    names = [b.name for b in brokers]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise JobConfigError(f"brokers: name(s) given twice: {', '.join(repeated)}")
+    dirs = [(b.queue, os.path.normpath(d)) for b in brokers for d in b.data_dirs]  # a queue = a host's worker
+    shared = sorted({d for q, d in dirs if dirs.count((q, d)) > 1})
+    if shared:
+        raise JobConfigError(f"brokers: data dir(s) of two brokers on one queue (host): {', '.join(shared)}")
+    return brokers
+
+
+def _window(value: Any) -> WindowSettings:
+    w = "maintenance_window"
+    v = _mapping(value, w)
+    _check_keys(v, {"rolling", "spark_master"}, w)
+    return WindowSettings(
+        rolling=_bool(v.get("rolling", False), f"{w}.rolling"),
+        spark_master=_text(v.get("spark_master", "local[*]"), f"{w}.spark_master"),
+    )
+
+
+TOP_LEVEL_KEYS = {
+    "data_dirs",
+    "broker_stopped",
+    "live_window",
+    "spark",
+    "compaction",
+    "retention",
+    "export",
+    "maintenance_window",
+    "brokers",
+}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -370,19 +505,16 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
     """
     v = _mapping(doc, source)
     _check_keys(v, TOP_LEVEL_KEYS, source)
-    dirs = v.get("data_dirs", [])
-    if isinstance(dirs, str):
-        dirs = [dirs]
-    if not isinstance(dirs, list) or not all(isinstance(d, str) and d for d in dirs):
-        raise JobConfigError("data_dirs: expected a list of paths")
     return JobConfig(
-        data_dirs=tuple(dirs),
+        data_dirs=_paths(v.get("data_dirs", []), "data_dirs", allow_empty=True),
         broker_stopped=_bool(v.get("broker_stopped", False), "broker_stopped"),
         live_window_s=_duration_ms(v.get("live_window", 300), "live_window") // 1000,
         spark=_spark(v.get("spark")),
         compaction=_compaction(v.get("compaction")),
         retention=_retention(v.get("retention")),
         export=_export(v.get("export")),
+        window=_window(v.get("maintenance_window")),
+        brokers=_brokers(v.get("brokers")),
         raw=v,
     )
 
@@ -422,7 +554,8 @@ def relative_to(config: JobConfig, directory: str) -> JobConfig:
     export = config.export
     if export.table is not None:
         export = replace(export, table=resolve(export.table))
-    return replace(config, data_dirs=tuple(resolve(d) for d in config.data_dirs), export=export)
+    brokers = tuple(replace(b, data_dirs=tuple(resolve(d) for d in b.data_dirs)) for b in config.brokers)
+    return replace(config, data_dirs=tuple(resolve(d) for d in config.data_dirs), export=export, brokers=brokers)
 
 
 def parse_duration_ms(value: str, where: str) -> int:

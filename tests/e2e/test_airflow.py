@@ -64,6 +64,7 @@ def test_dags_import_with_the_expected_shape(airflow_env):
         "tank_retention_hourly",
         "tank_index_verify_weekly",
         "tank_export_adhoc",
+        "tank_maintenance_window",
     }
     assert dags["tank_compaction_nightly"]["tasks"] == ["publish_report", "run_compact"]
     assert dags["tank_retention_hourly"]["tasks"] == ["publish_report", "run_retention"]
@@ -77,8 +78,24 @@ def test_dags_import_with_the_expected_shape(airflow_env):
     assert dags["tank_retention_hourly"]["schedule"] == "@hourly"
     assert dags["tank_index_verify_weekly"]["schedule"] == "0 4 * * 0"
     assert dags["tank_export_adhoc"]["schedule"] == "None"
-    for d in dags.values():
-        assert d["upstream_of_publish"] and d["upstream_of_publish"][0].startswith("run_")
+    for dag_id, d in dags.items():
+        if dag_id != "tank_maintenance_window":
+            assert d["upstream_of_publish"] and d["upstream_of_publish"][0].startswith("run_")
+
+    # the window of conf/hosts.yaml (the default): one task group per broker host's queue, rolling host by host
+    w = dags["tank_maintenance_window"]
+    steps = ["stop", "maintain", "start", "ready", "verify", "report"]
+    assert w["schedule"] == "0 3 * * *" and w["max_active_runs"] == 1 and w["doc"]
+    assert set(w["tasks"]) == {"check_config", "brokers_tank-host-a", "brokers_tank-host-b"} | {
+        f"window_tank-host-{h}.{s}" for h in "ab" for s in steps
+    }
+    for h in "ab":
+        assert {w["queues"][f"window_tank-host-{h}.{s}"] for s in steps} == {f"tank-host-{h}"}
+        for before, after in zip(steps, steps[1:], strict=False):
+            assert f"window_tank-host-{h}.{before}" in w["upstream"][f"window_tank-host-{h}.{after}"]
+        for s in ("start", "ready", "verify", "report"):  # run whatever happened before
+            assert w["trigger_rules"][f"window_tank-host-{h}.{s}"] == "all_done"
+    assert "window_tank-host-a.report" in w["upstream"]["brokers_tank-host-b"]  # rolling
 
 
 def _retention_data(root):
@@ -142,3 +159,113 @@ def test_the_airflow_demo_command_sets_up_airflow_and_runs_the_nightly_dag(tmp_p
     )
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     assert "tank_compaction_nightly" in r.stdout and '"status": "ok"' in r.stdout
+
+
+def _window_env(airflow_env, tmp_path, brokers: list[dict], rolling: bool) -> dict:
+    conf = tmp_path / "hosts.yaml"
+    doc = {"maintenance_window": {"rolling": rolling, "spark_master": "local[1]"}, "brokers": brokers}
+    conf.write_text(json.dumps(doc))  # JSON is YAML
+    return dict(
+        airflow_env,
+        TANK_LOG_WINDOW_CONFIG=str(conf),
+        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
+        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
+    )
+
+
+def _stop_standins(work):
+    for f in os.listdir(work):
+        if f.endswith(".pid"):
+            try:
+                os.kill(int(open(os.path.join(work, f)).read()), 9)
+            except ProcessLookupError:
+                pass
+
+
+def _serves(entry: dict) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", int(entry["ready_check"].rsplit(":", 1)[1])), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_maintenance_window_rolling_over_two_brokers(airflow_env, tmp_path):
+    """#10.3: per broker host, in order: stop → wait until released → maintain → start → ready → verify → report;
+    rolling: broker b goes down only once broker a serves again."""
+    from conftest import events, standin_broker, start_standin, tree_digest
+
+    from tank_log.maintenance.verify import verify_path
+    from tank_log.tools.demo import write_demo
+
+    work = str(tmp_path)
+    a = standin_broker(work, "a", write_demo(str(tmp_path / "a")))
+    b = standin_broker(work, "b", write_demo(str(tmp_path / "b")))
+    a["queue"], b["queue"] = "host-a", "host-b"
+    before = {n: tree_digest(e["data_dirs"][0]) for n, e in (("a", a), ("b", b))}
+    env = _window_env(airflow_env, tmp_path, [a, b], rolling=True)
+    try:
+        start_standin(a), start_standin(b)
+        out, r = probe(env, "run", "tank_maintenance_window")
+        assert out["state"] == "success", (out, r.stdout[-6000:])
+        assert events(work) == ["up a", "up b", "down a", "up a", "down b", "up b"]
+        for name, entry in (("a", a), ("b", b)):
+            base = entry["data_dirs"][0]
+            assert tree_digest(base) != before[name]  # maintained while its broker was down
+            assert not [p for p in verify_path(base) if p.severity == "error"] and _serves(entry)
+            steps = out["xcom"][f"window_host-{name}.report[0]"]["steps"]
+            assert list(steps) == ["stop", "maintain", "start", "ready", "verify"]
+            assert steps["stop"]["done"] and steps["start"]["done"] and steps["maintain"]["status"] == "ok"
+            assert os.path.exists(steps["maintain"]["report"])
+        reports = sorted(os.listdir(tmp_path / "reports"))
+        assert [f.split("-")[:2] for f in reports] == [
+            ["maintain", "a"],
+            ["maintain", "b"],
+            ["window", "a"],
+            ["window", "b"],
+        ]
+    finally:
+        _stop_standins(work)
+
+
+def test_maintenance_window_failures_restart_what_was_stopped_and_leave_a_stubborn_broker_alone(airflow_env, tmp_path):
+    """#10.3: broker a's job fails (a corrupt segment): a is started again anyway; broker b will not stop: its data
+    is not touched and no second broker is started; the run fails naming broker and step. Both brokers are on the
+    default queue: one task group mapped over two brokers."""
+    from conftest import events, standin_broker, start_standin, tree_digest
+
+    from tank_log.tools.demo import write_demo
+
+    work = str(tmp_path)
+    a = standin_broker(work, "a", write_demo(str(tmp_path / "a")))
+    b = standin_broker(work, "b", write_demo(str(tmp_path / "b")), stubborn=True, stop_timeout="3s")
+    pdir = os.path.join(a["data_dirs"][0], "profiles", "0")
+    seg = sorted(f for f in os.listdir(pdir) if f.endswith(".ilog"))[0]
+    with open(os.path.join(pdir, seg), "r+b") as fh:
+        fh.write(b"\xff" * 16)
+    before_b = tree_digest(b["data_dirs"][0])
+    env = _window_env(airflow_env, tmp_path, [a, b], rolling=False)
+    try:
+        start_standin(a), start_standin(b)
+        out, r = probe(env, "run", "tank_maintenance_window")
+        t = out["tasks"]
+        assert out["state"] == "failed", out
+        assert t["window_default.maintain[0]"] == "failed" and t["window_default.start[0]"] == "success"
+        assert t["window_default.ready[0]"] == "success" and t["window_default.report[0]"] == "failed"
+        assert t["window_default.stop[1]"] == "failed" and t["window_default.maintain[1]"] == "upstream_failed"
+        assert t["window_default.start[1]"] == "success" and t["window_default.report[1]"] == "failed"
+        assert [e for e in events(work) if e.endswith(" a")] == ["up a", "down a", "up a"]
+        assert [e for e in events(work) if e.endswith(" b")] == ["up b"]  # never stopped, never a second one
+        assert tree_digest(b["data_dirs"][0]) == before_b and _serves(a) and _serves(b)
+        window_a = json.load(open(next((tmp_path / "reports").glob("window-a-*.json"))))
+        assert window_a["steps"]["maintain"] is None and window_a["job_report"]["status"] == "partial-failure"
+        assert window_a["steps"]["start"]["done"] and window_a["steps"]["verify"] is None
+        window_b = json.load(open(next((tmp_path / "reports").glob("window-b-*.json"))))
+        assert window_b["steps"]["start"]["detail"].startswith("not started: it still runs")
+        log = r.stdout + r.stderr
+        assert "broker a: step(s) maintain, verify did not succeed" in log
+        assert "broker b: stop: still held after 3 s" in log
+    finally:
+        _stop_standins(work)

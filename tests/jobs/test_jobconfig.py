@@ -13,7 +13,7 @@ from tank_log.jobs.config import load_job_config, parse_job_config
 @pytest.mark.parametrize("path", sorted(glob.glob(os.path.join(ROOT, "conf", "*.yaml"))))
 def test_shipped_examples_load(path):
     cfg = load_job_config(path)
-    assert cfg.data_dirs
+    assert cfg.data_dirs or cfg.brokers
 
 
 def test_units_and_overrides():
@@ -82,3 +82,52 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
     conf.write_text("export: {table: 's3://bucket/t'}\n")
     assert load_job_config(str(conf)).export.table == "s3://bucket/t"
     assert load_job_config(os.path.join(ROOT, "conf", "local.yaml")).data_dirs == (os.path.join(ROOT, "demo-data"),)
+
+
+BROKER = {
+    "name": "a",
+    "data_dirs": ["/srv/a"],
+    "stop_command": "systemctl stop tank",
+    "start_command": "systemctl start tank",
+    "ready_check": "tcp://127.0.0.1:11011",
+}
+
+
+def test_brokers_of_the_maintenance_window():
+    """#10.3: the window's broker list and options, validated at load."""
+    cfg = parse_job_config(
+        {
+            "maintenance_window": {"rolling": True},
+            "brokers": [
+                {**BROKER, "stop_timeout": "2min", "queue": "host-a"},
+                {**BROKER, "name": "b", "data_dirs": "/srv/b", "ready_check": "tcp://[::1]:11012"},
+            ],
+        }
+    )
+    a, b = cfg.brokers
+    assert cfg.window.rolling and cfg.window.spark_master == "local[*]"
+    assert a.stop_timeout_s == 120 and a.ready_timeout_s == 300 and a.queue == "host-a"
+    assert a.ready_address == ("127.0.0.1", 11011) and b.ready_address == ("::1", 11012)
+    assert b.data_dirs == ("/srv/b",) and b.queue is None
+    two_hosts = [{**BROKER, "queue": "host-a"}, {**BROKER, "name": "b", "queue": "host-b"}]
+    assert len(parse_job_config({"brokers": two_hosts}).brokers) == 2  # one path, two disks
+
+
+@pytest.mark.parametrize(
+    "brokers,needle",
+    [
+        ({"name": "a"}, "brokers: expected a list"),
+        ([{**BROKER, "ready_check": "http://x:1"}], "brokers[0].ready_check: expected tcp://HOST:PORT"),
+        ([{**BROKER, "ready_check": "tcp://x:99999"}], "port 99999 out of range"),
+        ([{k: v for k, v in BROKER.items() if k != "stop_command"}], "brokers[0]: missing stop_command"),
+        ([{**BROKER, "stop_timeout": "soon"}], "brokers[0].stop_timeout"),
+        ([{**BROKER, "host": "x"}], "brokers[0]: unknown key(s) host"),
+        ([BROKER, BROKER], "name(s) given twice: a"),
+        ([BROKER, {**BROKER, "name": "b"}], "data dir(s) of two brokers on one queue (host): /srv/a"),
+        ([{**BROKER, "data_dirs": []}], "brokers[0].data_dirs"),
+    ],
+)
+def test_bad_brokers_name_the_key(brokers, needle):
+    with pytest.raises(JobConfigError) as e:
+        parse_job_config({"brokers": brokers})
+    assert needle in str(e.value)

@@ -1,0 +1,151 @@
+"""The maintenance window of one broker host: stop the broker, wait until nothing holds its data, (the maintenance
+job runs), start it again, wait until it serves, verify. Mutations need the broker stopped (docs/FORMAT.md §9 rule
+1) and "stopped" is checked (`storage.holders`: no process has its files open or mapped or names its base path),
+not trusted. The Airflow DAG `tank_maintenance_window` runs each step as a task on the broker host's queue.
+
+Commands run through `/bin/sh -c` with the step's timeout; their output goes to a file, not a pipe, so a broker
+that `start_command` leaves running in the background cannot block the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tank_log.errors import WindowStepFailed
+from tank_log.jobs.config import BrokerHost
+from tank_log.storage.holders import Holder, holders
+
+log = logging.getLogger("tank_log.window")
+
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a window step did (`done` False: it decided not to act, `detail` says why)."""
+
+    broker: str
+    step: str
+    done: bool
+    detail: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def broker_holders(broker: BrokerHost) -> list[Holder]:
+    """Processes (other than ours) that hold the broker's data dirs: the broker itself while it runs."""
+    return holders(broker.data_dirs, names=broker.data_dirs)
+
+
+def run_command(broker: BrokerHost, step: str, command: str, timeout_s: float) -> str:
+    """Run an operator's command; its output (also logged).
+
+    Raises:
+        WindowStepFailed: it exited non-zero or did not return within `timeout_s` (its process group is killed).
+    """
+    log.info("broker %s: %s: running `%s`", broker.name, step, command)
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise WindowStepFailed(broker.name, step, f"`{command}` did not return within {timeout_s:.0f} s") from None
+        out.seek(0)
+        text = out.read()
+    for line in text.splitlines():
+        log.info("broker %s: %s: | %s", broker.name, step, line)
+    if code != 0:
+        tail = text.strip().splitlines()[-1:] or [""]
+        raise WindowStepFailed(broker.name, step, f"`{command}` exited with {code}: {tail[0]}")
+    return text
+
+
+def stop(broker: BrokerHost) -> StepResult:
+    """Run `stop_command` and wait until nothing holds the broker's data dirs.
+
+    Raises:
+        WindowStepFailed: `stop_command` failed, or something still holds the data after `stop_timeout` (named).
+    """
+    t0 = time.monotonic()
+    run_command(broker, "stop", broker.stop_command, broker.stop_timeout_s)
+    held = broker_holders(broker)
+    while held and time.monotonic() - t0 < broker.stop_timeout_s:
+        time.sleep(POLL_S)
+        held = broker_holders(broker)
+    if held:
+        raise WindowStepFailed(
+            broker.name,
+            "stop",
+            f"still held after {broker.stop_timeout_s} s, so the maintenance job does not run: "
+            + "; ".join(map(str, held[:3])),
+        )
+    took = time.monotonic() - t0
+    return StepResult(broker.name, "stop", True, f"stopped: nothing holds its data dirs after {took:.1f} s", took)
+
+
+def start(broker: BrokerHost) -> StepResult:
+    """Start the broker unless it still runs (it never stopped: a second one must not start on its data).
+
+    Raises:
+        WindowStepFailed: `start_command` failed or did not return within `ready_timeout`.
+    """
+    t0 = time.monotonic()
+    held = broker_holders(broker)
+    if held:
+        return StepResult(broker.name, "start", False, f"not started: it still runs ({held[0]})", 0.0)
+    run_command(broker, "start", broker.start_command, broker.ready_timeout_s)
+    return StepResult(broker.name, "start", True, "started", time.monotonic() - t0)
+
+
+def wait_ready(broker: BrokerHost) -> StepResult:
+    """Wait until `ready_check` accepts connections.
+
+    Raises:
+        WindowStepFailed: not within `ready_timeout`.
+    """
+    host, port = broker.ready_address
+    t0 = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                took = time.monotonic() - t0
+                return StepResult(broker.name, "ready", True, f"{broker.ready_check} accepts after {took:.1f} s", took)
+        except OSError as err:
+            if time.monotonic() - t0 >= broker.ready_timeout_s:
+                raise WindowStepFailed(
+                    broker.name, "ready", f"{broker.ready_check} not serving after {broker.ready_timeout_s} s: {err}"
+                ) from None
+            time.sleep(POLL_S)
+
+
+def verify(broker: BrokerHost) -> StepResult:
+    """`tank-log verify` of the broker's data dirs (read-only; fine while it serves).
+
+    Raises:
+        WindowStepFailed: errors were found (the first few named).
+    """
+    from tank_log.maintenance.verify import verify_path
+
+    t0 = time.monotonic()
+    problems = [p for d in broker.data_dirs for p in verify_path(d)]
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        raise WindowStepFailed(
+            broker.name, "verify", f"{len(errors)} error(s): " + "; ".join(str(p) for p in errors[:3])
+        )
+    took = time.monotonic() - t0
+    return StepResult(broker.name, "verify", True, f"clean ({len(problems)} warning(s))", took)

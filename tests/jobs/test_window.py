@@ -1,0 +1,77 @@
+"""The maintenance window's steps (tank_log.jobs.window) against real stand-in broker processes."""
+
+import os
+import signal
+import time
+
+import pytest
+from conftest import events, standin_broker, start_standin, tree_digest
+
+from tank_log.errors import WindowStepFailed
+from tank_log.jobs import window
+from tank_log.jobs.config import parse_job_config
+from tank_log.tools.demo import write_demo
+
+
+def _broker(entry: dict):
+    (b,) = parse_job_config({"brokers": [entry]}).brokers
+    return b
+
+
+@pytest.fixture
+def base(tmp_path):
+    return write_demo(str(tmp_path / "data"))
+
+
+def test_stop_waits_until_nothing_holds_the_data_then_start_and_ready(tmp_path, base):
+    entry = standin_broker(str(tmp_path), "a", base)
+    b = _broker(entry)
+    pid = start_standin(entry)
+    assert [h.pid for h in window.broker_holders(b)] == [pid]
+    assert not window.start(b).done  # it runs: never a second one on its data
+    stopped = window.stop(b)
+    assert stopped.done and window.broker_holders(b) == [] and events(tmp_path) == ["up a", "down a"]
+    started = window.start(b)
+    assert started.done and window.wait_ready(b).done and events(tmp_path)[-1] == "up a"
+    assert window.verify(b).done
+    window.stop(b)
+
+
+def test_a_broker_that_will_not_stop_fails_the_step_naming_it(tmp_path, base):
+    entry = standin_broker(str(tmp_path), "a", base, stubborn=True, stop_timeout="2s")
+    b = _broker(entry)
+    pid = start_standin(entry)
+    before = tree_digest(base)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WindowStepFailed) as e:
+            window.stop(b)
+        assert 2 <= time.monotonic() - t0 < 10
+        assert e.value.broker == "a" and e.value.step == "stop"
+        assert f"pid {pid}" in str(e.value) and "the maintenance job does not run" in str(e.value)
+        assert not window.start(b).done and tree_digest(base) == before
+    finally:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_commands_that_fail_or_hang_and_a_broker_that_never_serves(tmp_path, base):
+    entry = standin_broker(str(tmp_path), "a", base)
+    b = _broker({**entry, "stop_command": "echo no such service >&2; exit 5"})
+    with pytest.raises(WindowStepFailed, match=r"exited with 5: no such service"):
+        window.stop(b)
+    b = _broker({**entry, "start_command": "sleep 60", "ready_timeout": "1s"})
+    t0 = time.monotonic()
+    with pytest.raises(WindowStepFailed, match="did not return within 1 s"):
+        window.start(b)
+    assert time.monotonic() - t0 < 10
+    with pytest.raises(WindowStepFailed, match=r"broker a: ready: tcp://127.0.0.1:\d+ not serving after 1 s"):
+        window.wait_ready(b)
+
+
+def test_verify_names_the_errors(tmp_path, base):
+    b = _broker(standin_broker(str(tmp_path), "a", base))
+    seg = sorted(f for f in os.listdir(os.path.join(base, "profiles", "0")) if f.endswith(".ilog"))[0]
+    with open(os.path.join(base, "profiles", "0", seg), "r+b") as fh:
+        fh.write(b"\xff" * 16)
+    with pytest.raises(WindowStepFailed, match=rf"broker a: verify: 1 error\(s\): .*{seg}"):
+        window.verify(b)
