@@ -216,6 +216,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_port(port: int, what: str, proc: subprocess.Popen | None = None, timeout: float = 60) -> None:
+    """Until a loopback port accepts connections (fail if `proc` exits first or after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert (proc is None or proc.poll() is None) and time.monotonic() < deadline, f"{what} did not start"
+            time.sleep(0.05)
+
+
 def standin_broker(work, name: str, base: str, *, stubborn: bool = False, stop_timeout: str = "20s") -> dict:
     """A `brokers:` entry whose stop/start commands manage a stand-in broker (tests/standin_broker.py) serving
     `base` on a free loopback port; its up/down events go to `work/events`. `start_standin` starts it."""
@@ -235,15 +247,7 @@ def standin_broker(work, name: str, base: str, *, stubborn: bool = False, stop_t
 def start_standin(entry: dict) -> int:
     """Start a stand-in broker with its `start_command` (re-parented: not our descendant); its pid once it serves."""
     subprocess.run(["sh", "-c", entry["start_command"]], check=True, timeout=30)
-    port = int(entry["ready_check"].rsplit(":", 1)[1])
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, f"stand-in {entry['name']} did not start"
-            time.sleep(0.05)
+    wait_for_port(int(entry["ready_check"].rsplit(":", 1)[1]), f"stand-in {entry['name']}")
     pidfile = entry["stop_command"].split("$(cat ")[1].rstrip(")")
     return int(open(pidfile).read())
 
@@ -252,3 +256,37 @@ def events(work) -> list[str]:
     """The stand-ins' up/down events in order, as `up a` / `down b`."""
     path = os.path.join(work, "events")
     return [" ".join(line.split()[:2]) for line in open(path)] if os.path.exists(path) else []
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-API server on loopback (moto in server mode), stopped by pid at the end: its endpoint and the
+    credentials' environment."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_port(port, "moto_server", proc)
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
+    try:
+        yield {"endpoint": f"http://127.0.0.1:{port}", "env": env}
+    finally:
+        os.kill(proc.pid, 9)
+        proc.wait()
+
+
+def new_bucket(s3_server, name: str) -> None:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server["endpoint"], **_boto_credentials(s3_server)).create_bucket(Bucket=name)
+
+
+def _boto_credentials(s3_server) -> dict:
+    env = s3_server["env"]
+    return {
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": env["AWS_REGION"],
+    }

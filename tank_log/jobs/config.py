@@ -35,6 +35,8 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
       partition_by: [topic, date]       # from topic, partition, date (UTC date of ts)
       target_file_size: 128mb
       on_corruption: prefix             # a partition with malformed data: export what precedes it | skip it
+      storage_options:                  # object stores, as delta-rs names them (the environment fills the rest)
+        AWS_ENDPOINT_URL: http://127.0.0.1:9000
     maintenance_window:                 # airflow DAG tank_maintenance_window (see brokers)
       rolling: false                    # true: one host (Airflow queue) at a time; stop at the first failure
       spark_master: local[*]            # the per-host maintenance job's master
@@ -177,6 +179,7 @@ class ExportConfig:
     partition_by: tuple[str, ...] = ("topic", "date")
     target_file_size: int = 128 << 20
     on_corruption: str = "prefix"  # prefix | skip: what a partition with malformed data exports
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # delta-rs names; may hold secrets
 
 
 @dataclass(frozen=True)
@@ -344,7 +347,16 @@ def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
 def _export(value: Any) -> ExportConfig:
     w = "export"
     v = _mapping(value, w)
-    keys = {"table", "engine", "value_format", "value_schema", "partition_by", "target_file_size", "on_corruption"}
+    keys = {
+        "table",
+        "engine",
+        "value_format",
+        "value_schema",
+        "partition_by",
+        "target_file_size",
+        "on_corruption",
+        "storage_options",
+    }
     _check_keys(v, keys, w)
     kw: dict[str, Any] = {}
     if v.get("table") is not None:
@@ -365,6 +377,9 @@ def _export(value: Any) -> ExportConfig:
         kw["target_file_size"] = _size(v["target_file_size"], f"{w}.target_file_size")
     if "on_corruption" in v:
         kw["on_corruption"] = _choice(v["on_corruption"], f"{w}.on_corruption", ("prefix", "skip"))
+    if "storage_options" in v:
+        opts = _mapping(v["storage_options"], f"{w}.storage_options")
+        kw["storage_options"] = {str(k): str(x) for k, x in opts.items()}
     cfg = replace(ExportConfig(), **kw)
     if (cfg.value_format == "json") != (cfg.value_schema is not None):
         raise JobConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
 import pyarrow as pa
 
@@ -15,7 +14,6 @@ from tank_spark.export.plan import (
     PartitionPlan,
     open_table,
     recorded_version,
-    table_key,
 )
 from tank_spark.schema import TS_RAW
 
@@ -25,7 +23,14 @@ log = logging.getLogger(__name__)
 def create_table(settings: ExportSettings, schema: pa.Schema):
     from deltalake import DeltaTable
 
-    return DeltaTable.create(settings.table, schema=schema, partition_by=list(settings.partition_by), mode="error")
+    loc = settings.location
+    return DeltaTable.create(
+        loc.uri,
+        schema=schema,
+        partition_by=list(settings.partition_by),
+        mode="error",
+        storage_options=loc.options or None,
+    )
 
 
 def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool:
@@ -104,7 +109,7 @@ def commit(
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction
 
-    table = open_table(settings.table)  # the latest version: a snapshot from planning cannot see other runs
+    table = open_table(settings.location)  # the latest version: a snapshot from planning cannot see other runs
     for p in plans:  # delta-rs does not skip an already-recorded version by itself
         _, now = recorded_version(table, settings.table, p.topic, p.partition)
         if now != p.previous:
@@ -127,17 +132,12 @@ def commit(
         )
     except CommitFailedError as err:
         raise ConcurrentExport(f"commit conflict: {err}") from None
-    return open_table(settings.table).version()
+    return open_table(settings.location).version()
 
 
 def remove_uncommitted(settings: ExportSettings, files: list[dict]) -> None:
     """Delete files this run wrote but did not commit (after a concurrent export)."""
-    root = table_key(settings.table)
-    for f in files:
-        try:
-            os.unlink(os.path.join(root, f["path"]))
-        except FileNotFoundError:
-            pass
+    settings.location.delete([f["path"] for f in files])
 
 
 def check_delta_spark(spark) -> None:
@@ -171,5 +171,5 @@ def write_with_delta_spark(df, settings: ExportSettings, work: list[PartitionPla
             .partitionBy(*settings.partition_by)
             .save(settings.table)
         )
-    table = open_table(settings.table)
+    table = open_table(settings.location)
     return table_version(table)

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import time
 from urllib.parse import quote
 
 import pyarrow as pa
 
-from tank_spark.export.plan import (
-    ExportSettings,
-    table_key,
-)
+from tank_spark.export.location import TableLocation
+from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
 from tank_spark.schema import TS_RAW
 
@@ -27,11 +24,13 @@ FILE_META_SCHEMA = (
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # the directory of a null partition value (Delta/Hive convention)
 
 
-def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str):
-    """mapInArrow function: write each task's rows as Parquet files under the table, return their metadata."""
+def make_file_writer(
+    location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str
+):
+    """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
+    `location`), return their metadata."""
 
     def write(batches):
-        import pyarrow.parquet as pq
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
@@ -50,13 +49,10 @@ def make_file_writer(table_path: str, schema: pa.Schema, partition_by: tuple[str
             name = f"part-{run_id}-{task}-{n[0]:04d}.parquet"
             n[0] += 1
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            full = os.path.join(table_path, rel)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
             data = table.drop_columns(list(partition_by))
-            pq.write_table(data, full, compression="snappy")
             return {
                 "path": rel,
-                "size": os.path.getsize(full),
+                "size": location.write_parquet(rel, data),
                 "partition_values": json.dumps({c: None if v is None else str(v) for c, v in values.items()}),
                 "num_records": table.num_rows,
                 "stats": json.dumps(file_stats(data)),
@@ -88,9 +84,7 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
     `range` it came from) and each range's outcome (a malformed chunk stops that range, not the run)."""
     from tank_spark.export.corruption import TrackedRead
 
-    writer = make_file_writer(
-        table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
-    )
+    writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
 
     def task(it):
         from tank_spark.ranges import read_range

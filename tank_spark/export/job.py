@@ -54,7 +54,6 @@ from tank_spark.export.plan import (
     open_table,
     plan_export,
     prepare,
-    table_key,
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.schema import table_schema
@@ -114,7 +113,7 @@ def execute(ctx, prepared, spark):
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
             if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
-                version = table_version(open_table(settings.table))
+                version = table_version(open_table(settings.location))
                 break
             _hold_before_commit()
             t_commit = time.monotonic()
@@ -129,7 +128,7 @@ def execute(ctx, prepared, spark):
                 results = _results(plans)
                 if not any(p.has_work for p in plans):
                     summary.update(by_status=count_by(list(results.values())), rows=0)
-                    summary["table_version"] = table_version(open_table(settings.table))
+                    summary["table_version"] = table_version(open_table(settings.location))
                     return list(results.values()), summary
                 continue
             log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
@@ -214,9 +213,7 @@ def _write_files(
     run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     if sql_path:
         _, cut = _pre_pass(spark, ctx, settings, plans)
-        writer = make_file_writer(
-            table_key(settings.table), schema, settings.partition_by, settings.target_file_bytes, run_id
-        )
+        writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
         df = decoded_frame(spark, ctx, settings, cut.plans)
         files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
     else:

@@ -7,10 +7,11 @@ import argparse
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import parse_partition_by, parse_size_arg
+from tank_spark.export.location import TableLocation
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,23 @@ class ExportSettings:
     target_file_bytes: int
     since_ms: int | None = None
     on_corruption: str = "prefix"  # corruption.ON_CORRUPTION
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # credentials: never printed
+
+    @property
+    def location(self) -> TableLocation:
+        return TableLocation.of(self.table, self.storage_options)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", help="the Delta table (path or URI)")
+    p.add_argument("--table", help="the Delta table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an object-store option as delta-rs names it (repeatable; over export.storage_options), e.g. "
+        "AWS_ENDPOINT_URL=http://127.0.0.1:9000; credentials are better left to the environment",
+    )
     p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
     p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
@@ -110,7 +124,17 @@ def prepare(ctx, args):
     target = (
         parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
     )
-    if "://" not in table and os.path.exists(table) and not os.path.isdir(table):
+    options = dict(cfg.storage_options)
+    for item in args.storage_option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise JobConfigError(f"--storage-option {item!r}: expected KEY=VALUE")
+        options[key] = value
+    try:
+        location = TableLocation.of(table, options)
+    except ValueError as err:
+        raise JobConfigError(str(err)) from None
+    if location.is_local and os.path.exists(location.uri) and not os.path.isdir(location.uri):
         raise JobConfigError(f"--table {table} exists and is not a directory")
     since = None
     if args.since:
@@ -121,7 +145,7 @@ def prepare(ctx, args):
         except ValueError:
             raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
     on_corruption = args.on_corruption or cfg.on_corruption
-    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since, on_corruption)
+    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since, on_corruption, options)
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
     return settings, plans, delta_table
 
@@ -134,7 +158,7 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
     from tank_log.jobs.planning import check_selection
     from tank_log.storage.datadir import last_complete_seq, scan_data_dir
 
-    table = open_table(settings.table)
+    table = open_table(settings.location)
     plans: list[PartitionPlan] = []
     seen: dict[tuple[str, int], str] = {}
     scans = [scan_data_dir(base) for base in ctx.data_dirs]
@@ -159,11 +183,6 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
     return plans, table
 
 
-def open_table(table: str):
-    from deltalake import DeltaTable
-    from deltalake.exceptions import TableNotFoundError
-
-    try:
-        return DeltaTable(table)
-    except TableNotFoundError:
-        return None
+def open_table(location: TableLocation):
+    """The table at its latest version; None if there is none."""
+    return location.open()

@@ -31,7 +31,7 @@ def inspect() -> dict:
     return out
 
 
-def run(dag_id: str) -> dict:
+def run(dag_id: str, conf: str | None = None) -> dict:
     """One dag.test() run: its state, each task instance's state (`task[map index]` when mapped), and the
     return values (XCom) of the tasks named `report`."""
     from airflow.models.xcom import XComModel
@@ -39,7 +39,7 @@ def run(dag_id: str) -> dict:
 
     bag = DagBag(dag_folder=DAGS)
     dag = bag.get_dag(dag_id)
-    dr = dag.test()
+    dr = dag.test(run_conf=json.loads(conf) if conf else None)
     tis = {
         (ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"): str(ti.state)
         for ti in dr.get_task_instances()
@@ -53,5 +53,5 @@ def run(dag_id: str) -> dict:
 
 
 if __name__ == "__main__":
-    result = inspect() if sys.argv[1] == "inspect" else run(sys.argv[2])
+    result = inspect() if sys.argv[1] == "inspect" else run(*sys.argv[2:])
     print("PROBE-RESULT " + json.dumps(result, default=str))

@@ -1,8 +1,10 @@
 """Export helpers that run on executors, tested without Spark."""
 
 import datetime as dt
+import json
 
 import pyarrow as pa
+import pytest
 from conftest import data_dir, load_dump
 
 from tank_spark.export.files import file_stats, group_rows
@@ -125,3 +127,43 @@ def test_planning_reports_a_segment_whose_index_contradicts_its_data(tmp_path):
     with pytest.raises(TankFormatError, match="index entry") as err:
         list(read_range(r))
     assert err.value.path == index and err.value.offset == entries[30][1] and w.messages == 61
+
+
+def test_s3_commits_never_overwrite_another_writers_log_entry(s3_server):
+    """#11.1: the commit mechanism the export relies on (delta-rs >= 1.0: a conditional PUT of each log entry, no
+    locking provider): a writer behind the log never replaces a concurrent writer's entry, it commits after it."""
+    import boto3
+    import pyarrow as pa
+    from conftest import _boto_credentials, new_bucket
+
+    from tank_spark.export.location import TableLocation
+
+    new_bucket(s3_server, "race")
+    loc = TableLocation.of(
+        "s3://race/t", {**s3_server["env"], "AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ALLOW_HTTP": "true"}
+    )
+    from deltalake import DeltaTable, write_deltalake
+
+    schema = pa.schema([("a", pa.int64())])
+    write_deltalake(loc.uri, pa.table({"a": [1]}), storage_options=loc.options)
+    behind = loc.open()  # at version 0
+    other = {"commitInfo": {"timestamp": 1, "operation": "WRITE", "note": "the concurrent writer"}}
+    client = boto3.client("s3", endpoint_url=s3_server["endpoint"], **_boto_credentials(s3_server))
+    client.put_object(Bucket="race", Key="t/_delta_log/00000000000000000001.json", Body=json.dumps(other).encode())
+    behind.create_write_transaction([], mode="append", schema=schema, partition_by=[])
+    entry = client.get_object(Bucket="race", Key="t/_delta_log/00000000000000000001.json")["Body"].read()
+    assert b"the concurrent writer" in entry  # kept
+    assert DeltaTable(loc.uri, storage_options=loc.options).version() == 2  # ours came after it
+
+
+def test_table_locations():
+    from tank_spark.export.location import TableLocation
+
+    assert TableLocation.of("file:///lake/t").uri == "/lake/t" and TableLocation.of("rel/t").is_local
+    s3 = TableLocation.of("s3://b/p/t", {"aws_endpoint_url": "http://127.0.0.1:9000", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert not s3.is_local and s3.options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert str(s3) == "s3://b/p/t" and "AWS_SECRET" not in repr(s3)  # credentials never printed
+    opts = s3._s3_options()
+    assert opts["endpoint_override"] == "127.0.0.1:9000" and opts["scheme"] == "http" and opts["secret_key"] == "s"
+    with pytest.raises(ValueError, match="unsupported scheme hdfs://"):
+        TableLocation.of("hdfs://nn/t")

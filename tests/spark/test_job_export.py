@@ -24,8 +24,44 @@ def run_job(*args, env_extra=None):
     )
 
 
+class Lake:
+    """Where a test's Delta table lives: a local directory, or a bucket on the loopback S3 server (credentials in
+    the job's environment, the endpoint as --storage-option flags)."""
+
+    def __init__(self, tmp_path, s3=None):
+        self.s3 = s3
+        if s3 is None:
+            self.uri, self.options, self.env, self.flags = str(tmp_path / "table"), None, {}, []
+            return
+        from conftest import new_bucket
+
+        bucket = f"lake-{os.path.basename(str(tmp_path)).lower().replace('_', '-')[-40:]}"
+        new_bucket(s3, bucket)
+        self.uri = f"s3://{bucket}/tank/events"
+        self.env = dict(s3["env"])
+        self.options = {**self.env, "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ALLOW_HTTP": "true"}
+        self.flags = [f"--storage-option=AWS_ENDPOINT_URL={s3['endpoint']}", "--storage-option=AWS_ALLOW_HTTP=true"]
+
+    def table(self):
+        return DeltaTable(self.uri, storage_options=self.options)
+
+    def file_count(self) -> int:
+        from pyarrow import fs
+
+        from tank_spark.export.location import TableLocation
+
+        filesystem, root = TableLocation.of(self.uri, self.options).filesystem()
+        infos = filesystem.get_file_info(fs.FileSelector(root, recursive=True))
+        return sum(i.type == fs.FileType.File for i in infos)
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request, tmp_path):
+    return Lake(tmp_path, request.getfixturevalue("s3_server") if request.param == "s3" else None)
+
+
 def table_rows(table):
-    t = DeltaTable(table).to_pyarrow_table()
+    t = (table.table() if isinstance(table, Lake) else DeltaTable(table)).to_pyarrow_table()
     d = t.to_pydict()
     return sorted(zip(d["topic"], d["partition"], d["seq"], d["value"], strict=True))
 
@@ -52,44 +88,38 @@ def roll_and_append(base, topic, n):
     return out
 
 
-def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path):
+def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
+    """#11.1: the same on a local path and on S3 (a real S3-API server on loopback)."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
-    table = str(tmp_path / "table")
-    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "1.json"))
+    args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events,seqgap"]
+    r = run_job(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]
     expected = dump_rows("A_multi", {"events", "seqgap"})
-    assert table_rows(table) == expected
+    assert table_rows(lake) == expected
     rep = json.load(open(tmp_path / "1.json"))
     assert rep["summary"]["rows"] == len(expected) and rep["summary"]["table_version"] == 1
+    assert rep["summary"]["table"] == lake.uri and "AWS_SECRET" not in json.dumps(rep)
     seqgap = next(p for p in rep["partitions"] if p["topic"] == "seqgap")
     assert (seqgap["from_seq"], seqgap["to_seq"], seqgap["rows"]) == (1, 5185, 800)
-    assert DeltaTable(table).transaction_version(seqgap["app_id"]) == 5185
+    assert lake.table().transaction_version(seqgap["app_id"]) == 5185
 
     # a run that finds nothing new commits nothing
-    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "2.json"))
-    assert r.returncode == 0 and DeltaTable(table).version() == 1
+    r = run_job(*args, "--report", str(tmp_path / "2.json"), env_extra=lake.env)
+    assert r.returncode == 0 and lake.table().version() == 1
     assert {p["status"] for p in json.load(open(tmp_path / "2.json"))["partitions"]} == {"up-to-date"}
 
     # new messages; the next run dies after writing its Parquet files, before the commit
     expected += roll_and_append(base, "events", 50)
-    files_before = sum(len(f) for _, _, f in os.walk(table))
-    r = run_job(
-        "--data-dir",
-        base,
-        "--table",
-        table,
-        "--topics",
-        "events,seqgap",
-        env_extra={"TANK_LOG_EXPORT_CRASH": "before-commit"},
-    )
+    files_before = lake.file_count()
+    r = run_job(*args, env_extra={**lake.env, "TANK_LOG_EXPORT_CRASH": "before-commit"})
     assert r.returncode == 137, r.stderr[-2000:]
-    assert sum(len(f) for _, _, f in os.walk(table)) > files_before  # files written ...
-    assert DeltaTable(table).version() == 1  # ... but invisible
-    assert table_rows(table) == dump_rows("A_multi", {"events", "seqgap"})
+    assert lake.file_count() > files_before  # files written ...
+    assert lake.table().version() == 1  # ... but invisible
+    assert table_rows(lake) == dump_rows("A_multi", {"events", "seqgap"})
 
-    r = run_job("--data-dir", base, "--table", table, "--topics", "events,seqgap", "--report", str(tmp_path / "3.json"))
+    r = run_job(*args, "--report", str(tmp_path / "3.json"), env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert table_rows(table) == sorted(expected)  # every message exactly once, no gap
+    assert table_rows(lake) == sorted(expected)  # every message exactly once, no gap
     rep = json.load(open(tmp_path / "3.json"))
     assert rep["summary"]["rows"] == 150 and rep["summary"]["table_version"] == 2
 

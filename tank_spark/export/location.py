@@ -1,0 +1,124 @@
+"""Where a Delta table lives: a local path, or an object-store URI (`s3://`, `gs://`, `az://`/`abfss://`, `file://`)
+with the storage options delta-rs takes (credentials, endpoint: `AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, …; the
+environment supplies what the options do not). Executors write Parquet through the pyarrow filesystem of the URI —
+never `os` calls on table paths — and the driver commits through delta-rs with the same options.
+
+Commits to S3 are safe against concurrent writers without a locking provider: delta-rs (>= 1.0) writes each log
+entry with a conditional PUT (`If-None-Match`), which S3 (since 2024), MinIO, R2 and moto honour; a writer that
+loses the race re-reads the log and retries at the next version (see README, Delta export on object storage).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    """A Delta table's URI (local tables: an absolute path) and its storage options."""
+
+    uri: str
+    options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
+
+    @classmethod
+    def of(cls, table: str, options: dict[str, str] | None = None) -> TableLocation:
+        """Raises:
+        ValueError: an unsupported URI scheme.
+        """
+        scheme = urlparse(table).scheme if "://" in table else ""
+        if scheme == "file":
+            table = urlparse(table).path
+        elif scheme and scheme not in OBJECT_STORES:
+            raise ValueError(
+                f"table {table}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, az://)"
+            )
+        uri = table if scheme and scheme != "file" else os.path.abspath(table)
+        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()})
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
+
+    def __str__(self) -> str:  # never the options: they hold credentials
+        return self.uri
+
+    def filesystem(self) -> tuple[Any, str]:
+        """(pyarrow FileSystem, the table's root within it)."""
+        from pyarrow import fs
+
+        if self.is_local:
+            return fs.LocalFileSystem(), self.uri
+        parsed = urlparse(self.uri)
+        root = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        if parsed.scheme in ("s3", "s3a"):
+            return fs.S3FileSystem(**self._s3_options()), root
+        if parsed.scheme in ("az", "abfs", "abfss", "azure"):
+            account = self._option("AZURE_STORAGE_ACCOUNT_NAME") or parsed.netloc.partition("@")[2].split(".")[0]
+            container = parsed.netloc.partition("@")[0]
+            return (
+                fs.AzureFileSystem(account_name=account, account_key=self._option("AZURE_STORAGE_ACCOUNT_KEY")),
+                f"{container}{parsed.path}".rstrip("/"),
+            )
+        filesystem, _ = fs.FileSystem.from_uri(self.uri)  # gs://: Google's default credentials
+        return filesystem, root
+
+    def _option(self, *names: str) -> str | None:
+        for name in names:
+            value = self.options.get(name) or os.environ.get(name)
+            if value:
+                return value
+        return None
+
+    def _s3_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for arg, names in (
+            ("access_key", ("AWS_ACCESS_KEY_ID",)),
+            ("secret_key", ("AWS_SECRET_ACCESS_KEY",)),
+            ("session_token", ("AWS_SESSION_TOKEN",)),
+            ("region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
+        ):
+            value = self._option(*names)
+            if value:
+                out[arg] = value
+        endpoint = self._option("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+        if endpoint:
+            parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+            out["endpoint_override"] = parsed.netloc
+            out["scheme"] = parsed.scheme
+        return out
+
+    def write_parquet(self, rel: str, table: Any) -> int:
+        """Write `table` as Parquet at `rel` under the table; its size in bytes."""
+        import pyarrow.parquet as pq
+
+        filesystem, root = self.filesystem()
+        path = f"{root}/{rel}"
+        filesystem.create_dir(path.rpartition("/")[0], recursive=True)
+        pq.write_table(table, path, compression="snappy", filesystem=filesystem)
+        size: int = filesystem.get_file_info(path).size
+        return size
+
+    def delete(self, rels: list[str]) -> None:
+        """Delete files under the table (missing ones are fine)."""
+        from pyarrow import fs
+
+        filesystem, root = self.filesystem()
+        for rel in rels:
+            path = f"{root}/{rel}"
+            if filesystem.get_file_info(path).type != fs.FileType.NotFound:
+                filesystem.delete_file(path)
+
+    def open(self) -> Any:
+        """The Delta table at its latest version; None if there is none."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.uri, storage_options=self.options or None)
+        except TableNotFoundError:
+            return None
