@@ -200,12 +200,11 @@ def _window_broker(name: str):
 def _window_queues() -> list[str | None]:
     """The brokers' queues in config order (None = the default queue); none when the config does not load (the
     run's check_config task then fails, saying why)."""
-    from tank_log.errors import JobConfigError
-    from tank_log.jobs.config import load_job_config
+    try:  # the other DAGs of this file must not depend on tank_log being importable where the file is parsed
+        from tank_log.jobs.config import load_job_config
 
-    try:
         brokers = load_job_config(WINDOW_CONFIG).brokers
-    except JobConfigError:
+    except (ImportError, ValueError):  # JobConfigError is a ValueError
         return []
     return list(dict.fromkeys(b.queue for b in brokers))
 
@@ -358,13 +357,9 @@ def _window_group(queue: str | None):
 
 
 def _rolling() -> bool:
-    from tank_log.errors import JobConfigError
     from tank_log.jobs.config import load_job_config
 
-    try:
-        return load_job_config(WINDOW_CONFIG).window.rolling
-    except JobConfigError:
-        return False
+    return load_job_config(WINDOW_CONFIG).window.rolling  # only called once _window_queues loaded the config
 
 
 with DAG(
