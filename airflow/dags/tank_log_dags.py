@@ -190,23 +190,32 @@ WINDOW_CONFIG = os.environ.get("TANK_LOG_WINDOW_CONFIG", os.path.join(DEFAULT_HO
 WINDOW_STEPS = ("stop", "maintain", "start", "ready", "verify")
 
 
-def _window_broker(name: str):
+def _window_broker(name: str, config=None):
+    """The broker `name` of the window's config (loaded unless given)."""
     from tank_log.jobs.config import load_job_config
 
-    (broker,) = [b for b in load_job_config(WINDOW_CONFIG).brokers if b.name == name]
+    (broker,) = [b for b in (config or load_job_config(WINDOW_CONFIG)).brokers if b.name == name]
     return broker
 
 
-def _window_queues() -> list[str | None]:
-    """The brokers' queues in config order (None = the default queue); none when the config does not load (the
-    run's check_config task then fails, saying why)."""
+def _window_reports() -> str:
+    """Where the window's job and window reports go (Variables tank_log_reports, tank_log_home)."""
+    from airflow.sdk import Variable
+
+    home = Variable.get("tank_log_home", default=DEFAULT_HOME)
+    return Variable.get("tank_log_reports", default=os.path.join(home, "reports"))
+
+
+def _window_layout() -> tuple[list[str | None], bool]:
+    """The brokers' queues in config order (None = the default queue) and whether the window rolls; no queues when
+    the config does not load (the run's check_config task then fails, saying why)."""
     try:  # the other DAGs of this file must not depend on tank_log being importable where the file is parsed
         from tank_log.jobs.config import load_job_config
 
-        brokers = load_job_config(WINDOW_CONFIG).brokers
+        config = load_job_config(WINDOW_CONFIG)
     except (ImportError, ValueError):  # JobConfigError is a ValueError
-        return []
-    return list(dict.fromkeys(b.queue for b in brokers))
+        return [], False
+    return list(dict.fromkeys(b.queue for b in config.brokers)), config.window.rolling
 
 
 def _same_index(step: str, key: str = "return_value"):
@@ -260,10 +269,9 @@ def maintain(broker: str, ts_nodash: str | None = None) -> dict:
     from tank_log.jobs.config import load_job_config
 
     config = load_job_config(WINDOW_CONFIG)
-    b = _window_broker(broker)
+    b = _window_broker(broker, config)
     home = Variable.get("tank_log_home", default=DEFAULT_HOME)
-    reports = Variable.get("tank_log_reports", default=os.path.join(home, "reports"))
-    report_path = os.path.join(reports, f"maintain-{broker}-{ts_nodash}.json")
+    report_path = os.path.join(_window_reports(), f"maintain-{broker}-{ts_nodash}.json")
     py_files = Variable.get("tank_log_py_files", default="")
     cmd = ["spark-submit", "--master", config.window.spark_master, *(["--py-files", py_files] if py_files else [])]
     cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", WINDOW_CONFIG, "--broker-stopped"]
@@ -316,13 +324,10 @@ def verify(broker: str) -> dict:
 def window_report(broker: str, ts_nodash: str | None = None) -> dict:
     """The window's report of this broker (logs, XCom and `window-BROKER-TS.json` beside the job reports); fails
     naming the steps that did not succeed."""
-    from airflow.sdk import Variable
-
     steps = {step: _same_index(step) for step in WINDOW_STEPS}
     report = {"broker": broker, "steps": steps, "job_report": _same_index("maintain", "job_report")}
     print(json.dumps(report, indent=2, default=str))
-    home = Variable.get("tank_log_home", default=DEFAULT_HOME)
-    reports = Variable.get("tank_log_reports", default=os.path.join(home, "reports"))
+    reports = _window_reports()
     os.makedirs(reports, exist_ok=True)
     with open(os.path.join(reports, f"window-{broker}-{ts_nodash}.json"), "w") as fh:
         json.dump(report, fh, indent=2, default=str)
@@ -356,12 +361,6 @@ def _window_group(queue: str | None):
     return names, window_of.expand(broker=names)
 
 
-def _rolling() -> bool:
-    from tank_log.jobs.config import load_job_config
-
-    return load_job_config(WINDOW_CONFIG).window.rolling  # only called once _window_queues loaded the config
-
-
 with DAG(
     dag_id="tank_maintenance_window",
     schedule="0 3 * * *",
@@ -377,9 +376,10 @@ with DAG(
 ) as maintenance_window:
     _checked = check_config()
     _previous = None
-    for _queue in _window_queues():
+    _queues, _rolls = _window_layout()
+    for _queue in _queues:
         _names, _group = _window_group(_queue)
         _checked >> _names
-        if _previous is not None and _rolling():
+        if _previous is not None and _rolls:
             _previous >> _names
         _previous = _group

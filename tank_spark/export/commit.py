@@ -12,7 +12,6 @@ from tank_log.errors import JobConfigError
 from tank_spark.export.plan import (
     ExportSettings,
     PartitionPlan,
-    open_table,
     recorded_version,
 )
 from tank_spark.schema import TS_RAW
@@ -109,7 +108,7 @@ def commit(
     from deltalake.exceptions import CommitFailedError
     from deltalake.transaction import AddAction
 
-    table = open_table(settings.location)  # the latest version: a snapshot from planning cannot see other runs
+    table = settings.location.open()  # the latest version: a snapshot from planning cannot see other runs
     for p in plans:  # delta-rs does not skip an already-recorded version by itself
         _, now = recorded_version(table, settings.table, p.topic, p.partition)
         if now != p.previous:
@@ -132,7 +131,7 @@ def commit(
         )
     except CommitFailedError as err:
         raise ConcurrentExport(f"commit conflict: {err}") from None
-    return open_table(settings.location).version()
+    return settings.location.open().version()
 
 
 def remove_uncommitted(settings: ExportSettings, files: list[dict]) -> None:
@@ -171,5 +170,4 @@ def write_with_delta_spark(df, settings: ExportSettings, work: list[PartitionPla
             .partitionBy(*settings.partition_by)
             .save(settings.table)
         )
-    table = open_table(settings.location)
-    return table_version(table)
+    return table_version(settings.location.open())

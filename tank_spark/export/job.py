@@ -51,7 +51,6 @@ from tank_spark.export.plan import (
     PartitionPlan,
     add_options,
     app_id,
-    open_table,
     plan_export,
     prepare,
 )
@@ -113,7 +112,7 @@ def execute(ctx, prepared, spark):
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
             if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
-                version = table_version(open_table(settings.location))
+                version = table_version(settings.location.open())
                 break
             _hold_before_commit()
             t_commit = time.monotonic()
@@ -128,7 +127,7 @@ def execute(ctx, prepared, spark):
                 results = _results(plans)
                 if not any(p.has_work for p in plans):
                     summary.update(by_status=count_by(list(results.values())), rows=0)
-                    summary["table_version"] = table_version(open_table(settings.location))
+                    summary["table_version"] = table_version(settings.location.open())
                     return list(results.values()), summary
                 continue
             log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)

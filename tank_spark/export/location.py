@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlparse
 
@@ -48,7 +49,12 @@ class TableLocation:
         return self.uri
 
     def filesystem(self) -> tuple[Any, str]:
-        """(pyarrow FileSystem, the table's root within it)."""
+        """(pyarrow FileSystem, the table's root within it); made once per location, so an executor writing many
+        files connects once."""
+        return self._filesystem
+
+    @cached_property
+    def _filesystem(self) -> tuple[Any, str]:
         from pyarrow import fs
 
         if self.is_local:

@@ -158,7 +158,7 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
     from tank_log.jobs.planning import check_selection
     from tank_log.storage.datadir import last_complete_seq, scan_data_dir
 
-    table = open_table(settings.location)
+    table = settings.location.open()
     plans: list[PartitionPlan] = []
     seen: dict[tuple[str, int], str] = {}
     scans = [scan_data_dir(base) for base in ctx.data_dirs]
@@ -181,8 +181,3 @@ def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], obj
                 )
                 plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
     return plans, table
-
-
-def open_table(location: TableLocation):
-    """The table at its latest version; None if there is none."""
-    return location.open()
