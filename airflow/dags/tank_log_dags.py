@@ -3,7 +3,9 @@
 - `tank_compaction_nightly`  — jobs/compact.py every night (02:30);
 - `tank_retention_hourly`    — jobs/retention.py every hour;
 - `tank_index_verify_weekly` — jobs/rebuild_indexes.py (verify + rebuild, salvage off) every Sunday;
-- `tank_export_adhoc`        — jobs/export_delta.py on demand, with params topics, destination, since.
+- `tank_export_adhoc`        — jobs/export_delta.py on demand, with params topics, destination, since;
+- `tank_export_nightly`      — jobs/export_delta.py every night (01:15; TANK_LOG_EXPORT_SCHEDULE), then the table's
+                               upkeep: --upkeep-only --optimize --vacuum (Variable tank_log_vacuum_retention [168h]).
 
 Each DAG runs the job with SparkSubmitOperator (the job's exit code decides the task state: 0 done, 1 some
 partitions failed, 2 usage/config error) and then `publish_report`, which runs even when the job failed: it logs
@@ -74,9 +76,11 @@ class TankSparkSubmit(SparkSubmitOperator):
         return super().execute(context)
 
 
-def _spark_submit(job: str, args: list[str], timeout: timedelta) -> SparkSubmitOperator:
+def _spark_submit(
+    job: str, args: list[str], timeout: timedelta, task_id: str | None = None, **kwargs
+) -> SparkSubmitOperator:
     return TankSparkSubmit(
-        task_id=f"run_{job}",
+        task_id=task_id or f"run_{job}",
         application=f"{HOME}/jobs/{job}.py",
         application_args=args,
         conn_id="spark_default",
@@ -85,6 +89,7 @@ def _spark_submit(job: str, args: list[str], timeout: timedelta) -> SparkSubmitO
         execution_timeout=timeout,
         env_vars={"PYTHONPATH": HOME},
         doc_md=f"spark-submit jobs/{job}.py; exit 0 = done, 1 = partitions failed (see the report), 2 = usage error.",
+        **kwargs,
     )
 
 
@@ -178,6 +183,40 @@ with DAG(
     ]
     _run = _spark_submit("export_delta", _args, timedelta(hours=6))
     _run >> publish_report(_report_path("export_delta"))
+
+
+with DAG(
+    dag_id="tank_export_nightly",
+    schedule=os.environ.get("TANK_LOG_EXPORT_SCHEDULE", "15 1 * * *"),
+    start_date=START,
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": min(RETRIES, 1), "retry_delay": RETRY_DELAY},
+    tags=["tank-log"],
+    doc_md="Nightly exactly-once export to the Delta table of the config (export.table), then the table's upkeep "
+    "(even when the export failed): remove files of runs that died before their commit, optimize small files into "
+    "files of export.target_file_size, vacuum files no version within Variable tank_log_vacuum_retention (168h) "
+    "needs. Each step's report is published.",
+) as export_nightly:
+    _export = _spark_submit("export_delta", _common_args("export_delta", mutating=False), timedelta(hours=6))
+    _export >> publish_report(_report_path("export_delta"))
+    _upkeep_report = f"{REPORTS}/export_upkeep-{{{{ ts_nodash }}}}.json"
+    _upkeep = _spark_submit(
+        "export_delta",
+        [
+            "--config",
+            CONFIG,
+            "--report",
+            _upkeep_report,
+            "--upkeep-only",
+            "--optimize",
+            "--vacuum={{ var.value.get('tank_log_vacuum_retention', '168h') }}",
+        ],
+        timedelta(hours=2),
+        task_id="run_upkeep",
+        trigger_rule=TriggerRule.ALL_DONE,
+    )
+    _export >> _upkeep >> publish_report.override(task_id="publish_upkeep_report")(_upkeep_report)
 
 
 # ---- tank_maintenance_window: stop → maintain → start, per broker host --------------------------------------------

@@ -37,6 +37,7 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
       on_corruption: prefix             # a partition with malformed data: export what precedes it | skip it
       storage_options:                  # object stores, as delta-rs names them (the environment fills the rest)
         AWS_ENDPOINT_URL: http://127.0.0.1:9000
+      orphan_horizon: 12h               # files of runs that died before their commit, older than this, are removed
     maintenance_window:                 # airflow DAG tank_maintenance_window (see brokers)
       rolling: false                    # true: one host (Airflow queue) at a time; stop at the first failure
       spark_master: local[*]            # the per-host maintenance job's master
@@ -180,6 +181,7 @@ class ExportConfig:
     target_file_size: int = 128 << 20
     on_corruption: str = "prefix"  # prefix | skip: what a partition with malformed data exports
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # delta-rs names; may hold secrets
+    orphan_horizon_ms: int = 12 * 3600 * 1000  # files of runs that never committed, older than this, are removed
 
 
 @dataclass(frozen=True)
@@ -356,6 +358,7 @@ def _export(value: Any) -> ExportConfig:
         "target_file_size",
         "on_corruption",
         "storage_options",
+        "orphan_horizon",
     }
     _check_keys(v, keys, w)
     kw: dict[str, Any] = {}
@@ -380,6 +383,10 @@ def _export(value: Any) -> ExportConfig:
     if "storage_options" in v:
         opts = _mapping(v["storage_options"], f"{w}.storage_options")
         kw["storage_options"] = {str(k): str(x) for k, x in opts.items()}
+    if "orphan_horizon" in v:
+        kw["orphan_horizon_ms"] = _duration_ms(v["orphan_horizon"], f"{w}.orphan_horizon")
+        if not kw["orphan_horizon_ms"]:
+            raise JobConfigError(f"{w}.orphan_horizon: must be more than 0 (it protects runs in flight)")
     cfg = replace(ExportConfig(), **kw)
     if (cfg.value_format == "json") != (cfg.value_schema is not None):
         raise JobConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")

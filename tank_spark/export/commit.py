@@ -14,6 +14,7 @@ from tank_spark.export.plan import (
     PartitionPlan,
     recorded_version,
 )
+from tank_spark.export.run_id import COMMIT_KEY
 from tank_spark.schema import TS_RAW
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def commit(
             mode="append",
             schema=schema,
             partition_by=list(settings.partition_by),
-            commit_properties=CommitProperties(app_transactions=txns, custom_metadata={"tank-log.run": run_id}),
+            commit_properties=CommitProperties(app_transactions=txns, custom_metadata={COMMIT_KEY: run_id}),
         )
     except CommitFailedError as err:
         raise ConcurrentExport(f"commit conflict: {err}") from None

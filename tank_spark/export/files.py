@@ -13,6 +13,7 @@ import pyarrow as pa
 from tank_spark.export.location import TableLocation
 from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
+from tank_spark.export.run_id import file_name
 from tank_spark.schema import TS_RAW
 
 FILE_META_SCHEMA = (
@@ -46,7 +47,7 @@ def make_file_writer(
             rel_dir = "/".join(
                 f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
             )
-            name = f"part-{run_id}-{task}-{n[0]:04d}.parquet"
+            name = file_name(run_id, task, n[0])
             n[0] += 1
             rel = f"{rel_dir}/{name}" if rel_dir else name
             data = table.drop_columns(list(partition_by))

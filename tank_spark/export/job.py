@@ -4,9 +4,10 @@ Exactly-once, incremental: the last exported seq of every partition lives in the
 application transaction (app id from table + topic + partition, version = last exported seq). A run exports
 seq (version, end] where `end` is fixed when the run is planned; executors write Parquet files into the table
 directory; the driver commits all of them in ONE Delta transaction that also records every partition's new version.
-A run that dies before the commit leaves only unreferenced files (invisible; `vacuum` removes them); the next run
-exports the same messages once. A finished run re-run commits nothing. delta-rs does not skip an already-recorded
-transaction version by itself, so the driver re-checks every version right before committing.
+A run that dies before the commit leaves only unreferenced files (invisible; the next run exports the same
+messages once and, past the orphan horizon, removes them: `orphans.py`). A finished run re-run commits nothing.
+delta-rs does not skip an already-recorded transaction version by itself, so the driver re-checks every version
+right before committing.
 
 Engines: `deltalake` (delta-rs; default, no JVM jars) commits as above. `spark` (delta-spark) writes through
 `df.write.format("delta")` with `txnAppId`/`txnVersion` per partition (one commit per partition: idempotent per
@@ -21,13 +22,11 @@ column in the same atomic commit) — never dropped. Empty values (tombstones) d
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import os
 import time
-import uuid
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from tank_log.jobs.progress import describe
 from tank_spark.export.commit import (
@@ -47,7 +46,9 @@ from tank_spark.export.files import (
     make_file_writer,
     write_direct,
 )
+from tank_spark.export.orphans import RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import (
+    ExportSettings,
     PartitionPlan,
     add_options,
     app_id,
@@ -55,7 +56,9 @@ from tank_spark.export.plan import (
     prepare,
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
+from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
+from tank_spark.export.upkeep import UpkeepStep, check_vacuum_retention, optimize, vacuum
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import TS_RAW
 
@@ -68,7 +71,38 @@ CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver
 
 
 def execute(ctx, prepared, spark):
+    """Sweep orphans of crashed runs, export, then optimize/vacuum as asked."""
     settings, plans, table = prepared
+    sweep = (
+        None
+        if table is None
+        else sweep_orphans(settings.location, table, settings.orphan_horizon_ms, dry_run=ctx.dry_run)
+    )
+    results, summary = _export(ctx, spark, settings, plans, table)
+    if sweep is not None:
+        summary["orphans"] = asdict(sweep)
+    steps = _upkeep(settings, ctx.dry_run)
+    if steps:
+        summary["upkeep"] = [asdict(s) for s in steps]
+    return results, summary
+
+
+def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
+    if not settings.optimize and settings.vacuum_retention_ms is None:
+        return []
+    table = settings.location.open()
+    if table is None:  # a dry run before the first export
+        return []
+    steps = []
+    if settings.optimize:
+        steps.append(optimize(table, settings.target_file_bytes, dry_run=dry_run))
+    if settings.vacuum_retention_ms is not None:
+        check_vacuum_retention(table, settings.vacuum_retention_ms)
+        steps.append(vacuum(settings.location, table, settings.vacuum_retention_ms, dry_run=dry_run))
+    return steps
+
+
+def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], table):
     t0 = time.monotonic()
     if settings.engine == "spark":
         check_delta_spark(spark)
@@ -110,14 +144,20 @@ def execute(ctx, prepared, spark):
             log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
             add_ts_raw(table)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0)
+            run_id = new_run_id()
+            files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0, run_id)
             if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
                 version = table_version(settings.location.open())
                 break
             _hold_before_commit()
             t_commit = time.monotonic()
             try:
-                version = commit(settings, schema, files, cut.plans, uuid.uuid4().hex[:8])
+                check_run_age(run_id, settings.orphan_horizon_ms)
+            except RunTooOld:
+                remove_uncommitted(settings, files)
+                raise
+            try:
+                version = commit(settings, schema, files, cut.plans, run_id)
             except ConcurrentExport as conflict:
                 remove_uncommitted(settings, files)
                 if attempt == COMMIT_ATTEMPTS:
@@ -205,11 +245,11 @@ def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> tuple[list[Ra
 
 
 def _write_files(
-    ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float
+    ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float, run_id: str
 ) -> tuple[list[dict], Cut]:
-    """Write every partition's range as Parquet files under the table (not committed); return the metadata of the
-    files to commit and the run's plans after malformed ranges (files past a corruption are removed)."""
-    run_id = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    """Write every partition's range as Parquet files under the table (not committed), named by `run_id`; return the
+    metadata of the files to commit and the run's plans after malformed ranges (files past a corruption are
+    removed)."""
     if sql_path:
         _, cut = _pre_pass(spark, ctx, settings, plans)
         writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)

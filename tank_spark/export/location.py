@@ -20,6 +20,15 @@ OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
 
 
 @dataclass(frozen=True)
+class StoredFile:
+    """A file under a table: its path relative to the table, size, last modification (ms since the epoch)."""
+
+    rel: str
+    size: int
+    mtime_ms: int
+
+
+@dataclass(frozen=True)
 class TableLocation:
     """A Delta table's URI (local tables: an absolute path) and its storage options."""
 
@@ -108,6 +117,20 @@ class TableLocation:
         pq.write_table(table, path, compression="snappy", filesystem=filesystem)
         size: int = filesystem.get_file_info(path).size
         return size
+
+    def data_files(self) -> list[StoredFile]:
+        """Every file under the table outside `_delta_log/` (referenced or not), as stored now."""
+        from pyarrow import fs
+
+        filesystem, root = self.filesystem()
+        selector = fs.FileSelector(root, recursive=True, allow_not_found=True)
+        out = []
+        for info in filesystem.get_file_info(selector):
+            rel = info.path[len(root) :].lstrip("/")
+            if info.type == fs.FileType.File and not rel.startswith("_delta_log/"):
+                mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else 0
+                out.append(StoredFile(rel, info.size, int(mtime)))
+        return out
 
     def delete(self, rels: list[str]) -> None:
         """Delete files under the table (missing ones are fine)."""

@@ -10,8 +10,9 @@ import os
 from dataclasses import dataclass, field
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.config import parse_partition_by, parse_size_arg
+from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
 from tank_spark.export.location import TableLocation
+from tank_spark.export.upkeep import check_vacuum_retention
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class ExportSettings:
     since_ms: int | None = None
     on_corruption: str = "prefix"  # corruption.ON_CORRUPTION
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # credentials: never printed
+    orphan_horizon_ms: int = 12 * 3600 * 1000  # orphans.py
+    optimize: bool = False  # upkeep.py, after the export
+    vacuum_retention_ms: int | None = None
+    upkeep_only: bool = False  # no export: only the orphan sweep, optimize and vacuum
 
     @property
     def location(self) -> TableLocation:
@@ -97,6 +102,28 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=("prefix", "skip"),
         help="a partition with malformed data: export what precedes the corruption (prefix, default) or nothing of "
         "it (skip); either way it is reported failed with the file and offset, and the others are exported",
+    )
+    p.add_argument(
+        "--orphan-horizon",
+        metavar="DURATION",
+        help="remove files of runs that died before their commit once they are older than this (default 12h; a run "
+        "going longer than it does not commit)",
+    )
+    p.add_argument(
+        "--optimize",
+        action="store_true",
+        help="after the export, rewrite small files into files of the target size (delta-rs optimize)",
+    )
+    p.add_argument(
+        "--vacuum",
+        metavar="RETENTION",
+        help="after the export, delete files no version within RETENTION references, e.g. 168h (not below the "
+        "table's delta.deletedFileRetentionDuration, default 7 days)",
+    )
+    p.add_argument(
+        "--upkeep-only",
+        action="store_true",
+        help="export nothing: only remove orphans and run --optimize/--vacuum (a scheduled upkeep task)",
     )
     p.add_argument(
         "--since",
@@ -144,9 +171,33 @@ def prepare(ctx, args):
             since = parse_time_ms(args.since)
         except ValueError:
             raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
-    on_corruption = args.on_corruption or cfg.on_corruption
-    settings = ExportSettings(table, engine, fmt, schema, partition_by, target, since, on_corruption, options)
+    horizon = parse_duration_ms(args.orphan_horizon, "--orphan-horizon") if args.orphan_horizon else None
+    if horizon == 0:
+        raise JobConfigError("--orphan-horizon: must be more than 0 (it protects runs in flight)")
+    settings = ExportSettings(
+        table,
+        engine,
+        fmt,
+        schema,
+        partition_by,
+        target,
+        since,
+        on_corruption=args.on_corruption or cfg.on_corruption,
+        storage_options=options,
+        orphan_horizon_ms=horizon or cfg.orphan_horizon_ms,
+        optimize=args.optimize,
+        vacuum_retention_ms=parse_duration_ms(args.vacuum, "--vacuum") if args.vacuum else None,
+        upkeep_only=args.upkeep_only,
+    )
+    if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
+        log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
+    if settings.vacuum_retention_ms is not None and delta_table is not None:
+        check_vacuum_retention(delta_table, settings.vacuum_retention_ms)
+    if settings.upkeep_only:
+        if delta_table is None:
+            raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
+        plans = []  # nothing to export
     return settings, plans, delta_table
 
 

@@ -64,6 +64,7 @@ def test_dags_import_with_the_expected_shape(airflow_env):
         "tank_retention_hourly",
         "tank_index_verify_weekly",
         "tank_export_adhoc",
+        "tank_export_nightly",
         "tank_maintenance_window",
     }
     assert dags["tank_compaction_nightly"]["tasks"] == ["publish_report", "run_compact"]
@@ -78,8 +79,13 @@ def test_dags_import_with_the_expected_shape(airflow_env):
     assert dags["tank_retention_hourly"]["schedule"] == "@hourly"
     assert dags["tank_index_verify_weekly"]["schedule"] == "0 4 * * 0"
     assert dags["tank_export_adhoc"]["schedule"] == "None"
+    nightly = dags["tank_export_nightly"]
+    assert nightly["schedule"] == "15 1 * * *" and nightly["max_active_runs"] == 1
+    assert nightly["tasks"] == ["publish_report", "publish_upkeep_report", "run_export_delta", "run_upkeep"]
+    assert nightly["upstream"]["run_upkeep"] == ["run_export_delta"]
+    assert nightly["trigger_rules"]["run_upkeep"] == "all_done"
     for dag_id, d in dags.items():
-        if dag_id != "tank_maintenance_window":
+        if dag_id not in ("tank_maintenance_window", "tank_export_nightly"):
             assert d["upstream_of_publish"] and d["upstream_of_publish"][0].startswith("run_")
 
     # the window of conf/hosts.yaml (the default): one task group per broker host's queue, rolling host by host
@@ -298,3 +304,31 @@ def test_export_dag_to_an_s3_destination(airflow_env, tmp_path, s3_server):
         (p, seq, v) for (topic, p), msgs in load_dump("A_multi").items() if topic == "events" for seq, _, _, v in msgs
     )
     assert got == want
+
+
+def test_nightly_export_then_upkeep(airflow_env, tmp_path):
+    """#11.4: the nightly export DAG exports, then optimizes and vacuums the table; both reports are published."""
+    from conftest import copy_tree, data_dir, load_dump
+    from deltalake import DeltaTable
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "lake")
+    conf = tmp_path / "job.yaml"
+    conf.write_text(json.dumps({"data_dirs": [base], "export": {"table": table}}))
+    env = dict(
+        airflow_env,
+        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
+        AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf),
+        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
+    )
+    out, r = probe(env, "run", "tank_export_nightly")
+    assert out["state"] == "success", (out, r.stdout[-4000:])
+    assert set(out["tasks"].values()) == {"success"}
+    upkeep = out["xcom"]["publish_upkeep_report[-1]"]["summary"]["upkeep"]
+    assert [s["operation"] for s in upkeep] == ["optimize", "vacuum"]
+    live = DeltaTable(table).get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    assert (upkeep[0]["files_after"], upkeep[0]["bytes_after"]) == (len(live), sum(live))
+    assert upkeep[0]["files_before"] > upkeep[0]["files_after"]
+    assert upkeep[1]["files_after"] == upkeep[1]["files_before"]  # 168 h: nothing removed is that old
+    rows = DeltaTable(table).to_pyarrow_table()
+    assert rows.num_rows == sum(len(m) for m in load_dump("A_multi").values())

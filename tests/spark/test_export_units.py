@@ -167,3 +167,104 @@ def test_table_locations():
     assert opts["endpoint_override"] == "127.0.0.1:9000" and opts["scheme"] == "http" and opts["secret_key"] == "s"
     with pytest.raises(ValueError, match="unsupported scheme hdfs://"):
         TableLocation.of("hdfs://nn/t")
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request, tmp_path):
+    """#11.2: an empty table location on a local path or on the loopback S3 server."""
+    from tank_spark.export.location import TableLocation
+
+    if request.param == "local":
+        return TableLocation.of(str(tmp_path / "t"))
+    from conftest import new_bucket
+
+    s3 = request.getfixturevalue("s3_server")
+    bucket = f"orphans-{abs(hash(str(tmp_path))) % 10**8}"
+    new_bucket(s3, bucket)
+    return TableLocation.of(
+        f"s3://{bucket}/t", {**s3["env"], "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ALLOW_HTTP": "true"}
+    )
+
+
+def test_the_orphan_sweep_removes_only_old_files_of_runs_that_never_committed(location):
+    """#11.2: of the files under the table, only those named by a run that never committed, older than the
+    horizon, go; committed runs (even files no longer in the snapshot), other writers' files and in-flight runs stay.
+    A dry run removes nothing and reports the same."""
+    import time
+
+    from deltalake import CommitProperties, write_deltalake
+
+    from tank_spark.export.orphans import sweep_orphans
+    from tank_spark.export.run_id import COMMIT_KEY, file_name, new_run_id
+
+    rows = pa.table({"seq": [1, 2, 3]})
+    now = dt.datetime.now(dt.UTC)
+    later_ms = int(now.timestamp() * 1000) + 3600_000  # sweep "an hour from now": every file is 1 h old
+    committed = new_run_id(now - dt.timedelta(hours=3))
+    crashed = new_run_id(now - dt.timedelta(hours=2))
+    in_flight = new_run_id(now + dt.timedelta(minutes=59))  # started 1 min before the sweep
+    write_deltalake(
+        location.uri,
+        rows,
+        storage_options=location.options or None,
+        commit_properties=CommitProperties(custom_metadata={COMMIT_KEY: committed}),
+    )
+    sizes = {
+        rel: location.write_parquet(rel, rows)
+        for rel in (
+            file_name(committed, "00000-0", 0),  # e.g. removed from the snapshot by optimize: committed all the same
+            f"topic=a/{file_name(crashed, '00000-0', 0)}",
+            f"topic=b/{file_name(crashed, '00001-1', 3)}",
+            file_name(in_flight, "00000-0", 0),
+            "part-00000-0f0e0d0c-1111-2222-3333-444455556666-c000.snappy.parquet",  # another writer's name
+        )
+    }
+    table = location.open()
+    before = {f.rel for f in location.data_files()}
+    dry = sweep_orphans(location, table, 30 * 60_000, dry_run=True, now_ms=later_ms)
+    assert {f.rel for f in location.data_files()} == before
+    swept = sweep_orphans(location, table, 30 * 60_000, now_ms=later_ms)
+    gone = {rel for rel in sizes if crashed in rel}
+    assert (swept.files, swept.bytes, swept.runs, swept.recent_files) == (2, sum(sizes[r] for r in gone), (crashed,), 1)
+    assert (dry.files, dry.bytes, dry.runs, dry.dry_run) == (2, swept.bytes, (crashed,), True)
+    assert {f.rel for f in location.data_files()} == before - gone
+    assert location.open().to_pyarrow_table().num_rows == 3
+    # the same sweep now: every file is younger than the horizon, nothing goes
+    fresh = sweep_orphans(location, location.open(), 30 * 60_000, now_ms=int(time.time() * 1000))
+    assert (fresh.files, fresh.recent_files) == (0, 1)
+
+
+def test_the_orphan_sweep_leaves_runs_it_cannot_prove_uncommitted(tmp_path):
+    """#11.2: a table exported by an earlier version recorded another id in its commits: files of runs that started
+    before that commit are left to vacuum."""
+    from deltalake import CommitProperties, write_deltalake
+
+    from tank_spark.export.location import TableLocation
+    from tank_spark.export.orphans import sweep_orphans
+    from tank_spark.export.run_id import COMMIT_KEY, file_name, new_run_id
+
+    location = TableLocation.of(str(tmp_path / "t"))
+    now = dt.datetime.now(dt.UTC)
+    early = new_run_id(now - dt.timedelta(hours=2))
+    write_deltalake(location.uri, pa.table({"seq": [1]}))
+    location.write_parquet(file_name(early, "00000-0", 0), pa.table({"seq": [1]}))
+    write_deltalake(
+        location.uri,
+        pa.table({"seq": [2]}),
+        mode="append",
+        commit_properties=CommitProperties(custom_metadata={COMMIT_KEY: "1a2b3c4d"}),  # the old, unrelated id
+    )
+    late = new_run_id(now + dt.timedelta(seconds=2))
+    location.write_parquet(file_name(late, "00000-0", 0), pa.table({"seq": [3]}))
+    swept = sweep_orphans(location, location.open(), 60_000, now_ms=int(now.timestamp() * 1000) + 3600_000)
+    assert swept.runs == (late,)
+
+
+def test_a_run_older_than_the_orphan_horizon_does_not_commit():
+    from tank_spark.export.orphans import RunTooOld, check_run_age
+    from tank_spark.export.run_id import new_run_id, started_ms
+
+    run = new_run_id()
+    check_run_age(run, 60_000, now_ms=started_ms(run) + 59_999)
+    with pytest.raises(RunTooOld, match="longer than the orphan horizon"):
+        check_run_age(run, 60_000, now_ms=started_ms(run) + 60_000)

@@ -117,11 +117,87 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     assert lake.table().version() == 1  # ... but invisible
     assert table_rows(lake) == dump_rows("A_multi", {"events", "seqgap"})
 
+    crashed_files = lake.file_count() - files_before
+    crashed_at = time.monotonic()
+
     r = run_job(*args, "--report", str(tmp_path / "3.json"), env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert table_rows(lake) == sorted(expected)  # every message exactly once, no gap
     rep = json.load(open(tmp_path / "3.json"))
     assert rep["summary"]["rows"] == 150 and rep["summary"]["table_version"] == 2
+    # #11.2: the crashed run's files are younger than the horizon (12 h): left alone, as a run in flight would be
+    assert rep["summary"]["orphans"] == {
+        "files": 0,
+        "bytes": 0,
+        "runs": [],
+        "recent_files": crashed_files,
+        "dry_run": False,
+    }
+
+    # once they are older than the horizon, the next run removes them itself (no manual vacuum)
+    horizon_s = 20
+    time.sleep(max(0.0, horizon_s + 1 - (time.monotonic() - crashed_at)))
+    stored = lake.file_count()
+    r = run_job(*args, f"--orphan-horizon={horizon_s}s", "--report", str(tmp_path / "4.json"), env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    orphans = json.load(open(tmp_path / "4.json"))["summary"]["orphans"]
+    assert (orphans["files"], orphans["recent_files"], len(orphans["runs"])) == (crashed_files, 0, 1)
+    assert orphans["bytes"] > 0 and lake.file_count() == stored - crashed_files
+    assert table_rows(lake) == sorted(expected) and lake.table().version() == 2
+
+
+def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, lake):
+    """#11.4: --optimize compacts the small files of incremental runs, --vacuum deletes what no version within the
+    retention needs; both report files/bytes before and after and keep every row and every partition's version.
+    #11.2: a run going longer than the orphan horizon does not commit (its files could be swept)."""
+    from tank_spark.export.location import TableLocation
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events"]
+    expected = dump_rows("A_multi", {"events"})
+    for i in range(3):  # three incremental runs: three small files per (topic, date)
+        if i:
+            expected += roll_and_append(base, "events", 20)
+        r = run_job(*args, env_extra=lake.env)
+        assert r.returncode == 0, r.stderr[-3000:]
+    data_files = lambda: TableLocation.of(lake.uri, lake.options).data_files()  # noqa: E731
+
+    r = run_job(*args, "--upkeep-only", "--vacuum=1h", env_extra=lake.env)
+    assert r.returncode == 2 and "shorter than the table's deleted-file retention (168h" in r.stderr
+    lake.table().alter.set_table_properties({"delta.deletedFileRetentionDuration": "interval 0 hours"})
+
+    stored = data_files()
+    upkeep = [*args, "--upkeep-only", "--optimize", "--vacuum=0h"]
+    r = run_job(*upkeep, "--dry-run", "--report", str(tmp_path / "dry.json"), env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert data_files() == stored and lake.table().version() == 4
+    r = run_job(*upkeep, "--report", str(tmp_path / "up.json"), env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    optimized, vacuumed = json.load(open(tmp_path / "up.json"))["summary"]["upkeep"]
+    live = lake.table().get_add_actions(flatten=True).column("size_bytes").to_pylist()
+    assert optimized["operation"] == "optimize" and optimized["files_before"] == len(stored)
+    assert optimized["bytes_before"] == sum(f.size for f in stored)
+    assert (optimized["files_after"], optimized["bytes_after"]) == (len(live), sum(live))
+    assert len(live) < len(stored)
+    after = data_files()
+    assert vacuumed["operation"] == "vacuum" and vacuumed["files_before"] == len(stored) + len(live)
+    assert (vacuumed["files_after"], vacuumed["bytes_after"]) == (len(after), sum(f.size for f in after))
+    assert len(after) == len(live)  # only the live files are left
+    assert table_rows(lake) == sorted(expected)
+
+    # the recorded versions survive the rewrite: the next export brings exactly the new messages
+    new = roll_and_append(base, "events", 7)
+    expected += new
+    r = run_job(*args, "--report", str(tmp_path / "next.json"), env_extra=lake.env)
+    assert r.returncode == 0 and json.load(open(tmp_path / "next.json"))["summary"]["rows"] == len(new)
+    assert table_rows(lake) == sorted(expected)
+
+    # a run that outlives the orphan horizon does not commit, and leaves none of its files behind
+    roll_and_append(base, "events", 3)
+    version, stored = lake.table().version(), data_files()
+    r = run_job(*args, "--orphan-horizon=1s", "--report", str(tmp_path / "old.json"), env_extra=lake.env)
+    assert r.returncode == 1 and "longer than the orphan horizon" in json.load(open(tmp_path / "old.json"))["error"]
+    assert lake.table().version() == version and data_files() == stored
 
 
 @pytest.fixture
