@@ -95,3 +95,8 @@ def describe_error(err: BaseException) -> str:
         where = f": {err.filename}" if err.filename else ""
         return f"{name}: {err.strerror or err}{where}".rstrip()
     return str(err)
+
+
+class ImportRefused(ValueError):
+    """Rows cannot be written into a partition as given: it exists (and appending was not asked for), the rows do not
+    continue it, a partition's rows are split over tasks or out of seq order, or they would break §9 rule 3."""

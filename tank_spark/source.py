@@ -1,4 +1,5 @@
-"""The Spark data source "tank": `spark.read.format("tank").load(base_path)` (PySpark Python Data Source API).
+"""The Spark data source "tank": `spark.read.format("tank").load(base_path)` (PySpark Python Data Source API), and
+`df.write.format("tank").mode("append").save(base_path)` (see sink.py).
 
     from tank_spark.source import register
     register(spark)
@@ -64,6 +65,11 @@ class TankDataSource(DataSource):
 
     def schema(self) -> StructType:
         return ROW_STRUCT
+
+    def writer(self, schema, overwrite: bool):
+        from tank_spark.sink import TankWriter
+
+        return TankWriter(self.options, overwrite)
 
     def reader(self, schema) -> DataSourceReader:
         if str(self.options.get("pushdown", "false")).lower() == "true":

@@ -31,6 +31,7 @@ class Status(StrEnum):
     CLEAN = "clean"  # index maintenance: nothing wrong
     FIXED = "fixed"  # index maintenance: everything found was fixed
     EXPORTED = "exported"
+    IMPORTED = "imported"  # Delta → TANK: the partition was written (or continued)
     MAINTAINED = "maintained"  # maintenance: every step done (see each step's status)
     UP_TO_DATE = "up-to-date"  # export: nothing new
     NOTHING_TO_DO = "nothing-to-do"

@@ -8,7 +8,8 @@
    old salvage) is dropped: the index is rewritten atomically without it, or deleted when nothing is left, so the
    broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6).
 
-`repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway).
+`repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
+removes interrupted imports (`staging.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tank_log.storage.datadir import non_regular_entries
 from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
+from tank_log.storage.staging import recover_imports
 from tank_log.storage.swap import plan_swap_recovery
 
 
@@ -122,13 +124,13 @@ def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
 
 
 def repair_base(base_path: str | os.PathLike[str], *, dry_run: bool = False) -> list[str]:
-    """Delete our temporaries in the base directory (a `.cleanup.log` rewrite killed midway), under the base path's
-    lock; return their paths.
+    """Delete our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finish or remove
+    interrupted imports (`staging.recover_imports`), under the base path's lock; return what was done.
 
     Raises:
         PartitionLocked: another job is rewriting `.cleanup.log` right now.
     """
     if dry_run:
-        return our_temps(base_path)
+        return our_temps(base_path) + recover_imports(os.fspath(base_path), dry_run=True)
     with PartitionLock(base_path, "repair"):
-        return remove_our_temps(base_path)
+        return remove_our_temps(base_path) + recover_imports(os.fspath(base_path))

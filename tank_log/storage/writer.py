@@ -303,13 +303,20 @@ def write_partition(
     with_active: bool = True,
     policy: BundlePolicy = BundlePolicy(),
     index_interval: int = DEFAULT_INDEX_INTERVAL,
+    first_segment_ro: bool = False,
 ) -> list[WrittenSegment]:
     """Write messages into a fresh partition directory as the broker would lay them out: RO segments rolled once
     larger than `segment_bytes` (§2.4), the rest as the active segment (`with_active`) or one more RO segment.
 
     A segment is only rolled where the next message continues the counter, so no boundary — in particular the one
     before the active segment (§4.4, §9 rule 3) — has a seq gap; very sparse input makes larger segments.
+    `first_segment_ro`: the messages follow existing segments with a seq gap, so the first segment is rolled at the
+    first place the counter continues (the gap then precedes an RO segment, never the active one).
     Name timestamps: RO = newest message ts in seconds (≈ mtime at roll, §2.2); active = its first message's.
+
+    Raises:
+        ValueError: `first_segment_ro` and no message continues the counter (the gap would precede the active
+            segment), or what `SegmentWriter.add` refuses.
     """
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
@@ -328,7 +335,12 @@ def write_partition(
                 newest = first_ts = m.ts
             writer.add(m)
             newest = max(newest, m.ts)
-            roll_due = writer.size > segment_bytes
+            roll_due = writer.size > segment_bytes or (first_segment_ro and not done)
+        if first_segment_ro and not done and with_active:
+            raise ValueError(
+                "the rows follow the existing segments with a seq gap and no two consecutive seqs to start a new "
+                "active segment at: the gap would precede the active segment (§9 rule 3)"
+            )
         if writer is not None:
             written = writer.finish()
             if written is not None:

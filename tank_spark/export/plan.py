@@ -151,12 +151,7 @@ def prepare(ctx, args):
     target = (
         parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
     )
-    options = dict(cfg.storage_options)
-    for item in args.storage_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise JobConfigError(f"--storage-option {item!r}: expected KEY=VALUE")
-        options[key] = value
+    options = storage_options(cfg.storage_options, args.storage_option)
     try:
         location = TableLocation.of(table, options)
     except ValueError as err:
@@ -199,6 +194,21 @@ def prepare(ctx, args):
             raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
         plans = []  # nothing to export
     return settings, plans, delta_table
+
+
+def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, str]:
+    """`export.storage_options` with `--storage-option KEY=VALUE` flags over them.
+
+    Raises:
+        JobConfigError: a flag without `=`.
+    """
+    options = dict(configured)
+    for item in flags:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise JobConfigError(f"--storage-option {item!r}: expected KEY=VALUE")
+        options[key] = value
+    return options
 
 
 def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], object | None]:

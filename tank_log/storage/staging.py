@@ -1,0 +1,259 @@
+"""Importing whole partitions into a base path, crash-safe (docs/FORMAT.md §9 rules 3, 4, 8).
+
+Writers (one per partition, e.g. a Spark task) write complete segments under the final names into a staging
+directory `BASE/.tank-import-<run>/<writer>/<topic>/<partition>/`, which the broker and our scans ignore (§1.7: a
+`.`-prefixed name). The commit then:
+1. writes `BASE/.tank-import-<run>/COMMIT.json` (fsynced): every staged partition, where it goes, and the active
+   segment to seal when appending. From here on the import rolls forward; before it, it rolls back.
+2. per partition: a new partition directory is renamed into place in one step; appending to an existing one seals
+   its active segment (`<base>-<last>_<ts>.ilog`, ts = its newest message's) and moves the new segments in by seq,
+   index before log, the new active segment last;
+3. creates the empty partition directories a topic lacks below its highest partition (the broker serves partitions
+   0..count-1 of the digit-named directories, §1.4), then removes the staging directory.
+`recover_imports(base)` (run by the import job before it writes, and by `tank-log repair`) finishes an import
+whose COMMIT.json exists and removes one whose does not. Every step is idempotent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+
+from tank_log.errors import ImportRefused
+from tank_log.format.bundle import Message
+from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
+from tank_log.storage.datadir import scan_partition
+from tank_log.storage.fsutil import atomic_write, fsync_dir
+from tank_log.storage.writer import BundlePolicy, write_partition
+
+STAGE_PREFIX = ".tank-import-"
+MANIFEST = "COMMIT.json"
+
+
+@dataclass(frozen=True)
+class StagedPartition:
+    """One partition written into the staging area, ready to commit."""
+
+    topic: str
+    partition: int
+    staged_dir: str
+    target_dir: str
+    first_seq: int
+    last_seq: int
+    messages: int
+    segments: int
+    bytes: int
+    seal: tuple[str, str] | None  # appending: the existing active segment's name → its RO name
+
+
+def stage_root(base: str, run_id: str) -> str:
+    return os.path.join(base, f"{STAGE_PREFIX}{run_id}")
+
+
+def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None:
+    """The last seq of an existing partition (None: it does not exist or holds no segment)."""
+    if not os.path.isdir(target_dir):
+        return None
+    part = scan_partition(target_dir, topic, partition)
+    segments = part.segments
+    if not segments:
+        return None
+    last = segments[-1]
+    if not last.is_active:
+        return last.last
+    walk = last.bundles()
+    seq = None
+    for h in walk:
+        seq = h.last_seq
+    if walk.tail is not None and walk.tail.torn_bytes:
+        raise ImportRefused(
+            f"{last.path}: the active segment ends in a torn bundle at byte {walk.tail.valid_end}: "
+            "run `tank-log salvage` (or the index job with salvage) before appending"
+        )
+    return seq if seq is not None else (part.ro[-1].last if part.ro else None)
+
+
+def stage_partition(
+    base: str,
+    run_id: str,
+    writer_id: str,
+    topic: str,
+    partition: int,
+    messages: Iterable[Message],
+    *,
+    append: bool,
+    segment_bytes: int,
+    policy: BundlePolicy | None = None,
+) -> StagedPartition:
+    """Write one partition's messages (increasing seqs) as segments into the staging area.
+
+    Raises:
+        ImportRefused: the partition exists and `append` is false; the messages do not start above its last seq;
+            seqs do not increase; or a gap before the new active segment cannot be avoided (§9 rule 3).
+    """
+    target = os.path.join(base, topic, str(partition))
+    last = existing_last_seq(target, topic, partition)
+    if last is not None and not append:
+        raise ImportRefused(f"{target}: the partition exists (last seq {last}); append to it or import elsewhere")
+    staged = os.path.join(stage_root(base, run_id), writer_id, topic, str(partition))
+    if os.path.exists(staged):  # an earlier attempt of the same writer
+        shutil.rmtree(staged)
+    it = iter(messages)
+    first = next(it, None)
+    if first is None:
+        raise ImportRefused(f"{target}: no rows")
+    gap_before = last is not None and first.seq != last + 1  # must sit before an RO segment, never the active one
+    try:
+        written = write_partition(
+            staged,
+            _increasing(itertools.chain([first], it), target, last),
+            segment_bytes=segment_bytes,
+            policy=policy or BundlePolicy(),
+            first_segment_ro=gap_before,
+        )
+    except ImportRefused:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    except ValueError as err:  # what the segment writer refuses
+        shutil.rmtree(staged, ignore_errors=True)
+        raise ImportRefused(f"{target}: {err}") from None
+    if not written:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise ImportRefused(f"{target}: no rows")
+    seal = None
+    if last is not None:
+        part = scan_partition(target, topic, partition)
+        if part.active is not None:
+            newest = max(part.active.read_table().column("ts").to_pylist(), default=0)
+            seal = (part.active.file_name, format_ro_name(part.active.base, last, name_ts_from_message_ts(newest)))
+    return StagedPartition(
+        topic,
+        partition,
+        staged,
+        target,
+        written[0].base,
+        written[-1].last,
+        sum(w.messages for w in written),
+        len(written),
+        sum(w.size for w in written),
+        seal,
+    )
+
+
+def _increasing(messages: Iterable[Message], target: str, last: int | None) -> Iterator[Message]:
+    prev = last
+    for i, m in enumerate(messages):
+        if prev is not None and m.seq <= prev:
+            what = "the partition's last seq" if i == 0 else "the previous row"
+            raise ImportRefused(
+                f"{target}: seq {m.seq} is not above {what} ({prev}): rows must be sorted by seq, each partition in "
+                "one task (repartition(topic, partition) and sortWithinPartitions seq)"
+            )
+        prev = m.seq
+        yield m
+
+
+def commit_import(base: str, run_id: str, staged: list[StagedPartition]) -> None:
+    """Move every staged partition into place (see the module doc); crash-safe, recoverable.
+
+    Raises:
+        ImportRefused: two writers staged the same partition, or a new partition's directory appeared meanwhile.
+    """
+    seen: dict[tuple[str, int], str] = {}
+    for s in staged:
+        if (s.topic, s.partition) in seen:
+            raise ImportRefused(
+                f"{s.topic}/{s.partition}: rows of one partition were written by two tasks "
+                "(repartition(topic, partition) before writing)"
+            )
+        seen[(s.topic, s.partition)] = s.staged_dir
+    root = stage_root(base, run_id)
+    for s in staged:
+        if s.seal is None and os.path.exists(s.target_dir) and os.listdir(s.target_dir):
+            raise ImportRefused(f"{s.target_dir}: appeared while importing; nothing was moved")
+    atomic_write(os.path.join(root, MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
+    fsync_dir(root)
+    _roll_forward(base, root)
+
+
+def abort_import(base: str, run_id: str) -> None:
+    """Remove the staging directory of a run that did not commit."""
+    shutil.rmtree(stage_root(base, run_id), ignore_errors=True)
+
+
+def recover_imports(base: str, *, dry_run: bool = False) -> list[str]:
+    """Finish (COMMIT.json present) or remove (absent) interrupted imports under `base`; what was done."""
+    done = []
+    for name in sorted(os.listdir(base)):
+        root = os.path.join(base, name)
+        if not name.startswith(STAGE_PREFIX) or not os.path.isdir(root):
+            continue
+        if os.path.exists(os.path.join(root, MANIFEST)):
+            done.append(f"finished the interrupted import {name}")
+            if not dry_run:
+                _roll_forward(base, root)
+        else:
+            done.append(f"removed the uncommitted import {name}")
+            if not dry_run:
+                shutil.rmtree(root)
+    if done and not dry_run:
+        fsync_dir(base)
+    return done
+
+
+def _roll_forward(base: str, root: str) -> None:
+    with open(os.path.join(root, MANIFEST), "rb") as fh:
+        entries = json.load(fh)
+    for e in entries:
+        s = StagedPartition(**{**e, "seal": tuple(e["seal"]) if e["seal"] else None})
+        topic_dir = os.path.dirname(s.target_dir)
+        if not os.path.isdir(topic_dir):
+            os.makedirs(topic_dir)
+            fsync_dir(os.path.dirname(topic_dir))
+        if s.seal is None:
+            if os.path.isdir(s.staged_dir):
+                if os.path.isdir(s.target_dir) and not os.listdir(s.target_dir):
+                    os.rmdir(s.target_dir)  # an empty directory (e.g. made by hand): replaced in one step
+                os.rename(s.staged_dir, s.target_dir)
+                fsync_dir(topic_dir)
+            continue
+        active, sealed = s.seal
+        if os.path.exists(os.path.join(s.target_dir, active)):
+            os.rename(os.path.join(s.target_dir, active), os.path.join(s.target_dir, sealed))
+            fsync_dir(s.target_dir)
+        if os.path.isdir(s.staged_dir):
+            for name in _in_commit_order(os.listdir(s.staged_dir)):
+                os.rename(os.path.join(s.staged_dir, name), os.path.join(s.target_dir, name))
+            fsync_dir(s.target_dir)
+    _fill_partition_ids(sorted({os.path.dirname(e["target_dir"]) for e in entries}))
+    shutil.rmtree(root)
+    fsync_dir(base)
+
+
+def _fill_partition_ids(topic_dirs: list[str]) -> None:
+    """Create the empty partition directories a topic lacks below its highest one: the broker counts digit-named
+    entries and serves partitions 0..count-1 (§1.4), so a topic with only `1/` would lose it (or abort startup)."""
+    for topic_dir in topic_dirs:
+        ids = [int(n) for n in os.listdir(topic_dir) if n.isdigit()]
+        missing = [i for i in range(max(ids, default=-1) + 1) if not os.path.exists(os.path.join(topic_dir, str(i)))]
+        for i in missing:
+            os.mkdir(os.path.join(topic_dir, str(i)))
+        if missing:
+            fsync_dir(topic_dir)
+
+
+def _in_commit_order(names: list[str]) -> list[str]:
+    """Segments by base, each index before its log, the active segment last (never an active one before the RO
+    segments it follows)."""
+
+    def key(name: str) -> tuple[int, int, int]:
+        parsed = parse_name(name)
+        if not isinstance(parsed, FileName):
+            raise ImportRefused(f"{name}: not a segment file in a staged partition")
+        return (1 if parsed.kind is Kind.ACTIVE else 0, parsed.base, 0 if parsed.kind is Kind.INDEX else 1)
+
+    return sorted((n for n in names if not n.startswith(".")), key=key)

@@ -1,0 +1,227 @@
+"""The import job: a Delta table written by the export (or any table with its columns) → TANK partitions under a
+broker base path, through the `tank` data source writer (`sink.py`): rehydrate a broker, seed a new cluster.
+
+Planning (driver, before Spark starts): the table's (topic, partition)s with their row counts and seq ranges; for
+each, the target partition's last seq. A partition that exists is refused (reported failed) unless `--append`,
+which imports only its rows above that last seq (so re-running an import adds nothing twice). Values come back
+byte for byte from `binary` tables and from `utf8` tables (`raw_value` holds the rows that were not UTF-8); a `json`
+table holds decoded columns, not the producer's bytes, and is refused. The write is one Spark job: a task per
+partition reads its rows from the table (delta-rs, any storage the export supports), sorted by seq; the driver's
+commit moves every partition into place at once (a failed job leaves nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tank_log.errors import JobConfigError
+from tank_log.maintenance.outcome import Status
+from tank_log.storage.holders import held_reason, holders
+from tank_log.storage.staging import existing_last_seq, recover_imports
+from tank_spark.export.location import TableLocation
+from tank_spark.runner import count_by, run_job
+from tank_spark.schema import ROW_SCHEMA, ROW_STRUCT, TS_RAW
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("topic", "partition", "seq", "ts", "key", "value")
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    topic: str
+    partition: int
+    rows: int  # rows to import (above `existing_last` when appending)
+    first_seq: int | None
+    last_seq: int | None
+    existing_last: int | None  # the target partition's last seq (None: absent or empty)
+
+
+@dataclass(frozen=True)
+class ImportSettings:
+    location: TableLocation
+    base: str
+    append: bool
+    segment_bytes: int | None
+    value_is_text: bool
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--table", help="the Delta table to import: a path or URI (default export.table)")
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="as for the export")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="continue partitions that exist with their rows above the partition's last seq (default: refuse them)",
+    )
+    p.add_argument("--segment-bytes", metavar="SIZE", help="roll segments at this size (default: log.segment.bytes)")
+
+
+def prepare(ctx, args) -> tuple[ImportSettings, list[ImportPlan]]:
+    from tank_log.jobs.config import parse_size_arg
+    from tank_spark.export.plan import storage_options
+
+    if len(ctx.data_dirs) != 1:
+        raise JobConfigError("import writes into one base path: pass one --data-dir")
+    base = ctx.data_dirs[0]
+    table = args.table or ctx.config.export.table
+    if not table:
+        raise JobConfigError("no Delta table: pass --table PATH_OR_URI or set export.table")
+    try:
+        location = TableLocation.of(table, storage_options(ctx.config.export.storage_options, args.storage_option))
+    except ValueError as err:
+        raise JobConfigError(str(err)) from None
+    delta = location.open()
+    if delta is None:
+        raise JobConfigError(f"no Delta table at {location}")
+    names = {f.name: f for f in pa.schema(delta.schema().to_arrow())}
+    missing = [c for c in REQUIRED if c not in names]
+    if missing:
+        raise JobConfigError(f"table {location} lacks column(s) {', '.join(missing)}: not a tank-log export")
+    value_type = names["value"].type
+    if value_type not in (pa.binary(), pa.large_binary(), pa.string(), pa.large_string(), pa.binary_view()):
+        raise JobConfigError(
+            f"table {location}: value is {value_type}; only binary and utf8 exports keep the producer's bytes "
+            "(a json export holds decoded columns)"
+        )
+    held = holders([base])
+    if held and not ctx.dry_run:
+        raise JobConfigError(f"{base}: {held_reason(held)}")
+    if not ctx.dry_run:
+        for action in recover_imports(base):
+            log.warning("import: %s", action)
+    settings = ImportSettings(
+        location,
+        base,
+        args.append,
+        parse_size_arg(args.segment_bytes, "--segment-bytes") if args.segment_bytes else None,
+        pa.types.is_string(value_type) or pa.types.is_large_string(value_type),
+    )
+    return settings, plan_import(ctx, settings, delta)
+
+
+def plan_import(ctx, settings: ImportSettings, delta) -> list[ImportPlan]:
+    """Per (topic, partition) of the table: what would be imported."""
+    import os
+
+    import pyarrow.compute as pc
+
+    keys = delta.to_pyarrow_dataset().to_table(columns=["topic", "partition", "seq"])
+    if ctx.topics is not None:
+        keys = keys.filter(pc.is_in(keys["topic"], pa.array(sorted(ctx.topics))))
+    if not keys.num_rows:
+        raise JobConfigError(f"table {settings.location} has no rows{' of these topics' if ctx.topics else ''}")
+    plans = []
+    for topic, partition in sorted(set(zip(keys["topic"].to_pylist(), keys["partition"].to_pylist(), strict=True))):
+        target = os.path.join(settings.base, topic, str(partition))
+        last = existing_last_seq(target, topic, partition)
+        seqs = keys.filter(pc.and_(pc.equal(keys["topic"], topic), pc.equal(keys["partition"], partition)))["seq"]
+        if last is not None and settings.append:
+            seqs = seqs.filter(pc.greater(seqs, last))
+        mm = pc.min_max(seqs) if len(seqs) else None
+        plans.append(
+            ImportPlan(
+                topic,
+                partition,
+                len(seqs),
+                mm["min"].as_py() if mm else None,
+                mm["max"].as_py() if mm else None,
+                last,
+            )
+        )
+    return plans
+
+
+def execute(ctx, prepared, spark):
+    settings, plans = prepared
+    t0 = time.monotonic()
+    results = []
+    work = []
+    for p in plans:
+        r = {
+            "topic": p.topic,
+            "partition": p.partition,
+            "rows": p.rows,
+            "first_seq": p.first_seq,
+            "last_seq": p.last_seq,
+            "existing_last_seq": p.existing_last,
+        }
+        if p.existing_last is not None and not settings.append:
+            r.update(status=Status.FAILED, error=f"exists (last seq {p.existing_last}): pass --append to continue it")
+        elif not p.rows:
+            r.update(status=Status.UP_TO_DATE)
+        else:
+            r["status"] = Status.DRY_RUN if ctx.dry_run else Status.PENDING
+            work.append(p)
+        results.append(r)
+    if work and not ctx.dry_run:
+        log.info("import: writing %d partitions (%d rows) into %s", len(work), sum(p.rows for p in work), settings.base)
+        frame = spark.range(0, len(work), 1, len(work)).mapInArrow(_reader(settings, work), ROW_STRUCT)
+        writer = frame.write.format("tank").mode("append").option("existing", "append" if settings.append else "error")
+        if settings.segment_bytes:
+            writer = writer.option("segment_bytes", str(settings.segment_bytes))
+        from tank_spark.source import register
+
+        register(spark)
+        writer.save(settings.base)
+        done = {(p.topic, p.partition) for p in work}
+        for r in results:
+            if (r["topic"], r["partition"]) in done:
+                r["status"] = Status.IMPORTED
+    elapsed = time.monotonic() - t0
+    rows = sum(p.rows for p in work)
+    summary = {
+        "table": str(settings.location),
+        "base": settings.base,
+        "partitions": len(plans),
+        "by_status": count_by(results),
+        "rows": rows,
+        "import_s": round(elapsed, 3),
+        "rows_per_s": round(rows / elapsed) if elapsed and not ctx.dry_run else None,
+    }
+    return [{**r, "status": str(r["status"])} for r in results], summary
+
+
+def _reader(settings: ImportSettings, work: list[ImportPlan]):
+    """mapInArrow: task i reads partition work[i] from the table, sorted by seq, as the data source's rows."""
+    location, text = settings.location, settings.value_is_text
+
+    def read(batches):
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                p = work[i]
+                cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
+                if p.existing_last is not None:
+                    cond = cond & (ds.field("seq") > p.existing_last)
+                dataset = location.open().to_pyarrow_dataset()
+                cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
+                t = dataset.to_table(filter=cond, columns=cols).sort_by("seq")
+                value = t["value"]
+                if text:  # utf8 exports: the bytes of undecodable values are in raw_value
+                    value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
+                ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
+                out = pa.table(
+                    [t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA
+                )
+                yield from out.to_batches(max_chunksize=64 * 1024)
+
+    return read
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(
+        "import_delta",
+        "Import a Delta table (a tank-log export) into TANK partitions under a base path.",
+        add_options,
+        prepare,
+        execute,
+        argv,
+    )

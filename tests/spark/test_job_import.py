@@ -1,0 +1,182 @@
+"""#11.5: the way back — jobs/import_delta.py and the `tank` data source writer: Delta → TANK partitions."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump_lines
+from test_job_export import Lake, roll_and_append
+from test_job_export import run_job as run_export
+
+from tank_log.format.bundle import Message
+from tank_log.storage.datadir import partitions_at, scan_data_dir
+from tank_log.storage.writer import write_segment
+
+IMPORT = os.path.join(ROOT, "jobs", "import_delta.py")
+TANK_LOG = os.path.join(os.path.dirname(sys.executable), "tank-log")
+
+
+def run_import(*args, env_extra=None):
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **(env_extra or {}))
+    return subprocess.run(
+        [sys.executable, IMPORT, "--master", "local[2]", *args], capture_output=True, text=True, timeout=600, env=env
+    )
+
+
+def all_fixtures(root) -> dict[str, tuple[str, str]]:
+    """Every fixture's topics in one base path, as `<fixture>__<topic>` (fixtures share topic names): new topic →
+    (fixture, topic)."""
+    os.makedirs(root)
+    names = {}
+    for name in DATASETS:
+        for topic in os.listdir(data_dir(name)):
+            if os.path.isdir(os.path.join(data_dir(name), topic)) and not topic.startswith("."):
+                copy_tree(os.path.join(data_dir(name), topic), os.path.join(root, f"{name}__{topic}"))
+                names[f"{name}__{topic}"] = (name, topic)
+    return names
+
+
+def dump_lines(base) -> list[str]:
+    r = subprocess.run([TANK_LOG, "dump", base], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.splitlines()
+
+
+def layout_problems(base) -> list[str]:
+    """What the broker's rules forbid (TANK_FORMAT.md §1.4, §9 rules 3, 4, 6) in a base path."""
+    out = [f"{p.path}: {p.message}" for p in scan_data_dir(base).all_problems() if p.severity != "warning"]
+    for topic in os.listdir(base):
+        tdir = os.path.join(base, topic)
+        if topic.startswith(".") or not os.path.isdir(tdir):
+            if topic.startswith(".tank-import-"):
+                out.append(f"{tdir}: staging left behind")
+            continue
+        ids = sorted(int(n) for n in os.listdir(tdir) if n.isdigit())
+        if ids != list(range(len(ids))):
+            out.append(f"{tdir}: partitions {ids} are not 0..N-1 (§1.4)")
+    for part in partitions_at(base):
+        logs = [n for n in os.listdir(part.path) if n.endswith(".log")]
+        if len(logs) > 1:
+            out.append(f"{part.path}: two .log files")
+        if part.ro and (part.active is None or part.active.size == 0):
+            out.append(f"{part.path}: RO segments without a non-empty active segment (rule 4)")
+        for a, b in zip(part.ro, part.ro[1:], strict=False):
+            if b.base <= a.last:
+                out.append(f"{part.path}: overlapping RO segments {a.file_name} {b.file_name}")
+        if part.ro and part.active is not None and part.active.base != part.ro[-1].last + 1:
+            out.append(f"{part.path}: a seq gap before the active segment (rule 3)")
+        for seg in part.segments:
+            if not seg.ts:
+                out.append(f"{seg.path}: name ts 0 (rule 6)")
+    return out
+
+
+def tree(base) -> dict[str, int]:
+    return {
+        os.path.relpath(os.path.join(d, f), base): os.path.getsize(os.path.join(d, f))
+        for d, _, files in os.walk(base)
+        for f in files
+        if not f.startswith(".")
+    }
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request, tmp_path):
+    return Lake(tmp_path, request.getfixturevalue("s3_server") if request.param == "s3" else None)
+
+
+def test_every_fixture_round_trips_through_delta(tmp_path, lake):
+    """Every fixture → export to Delta → import into an empty base path: `tank-log dump` gives the fixture's dump
+    line for line, verify is clean, the broker's layout rules hold; a second import refuses the existing partitions
+    (or, with --append, finds nothing new) and changes nothing."""
+    src = str(tmp_path / "src")
+    names = all_fixtures(src)
+    r = run_export("--data-dir", src, "--table", lake.uri, *lake.flags, env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    dst = str(tmp_path / "dst")
+    os.makedirs(dst)
+    args = ["--data-dir", dst, "--table", lake.uri, *lake.flags]
+    r = run_import(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(tmp_path / "1.json"))
+    assert {p["status"] for p in rep["partitions"]} == {"imported"}
+    want = []
+    for new, (name, topic) in sorted(names.items()):
+        for (t, _), lines in sorted(load_dump_lines(name).items()):
+            if t == topic:
+                want += [x.replace(f'"topic":"{topic}"', f'"topic":"{new}"', 1) for x in lines]
+    got = dump_lines(dst)
+    assert rep["summary"]["rows"] == len(want)
+    assert sorted(got) == sorted(want) and len(got) == len(want)
+    assert subprocess.run([TANK_LOG, "verify", dst], capture_output=True, timeout=600).returncode == 0
+    assert layout_problems(dst) == []
+
+    before = tree(dst)
+    r = run_import(*args, "--report", str(tmp_path / "2.json"), env_extra=lake.env)
+    assert r.returncode == 1
+    parts = json.load(open(tmp_path / "2.json"))["partitions"]
+    assert {p["status"] for p in parts} == {"failed"} and all("exists" in p["error"] for p in parts)
+    r = run_import(*args, "--append", "--report", str(tmp_path / "3.json"), env_extra=lake.env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {p["status"] for p in json.load(open(tmp_path / "3.json"))["partitions"]} == {"up-to-date"}
+    assert tree(dst) == before
+
+
+def test_append_continues_partitions_also_across_a_seq_gap(tmp_path):
+    """--append imports only what is above each partition's last seq: the old active segment is sealed under its
+    true last seq; rows after a seq gap start an RO segment, so the gap never precedes the active one (§9 rule 3)."""
+    lake = Lake(tmp_path)
+    src = copy_tree(data_dir("A_multi"), str(tmp_path / "src"))
+    dst = str(tmp_path / "dst")
+    os.makedirs(dst)
+    exp = ["--data-dir", src, "--table", lake.uri, "--topics", "events,seqgap"]
+    imp = ["--data-dir", dst, "--table", lake.uri, "--append"]
+    assert run_export(*exp).returncode == 0
+    assert run_import(*imp).returncode == 0
+
+    roll_and_append(src, "events", 30)  # continues the counter
+    for part in partitions_at(src, ["seqgap"]):  # a new active segment 100 seqs above the last one
+        a = part.active
+        last = max(m.seq for m in a.messages())
+        os.rename(a.path, os.path.join(part.path, f"{a.base}-{last}_{a.name.ts}.ilog"))
+        msgs = [Message(last + 100 + i, 1_800_000_000_000 + i, b"k", b"after-gap-%d" % i) for i in range(12)]
+        write_segment(part.path, msgs, active=True, ts=1_800_000_000)
+    assert run_export(*exp).returncode == 0
+    r = run_import(*imp, "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(tmp_path / "r.json"))
+    assert rep["summary"]["rows"] == 30 * 3 + 12 * len(partitions_at(src, ["seqgap"]))
+    assert sorted(dump_lines(dst)) == sorted(
+        x for x in dump_lines(src) if '"topic":"events"' in x or '"topic":"seqgap"' in x
+    )
+    assert layout_problems(dst) == []
+    assert subprocess.run([TANK_LOG, "verify", dst], capture_output=True, timeout=600).returncode == 0
+    for part in partitions_at(dst, ["seqgap"]):
+        assert len(part.ro) >= 2 and part.ro[-1].base == part.ro[-1].last  # the message after the gap, alone in RO
+
+
+def test_the_writer_refuses_bad_input_and_leaves_nothing(spark, tmp_path):
+    """A partition's rows in two tasks, or an existing partition without existing=append: the write fails and the
+    base path is exactly as before (the staging directory is gone)."""
+    from pyspark.sql import functions as F
+
+    from tank_spark.source import register
+
+    register(spark)
+    dst = str(tmp_path / "dst")
+    shutil.copytree(data_dir("C_misc"), dst)
+    before = tree(dst)
+    df = spark.read.format("tank").load(data_dir("A_multi")).where(F.col("topic") == "events")
+    with pytest.raises(Exception, match="two tasks|not contiguous"):
+        df.repartition(4).sortWithinPartitions("topic", "partition", "seq").write.format("tank").mode("append").save(
+            dst
+        )
+    with pytest.raises(Exception, match="the partition exists"):
+        spark.read.format("tank").load(data_dir("C_misc")).write.format("tank").mode("append").save(dst)
+    with pytest.raises(Exception, match="overwrite"):
+        df.write.format("tank").mode("overwrite").save(dst)
+    assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]

@@ -1,0 +1,75 @@
+"""#11.5: importing partitions through a staging directory — crash at any point, then recovery, leaves either the
+whole import or nothing (TANK_FORMAT.md §9 rules 3, 4, 8)."""
+
+import json
+import os
+from dataclasses import asdict
+
+import pytest
+
+from tank_log.errors import ImportRefused
+from tank_log.format.bundle import Message
+from tank_log.storage.datadir import partitions_at
+from tank_log.storage.fsutil import atomic_write
+from tank_log.storage.repair import repair_base
+from tank_log.storage.staging import MANIFEST, commit_import, stage_partition, stage_root
+from tank_log.storage.writer import write_partition
+
+
+def msgs(lo, hi, step=1):
+    return [Message(s, 1_800_000_000_000 + s, None, b"v%d" % s) for s in range(lo, hi + 1, step)]
+
+
+def messages_of(base):
+    return {(p.topic, p.id): [m.seq for s in p.segments for m in s.messages()] for p in partitions_at(base)}
+
+
+def test_a_new_topic_and_an_appended_partition_commit_together(tmp_path):
+    base = str(tmp_path)
+    write_partition(os.path.join(base, "old", "0"), msgs(1, 50), segment_bytes=400)
+    staged = [
+        stage_partition(base, "r1", "0-0", "new", 2, msgs(1, 30), append=False, segment_bytes=300),
+        stage_partition(base, "r1", "1-0", "old", 0, msgs(51, 80), append=True, segment_bytes=1 << 30),
+    ]
+    assert messages_of(base) == {("old", 0): list(range(1, 51))}  # nothing visible before the commit
+    commit_import(base, "r1", staged)
+    got = messages_of(base)
+    assert got[("old", 0)] == list(range(1, 81)) and got[("new", 2)] == list(range(1, 31))
+    assert got[("new", 0)] == got[("new", 1)] == []  # the broker serves partitions 0..N-1 (§1.4)
+    assert not os.path.exists(stage_root(base, "r1"))
+
+
+@pytest.mark.parametrize("point", ["before-manifest", "after-manifest", "after-seal"])
+def test_recovery_after_a_crash_finishes_or_removes_the_import(tmp_path, point):
+    base = str(tmp_path)
+    write_partition(os.path.join(base, "t", "0"), msgs(1, 20), segment_bytes=200)
+    staged = [stage_partition(base, "r2", "0-0", "t", 0, msgs(21, 40), append=True, segment_bytes=1 << 30)]
+    if point != "before-manifest":  # the commit point: the manifest is durable
+        atomic_write(os.path.join(stage_root(base, "r2"), MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
+    if point == "after-seal":
+        active, sealed = staged[0].seal
+        os.rename(os.path.join(base, "t", "0", active), os.path.join(base, "t", "0", sealed))
+    done = repair_base(base)
+    assert len(done) == 1 and not os.path.exists(stage_root(base, "r2"))
+    want = list(range(1, 21)) if point == "before-manifest" else list(range(1, 41))
+    assert messages_of(base) == {("t", 0): want}
+    part = partitions_at(base)[0]
+    assert part.active is not None and (not part.ro or part.active.base == part.ro[-1].last + 1)
+
+
+def test_refusals(tmp_path):
+    base = str(tmp_path)
+    write_partition(os.path.join(base, "t", "0"), msgs(1, 10))
+    with pytest.raises(ImportRefused, match="the partition exists"):
+        stage_partition(base, "r", "0-0", "t", 0, msgs(11, 12), append=False, segment_bytes=1 << 20)
+    with pytest.raises(ImportRefused, match="not above the partition's last seq"):
+        stage_partition(base, "r", "0-0", "t", 0, msgs(10, 12), append=True, segment_bytes=1 << 20)
+    with pytest.raises(ImportRefused, match="not above the previous row"):
+        stage_partition(base, "r", "0-0", "t", 0, [*msgs(11, 12), *msgs(12, 12)], append=True, segment_bytes=1 << 20)
+    with pytest.raises(ImportRefused, match="gap would precede the active segment"):
+        stage_partition(base, "r", "0-0", "t", 0, msgs(20, 30, 2), append=True, segment_bytes=1 << 20)
+    a = stage_partition(base, "r", "0-0", "u", 0, msgs(1, 5), append=False, segment_bytes=1 << 20)
+    b = stage_partition(base, "r", "1-0", "u", 0, msgs(6, 9), append=False, segment_bytes=1 << 20)
+    with pytest.raises(ImportRefused, match="two tasks"):
+        commit_import(base, "r", [a, b])
+    assert messages_of(base) == {("t", 0): list(range(1, 11))}
