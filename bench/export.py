@@ -1,5 +1,7 @@
 """Delta export benchmark: >= 1M messages through jobs/export_delta.py on local[2], beside writing the same rows
-from a Parquet copy into Delta with the same engine (deltalake's write_deltalake).
+from a Parquet copy into Delta with the same engine (deltalake's write_deltalake); then the way back: the table
+through jobs/import_delta.py into an empty base path, beside the library's writer (write_partition) writing the same
+rows in process.
 
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
 """
@@ -81,6 +83,8 @@ def main() -> None:
     s = rep["summary"]
 
     # the same rows from a Parquet copy into Delta with the same engine
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
     from deltalake import DeltaTable, write_deltalake
 
@@ -92,6 +96,47 @@ def main() -> None:
     t1 = time.perf_counter()
     write_deltalake(other, pq.read_table(copy), partition_by=["topic", "date"])
     parquet_to_delta = time.perf_counter() - t1
+
+    # the way back: Delta → TANK through the import job, beside the library's writer on the same rows
+    imported, import_report = os.path.join(work, "imported"), os.path.join(work, "import.json")
+    shutil.rmtree(imported, ignore_errors=True)
+    os.makedirs(imported)
+    t2 = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "jobs", "import_delta.py"),
+            "--master",
+            "local[2]",
+            "--data-dir",
+            imported,
+            "--table",
+            table,
+            "--report",
+            import_report,
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+    )
+    import_wall = time.perf_counter() - t2
+    imp = json.load(open(import_report))["summary"]
+    written = os.path.join(work, "written")
+    shutil.rmtree(written, ignore_errors=True)
+    t3 = time.perf_counter()
+    for p in range(args.partitions):
+        part = rows.filter(pc.equal(rows["partition"], p)).sort_by("seq")
+        ts_ms = pc.divide(part["ts"].cast(pa.int64()), 1000).to_pylist()  # µs → the producer's ms
+        cols = part.select(["seq", "key", "value"]).to_pydict()
+        write_partition(
+            os.path.join(written, "bench", str(p)),
+            (
+                Message(seq, ts, key, value)
+                for seq, ts, key, value in zip(cols["seq"], ts_ms, cols["key"], cols["value"], strict=True)
+            ),
+            segment_bytes=64 << 20,
+        )
+    library_writer = time.perf_counter() - t3
 
     out = {
         "machine": machine(),
@@ -106,6 +151,11 @@ def main() -> None:
         "mb_per_s_job": round(data_bytes / s["export_s"] / 1e6, 1),
         "parquet_to_delta_s": round(parquet_to_delta, 2),
         "ratio_job_vs_parquet_to_delta": round(s["export_s"] / parquet_to_delta, 2),
+        "import_process_wall_s": round(import_wall, 2),
+        "import_job_s": imp["import_s"],
+        "rows_per_s_import_job": imp["rows_per_s"],
+        "library_writer_s": round(library_writer, 2),
+        "ratio_import_job_vs_library_writer": round(imp["import_s"] / library_writer, 2),
     }
     print(json.dumps(out, indent=2))
 

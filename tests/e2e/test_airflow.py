@@ -55,6 +55,16 @@ def probe(env, *args, timeout=900):
     return json.loads(lines[-1][len("PROBE-RESULT ") :]), r
 
 
+def job_env(airflow_env, conf, tmp_path) -> dict:
+    """The Airflow environment with the Variables of a DAG run: this checkout, the job config, a reports directory."""
+    return dict(
+        airflow_env,
+        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
+        AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf),
+        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
+    )
+
+
 def test_dags_import_with_the_expected_shape(airflow_env):
     out, _ = probe(airflow_env, "inspect")
     assert out["errors"] == {}
@@ -123,12 +133,7 @@ def test_retention_dag_end_to_end_and_failure(airflow_env, tmp_path):
     base = _retention_data(str(tmp_path))
     conf = tmp_path / "job.yaml"
     conf.write_text(f"data_dirs: [{base}]\nbroker_stopped: true\n")
-    env = dict(
-        airflow_env,
-        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
-        AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf),
-        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
-    )
+    env = job_env(airflow_env, conf, tmp_path)
     out, r = probe(env, "run", "tank_retention_hourly")
     assert out["state"] == "success", (out, r.stdout[-4000:])
     (part,) = scan_data_dir(base).partitions()
@@ -288,13 +293,7 @@ def test_export_dag_to_an_s3_destination(airflow_env, tmp_path, s3_server):
     conf = tmp_path / "job.yaml"
     options = {"AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ALLOW_HTTP": "true"}
     conf.write_text(json.dumps({"data_dirs": [base], "export": {"storage_options": options}}))
-    env = dict(
-        airflow_env,
-        **s3_server["env"],
-        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
-        AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf),
-        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
-    )
+    env = dict(job_env(airflow_env, conf, tmp_path), **s3_server["env"])
     run_conf = {"destination": "s3://dag-lake/events", "topics": "events"}
     out, r = probe(env, "run", "tank_export_adhoc", json.dumps(run_conf))
     assert out["state"] == "success", (out, r.stdout[-4000:])
@@ -315,12 +314,7 @@ def test_nightly_export_then_upkeep(airflow_env, tmp_path):
     table = str(tmp_path / "lake")
     conf = tmp_path / "job.yaml"
     conf.write_text(json.dumps({"data_dirs": [base], "export": {"table": table}}))
-    env = dict(
-        airflow_env,
-        AIRFLOW_VAR_TANK_LOG_HOME=ROOT,
-        AIRFLOW_VAR_TANK_LOG_CONFIG=str(conf),
-        AIRFLOW_VAR_TANK_LOG_REPORTS=str(tmp_path / "reports"),
-    )
+    env = job_env(airflow_env, conf, tmp_path)
     out, r = probe(env, "run", "tank_export_nightly")
     assert out["state"] == "success", (out, r.stdout[-4000:])
     assert set(out["tasks"].values()) == {"success"}

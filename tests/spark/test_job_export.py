@@ -146,11 +146,14 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     assert table_rows(lake) == sorted(expected) and lake.table().version() == 2
 
 
-def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, lake):
+def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, s3_server):
     """#11.4: --optimize compacts the small files of incremental runs, --vacuum deletes what no version within the
     retention needs; both report files/bytes before and after and keep every row and every partition's version.
-    #11.2: a run going longer than the orphan horizon does not commit (its files could be swept)."""
+    #11.2: a run going longer than the orphan horizon does not commit (its files could be swept). On the S3 server
+    (the local table's upkeep runs in the Airflow test of tank_export_nightly)."""
     from tank_spark.export.location import TableLocation
+
+    lake = Lake(tmp_path, s3_server)
 
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events"]
