@@ -30,7 +30,14 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from tank_log.errors import ImportRefused
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.bundle import Message
-from tank_log.storage.staging import StagedPartition, abort_import, commit_import, stage_partition
+from tank_log.storage.staging import (
+    MANIFEST,
+    StagedPartition,
+    abort_import,
+    commit_import,
+    stage_partition,
+    stage_root,
+)
 from tank_log.storage.writer import BundlePolicy
 
 EXISTING = ("error", "append")
@@ -91,7 +98,9 @@ class TankWriter(DataSourceArrowWriter):
         try:
             commit_import(self.base, self.run_id, staged)
         except BaseException:
-            if not os.path.exists(os.path.join(self.base, f".tank-import-{self.run_id}", "COMMIT.json")):
+            if not os.path.exists(
+                os.path.join(stage_root(self.base, self.run_id), MANIFEST)
+            ):  # before the commit point
                 abort_import(self.base, self.run_id)
             raise
 
