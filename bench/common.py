@@ -1,10 +1,14 @@
-"""Helpers shared by the benchmarks: the BENCH.md message generator, timing, peak RSS."""
+"""Helpers shared by the benchmarks: the BENCH.md message generator, timing, peak RSS, running a job."""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import random
 import resource
+import subprocess
+import sys
 import time
 
 SEED = 2026
@@ -40,8 +44,6 @@ def bundle_messages(b: int) -> list[tuple[int, bytes, bytes]]:
 
 
 def machine() -> str:
-    import os
-
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
@@ -58,3 +60,22 @@ class Timer:
     def __exit__(self, *exc):
         self.wall = time.perf_counter() - self.wall0
         self.cpu = time.process_time() - self.cpu0
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_job(job: str, *args: str, master: str = "local[2]", report: str | None = None) -> tuple[float, dict | None]:
+    """Run jobs/<job>.py on local Spark (loopback): its process wall time in seconds and, with `report`, the JSON
+    report it wrote there. A failing job stops the benchmark with its stderr."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [sys.executable, os.path.join(ROOT, "jobs", f"{job}.py"), "--master", master, *args]
+    t0 = time.perf_counter()
+    r = subprocess.run([*cmd, *(["--report", report] if report else [])], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"{job} failed ({r.returncode}): {r.stderr[-2000:]}")
+    if report is None:
+        return wall, None
+    with open(report) as fh:
+        return wall, json.load(fh)

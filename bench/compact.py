@@ -27,7 +27,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from common import BUNDLE, bundle_messages, machine  # noqa: E402
+from common import BUNDLE, bundle_messages, machine, run_job  # noqa: E402
 
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
 from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_partition  # noqa: E402
@@ -80,31 +80,10 @@ print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_b
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_job(data_dir: str, master: str) -> dict:
+def run_compaction(data_dir: str, master: str) -> dict:
     """Process wall time, the job's own duration (report: after Spark start) and Σ per-partition durations."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     report = os.path.join(os.path.dirname(data_dir), f"report-{master}.json")
-    t0 = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "jobs", "compact.py"),
-            "--master",
-            master,
-            "--data-dir",
-            data_dir,
-            "--broker-stopped",
-            "--force",
-            "--report",
-            report,
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-    )
-    wall = time.perf_counter() - t0
-    with open(report) as fh:
-        rep = json.load(fh)
+    wall, rep = run_job("compact", "--data-dir", data_dir, "--broker-stopped", "--force", master=master, report=report)
     return {
         "process_wall_s": round(wall, 1),
         "job_duration_s": round(rep["duration_s"], 1),
@@ -176,7 +155,7 @@ def main() -> None:
                 shutil.copytree(small, os.path.join(data, "bench", str(p)))
             with open(os.path.join(data, "bench", "config"), "w") as fh:
                 fh.write("log.cleanup.policy=cleanup\n")
-            scaling[master] = run_job(data, master)
+            scaling[master] = run_compaction(data, master)
             shutil.rmtree(data, ignore_errors=True)
         msgs = 8 * args.scaling_bundles * BUNDLE
         one, two = scaling["local[1]"]["job_duration_s"], scaling["local[2]"]["job_duration_s"]

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from common import BUNDLE, bundle_messages, machine  # noqa: E402
+from common import BUNDLE, bundle_messages, machine, run_job  # noqa: E402
 
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
 from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
@@ -59,27 +58,7 @@ def main() -> None:
     generate(base, args.messages, args.partitions)
     data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
 
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    t0 = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "jobs", "export_delta.py"),
-            "--master",
-            "local[2]",
-            "--data-dir",
-            base,
-            "--table",
-            table,
-            "--report",
-            report,
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-    )
-    wall = time.perf_counter() - t0
-    rep = json.load(open(report))
+    wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)
     s = rep["summary"]
 
     # the same rows from a Parquet copy into Delta with the same engine
@@ -101,26 +80,8 @@ def main() -> None:
     imported, import_report = os.path.join(work, "imported"), os.path.join(work, "import.json")
     shutil.rmtree(imported, ignore_errors=True)
     os.makedirs(imported)
-    t2 = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "jobs", "import_delta.py"),
-            "--master",
-            "local[2]",
-            "--data-dir",
-            imported,
-            "--table",
-            table,
-            "--report",
-            import_report,
-        ],
-        check=True,
-        capture_output=True,
-        env=env,
-    )
-    import_wall = time.perf_counter() - t2
-    imp = json.load(open(import_report))["summary"]
+    import_wall, imported_rep = run_job("import_delta", "--data-dir", imported, "--table", table, report=import_report)
+    imp = imported_rep["summary"]
     written = os.path.join(work, "written")
     shutil.rmtree(written, ignore_errors=True)
     t3 = time.perf_counter()

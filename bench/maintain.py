@@ -11,14 +11,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 
-from common import machine
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import machine, run_job
 
 
 def make_data(directory: str, copies: int) -> str:
@@ -34,16 +29,6 @@ def make_data(directory: str, copies: int) -> str:
     return base
 
 
-def run(job: str, base: str) -> float:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = [sys.executable, os.path.join(ROOT, "jobs", f"{job}.py"), "--master", "local[2]", "--data-dir", base]
-    t0 = time.perf_counter()
-    r = subprocess.run([*cmd, "--broker-stopped"], capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"{job} failed: {r.stderr[-2000:]}")
-    return time.perf_counter() - t0
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=3)
@@ -55,8 +40,11 @@ def main() -> None:
         for rnd in range(args.rounds):
             a = shutil.copytree(template, os.path.join(tmp, f"a{rnd}"))
             b = shutil.copytree(template, os.path.join(tmp, f"b{rnd}"))
-            maintain = run("maintain", a)
-            separate = sum(run(job, b) for job in ("retention", "compact", "rebuild_indexes"))
+            maintain = run_job("maintain", "--data-dir", a, "--broker-stopped")[0]
+            separate = sum(
+                run_job(job, "--data-dir", b, "--broker-stopped")[0]
+                for job in ("retention", "compact", "rebuild_indexes")
+            )
             ratio = maintain / separate
             print(f"round {rnd + 1}: maintain {maintain:.1f} s, three jobs {separate:.1f} s, ratio {ratio:.2f}")
 
