@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tank_log.errors import JobConfigError
 from tank_log.maintenance.outcome import Status
@@ -26,6 +28,7 @@ from tank_log.storage.staging import existing_last_seq, recover_imports
 from tank_spark.export.location import TableLocation
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import ROW_SCHEMA, ROW_STRUCT, TS_RAW
+from tank_spark.source import register
 
 log = logging.getLogger(__name__)
 
@@ -106,35 +109,35 @@ def prepare(ctx, args) -> tuple[ImportSettings, list[ImportPlan]]:
 
 
 def plan_import(ctx, settings: ImportSettings, delta) -> list[ImportPlan]:
-    """Per (topic, partition) of the table: what would be imported."""
-    import os
-
-    import pyarrow.compute as pc
-
+    """Per (topic, partition) of the table: what would be imported (one pass over the table's key columns)."""
     keys = delta.to_pyarrow_dataset().to_table(columns=["topic", "partition", "seq"])
     if ctx.topics is not None:
         keys = keys.filter(pc.is_in(keys["topic"], pa.array(sorted(ctx.topics))))
     if not keys.num_rows:
         raise JobConfigError(f"table {settings.location} has no rows{' of these topics' if ctx.topics else ''}")
-    plans = []
-    for topic, partition in sorted(set(zip(keys["topic"].to_pylist(), keys["partition"].to_pylist(), strict=True))):
-        target = os.path.join(settings.base, topic, str(partition))
-        last = existing_last_seq(target, topic, partition)
-        seqs = keys.filter(pc.and_(pc.equal(keys["topic"], topic), pc.equal(keys["partition"], partition)))["seq"]
-        if last is not None and settings.append:
-            seqs = seqs.filter(pc.greater(seqs, last))
-        mm = pc.min_max(seqs) if len(seqs) else None
-        plans.append(
-            ImportPlan(
-                topic,
-                partition,
-                len(seqs),
-                mm["min"].as_py() if mm else None,
-                mm["max"].as_py() if mm else None,
-                last,
-            )
+    pairs = keys.group_by(["topic", "partition"]).aggregate([]).to_pydict()
+    existing = {
+        (t, p): existing_last_seq(os.path.join(settings.base, t, str(p)), t, p)
+        for t, p in zip(pairs["topic"], pairs["partition"], strict=True)
+    }
+    if settings.append and any(v is not None for v in existing.values()):  # only the rows above each partition's end
+        lasts = pa.table(
+            {
+                "topic": pa.array([t for t, _ in existing], keys["topic"].type),
+                "partition": pa.array([p for _, p in existing], keys["partition"].type),
+                "existing": pa.array(list(existing.values()), pa.int64()),
+            }
         )
-    return plans
+        joined = keys.join(lasts, ["topic", "partition"])
+        keys = joined.filter(
+            pc.or_kleene(pc.is_null(joined["existing"]), pc.greater(joined["seq"], joined["existing"]))
+        )
+    g = keys.group_by(["topic", "partition"]).aggregate([("seq", "count"), ("seq", "min"), ("seq", "max")]).to_pydict()
+    stats = {
+        (t, p): (n, lo, hi)
+        for t, p, n, lo, hi in zip(g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], strict=True)
+    }
+    return [ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)]) for t, p in sorted(existing)]
 
 
 def execute(ctx, prepared, spark):
@@ -165,8 +168,6 @@ def execute(ctx, prepared, spark):
         writer = frame.write.format("tank").mode("append").option("existing", "append" if settings.append else "error")
         if settings.segment_bytes:
             writer = writer.option("segment_bytes", str(settings.segment_bytes))
-        from tank_spark.source import register
-
         register(spark)
         writer.save(settings.base)
         done = {(p.topic, p.partition) for p in work}
@@ -192,7 +193,6 @@ def _reader(settings: ImportSettings, work: list[ImportPlan]):
     location, text = settings.location, settings.value_is_text
 
     def read(batches):
-        import pyarrow.compute as pc
         import pyarrow.dataset as ds
 
         for batch in batches:

@@ -23,10 +23,12 @@ import shutil
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
+import pyarrow.compute as pc
+
 from tank_log.errors import ImportRefused
 from tank_log.format.bundle import Message
 from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
-from tank_log.storage.datadir import scan_partition
+from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.writer import BundlePolicy, write_partition
 
@@ -55,14 +57,23 @@ def stage_root(base: str, run_id: str) -> str:
 
 
 def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None:
-    """The last seq of an existing partition (None: it does not exist or holds no segment)."""
-    if not os.path.isdir(target_dir):
+    """The last seq of an existing partition (None: it does not exist or holds no segment).
+
+    Raises:
+        ImportRefused: its active segment ends in a torn bundle (appending would seal it as RO).
+    """
+    return _last_seq(_existing(target_dir, topic, partition))
+
+
+def _existing(target_dir: str, topic: str, partition: int) -> Partition | None:
+    return scan_partition(target_dir, topic, partition) if os.path.isdir(target_dir) else None
+
+
+def _last_seq(part: Partition | None) -> int | None:
+    """The partition's last seq, walking its whole active segment (a torn or malformed one is refused, not sealed)."""
+    if part is None or not part.segments:
         return None
-    part = scan_partition(target_dir, topic, partition)
-    segments = part.segments
-    if not segments:
-        return None
-    last = segments[-1]
+    last = part.segments[-1]
     if not last.is_active:
         return last.last
     walk = last.bundles()
@@ -71,8 +82,8 @@ def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None
         seq = h.last_seq
     if walk.tail is not None and walk.tail.torn_bytes:
         raise ImportRefused(
-            f"{last.path}: the active segment ends in a torn bundle at byte {walk.tail.valid_end}: "
-            "run `tank-log salvage` (or the index job with salvage) before appending"
+            f"{last.path}: the active segment ends in a torn bundle at byte {walk.tail.valid_end}: salvage it "
+            "before appending (`tank-log maintain BASE --salvage` or jobs/rebuild_indexes.py --salvage)"
         )
     return seq if seq is not None else (part.ro[-1].last if part.ro else None)
 
@@ -96,7 +107,8 @@ def stage_partition(
             seqs do not increase; or a gap before the new active segment cannot be avoided (§9 rule 3).
     """
     target = os.path.join(base, topic, str(partition))
-    last = existing_last_seq(target, topic, partition)
+    part = _existing(target, topic, partition)
+    last = _last_seq(part)
     if last is not None and not append:
         raise ImportRefused(f"{target}: the partition exists (last seq {last}); append to it or import elsewhere")
     staged = os.path.join(stage_root(base, run_id), writer_id, topic, str(partition))
@@ -125,11 +137,9 @@ def stage_partition(
         shutil.rmtree(staged, ignore_errors=True)
         raise ImportRefused(f"{target}: no rows")
     seal = None
-    if last is not None:
-        part = scan_partition(target, topic, partition)
-        if part.active is not None:
-            newest = max(part.active.read_table().column("ts").to_pylist(), default=0)
-            seal = (part.active.file_name, format_ro_name(part.active.base, last, name_ts_from_message_ts(newest)))
+    if last is not None and part is not None and part.active is not None:
+        newest = pc.max(part.active.read_table().column("ts")).as_py() or 0
+        seal = (part.active.file_name, format_ro_name(part.active.base, last, name_ts_from_message_ts(newest)))
     return StagedPartition(
         topic,
         partition,
