@@ -58,7 +58,7 @@ from tank_spark.export.plan import (
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
-from tank_spark.export.upkeep import UpkeepStep, check_vacuum_retention, optimize, vacuum
+from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import TS_RAW
 
@@ -96,8 +96,7 @@ def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
     steps = []
     if settings.optimize:
         steps.append(optimize(table, settings.target_file_bytes, dry_run=dry_run))
-    if settings.vacuum_retention_ms is not None:
-        check_vacuum_retention(table, settings.vacuum_retention_ms)
+    if settings.vacuum_retention_ms is not None:  # the retention was checked against the table in `prepare`
         steps.append(vacuum(settings.location, table, settings.vacuum_retention_ms, dry_run=dry_run))
     return steps
 

@@ -187,7 +187,7 @@ def prepare(ctx, args):
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
-    if settings.vacuum_retention_ms is not None and delta_table is not None:
+    if settings.vacuum_retention_ms is not None:  # before Spark starts: refused with exit 2, nothing exported
         check_vacuum_retention(delta_table, settings.vacuum_retention_ms)
     if settings.upkeep_only:
         if delta_table is None:

@@ -75,13 +75,14 @@ def vacuum(location: TableLocation, table, retention_ms: int, *, dry_run: bool =
 
 
 def check_vacuum_retention(table, retention_ms: int) -> None:
-    """Refuse a retention below the table's `delta.deletedFileRetentionDuration` (default 7 days): readers of
-    versions within it would lose files. A table that allows less says so in that property.
+    """Refuse a retention below the table's `delta.deletedFileRetentionDuration` (default 7 days; a table this run
+    will create has the default): readers of versions within it would lose files. A table that allows less says so
+    in that property.
 
     Raises:
         JobConfigError: the retention is shorter than the table allows.
     """
-    configured = table.metadata().configuration.get("delta.deletedFileRetentionDuration")
+    configured = None if table is None else table.metadata().configuration.get("delta.deletedFileRetentionDuration")
     minimum = DEFAULT_DELETED_FILE_RETENTION_MS if configured is None else _interval_ms(configured)
     if retention_ms < minimum:
         raise JobConfigError(
