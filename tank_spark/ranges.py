@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,11 +19,15 @@ from tank_log.errors import TankFormatError, UnrepresentableData
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
+from tank_log.storage.datadir import Partition, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
 DEFAULT_SPLIT_BYTES = 64 << 20
 SPARK_LONG_MAX = (1 << 63) - 1
+MOVE_RETRIES = 3  # re-plans of a range whose segment keeps vanishing under a live broker before the read fails
+
+LostRange = tuple[str, int, int, int]  # topic, partition, first and last seq deleted before they could be read
 
 
 def parse_time_ms(value: str) -> int:
@@ -54,6 +59,14 @@ class SegmentRange(InputPartition):
     error: str | None = None  # planning found the segment inconsistent: reading raises this error
     error_path: str | None = None
     error_offset: int | None = None
+    stop_seq: int | None = None  # the seq after the range's last (None: to the end of the active segment)
+
+    @property
+    def seqs(self) -> tuple[int, int | None]:
+        """The first and last seq this range covers (last None: open-ended)."""
+        lo = self.next_seq if self.min_seq is None else max(self.next_seq, self.min_seq)
+        his = [v for v in (self.max_seq, None if self.stop_seq is None else self.stop_seq - 1) if v is not None]
+        return lo, min(his) if his else None
 
 
 @dataclass
@@ -109,11 +122,21 @@ def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
     return pb
 
 
+EMPTY_RANGE = SegmentRange("", 0, "", 1, 0, 1, 0, None, None, None, None)  # a read of nothing (Spark wants a task)
+
+
 def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
     """Read tasks for the segments that can hold rows within the bounds (pruned by names, seeked by indexes)."""
+    parts = [sel.partition for sel in select_partitions(paths, b.topics, require_match=False)]
+    return partition_ranges(parts, b, include_active, split_bytes) or [EMPTY_RANGE]
+
+
+def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, split_bytes: int) -> list[SegmentRange]:
+    """`plan_ranges` over partitions already scanned."""
     out = []
-    for sel in select_partitions(paths, b.topics, require_match=False):
-        part = sel.partition
+    for part in parts:
+        if b.topics is not None and part.topic not in b.topics:
+            continue
         if b.partitions is not None and part.id not in b.partitions:
             continue
         pb = _partition_bounds(b, part.key)
@@ -126,7 +149,7 @@ def plan_ranges(paths: list[str], b: Bounds, include_active: bool, split_bytes: 
             if pb.min_seq is not None and sf.last is not None and sf.last < pb.min_seq:
                 continue
             out += segment_ranges(part.topic, part.id, sf, pb, split_bytes)
-    return out or [SegmentRange("", 0, "", 1, 0, 1, 0, None, None, None, None)]
+    return out
 
 
 def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> list[SegmentRange]:
@@ -158,6 +181,7 @@ def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> lis
             b.max_seq,
             b.min_ts,
             b.max_ts,
+            stop_seq=sf.base + cuts[i + 1][0] if i + 1 < len(cuts) else None if sf.last is None else sf.last + 1,
         )
         for i, (rel, off) in enumerate(cuts)
     ]
@@ -178,61 +202,96 @@ def spark_ts(ts_ms: np.ndarray) -> tuple[pa.Array, pa.Array]:
     )
 
 
-def read_range(r: SegmentRange, stopped_by: list[TankFormatError] | None = None) -> Iterator[pa.RecordBatch]:
+def read_range(
+    r: SegmentRange, stopped_by: list[TankFormatError] | None = None, lost: list[LostRange] | None = None
+) -> Iterator[pa.RecordBatch]:
     """Arrow batches of ROW_SCHEMA for one range (library code only; also used by the export job).
+
+    A segment that vanished since planning was rolled (§2.5), replaced by compaction (§6.4) or deleted by retention
+    (§5) while the broker ran (§9 rule 2): its seqs are read from the partition as it is now, and those deleted
+    (below the first segment of a `delete`-policy partition) are appended to `lost`.
 
     Raises:
         TankFormatError: malformed data (file and offset) — unless `stopped_by` is given: then the read stops at the
             first malformed chunk and the error is appended there (the batches before it were complete).
+        FileNotFoundError: the range's segment vanished again on every one of `MOVE_RETRIES` re-plans.
     """
     try:
-        if r.error is not None:
-            raise TankFormatError(r.error, r.error_path, r.error_offset)
-        yield from _read_range(r)
+        yield from _read_checked(r, lost, 0)
     except TankFormatError as err:
         if stopped_by is None:
             raise
         stopped_by.append(err)
 
 
+def _read_checked(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> Iterator[pa.RecordBatch]:
+    if r.error is not None:
+        raise TankFormatError(r.error, r.error_path, r.error_offset)
+    try:
+        yield from _read_range(r)
+    except FileNotFoundError:
+        if moves >= MOVE_RETRIES:
+            raise FileNotFoundError(f"{r.path}: segment vanished on {MOVE_RETRIES} re-plans of its range") from None
+        yield from _read_moved(r, lost, moves + 1)
+
+
+def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> Iterator[pa.RecordBatch]:
+    """Read the seqs of a range whose segment vanished since planning from the partition's segments now."""
+    lo, hi = r.seqs
+    try:
+        part: Partition | None = rescan_partition(os.path.dirname(r.path), r.topic, r.partition)
+    except FileNotFoundError:
+        part = None  # the partition directory itself is gone
+    now = part.segments if part is not None else []
+    if hi is None:  # an open-ended read of the active segment follows it to its RO name (§2.5)
+        segments = [sf for sf in now if sf.base == r.base]
+    else:
+        segments = [sf for sf in now if sf.base <= hi and (sf.last is None or sf.last >= lo)]
+        first = now[0].base if now else None
+        deleting = part is None or part.config.cleanup_policy == "delete"  # compaction drops nothing a reader lacks
+        if lost is not None and deleting and (first is None or first > lo):
+            lost.append((r.topic, r.partition, lo, hi if first is None else min(hi, first - 1)))
+    bounds = Bounds(min_seq=lo, max_seq=hi, min_ts=r.min_ts, max_ts=r.max_ts)
+    for sf in segments:
+        for sub in segment_ranges(r.topic, r.partition, sf, bounds, split_bytes=1 << 62):
+            yield from _read_checked(sub, lost, moves)
+
+
 def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())
-    try:
-        chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
-        for chunk in chunks:
-            c = chunk.cols
-            in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
-            sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
-            if r.min_ts is not None:
-                sel &= c.ts >= np.uint64(max(r.min_ts, 0))
-            if r.max_ts is not None:
-                sel &= c.ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(c), bool)
-            if not sel.any():
-                continue
-            if int(c.seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
-                i = next(k for k, last in enumerate(chunk.table.lasts) if last > SPARK_LONG_MAX)
-                at = chunk.file_offset + chunk.table.offsets[i]  # the first bundle holding such a seq
-                raise UnrepresentableData(
-                    f"seq {int(c.seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows "
-                    f"cannot hold",
-                    r.path,
-                    at,
-                )
-            batch = to_record_batch(c, None if sel.all() else sel)
-            n = batch.num_rows
-            ts, ts_raw = spark_ts(batch.column("ts").to_numpy())
-            yield pa.RecordBatch.from_arrays(
-                [
-                    topic.take(pa.array(np.zeros(n, dtype=np.int32))),
-                    pa.array(np.full(n, r.partition, dtype=np.int32)),
-                    pc.cast(batch.column("seq"), pa.int64()),
-                    ts,
-                    batch.column("key"),
-                    batch.column("value"),
-                    ts_raw,
-                ],
-                schema=ROW_SCHEMA,
+    chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
+    for chunk in chunks:
+        c = chunk.cols
+        in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
+        sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
+        if r.min_ts is not None:
+            sel &= c.ts >= np.uint64(max(r.min_ts, 0))
+        if r.max_ts is not None:
+            sel &= c.ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(c), bool)
+        if not sel.any():
+            continue
+        if int(c.seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
+            i = next(k for k, last in enumerate(chunk.table.lasts) if last > SPARK_LONG_MAX)
+            at = chunk.file_offset + chunk.table.offsets[i]  # the first bundle holding such a seq
+            raise UnrepresentableData(
+                f"seq {int(c.seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows "
+                f"cannot hold",
+                r.path,
+                at,
             )
-    except FileNotFoundError:
-        return  # removed by retention/compaction since planning (§9 rule 2)
+        batch = to_record_batch(c, None if sel.all() else sel)
+        n = batch.num_rows
+        ts, ts_raw = spark_ts(batch.column("ts").to_numpy())
+        yield pa.RecordBatch.from_arrays(
+            [
+                topic.take(pa.array(np.zeros(n, dtype=np.int32))),
+                pa.array(np.full(n, r.partition, dtype=np.int32)),
+                pc.cast(batch.column("seq"), pa.int64()),
+                ts,
+                batch.column("key"),
+                batch.column("value"),
+                ts_raw,
+            ],
+            schema=ROW_SCHEMA,
+        )

@@ -146,6 +146,12 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
     return part
 
 
+def rescan_partition(path: str, topic: str, pid: int) -> Partition:
+    """One partition directory again, with its topic's config under its own (§1.5)."""
+    config, _ = load_config(os.path.join(os.path.dirname(path), "config"), PartitionConfig())
+    return scan_partition(path, topic, pid, config)
+
+
 def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> Topic:
     """A topic directory: its `config` and its digit-named partitions (§1.3, §1.4)."""
     config, problems = load_config(os.path.join(path, "config"), config or PartitionConfig())

@@ -1,0 +1,48 @@
+"""Reading ranges planned before the broker rolled, compacted or deleted their segments (TANK_FORMAT.md §9 rule 2):
+every message that still exists is read once, and what retention deleted is reported."""
+
+import os
+
+from tank_log.format.bundle import Message
+from tank_log.storage.appender import PartitionAppender
+from tank_log.storage.datadir import scan_partition
+from tank_spark.ranges import Bounds, plan_ranges, read_range
+
+
+def msgs(lo, hi):
+    return [Message(s, 1_800_000_000_000 + s, None, b"value %d" % s) for s in range(lo, hi + 1)]
+
+
+def seqs_of(ranges, lost=None):
+    return [s for r in ranges for b in read_range(r, lost=lost) for s in b.column("seq").to_pylist()]
+
+
+def test_a_rolled_active_segment_is_followed_to_its_ro_name(tmp_path):
+    app = PartitionAppender(tmp_path / "t" / "0", segment_bytes=500)
+    for lo in range(1, 100, 10):
+        app.append(msgs(lo, lo + 9))
+    bounded = plan_ranges([str(tmp_path)], Bounds(seq_ranges={("t", 0): (1, 100)}), True, 1 << 20)
+    open_ended = plan_ranges([str(tmp_path)], Bounds(), True, 1 << 20)
+    rolls = app.rolls
+    for lo in range(101, 200, 10):  # rolls the active segment both plans read
+        app.append(msgs(lo, lo + 9))
+    assert app.rolls > rolls
+    lost: list = []
+    assert seqs_of(bounded, lost) == list(range(1, 101)) and lost == []
+    was_active = next(sf for sf in scan_partition(str(tmp_path / "t" / "0"), "t", 0).ro if sf.base == bounded[-1].base)
+    assert seqs_of(open_ended) == list(range(1, was_active.last + 1))  # an open-ended read: to its RO name's end
+
+
+def test_segments_deleted_by_retention_are_reported_lost(tmp_path):
+    app = PartitionAppender(tmp_path / "t" / "0", segment_bytes=300)
+    for lo in range(1, 100, 10):
+        app.append(msgs(lo, lo + 9))
+    ranges = plan_ranges([str(tmp_path)], Bounds(seq_ranges={("t", 0): (5, 100)}), True, 1 << 20)
+    part = scan_partition(str(tmp_path / "t" / "0"), "t", 0)
+    gone = part.ro[:2]
+    for sf in gone:  # retention: the front segments and their indexes (§5)
+        os.unlink(sf.path)
+        os.unlink(sf.index_path)
+    lost: list = []
+    assert seqs_of(ranges, lost) == list(range(gone[-1].last + 1, 101))
+    assert lost == [("t", 0, 5, gone[0].last), ("t", 0, gone[1].base, gone[1].last)]
