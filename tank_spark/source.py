@@ -10,6 +10,7 @@ Options: `topics` (a,b), `partitions` (0,3), `min_seq`/`max_seq`, `min_ts`/`max_
 date/time), `seq_ranges` (JSON `{"topic/partition": [min_seq, max_seq]}`: only these partitions, each its own range),
 `include_active` (default true: the active segment up to its last complete bundle; a torn tail is not
 an error), `split_bytes` (default 64 MiB). Several base paths: `load("a,b")` or option `paths`.
+`spark.readStream.format("tank")` streams (see stream.py).
 
 Parallelism: one input partition per segment, or per bounded byte range of a large segment cut at index entries
 (docs/FORMAT.md §4.4). Pruning: the topic, partition and seq options skip whole segments by their names and start
@@ -18,7 +19,8 @@ evaluated by Spark. With option `pushdown=true`, WHERE clauses on topic/partitio
 TankPushdownReader for the caveat). The reader yields Arrow record batches.
 
 The files must be readable at the same path on every executor (local disk in local mode, a shared filesystem on a
-cluster). Reading while the broker runs is fine (docs/FORMAT.md §9 rule 2): files that vanish are skipped.
+cluster). Reading while the broker runs is fine (docs/FORMAT.md §9 rule 2): a segment rolled or compacted since
+planning is read under its new name; one retention deleted is skipped.
 """
 
 from __future__ import annotations
@@ -71,6 +73,16 @@ class TankDataSource(DataSource):
 
         return TankWriter(self.options, overwrite)
 
+    def streamReader(self, schema):
+        from tank_spark.stream import TankStreamReader
+
+        options = self.options
+        bounds = read_bounds(options)
+        if bounds.seq_ranges is not None or bounds.min_seq is not None or bounds.max_seq is not None:
+            raise ValueError("tank stream: seq bounds are set by offsets (option startingOffsets), not min/max_seq")
+        split = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
+        return TankStreamReader(base_paths(options), bounds, split, options)
+
     def reader(self, schema) -> DataSourceReader:
         if str(self.options.get("pushdown", "false")).lower() == "true":
             return TankPushdownReader(self.options)
@@ -81,29 +93,38 @@ def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
+def base_paths(options: Mapping[str, str]) -> list[str]:
+    paths = _csv(options.get("path")) + _csv(options.get("paths"))
+    if not paths:
+        raise ValueError("tank data source: no base path (load(PATH) or option paths)")
+    for p in paths:
+        if not os.path.isdir(p):
+            raise FileNotFoundError(f"tank data source: base path not found: {p}")
+    return paths
+
+
+def read_bounds(options: Mapping[str, str]) -> Bounds:
+    """The row bounds the options ask for (topics, partitions, seqs, times)."""
+    b = Bounds()
+    if options.get("topics"):
+        b.topics = set(_csv(options["topics"]))
+    if options.get("partitions"):
+        b.partitions = {int(p) for p in _csv(options["partitions"])}
+    for key, setter in (("min_seq", b.seq_lo), ("max_seq", b.seq_hi)):
+        if options.get(key):
+            setter(int(options[key]))
+    for key, setter in (("min_ts", b.ts_lo), ("max_ts", b.ts_hi)):
+        if options.get(key):
+            setter(parse_time_ms(options[key]))
+    if options.get("seq_ranges"):
+        b.seq_ranges = parse_seq_ranges(options["seq_ranges"])
+    return b
+
+
 class TankReader(DataSourceReader):
     def __init__(self, options: Mapping[str, str]):
-        paths = _csv(options.get("path")) + _csv(options.get("paths"))
-        if not paths:
-            raise ValueError("tank data source: no base path (load(PATH) or option paths)")
-        for p in paths:
-            if not os.path.isdir(p):
-                raise FileNotFoundError(f"tank data source: base path not found: {p}")
-        self.paths = paths
-        b = Bounds()
-        if options.get("topics"):
-            b.topics = set(_csv(options["topics"]))
-        if options.get("partitions"):
-            b.partitions = {int(p) for p in _csv(options["partitions"])}
-        for key, setter in (("min_seq", b.seq_lo), ("max_seq", b.seq_hi)):
-            if options.get(key):
-                setter(int(options[key]))
-        for key, setter in (("min_ts", b.ts_lo), ("max_ts", b.ts_hi)):
-            if options.get(key):
-                setter(parse_time_ms(options[key]))
-        if options.get("seq_ranges"):
-            b.seq_ranges = parse_seq_ranges(options["seq_ranges"])
-        self.bounds = b
+        self.paths = base_paths(options)
+        self.bounds = read_bounds(options)
         self.include_active = str(options.get("include_active", "true")).lower() != "false"
         self.split_bytes = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
 

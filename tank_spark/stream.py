@@ -1,0 +1,179 @@
+"""Structured Streaming from TANK: `spark.readStream.format("tank").load(base_path)` (PySpark streaming data source).
+
+    df = spark.readStream.format("tank").option("topics", "orders").load("/var/lib/tank")
+
+Rows have the batch reader's schema (`tank_spark.schema.ROW_STRUCT`). An offset is `{"topic/partition": next seq}`
+(JSON in the checkpoint); a partition missing from an offset is read from its first segment. The latest offset of a
+partition is its last complete bundle + 1 (an append in flight waits for the next trigger, §3.11). A micro-batch is
+planned as segment ranges like a batch read (index seeks, byte-range splits); partitions and topics that appear are
+picked up at the next trigger. `trigger(availableNow=True)` reads what exists when the query starts.
+
+Options: `topics`, `partitions`, `min_ts`, `split_bytes` as the batch reader; `startingOffsets` = `earliest`
+(default), `latest`, or JSON `{"topic/partition": next_seq}` (used only by a query without a checkpoint);
+`failOnDataLoss` (default true, as Kafka's source); `dataLossLog` = a local file that gets one JSON line per lost range.
+
+Data loss: messages of a `delete`-policy partition that retention (§5) deleted before the query read them — the
+partition's first segment now starts above the offset, or a planned segment vanished before its task read it. With
+`failOnDataLoss=true` the query fails (`DataLost`, naming the partition and seqs); with `false` the lost range is
+logged and written to `dataLossLog`, and the query goes on. A `cleanup`-policy partition's missing seqs are
+compaction's doing (superseded keys), never a loss. Segments rolled or compacted between planning and reading are
+read under their new names (`ranges.read_range`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
+
+from tank_log.jobs.planning import select_partitions
+from tank_log.storage.datadir import Partition, last_complete_seq
+from tank_spark.ranges import Bounds, LostRange, SegmentRange, partition_ranges, read_range
+
+log = logging.getLogger(__name__)
+
+Offset = dict[str, int]  # "topic/partition" → next seq to read
+
+
+def offset_key(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+def parse_offset_key(key: str) -> tuple[str, int]:
+    topic, _, pid = key.rpartition("/")
+    return topic, int(pid)
+
+
+class DataLost(RuntimeError):
+    """Messages were deleted (retention) before the stream read them, and `failOnDataLoss` is true."""
+
+
+class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, paths: list[str], bounds: Bounds, split_bytes: int, options: Mapping[str, str]):
+        self.paths = paths
+        self.bounds = bounds
+        self.split_bytes = split_bytes
+        self.starting = str(options.get("startingOffsets", "earliest"))
+        self.fail_on_data_loss = str(options.get("failOnDataLoss", "true")).lower() != "false"
+        self.data_loss_log = options.get("dataLossLog")
+        self.available_now: Offset | None = None
+        if self.starting not in ("earliest", "latest"):
+            self._parse_offset(self.starting)  # a bad JSON fails when the query is defined
+
+    # ---- offsets (driver) --------------------------------------------------------------------------------------
+
+    def initialOffset(self) -> Offset:
+        if self.starting == "earliest":
+            return {}
+        if self.starting == "latest":
+            return self._latest(self._scan())
+        return self._parse_offset(self.starting)
+
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
+        if not isinstance(limit, ReadAllAvailable):
+            raise ValueError(f"tank stream: read limit {limit!r} is not supported (only all available)")
+        latest = self.available_now if self.available_now is not None else self._latest(self._scan())
+        out = dict(start)  # offsets never go back (a partition that vanished keeps its position)
+        for key, nxt in latest.items():
+            out[key] = max(nxt, out.get(key, 0))
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.available_now = self._latest(self._scan())
+
+    def partitions(self, start: Offset, end: Offset) -> list[SegmentRange]:
+        """Ranges for seqs [start, end) of every partition; a range retention deleted is reported first."""
+        parts = self._scan()
+        seq_ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+        lost: list[LostRange] = []
+        for key, nxt in end.items():
+            topic, pid = parse_offset_key(key)
+            lo = start.get(key)
+            if lo is not None and lo >= nxt:
+                continue
+            seq_ranges[(topic, pid)] = (lo, nxt - 1)
+            part = parts.get((topic, pid))
+            if lo is None or (part is not None and part.config.cleanup_policy != "delete"):
+                continue
+            first = part.segments[0].base if part is not None and part.segments else None
+            if first is None or first > lo:  # deleted (or the partition is gone) before the stream got to it
+                lost.append((topic, pid, lo, nxt - 1 if first is None else min(nxt - 1, first - 1)))
+        if lost:
+            self._lost(lost, "planning")
+        bounds = Bounds(seq_ranges, None, None, None, None, self.bounds.min_ts, self.bounds.max_ts)
+        return partition_ranges(list(parts.values()), bounds, True, self.split_bytes)
+
+    def _scan(self) -> dict[tuple[str, int], Partition]:
+        parts: dict[tuple[str, int], Partition] = {}
+        for sel in select_partitions(self.paths, self.bounds.topics, require_match=False):
+            p = sel.partition
+            if self.bounds.partitions is not None and p.id not in self.bounds.partitions:
+                continue
+            if p.key in parts:
+                raise ValueError(f"tank stream: {p.topic}/{p.id} is in {parts[p.key].path} and {p.path}")
+            parts[p.key] = p
+        return parts
+
+    @staticmethod
+    def _latest(parts: Mapping[tuple[str, int], Partition]) -> Offset:
+        out = {}
+        for (topic, pid), part in parts.items():
+            last = last_complete_seq(part)
+            if last is not None:
+                out[offset_key(topic, pid)] = last + 1
+        return out
+
+    @staticmethod
+    def _parse_offset(text: str) -> Offset:
+        try:
+            raw = json.loads(text)
+            out = {offset_key(*parse_offset_key(k)): int(v) for k, v in raw.items()}
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(
+                f'tank stream: startingOffsets {text!r}: expected earliest, latest or {{"topic/partition": seq}}'
+            ) from None
+        return out
+
+    # ---- reading (executors) -----------------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SegmentRange)  # what `partitions` plans
+        lost: list[LostRange] = []
+        yield from read_range(partition, lost=lost)
+        if lost:
+            self._lost(lost, "reading")
+
+    def _lost(self, lost: list[LostRange], when: str) -> None:
+        """Report lost ranges: fail the query, or log them (and append them to `dataLossLog`) and go on."""
+        text = ", ".join(f"{t}/{p} seqs {lo}..{hi}" for t, p, lo, hi in lost)
+        if self.fail_on_data_loss:
+            raise DataLost(
+                f"tank stream: deleted before they were read ({when}): {text}; restart with option "
+                f"failOnDataLoss=false to skip them (they are then logged)"
+            )
+        log.warning("tank stream: data loss, deleted before they were read (%s): %s", when, text)
+        if self.data_loss_log:
+            os.makedirs(os.path.dirname(os.path.abspath(self.data_loss_log)), exist_ok=True)
+            with open(self.data_loss_log, "a") as fh:
+                for t, p, lo, hi in lost:
+                    record = {"topic": t, "partition": p, "from_seq": lo, "to_seq": hi, "detected": when}
+                    fh.write(json.dumps({**record, "at_ms": int(time.time() * 1000)}) + "\n")
+
+
+def read_data_loss_log(path: str) -> list[dict]:
+    """The distinct lost ranges of a `dataLossLog` (a batch planned again after a restart reports its loss again)."""
+    seen: dict[tuple, dict] = {}
+    try:
+        with open(path) as fh:
+            for line in fh:
+                r = json.loads(line)
+                seen.setdefault((r["topic"], r["partition"], r["from_seq"], r["to_seq"]), r)
+    except FileNotFoundError:
+        return []
+    return sorted(seen.values(), key=lambda r: (r["topic"], r["partition"], r["from_seq"]))
