@@ -55,6 +55,10 @@ class UsageError(Exception):
     """A bad command line or path given by the user: jobs and the CLI exit with code 2."""
 
 
+class RunFailed(Exception):
+    """A run stopped for a reason its message states (not a bug): jobs report it and exit with code 1."""
+
+
 class JobConfigError(UsageError, ValueError):
     """A bad job configuration (YAML file or flags)."""
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from tank_log.errors import JobConfigError, UsageError, describe_error
+from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
@@ -153,7 +153,7 @@ def spark_session(ctx: JobContext):
     conf = SparkConf()
     for k, v in builder._options.items():  # the JVM (local runs) is launched with the session's settings
         conf.set(k, v)
-    SparkContext._ensure_initialized(conf=conf)
+    _launch_jvm(conf, under_spark_submit)
     jvm = SparkContext._jvm
     assert jvm is not None
     log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too
@@ -161,6 +161,23 @@ def spark_session(ctx: JobContext):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(ctx.spark_log_level)
     return spark
+
+
+def _launch_jvm(conf, under_spark_submit: bool) -> None:
+    """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
+    and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
+    systemd, `timeout`) then reaches the driver, which stops the run cleanly, not the JVM, whose shutdown hook would
+    kill the run mid-write. The JVM still exits with the driver (PySpark's gateway ends when its stdin closes)."""
+    from pyspark import SparkContext
+
+    if under_spark_submit or threading.current_thread() is not threading.main_thread():
+        SparkContext._ensure_initialized(conf=conf)
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        SparkContext._ensure_initialized(conf=conf)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class Interrupted(Exception):
@@ -368,6 +385,9 @@ def run_job(
     except Exception as err:
         if isinstance(err, OSError):  # the environment (a full disk, a read-only mount): one line, errno and file
             error = describe_error(err)
+            log.error("%s failed: %s", job, error)
+        elif isinstance(err, RunFailed):  # a reason, not a bug: no traceback
+            error = str(err)
             log.error("%s failed: %s", job, error)
         else:  # a bug: the traceback goes to the log
             error = f"internal error: {type(err).__name__}: {err}"

@@ -40,6 +40,7 @@ from tank_spark.export.commit import (
     table_version,
     write_with_delta_spark,
 )
+from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
@@ -73,6 +74,8 @@ CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver
 def execute(ctx, prepared, spark):
     """Sweep orphans of crashed runs, export, then optimize/vacuum as asked."""
     settings, plans, table = prepared
+    if settings.continuous:
+        return _continuous(ctx, spark, settings, table)
     sweep = (
         None
         if table is None
@@ -84,6 +87,22 @@ def execute(ctx, prepared, spark):
     steps = _upkeep(settings, ctx.dry_run)
     if steps:
         summary["upkeep"] = [asdict(s) for s in steps]
+    return results, summary
+
+
+def _continuous(ctx, spark, settings: ExportSettings, table):
+    """Sweep orphans, make sure the table exists, then stream until stopped (`continuous.py`)."""
+    schema = table_schema(settings, spark)
+    sweep = None
+    if table is None:
+        table = create_table(settings, schema)
+    else:
+        if check_compatible(settings, schema, table):
+            add_ts_raw(table)
+        sweep = sweep_orphans(settings.location, table, settings.orphan_horizon_ms, dry_run=False)
+    results, summary = run_continuous(ctx, settings, table, schema, spark)
+    if sweep is not None:
+        summary["orphans"] = asdict(sweep)
     return results, summary
 
 

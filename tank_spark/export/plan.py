@@ -7,7 +7,7 @@ import argparse
 import hashlib
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
@@ -76,6 +76,10 @@ class ExportSettings:
     optimize: bool = False  # upkeep.py, after the export
     vacuum_retention_ms: int | None = None
     upkeep_only: bool = False  # no export: only the orphan sweep, optimize and vacuum
+    continuous: bool = False  # continuous.py: a Structured Streaming query instead of one run
+    trigger_interval_ms: int = 30_000
+    checkpoint: str | None = None
+    on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
 
     @property
     def location(self) -> TableLocation:
@@ -124,6 +128,21 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--upkeep-only",
         action="store_true",
         help="export nothing: only remove orphans and run --optimize/--vacuum (a scheduled upkeep task)",
+    )
+    p.add_argument(
+        "--continuous",
+        action="store_true",
+        help="stream new messages into the table until stopped (SIGTERM/Ctrl-C: the batch in flight finishes)",
+    )
+    p.add_argument("--trigger-interval", metavar="DURATION", help="with --continuous: micro-batch interval (30s)")
+    p.add_argument(
+        "--checkpoint", metavar="PATH", help="with --continuous: the query's checkpoint directory (required)"
+    )
+    p.add_argument(
+        "--on-data-loss",
+        choices=("fail", "skip"),
+        help="with --continuous: messages retention deleted before they were exported fail the query (fail, "
+        "default) or are reported (log, report, <checkpoint>/tank-data-loss.jsonl) and skipped",
     )
     p.add_argument(
         "--since",
@@ -184,6 +203,7 @@ def prepare(ctx, args):
         vacuum_retention_ms=parse_duration_ms(args.vacuum, "--vacuum") if args.vacuum else None,
         upkeep_only=args.upkeep_only,
     )
+    settings = replace(settings, **_continuous_settings(ctx, args, settings))
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
@@ -194,6 +214,45 @@ def prepare(ctx, args):
             raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
         plans = []  # nothing to export
     return settings, plans, delta_table
+
+
+def _continuous_settings(ctx, args, settings: ExportSettings) -> dict:
+    """The --continuous flags, checked against the rest.
+
+    Raises:
+        JobConfigError: a continuous flag without --continuous, no --checkpoint, or a flag that does not apply.
+    """
+    flags = {
+        "--trigger-interval": args.trigger_interval,
+        "--checkpoint": args.checkpoint,
+        "--on-data-loss": args.on_data_loss,
+    }
+    if not args.continuous:
+        given = [f for f, v in flags.items() if v is not None]
+        if given:
+            raise JobConfigError(f"{', '.join(given)}: only with --continuous")
+        return {}
+    if not args.checkpoint:
+        raise JobConfigError("--continuous needs --checkpoint PATH (where the query records its progress)")
+    clashes = {
+        "--dry-run": ctx.dry_run,
+        "--upkeep-only": settings.upkeep_only,
+        "--optimize": settings.optimize,
+        "--vacuum": settings.vacuum_retention_ms is not None,
+        "--engine spark": settings.engine == "spark",
+    }
+    bad = [f for f, on in clashes.items() if on]
+    if bad:
+        raise JobConfigError(
+            f"--continuous does not take {', '.join(bad)} (run upkeep as its own scheduled --upkeep-only task)"
+        )
+    interval = parse_duration_ms(args.trigger_interval, "--trigger-interval") if args.trigger_interval else 30_000
+    return {
+        "continuous": True,
+        "trigger_interval_ms": interval,
+        "checkpoint": args.checkpoint,
+        "on_data_loss": args.on_data_loss or "fail",
+    }
 
 
 def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, str]:

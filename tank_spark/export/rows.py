@@ -15,8 +15,6 @@ from tank_spark.schema import TS_RAW
 
 def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPlan]):
     """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date)."""
-    from pyspark.sql import functions as F
-
     from tank_spark.ranges import format_seq_ranges
     from tank_spark.source import register
 
@@ -27,7 +25,13 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
     reader = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges))
     if settings.since_ms is not None:
         reader = reader.option("min_ts", str(settings.since_ms))
-    df = reader.load(",".join(ctx.data_dirs))
+    return table_frame(spark, settings, reader.load(",".join(ctx.data_dirs)))
+
+
+def table_frame(spark, settings: ExportSettings, df):
+    """Rows of the tank source (batch or stream) → the table's columns."""
+    from pyspark.sql import functions as F
+
     cols = [F.col(c) for c in BASE_COLUMNS]
     if settings.value_format == "binary":
         cols.append(F.col("value"))

@@ -1,0 +1,278 @@
+"""Continuous export (`--continuous`): a Structured Streaming query from the `tank` source (`tank_spark/stream.py`)
+into the Delta table, exactly once per (topic, partition).
+
+Each micro-batch (`foreachBatch`, on the driver):
+1. reads every partition's recorded version from the table (the same app transactions as the batch export's);
+2. keeps only the batch's rows above it — a batch Spark replays after a crash between the Delta commit and its own
+   commit log adds nothing;
+3. writes Parquet files named by a fresh run id, and commits them with each partition's new version (its highest
+   seq in the batch) in ONE Delta transaction (`commit.commit`, which also detects a concurrent export: then the
+   files are removed and the batch is written again against the new versions);
+4. returns; Spark records the batch in the checkpoint.
+A kill at any point loses nothing and duplicates nothing: Spark replays the batch from the checkpointed offsets and
+step 2 drops what is already in the table. The files of a killed attempt are orphans, removed by a later start once
+older than the orphan horizon (`orphans.py`). The batch export and the continuous one may take turns on a table.
+
+Stop: SIGTERM or Ctrl-C. The batch in flight finishes and commits, no further batch writes anything (one that
+starts meanwhile stops before writing, and is replayed at the next start), the report is written, exit 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+from tank_log.errors import RunFailed
+from tank_log.jobs.planning import select_partitions
+from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
+from tank_spark.export.files import FILE_META_SCHEMA, make_file_writer
+from tank_spark.export.orphans import check_run_age
+from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_version
+from tank_spark.export.rows import table_frame
+from tank_spark.export.run_id import new_run_id
+from tank_spark.stream import offset_key, read_data_loss_log
+
+log = logging.getLogger(__name__)
+
+DATA_LOSS_FILE = "tank-data-loss.jsonl"  # in a local checkpoint directory: the ranges skipped with --on-data-loss skip
+COMMIT_ATTEMPTS = 3
+
+
+class StopRequested(Exception):
+    """A micro-batch began after the stop was asked for: it wrote nothing, and the next start replays it."""
+
+
+@dataclass
+class PartitionTotals:
+    topic: str
+    partition: int
+    status: str = "exported"
+    rows: int = 0
+    quarantined: int = 0
+    first_row_seq: int | None = None
+    last_row_seq: int | None = None
+    files: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class StreamTotals:
+    """What the query has exported since the job started (the run report)."""
+
+    batches: int = 0
+    replayed_batches: int = 0  # batches with nothing above the recorded versions (replayed after a crash)
+    rows: int = 0
+    files: int = 0
+    bytes: int = 0
+    table_version: int | None = None
+    partitions: dict[tuple[str, int], PartitionTotals] = field(default_factory=dict)
+
+    def add_file(self, f: dict) -> int:
+        """Count a committed file; return its rows."""
+        rows_in_file = 0
+        self.files += 1
+        self.bytes += f["size"]
+        for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
+            topic, _, pid = key.rpartition("/")
+            p = self.partitions.setdefault((topic, int(pid)), PartitionTotals(topic, int(pid)))
+            p.rows += rows
+            p.quarantined += bad
+            p.first_row_seq = lo if p.first_row_seq is None else min(lo, p.first_row_seq)
+            p.last_row_seq = hi if p.last_row_seq is None else max(hi, p.last_row_seq)
+            p.files += 1
+            p.bytes += f["size"]
+            rows_in_file += rows
+        self.rows += rows_in_file
+        return rows_in_file
+
+
+class BatchExporter:
+    """The `foreachBatch` function: one micro-batch → one Delta commit (see the module docstring)."""
+
+    def __init__(self, ctx, settings: ExportSettings, schema: pa.Schema):
+        self.ctx, self.settings, self.schema = ctx, settings, schema
+        self.lock = threading.Lock()  # held while a batch is written: a stop waits for it
+        self.stopping = threading.Event()
+        self.totals = StreamTotals()
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        with self.lock:
+            if self.stopping.is_set():
+                raise StopRequested(f"batch {batch_id} began after the stop was asked for: replayed at the next start")
+            t0 = time.monotonic()
+            for attempt in range(1, COMMIT_ATTEMPTS + 1):
+                try:
+                    self._export(batch_df, batch_id, t0)
+                    return
+                except ConcurrentExport as conflict:
+                    if attempt == COMMIT_ATTEMPTS:
+                        raise
+                    log.warning("continuous export: batch %d: %s; writing it again", batch_id, conflict)
+
+    def _export(self, batch_df, batch_id: int, t0: float) -> None:
+        from pyspark.sql import functions as F
+
+        settings = self.settings
+        table = settings.location.open()
+        table_id = table.metadata().id
+        versions = {}
+        for sel in select_partitions(self.ctx.data_dirs, self.ctx.topics, require_match=False):
+            _, v = recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)
+            versions[sel.partition.key] = v
+        done = [(t, p, v) for (t, p), v in versions.items() if v is not None]
+        rows = batch_df
+        if done:
+            spark = batch_df.sparkSession
+            recorded = spark.createDataFrame(done, "topic string, partition int, _done long")
+            rows = (
+                batch_df.join(F.broadcast(recorded), ["topic", "partition"], "left")
+                .where(F.col("_done").isNull() | (F.col("seq") > F.col("_done")))
+                .drop("_done")
+            )
+        run_id = new_run_id()
+        writer = make_file_writer(
+            settings.location, self.schema, settings.partition_by, settings.target_file_bytes, run_id
+        )
+        frame = table_frame(batch_df.sparkSession, settings, rows)
+        files = [r.asDict() for r in frame.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+        if not files:
+            self.totals.replayed_batches += 1
+            log.info("continuous export: batch %d: nothing above the recorded versions", batch_id)
+            return
+        ends: dict[tuple[str, int], int] = {}
+        for f in files:
+            for key, (_, _, hi, _) in json.loads(f["counts"]).items():
+                topic, _, pid = key.rpartition("/")
+                ends[(topic, int(pid))] = max(hi, ends.get((topic, int(pid)), hi))
+        plans = [
+            PartitionPlan("", t, p, app_id(table_id, t, p), versions.get((t, p)), end) for (t, p), end in ends.items()
+        ]
+        try:
+            check_run_age(run_id, settings.orphan_horizon_ms)
+            version = commit(settings, self.schema, files, plans, run_id)
+        except BaseException:
+            remove_uncommitted(settings, files)
+            raise
+        rows_in_batch = sum(self.totals.add_file(f) for f in files)
+        self.totals.batches += 1
+        self.totals.table_version = version
+        log.info(
+            "continuous export: batch %d: %s rows of %d partitions, %d files, table version %d in %.2fs",
+            batch_id,
+            f"{rows_in_batch:,}",
+            len(ends),
+            len(files),
+            version,
+            time.monotonic() - t0,
+        )
+
+
+def starting_offsets(ctx, settings: ExportSettings, table) -> dict[str, int]:
+    """Where a query without a checkpoint starts: after each partition's recorded version (else its first seq)."""
+    out = {}
+    for sel in select_partitions(ctx.data_dirs, ctx.topics, require_match=False):
+        _, v = recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)
+        if v is not None:
+            out[offset_key(sel.partition.topic, sel.partition.id)] = v + 1
+    return out
+
+
+def data_loss_path(settings: ExportSettings) -> str | None:
+    """The skipped ranges' file: in the checkpoint directory when it is local."""
+    cp = settings.checkpoint or ""
+    if "://" in cp and not cp.startswith("file://"):
+        return None
+    return os.path.join(cp.removeprefix("file://"), DATA_LOSS_FILE)
+
+
+def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spark) -> tuple[list[dict], dict]:
+    """Start the query and run it until a stop signal (clean: exit 0) or a failure (`RunFailed`)."""
+    from pyspark.errors import StreamingQueryException
+
+    from tank_spark.source import register
+
+    register(spark)
+    reader = (
+        spark.readStream.format("tank")
+        .option("startingOffsets", json.dumps(starting_offsets(ctx, settings, table)))
+        .option("failOnDataLoss", str(settings.on_data_loss == "fail").lower())
+    )
+    loss_file = data_loss_path(settings)
+    if loss_file:
+        reader = reader.option("dataLossLog", loss_file)
+    if ctx.topics:
+        reader = reader.option("topics", ",".join(sorted(ctx.topics)))
+    if settings.since_ms is not None:
+        reader = reader.option("min_ts", str(settings.since_ms))
+    exporter = BatchExporter(ctx, settings, schema)
+    query = (
+        reader.load(",".join(ctx.data_dirs))
+        .writeStream.foreachBatch(exporter)
+        .queryName(f"tank-log-export-{uuid.uuid4().hex[:8]}")
+        .option("checkpointLocation", settings.checkpoint)
+        .trigger(processingTime=f"{settings.trigger_interval_ms} milliseconds")
+        .start()
+    )
+    log.info(
+        "continuous export: streaming into %s every %.1fs (checkpoint %s); SIGTERM or Ctrl-C stops it",
+        settings.table,
+        settings.trigger_interval_ms / 1000,
+        settings.checkpoint,
+    )
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    failure: Exception | None = None
+    try:
+        while query.isActive and not stop.is_set():
+            try:
+                query.awaitTermination(1)
+            except StreamingQueryException as err:
+                failure = err
+                break
+        if stop.is_set():
+            log.info("continuous export: stop asked for; finishing the batch in flight")
+            exporter.stopping.set()
+            with exporter.lock:
+                pass  # the batch in flight has committed
+            query.stop()
+            ended = query.exception()
+            if ended is not None and "StopRequested" not in str(ended):
+                failure = ended
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if failure is not None:
+        raise RunFailed(f"continuous export stopped: {_reason(failure)}")
+    totals = exporter.totals
+    results = [asdict(p) for _, p in sorted(totals.partitions.items())]
+    summary = {
+        "mode": "continuous",
+        "table": settings.table,
+        "batches": totals.batches,
+        "replayed_batches": totals.replayed_batches,
+        "rows": totals.rows,
+        "files": totals.files,
+        "bytes": totals.bytes,
+        "table_version": totals.table_version,
+        "data_loss": read_data_loss_log(loss_file) if loss_file else [],
+        "stopped": "signal" if stop.is_set() else "query ended",
+    }
+    return results, summary
+
+
+def _reason(err: Exception) -> str:
+    """The line of a query failure that says what happened (its message carries the whole Python traceback)."""
+    text = str(err)
+    for marker in ("deleted before they were read", "TankFormatError", "RunTooOld", "ConcurrentExport"):
+        for line in text.splitlines():
+            if marker in line:
+                return line.strip()
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
