@@ -13,6 +13,11 @@ A kill at any point loses nothing and duplicates nothing: Spark replays the batc
 step 2 drops what is already in the table. The files of a killed attempt are orphans, removed by a later start once
 older than the orphan horizon (`orphans.py`). The batch export and the continuous one may take turns on a table.
 
+Data loss: the source reports every range retention deleted before a batch read it (option `dataLossLog`); the
+exporter drops what the table already holds (a replayed batch sees its old range deleted) and, for the rest,
+fails the query (`--on-data-loss fail`, before committing the batch) or records it and goes on (`skip`: the log,
+the report's `data_loss`, and `tank-data-loss.jsonl` in a local checkpoint directory).
+
 Stop: SIGTERM or Ctrl-C. The batch in flight finishes and commits, no further batch writes anything (one that
 starts meanwhile stops before writing, and is replayed at the next start), the report is written, exit 0.
 """
@@ -23,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 import uuid
@@ -34,15 +40,17 @@ from tank_log.errors import RunFailed
 from tank_log.jobs.planning import select_partitions
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
 from tank_spark.export.files import FILE_META_SCHEMA, make_file_writer
+from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
 from tank_spark.export.orphans import check_run_age
 from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_version
 from tank_spark.export.rows import table_frame
 from tank_spark.export.run_id import new_run_id
-from tank_spark.stream import offset_key, read_data_loss_log
+from tank_spark.stream import DataLost, offset_key
 
 log = logging.getLogger(__name__)
 
 DATA_LOSS_FILE = "tank-data-loss.jsonl"  # in a local checkpoint directory: the ranges skipped with --on-data-loss skip
+DETECTED_FILE = ".tank-data-loss-detected.jsonl"  # what the source saw, before the exporter's check against the table
 COMMIT_ATTEMPTS = 3
 
 
@@ -74,6 +82,7 @@ class StreamTotals:
     bytes: int = 0
     table_version: int | None = None
     partitions: dict[tuple[str, int], PartitionTotals] = field(default_factory=dict)
+    data_loss: list[dict] = field(default_factory=list)
 
     def add_file(self, f: dict) -> int:
         """Count a committed file; return its rows."""
@@ -97,11 +106,13 @@ class StreamTotals:
 class BatchExporter:
     """The `foreachBatch` function: one micro-batch → one Delta commit (see the module docstring)."""
 
-    def __init__(self, ctx, settings: ExportSettings, schema: pa.Schema):
+    def __init__(self, ctx, settings: ExportSettings, schema: pa.Schema, detected: str, loss_file: str | None):
         self.ctx, self.settings, self.schema = ctx, settings, schema
         self.lock = threading.Lock()  # held while a batch is written: a stop waits for it
         self.stopping = threading.Event()
         self.totals = StreamTotals()
+        self.detected, self.loss_file = detected, loss_file
+        self._detected_at = os.path.getsize(detected) if os.path.exists(detected) else 0
 
     def __call__(self, batch_df, batch_id: int) -> None:
         with self.lock:
@@ -130,8 +141,7 @@ class BatchExporter:
         done = [(t, p, v) for (t, p), v in versions.items() if v is not None]
         rows = batch_df
         if done:
-            spark = batch_df.sparkSession
-            recorded = spark.createDataFrame(done, "topic string, partition int, _done long")
+            recorded = batch_df.sparkSession.createDataFrame(done, "topic string, partition int, _done long")
             rows = (
                 batch_df.join(F.broadcast(recorded), ["topic", "partition"], "left")
                 .where(F.col("_done").isNull() | (F.col("seq") > F.col("_done")))
@@ -141,8 +151,19 @@ class BatchExporter:
         writer = make_file_writer(
             settings.location, self.schema, settings.partition_by, settings.target_file_bytes, run_id
         )
-        frame = table_frame(batch_df.sparkSession, settings, rows)
+        spark = batch_df.sparkSession
+        # a micro-batch is many small ranges (a piece of each active segment): one task per core, not per range,
+        # so a batch makes a few files, not one per range
+        frame = table_frame(spark, settings, rows.coalesce(spark.sparkContext.defaultParallelism))
         files = [r.asDict() for r in frame.mapInArrow(writer, FILE_META_SCHEMA).collect()]
+        lost = self._lost_since(versions)
+        if lost and settings.on_data_loss == "fail":
+            remove_uncommitted(settings, files)
+            raise DataLost(
+                f"deleted before they were read: {_ranges_text(lost)}; nothing of batch {batch_id} was committed; "
+                f"restart with --on-data-loss skip to go on without them"
+            )
+        self._record_loss(lost)
         if not files:
             self.totals.replayed_batches += 1
             log.info("continuous export: batch %d: nothing above the recorded versions", batch_id)
@@ -155,12 +176,14 @@ class BatchExporter:
         plans = [
             PartitionPlan("", t, p, app_id(table_id, t, p), versions.get((t, p)), end) for (t, p), end in ends.items()
         ]
+        hold(HOLD_BEFORE_COMMIT)
         try:
             check_run_age(run_id, settings.orphan_horizon_ms)
             version = commit(settings, self.schema, files, plans, run_id)
         except BaseException:
             remove_uncommitted(settings, files)
             raise
+        hold(HOLD_AFTER_COMMIT)
         rows_in_batch = sum(self.totals.add_file(f) for f in files)
         self.totals.batches += 1
         self.totals.table_version = version
@@ -174,6 +197,45 @@ class BatchExporter:
             time.monotonic() - t0,
         )
 
+    def _lost_since(self, versions: dict[tuple[str, int], int | None]) -> list[dict]:
+        """Ranges the source reported lost since the last look, less the seqs the table already holds."""
+        try:
+            with open(self.detected) as fh:
+                fh.seek(self._detected_at)
+                lines = fh.readlines()
+                self._detected_at = fh.tell()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            r = json.loads(line)
+            done = versions.get((r["topic"], r["partition"]))
+            lo = r["from_seq"] if done is None else max(r["from_seq"], done + 1)
+            if lo <= r["to_seq"]:
+                out.append({**r, "from_seq": lo})
+            else:
+                log.info(
+                    "continuous export: %s/%s seqs %s..%s were exported before retention deleted them",
+                    r["topic"],
+                    r["partition"],
+                    r["from_seq"],
+                    r["to_seq"],
+                )
+        return out
+
+    def _record_loss(self, lost: list[dict]) -> None:
+        if not lost:
+            return
+        log.warning("continuous export: skipping messages deleted before they were read: %s", _ranges_text(lost))
+        self.totals.data_loss += lost
+        if self.loss_file:
+            with open(self.loss_file, "a") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in lost)
+
+
+def _ranges_text(lost: list[dict]) -> str:
+    return ", ".join(f"{r['topic']}/{r['partition']} seqs {r['from_seq']}..{r['to_seq']}" for r in lost)
+
 
 def starting_offsets(ctx, settings: ExportSettings, table) -> dict[str, int]:
     """Where a query without a checkpoint starts: after each partition's recorded version (else its first seq)."""
@@ -185,12 +247,14 @@ def starting_offsets(ctx, settings: ExportSettings, table) -> dict[str, int]:
     return out
 
 
-def data_loss_path(settings: ExportSettings) -> str | None:
-    """The skipped ranges' file: in the checkpoint directory when it is local."""
+def local_checkpoint(settings: ExportSettings) -> str | None:
+    """The checkpoint directory when it is on the local filesystem (the data loss files go there)."""
     cp = settings.checkpoint or ""
     if "://" in cp and not cp.startswith("file://"):
         return None
-    return os.path.join(cp.removeprefix("file://"), DATA_LOSS_FILE)
+    path = os.path.abspath(cp.removeprefix("file://"))
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spark) -> tuple[list[dict], dict]:
@@ -200,19 +264,20 @@ def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spar
     from tank_spark.source import register
 
     register(spark)
+    local = local_checkpoint(settings)
+    detected = os.path.join(local or tempfile.mkdtemp(prefix="tank-log-stream-"), DETECTED_FILE)
+    loss_file = os.path.join(local, DATA_LOSS_FILE) if local else None
     reader = (
         spark.readStream.format("tank")
         .option("startingOffsets", json.dumps(starting_offsets(ctx, settings, table)))
-        .option("failOnDataLoss", str(settings.on_data_loss == "fail").lower())
+        .option("failOnDataLoss", "false")  # the exporter decides, after checking the table (BatchExporter)
+        .option("dataLossLog", detected)
     )
-    loss_file = data_loss_path(settings)
-    if loss_file:
-        reader = reader.option("dataLossLog", loss_file)
     if ctx.topics:
         reader = reader.option("topics", ",".join(sorted(ctx.topics)))
     if settings.since_ms is not None:
         reader = reader.option("min_ts", str(settings.since_ms))
-    exporter = BatchExporter(ctx, settings, schema)
+    exporter = BatchExporter(ctx, settings, schema, detected, loss_file)
     query = (
         reader.load(",".join(ctx.data_dirs))
         .writeStream.foreachBatch(exporter)
@@ -262,7 +327,7 @@ def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spar
         "files": totals.files,
         "bytes": totals.bytes,
         "table_version": totals.table_version,
-        "data_loss": read_data_loss_log(loss_file) if loss_file else [],
+        "data_loss": totals.data_loss,
         "stopped": "signal" if stop.is_set() else "query ended",
     }
     return results, summary

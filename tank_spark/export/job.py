@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, replace
 
@@ -47,6 +46,7 @@ from tank_spark.export.files import (
     make_file_writer,
     write_direct,
 )
+from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
 from tank_spark.export.orphans import RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import (
     ExportSettings,
@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 
 
 COMMIT_ATTEMPTS = 3  # re-plans after a concurrent commit before the run fails
-HOLD_ENV = "TANK_LOG_EXPORT_HOLD"  # test hook: wait before the commit until a file exists (see _hold_before_commit)
-CRASH_ENV = "TANK_LOG_EXPORT_CRASH"  # test hook: "before-commit" → the driver dies after the files are written
 
 
 def execute(ctx, prepared, spark):
@@ -167,7 +165,7 @@ def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], ta
             if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
                 version = table_version(settings.location.open())
                 break
-            _hold_before_commit()
+            hold(HOLD_BEFORE_COMMIT)  # test hook
             t_commit = time.monotonic()
             try:
                 check_run_age(run_id, settings.orphan_horizon_ms)
@@ -281,21 +279,8 @@ def _write_files(
         files = [f for f in written if f["range"] in cut.kept]
         remove_uncommitted(settings, [f for f in written if f["range"] not in cut.kept])
     log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
-    if os.environ.get(CRASH_ENV) == "before-commit":
-        log.error("%s=before-commit: dying after writing %d files, before the commit", CRASH_ENV, len(files))
-        os._exit(137)
+    crash_before_commit(len(files))  # test hook
     return files, cut
-
-
-def _hold_before_commit() -> None:
-    """Test hook (`HOLD_ENV`=PATH): announce PATH.ready, then wait until PATH exists (a concurrent run commits)."""
-    path = os.environ.get(HOLD_ENV)
-    if not path:
-        return
-    open(path + ".ready", "w").close()
-    deadline = time.monotonic() + 300
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:
