@@ -4,6 +4,7 @@ through jobs/import_delta.py into an empty base path, beside the library's write
 rows in process.
 
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
+     python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
 """
 
 from __future__ import annotations
@@ -45,12 +46,46 @@ def generate(base: str, messages: int, partitions: int) -> None:
         )
 
 
+def s3_server():
+    """Start moto's S3 server on a free loopback port with a bucket: (process, storage options, job flags)."""
+    import socket
+    import subprocess
+
+    import boto3
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    creds = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
+    os.environ.update(creds)  # the job's environment too
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="bench")
+    options = {**creds, "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true"}
+    flags = [f"--storage-option=AWS_ENDPOINT_URL={endpoint}", "--storage-option=AWS_ALLOW_HTTP=true"]
+    return proc, options, flags
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--workdir")
+    ap.add_argument("--s3", action="store_true", help="export to a loopback S3 server (moto) instead of a local path")
     args = ap.parse_args()
+    if args.s3:
+        export_to_s3(args)
+        return
     work = args.workdir or tempfile.mkdtemp(prefix="tank-export-")
     base, table, report = (os.path.join(work, n) for n in ("data", "table", "report.json"))
     for p in (base, table):
@@ -117,6 +152,39 @@ def main() -> None:
         "rows_per_s_import_job": imp["rows_per_s"],
         "library_writer_s": round(library_writer, 2),
         "ratio_import_job_vs_library_writer": round(imp["import_s"] / library_writer, 2),
+    }
+    print(json.dumps(out, indent=2))
+
+
+def export_to_s3(args) -> None:
+    """The export job into s3://bench/table, beside write_deltalake of the same rows into s3://bench/from-parquet."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable, write_deltalake
+
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-s3-")
+    base, report = os.path.join(work, "data"), os.path.join(work, "report.json")
+    shutil.rmtree(base, ignore_errors=True)
+    generate(base, args.messages, args.partitions)
+    proc, options, flags = s3_server()
+    try:
+        _, rep = run_job("export_delta", "--data-dir", base, "--table", "s3://bench/table", *flags, report=report)
+        s = rep["summary"]
+        copy = os.path.join(work, "copy.parquet")
+        pq.write_table(DeltaTable("s3://bench/table", storage_options=options).to_pyarrow_table(), copy)
+        rows = pq.read_table(copy)
+        t1 = time.perf_counter()
+        write_deltalake("s3://bench/from-parquet", rows, partition_by=["topic", "date"], storage_options=options)
+        parquet_to_delta = time.perf_counter() - t1
+    finally:
+        proc.kill()
+        proc.wait()
+    out = {
+        "machine": machine(),
+        "messages": s["rows"],
+        "export_job_s": s["export_s"],
+        "rows_per_s_job": round(s["rows"] / s["export_s"]),
+        "parquet_to_delta_s3_s": round(parquet_to_delta, 2),
+        "ratio_job_vs_parquet_to_delta": round(s["export_s"] / parquet_to_delta, 2),
     }
     print(json.dumps(out, indent=2))
 
