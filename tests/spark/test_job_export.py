@@ -294,6 +294,10 @@ def test_dry_run_and_usage_errors(tmp_path):
         ([], None),
         (["--value-format", "json"], "--value-schema"),
         (["--partition-by", "colour"], "--partition-by"),
+        (["--continuous"], "--continuous needs --checkpoint"),
+        (["--checkpoint", str(tmp_path / "ck")], "--checkpoint: only with --continuous"),
+        (["--continuous", "--checkpoint", "ck", "--dry-run"], "--continuous does not take --dry-run"),
+        (["--continuous", "--checkpoint", "ck", "--vacuum", "200h"], "does not take --vacuum"),
     ]:
         cmd = ["--data-dir", base, *args] + ([] if needle is None else ["--table", table])
         r = run_job(*cmd)
