@@ -94,17 +94,35 @@ class Bounds:
         self.max_ts = v if self.max_ts is None else min(self.max_ts, v)
 
 
+def partition_key(topic: str, partition: int) -> str:
+    """`topic/partition`: how JSON options, stream offsets and file counts name a partition."""
+    return f"{topic}/{partition}"
+
+
+def parse_partition_key(text: str) -> tuple[str, int]:
+    """(topic, partition) of a `partition_key` (a topic may contain `/`: the partition follows the last one)."""
+    topic, _, pid = text.rpartition("/")
+    return topic, int(pid)
+
+
 def parse_seq_ranges(text: str) -> dict[tuple[str, int], tuple[int | None, int | None]]:
     """`{"topic/partition": [min_seq, max_seq], ...}` (JSON; null = open)."""
-    out = {}
-    for key, (lo, hi) in json.loads(text).items():
-        topic, _, pid = key.rpartition("/")
-        out[(topic, int(pid))] = (lo, hi)
-    return out
+    return {parse_partition_key(key): (lo, hi) for key, (lo, hi) in json.loads(text).items()}
 
 
 def format_seq_ranges(ranges: dict[tuple[str, int], tuple[int | None, int | None]]) -> str:
-    return json.dumps({f"{t}/{p}": [lo, hi] for (t, p), (lo, hi) in ranges.items()})
+    return json.dumps({partition_key(t, p): [lo, hi] for (t, p), (lo, hi) in ranges.items()})
+
+
+def deleted_range(part: Partition | None, topic: str, pid: int, lo: int, hi: int) -> LostRange | None:
+    """The seqs of [lo, hi] retention deleted (§5): those below the first segment of a `delete`-policy partition, or
+    all of them when the partition is gone. A `cleanup` partition's missing seqs are compaction's: never lost."""
+    if part is not None and part.config.cleanup_policy != "delete":
+        return None
+    first = part.segments[0].base if part is not None and part.segments else None
+    if first is not None and first <= lo:
+        return None
+    return topic, pid, lo, hi if first is None else min(hi, first - 1)
 
 
 def _partition_bounds(b: Bounds, key: tuple[str, int]) -> Bounds | None:
@@ -247,10 +265,9 @@ def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> It
         segments = [sf for sf in now if sf.base == r.base]
     else:
         segments = [sf for sf in now if sf.base <= hi and (sf.last is None or sf.last >= lo)]
-        first = now[0].base if now else None
-        deleting = part is None or part.config.cleanup_policy == "delete"  # compaction drops nothing a reader lacks
-        if lost is not None and deleting and (first is None or first > lo):
-            lost.append((r.topic, r.partition, lo, hi if first is None else min(hi, first - 1)))
+        gone = deleted_range(part, r.topic, r.partition, lo, hi)
+        if lost is not None and gone is not None:
+            lost.append(gone)
     bounds = Bounds(min_seq=lo, max_seq=hi, min_ts=r.min_ts, max_ts=r.max_ts)
     for sf in segments:
         for sub in segment_ranges(r.topic, r.partition, sf, bounds, split_bytes=1 << 62):

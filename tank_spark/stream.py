@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -34,20 +34,20 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, Suppor
 
 from tank_log.jobs.planning import select_partitions
 from tank_log.storage.datadir import Partition, last_complete_seq
-from tank_spark.ranges import Bounds, LostRange, SegmentRange, partition_ranges, read_range
+from tank_spark.ranges import (
+    Bounds,
+    LostRange,
+    SegmentRange,
+    deleted_range,
+    parse_partition_key,
+    partition_key,
+    partition_ranges,
+    read_range,
+)
 
 log = logging.getLogger(__name__)
 
 Offset = dict[str, int]  # "topic/partition" → next seq to read
-
-
-def offset_key(topic: str, partition: int) -> str:
-    return f"{topic}/{partition}"
-
-
-def parse_offset_key(key: str) -> tuple[str, int]:
-    topic, _, pid = key.rpartition("/")
-    return topic, int(pid)
 
 
 class DataLost(RuntimeError):
@@ -93,17 +93,14 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         seq_ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         lost: list[LostRange] = []
         for key, nxt in end.items():
-            topic, pid = parse_offset_key(key)
+            topic, pid = parse_partition_key(key)
             lo = start.get(key)
             if lo is not None and lo >= nxt:
                 continue
             seq_ranges[(topic, pid)] = (lo, nxt - 1)
-            part = parts.get((topic, pid))
-            if lo is None or (part is not None and part.config.cleanup_policy != "delete"):
-                continue
-            first = part.segments[0].base if part is not None and part.segments else None
-            if first is None or first > lo:  # deleted (or the partition is gone) before the stream got to it
-                lost.append((topic, pid, lo, nxt - 1 if first is None else min(nxt - 1, first - 1)))
+            gone = None if lo is None else deleted_range(parts.get((topic, pid)), topic, pid, lo, nxt - 1)
+            if gone is not None:  # deleted (or the partition is gone) before the stream got to it
+                lost.append(gone)
         if lost:
             self._lost(lost, "planning")
         bounds = Bounds(seq_ranges, None, None, None, None, self.bounds.min_ts, self.bounds.max_ts)
@@ -126,14 +123,14 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for (topic, pid), part in parts.items():
             last = last_complete_seq(part)
             if last is not None:
-                out[offset_key(topic, pid)] = last + 1
+                out[partition_key(topic, pid)] = last + 1
         return out
 
     @staticmethod
     def _parse_offset(text: str) -> Offset:
         try:
             raw = json.loads(text)
-            out = {offset_key(*parse_offset_key(k)): int(v) for k, v in raw.items()}
+            out = {partition_key(*parse_partition_key(k)): int(v) for k, v in raw.items()}
         except (ValueError, TypeError, AttributeError):
             raise ValueError(
                 f'tank stream: startingOffsets {text!r}: expected earliest, latest or {{"topic/partition": seq}}'
@@ -151,7 +148,7 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _lost(self, lost: list[LostRange], when: str) -> None:
         """Report lost ranges: fail the query, or log them (and append them to `dataLossLog`) and go on."""
-        text = ", ".join(f"{t}/{p} seqs {lo}..{hi}" for t, p, lo, hi in lost)
+        text = describe_lost(lost)
         if self.fail_on_data_loss:
             raise DataLost(
                 f"tank stream: deleted before they were read ({when}): {text}; restart with option "
@@ -164,6 +161,10 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for t, p, lo, hi in lost:
                     record = {"topic": t, "partition": p, "from_seq": lo, "to_seq": hi, "detected": when}
                     fh.write(json.dumps({**record, "at_ms": int(time.time() * 1000)}) + "\n")
+
+
+def describe_lost(lost: Iterable[LostRange]) -> str:
+    return ", ".join(f"{partition_key(t, p)} seqs {lo}..{hi}" for t, p, lo, hi in lost)
 
 
 def read_data_loss_log(path: str) -> list[dict]:

@@ -37,15 +37,15 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 
 from tank_log.errors import RunFailed
-from tank_log.jobs.planning import select_partitions
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
-from tank_spark.export.files import FILE_META_SCHEMA, make_file_writer
+from tank_spark.export.files import FILE_META_SCHEMA, WrittenCounts, count_files, make_file_writer
 from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
 from tank_spark.export.orphans import check_run_age
-from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_version
+from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_versions
 from tank_spark.export.rows import table_frame
 from tank_spark.export.run_id import new_run_id
-from tank_spark.stream import DataLost, offset_key
+from tank_spark.ranges import partition_key
+from tank_spark.stream import DataLost, describe_lost
 
 log = logging.getLogger(__name__)
 
@@ -59,19 +59,6 @@ class StopRequested(Exception):
 
 
 @dataclass
-class PartitionTotals:
-    topic: str
-    partition: int
-    status: str = "exported"
-    rows: int = 0
-    quarantined: int = 0
-    first_row_seq: int | None = None
-    last_row_seq: int | None = None
-    files: int = 0
-    bytes: int = 0
-
-
-@dataclass
 class StreamTotals:
     """What the query has exported since the job started (the run report)."""
 
@@ -81,26 +68,25 @@ class StreamTotals:
     files: int = 0
     bytes: int = 0
     table_version: int | None = None
-    partitions: dict[tuple[str, int], PartitionTotals] = field(default_factory=dict)
+    partitions: dict[tuple[str, int], WrittenCounts] = field(default_factory=dict)
     data_loss: list[dict] = field(default_factory=list)
 
-    def add_file(self, f: dict) -> int:
-        """Count a committed file; return its rows."""
-        rows_in_file = 0
-        self.files += 1
-        self.bytes += f["size"]
-        for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
-            topic, _, pid = key.rpartition("/")
-            p = self.partitions.setdefault((topic, int(pid)), PartitionTotals(topic, int(pid)))
-            p.rows += rows
-            p.quarantined += bad
-            p.first_row_seq = lo if p.first_row_seq is None else min(lo, p.first_row_seq)
-            p.last_row_seq = hi if p.last_row_seq is None else max(hi, p.last_row_seq)
-            p.files += 1
-            p.bytes += f["size"]
-            rows_in_file += rows
-        self.rows += rows_in_file
-        return rows_in_file
+    def add_batch(self, files: list[dict], counts: dict[tuple[str, int], WrittenCounts], version: int) -> None:
+        """Count a committed batch."""
+        self.batches += 1
+        self.files += len(files)
+        self.bytes += sum(f["size"] for f in files)
+        for key, c in counts.items():
+            self.partitions.setdefault(key, WrittenCounts()).add(c)
+            self.rows += c.rows
+        self.table_version = version
+
+    def results(self) -> list[dict]:
+        """The report's per-partition entries."""
+        return [
+            {"topic": t, "partition": p, "status": "exported", **asdict(c)}
+            for (t, p), c in sorted(self.partitions.items())
+        ]
 
 
 class BatchExporter:
@@ -131,17 +117,13 @@ class BatchExporter:
     def _export(self, batch_df, batch_id: int, t0: float) -> None:
         from pyspark.sql import functions as F
 
-        settings = self.settings
+        settings, spark = self.settings, batch_df.sparkSession
         table = settings.location.open()
-        table_id = table.metadata().id
-        versions = {}
-        for sel in select_partitions(self.ctx.data_dirs, self.ctx.topics, require_match=False):
-            _, v = recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)
-            versions[sel.partition.key] = v
+        versions = recorded_versions(table, settings, self.ctx.data_dirs, self.ctx.topics)
         done = [(t, p, v) for (t, p), v in versions.items() if v is not None]
         rows = batch_df
         if done:
-            recorded = batch_df.sparkSession.createDataFrame(done, "topic string, partition int, _done long")
+            recorded = spark.createDataFrame(done, "topic string, partition int, _done long")
             rows = (
                 batch_df.join(F.broadcast(recorded), ["topic", "partition"], "left")
                 .where(F.col("_done").isNull() | (F.col("seq") > F.col("_done")))
@@ -151,7 +133,6 @@ class BatchExporter:
         writer = make_file_writer(
             settings.location, self.schema, settings.partition_by, settings.target_file_bytes, run_id
         )
-        spark = batch_df.sparkSession
         # a micro-batch is many small ranges (a piece of each active segment): one task per core, not per range,
         # so a batch makes a few files, not one per range
         frame = table_frame(spark, settings, rows.coalesce(spark.sparkContext.defaultParallelism))
@@ -168,13 +149,11 @@ class BatchExporter:
             self.totals.replayed_batches += 1
             log.info("continuous export: batch %d: nothing above the recorded versions", batch_id)
             return
-        ends: dict[tuple[str, int], int] = {}
-        for f in files:
-            for key, (_, _, hi, _) in json.loads(f["counts"]).items():
-                topic, _, pid = key.rpartition("/")
-                ends[(topic, int(pid))] = max(hi, ends.get((topic, int(pid)), hi))
+        counts = count_files(files)
+        table_id = table.metadata().id
         plans = [
-            PartitionPlan("", t, p, app_id(table_id, t, p), versions.get((t, p)), end) for (t, p), end in ends.items()
+            PartitionPlan("", t, p, app_id(table_id, t, p), versions.get((t, p)), c.last_row_seq)
+            for (t, p), c in counts.items()
         ]
         hold(HOLD_BEFORE_COMMIT)
         try:
@@ -184,14 +163,12 @@ class BatchExporter:
             remove_uncommitted(settings, files)
             raise
         hold(HOLD_AFTER_COMMIT)
-        rows_in_batch = sum(self.totals.add_file(f) for f in files)
-        self.totals.batches += 1
-        self.totals.table_version = version
+        self.totals.add_batch(files, counts, version)
         log.info(
             "continuous export: batch %d: %s rows of %d partitions, %d files, table version %d in %.2fs",
             batch_id,
-            f"{rows_in_batch:,}",
-            len(ends),
+            f"{sum(c.rows for c in counts.values()):,}",
+            len(counts),
             len(files),
             version,
             time.monotonic() - t0,
@@ -234,17 +211,13 @@ class BatchExporter:
 
 
 def _ranges_text(lost: list[dict]) -> str:
-    return ", ".join(f"{r['topic']}/{r['partition']} seqs {r['from_seq']}..{r['to_seq']}" for r in lost)
+    return describe_lost((r["topic"], r["partition"], r["from_seq"], r["to_seq"]) for r in lost)
 
 
 def starting_offsets(ctx, settings: ExportSettings, table) -> dict[str, int]:
     """Where a query without a checkpoint starts: after each partition's recorded version (else its first seq)."""
-    out = {}
-    for sel in select_partitions(ctx.data_dirs, ctx.topics, require_match=False):
-        _, v = recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)
-        if v is not None:
-            out[offset_key(sel.partition.topic, sel.partition.id)] = v + 1
-    return out
+    versions = recorded_versions(table, settings, ctx.data_dirs, ctx.topics)
+    return {partition_key(t, p): v + 1 for (t, p), v in versions.items() if v is not None}
 
 
 def local_checkpoint(settings: ExportSettings) -> str | None:
@@ -317,7 +290,7 @@ def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spar
     if failure is not None:
         raise RunFailed(f"continuous export stopped: {_reason(failure)}")
     totals = exporter.totals
-    results = [asdict(p) for _, p in sorted(totals.partitions.items())]
+    results = totals.results()
     summary = {
         "mode": "continuous",
         "table": settings.table,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from dataclasses import dataclass
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -14,6 +15,7 @@ from tank_spark.export.location import TableLocation
 from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name
+from tank_spark.ranges import parse_partition_key, partition_key
 from tank_spark.schema import TS_RAW
 
 FILE_META_SCHEMA = (
@@ -158,6 +160,38 @@ def file_stats(table: pa.Table) -> dict:
     return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
 
 
+@dataclass
+class WrittenCounts:
+    """What files hold of one TANK partition (summed over files; `bytes` counts each file holding it whole)."""
+
+    rows: int = 0
+    quarantined: int = 0
+    first_row_seq: int | None = None
+    last_row_seq: int | None = None
+    files: int = 0
+    bytes: int = 0
+
+    def add(self, other: WrittenCounts) -> None:
+        self.rows += other.rows
+        self.quarantined += other.quarantined
+        firsts = [s for s in (self.first_row_seq, other.first_row_seq) if s is not None]
+        lasts = [s for s in (self.last_row_seq, other.last_row_seq) if s is not None]
+        self.first_row_seq = min(firsts) if firsts else None
+        self.last_row_seq = max(lasts) if lasts else None
+        self.files += other.files
+        self.bytes += other.bytes
+
+
+def count_files(files: list[dict]) -> dict[tuple[str, int], WrittenCounts]:
+    """Per TANK partition, what the written files (their metadata, FILE_META_SCHEMA) hold."""
+    out: dict[tuple[str, int], WrittenCounts] = {}
+    for f in files:
+        for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
+            c = WrittenCounts(rows, bad, lo, hi, 1, f["size"])
+            out.setdefault(parse_partition_key(key), WrittenCounts()).add(c)
+    return out
+
+
 def partition_counts(table: pa.Table) -> dict:
     """Per TANK partition in a file: [rows, min seq, max seq, decode errors] (for the run report)."""
     aggs = [("seq", "count"), ("seq", "min"), ("seq", "max")]
@@ -169,7 +203,7 @@ def partition_counts(table: pa.Table) -> dict:
     decode_errors, ts_out = g.get("decode_error_count", zeros), g.get(f"{TS_RAW.name}_count", zeros)
     errors = [a + b for a, b in zip(decode_errors, ts_out, strict=True)]
     return {
-        f"{t}/{p}": [n, lo, hi, e]
+        partition_key(t, p): [n, lo, hi, e]
         for t, p, n, lo, hi, e in zip(
             g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], errors, strict=True
         )

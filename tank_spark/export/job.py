@@ -22,7 +22,6 @@ column in the same atomic commit) — never dropped. Empty values (tombstones) d
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, replace
@@ -43,6 +42,7 @@ from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
+    count_files,
     make_file_writer,
     write_direct,
 )
@@ -188,14 +188,12 @@ def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], ta
                 continue
             log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
             break
-    for f in files:
-        for key, (rows, lo, hi, bad) in json.loads(f["counts"]).items():
-            topic, _, pid = key.rpartition("/")
-            r = results[(topic, int(pid))]
-            _count(r, rows, lo, hi)
-            r["quarantined"] += bad
-            r["files"] += 1
-            r["bytes"] += f["size"]
+    for key, c in count_files(files).items():
+        r = results[key]
+        _count(r, c.rows, c.first_row_seq, c.last_row_seq)
+        r["quarantined"] += c.quarantined
+        r["files"] += c.files
+        r["bytes"] += c.bytes
     for p in cut.plans:
         if p.has_work:
             results[(p.topic, p.partition)]["status"] = "exported"

@@ -39,6 +39,16 @@ def recorded_version(table, table_path: str, topic: str, partition: int) -> tupl
     return aid, version
 
 
+def recorded_versions(table, settings: ExportSettings, data_dirs, topics) -> dict[tuple[str, int], int | None]:
+    """`recorded_version` of every partition of the data dirs (only `topics` when given)."""
+    from tank_log.jobs.planning import select_partitions
+
+    return {
+        sel.partition.key: recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)[1]
+        for sel in select_partitions(data_dirs, topics, require_match=False)
+    }
+
+
 def table_key(table: str) -> str:
     return table if "://" in table else os.path.abspath(table)
 
