@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from tank_log.format.bundle import Message, encode_bundle, frame
+from tank_log.format.bundle import Message, encode_bundle, frame, is_contiguous
 from tank_log.format.index import encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name
 from tank_log.storage.datadir import last_complete_seq, scan_partition
@@ -70,9 +70,7 @@ class PartitionAppender:
             self.roll(messages[0].seq)
         assert self._base is not None and self._active is not None
         expected = self._base if self._size == 0 else self.last + 1
-        sparse = messages[0].seq != expected or any(
-            b.seq != a.seq + 1 for a, b in zip(messages, messages[1:], strict=False)
-        )
+        sparse = not is_contiguous(messages, expected)
         framed = frame(encode_bundle(messages, sparse=sparse, codec=self.policy.snappy))
         offset = self._size
         self._write(self._active, framed)

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
-from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame
+from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame, is_contiguous
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
 from tank_log.format.varint import U32_MAX, unframed_size
@@ -146,13 +146,8 @@ class SegmentWriter:
         if not self._pending:
             return
         msgs = self._pending
-        expected = self.base if self.last is None else self.last + 1
-        sparse = (
-            expected is not None
-            and msgs[0].seq != expected
-            or any(b.seq != a.seq + 1 for a, b in zip(msgs, msgs[1:], strict=False))
-        )
-        bundle = encode_bundle(msgs, sparse=sparse, codec=self.policy.snappy)
+        expected = msgs[0].seq if self.last is None else self.last + 1  # a segment's first bundle sets its base
+        bundle = encode_bundle(msgs, sparse=not is_contiguous(msgs, expected), codec=self.policy.snappy)
         self._pending, self._pending_bytes = [], 0
         self._append(frame(bundle), msgs[0].seq, msgs[-1].seq, len(msgs))
 
