@@ -70,38 +70,33 @@ COMMIT_ATTEMPTS = 3  # re-plans after a concurrent commit before the run fails
 
 
 def execute(ctx, prepared, spark):
-    """Sweep orphans of crashed runs, export, then optimize/vacuum as asked."""
+    """Sweep orphans of crashed runs, then export once (and optimize/vacuum as asked) or continuously."""
     settings, plans, table = prepared
-    if settings.continuous:
-        return _continuous(ctx, spark, settings, table)
     sweep = (
         None
         if table is None
         else sweep_orphans(settings.location, table, settings.orphan_horizon_ms, dry_run=ctx.dry_run)
     )
-    results, summary = _export(ctx, spark, settings, plans, table)
+    if settings.continuous:
+        results, summary = _continuous(ctx, spark, settings, table)
+    else:
+        results, summary = _export(ctx, spark, settings, plans, table)
+        steps = _upkeep(settings, ctx.dry_run)
+        if steps:
+            summary["upkeep"] = [asdict(s) for s in steps]
     if sweep is not None:
         summary["orphans"] = asdict(sweep)
-    steps = _upkeep(settings, ctx.dry_run)
-    if steps:
-        summary["upkeep"] = [asdict(s) for s in steps]
     return results, summary
 
 
 def _continuous(ctx, spark, settings: ExportSettings, table):
-    """Sweep orphans, make sure the table exists, then stream until stopped (`continuous.py`)."""
+    """Make sure the table exists (and has `ts_raw`), then stream until stopped (`continuous.py`)."""
     schema = table_schema(settings, spark)
-    sweep = None
     if table is None:
         table = create_table(settings, schema)
-    else:
-        if check_compatible(settings, schema, table):
-            add_ts_raw(table)
-        sweep = sweep_orphans(settings.location, table, settings.orphan_horizon_ms, dry_run=False)
-    results, summary = run_continuous(ctx, settings, table, schema, spark)
-    if sweep is not None:
-        summary["orphans"] = asdict(sweep)
-    return results, summary
+    elif check_compatible(settings, schema, table):
+        add_ts_raw(table)
+    return run_continuous(ctx, settings, table, schema, spark)
 
 
 def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
