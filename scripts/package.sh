@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build dist/tank_log.zip: the tank_log and tank_spark packages for spark-submit --py-files (the executors also need
 # numpy, pyarrow, python-snappy/cramjam and deltalake installed: pip install -r <(python -c ...) or pip install .).
+# Python cannot import a compiled module from a zip, so code shipped this way runs on the pure-Python codec core;
+# executors where tank-log itself is pip-installed (a wheel) get the compiled one.
 #   bash scripts/package.sh            → prints the path of the zip
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python >= 3.11) and install tank-log with its dev and airflow extras. Idempotent: reinstalls
-# only when pyproject.toml changed since the last successful install.
+# Create .venv (Python >= 3.11) and install tank-log with its dev and airflow extras, compiling its codec core
+# (Cython + gcc). Idempotent: reinstalls only when pyproject.toml, setup.py or the compiled core's source changed
+# since the last successful install, or when the compiled core is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -8,9 +9,10 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.tank-log-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+want=$(cat pyproject.toml setup.py tank_log/format/_native.pyx | sha256sum | cut -d' ' -f1)
+built=$(ls tank_log/format/_native.*.so 2>/dev/null || true)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ -z "$built" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
-    .venv/bin/python -m pip install --quiet -e ".[dev,airflow]"
+    TANK_LOG_REQUIRE_NATIVE=1 .venv/bin/python -m pip install --quiet -e ".[dev,airflow]"
     echo "$want" > "$stamp"
 fi

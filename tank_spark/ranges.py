@@ -290,7 +290,7 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
             continue
         if int(c.seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
             i = next(k for k, last in enumerate(chunk.table.lasts) if last > SPARK_LONG_MAX)
-            at = chunk.file_offset + chunk.table.offsets[i]  # the first bundle holding such a seq
+            at = chunk.file_offset + int(chunk.table.offsets[i])  # the first bundle holding such a seq
             raise UnrepresentableData(
                 f"seq {int(c.seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows "
                 f"cannot hold",

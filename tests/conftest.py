@@ -113,6 +113,18 @@ def crash_after_step(k: int, run) -> int:
     return os.WEXITSTATUS(status)
 
 
+CODEC_CORES = ["native", "pure"]  # the compiled codec core and the pure-Python one (tank_log.format.native)
+
+
+@pytest.fixture(params=CODEC_CORES)
+def codec_core(request):
+    """Run the test once on each codec core: both must give the same results."""
+    from tank_log.format import native
+
+    with native.use_pure(request.param == "pure"):
+        yield request.param
+
+
 @pytest.fixture
 def fixture_copy(tmp_path):
     """Copy a fixture data dir into tmp and return its path: fixture_copy("A_multi")."""

@@ -14,6 +14,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from tank_log.errors import TankFormatError
+from tank_log.format import native
 from tank_log.format.codecs import CODECS, Codec, block_codec
 from tank_log.format.varint import U32_MAX, U64_MAX, decode_varint, encode_varint
 
@@ -169,11 +170,23 @@ _SMALL_VARINTS = [bytes([i]) for i in range(128)]
 def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
     """Encode messages per §3.5 with the writers' conventions (§3.6, §3.7): HaveKey only for non-empty keys,
     UseLastSpecifiedTS when the ts repeats (never on the first message), and for sparse bundles bit 2 or a delta
-    on middle messages only (never on the first/last).
+    on middle messages only (never on the first/last). Runs on the compiled core when it is built (same bytes).
 
     Raises:
         ValueError: a key over 255 bytes, or seqs not increasing / a gap of 2**32 or more (§3.5, §3.6).
     """
+    core = native.core()
+    if core is not None:
+        try:
+            encoded: bytes | None = core.encode_message_set(messages, sparse)
+        except (OverflowError, TypeError):  # a ts outside u64 or a non-bytes field: the pure encoder says which
+            encoded = None
+        if encoded is not None:
+            return encoded
+    return _encode_message_set_pure(messages, sparse)
+
+
+def _encode_message_set_pure(messages: Sequence[Message], sparse: bool) -> bytes:
     out = bytearray()
     last_index = len(messages) - 1
     prev_seq = prev_ts = -1

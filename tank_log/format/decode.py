@@ -6,6 +6,10 @@ Two stages:
 2. `decode_messages` — decodes the messages (§3.5) of all collected bundles at once with numpy: every bundle is
    advanced by one message per step ("lockstep"), so the Python cost is per step, not per message.
 
+Both stages run on the compiled core (`_native.pyx`) when it is built, else on the pure-Python code below; see
+`format.native`. The compiled core only detects malformed input: the pure code then re-reads it and raises, so the
+errors (and their messages) are the same on both paths.
+
 All errors are TankFormatError with offsets relative to the walked buffer; callers add the file path/base offset.
 """
 
@@ -18,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tank_log.errors import TankFormatError
+from tank_log.format import native
 from tank_log.format.bundle import (
     CODEC_MASK,
     COUNT_MASK,
@@ -44,26 +49,33 @@ INCOMPLETE = "incomplete"  # the last bundle (or its length varint) continues pa
 ZERO = "zero"  # a zero length varint: trailing zero bytes (torn tail) or corruption
 LIMIT = "limit"  # stopped early at max_bytes / stop_seq
 BUDGET = "budget"  # stopped after `max_messages` collected messages; more bundles follow
+REASONS = (COMPLETE, INCOMPLETE, ZERO, LIMIT, BUDGET)  # the compiled walk's reason codes; 5 = malformed input
+_NATIVE_ERROR = len(REASONS)
 
 MIN_MESSAGE_BYTES = 2  # flags + a 1-byte content length (§3.5): bounds a bundle's count by its message set's size
 DEFAULT_MAX_MESSAGES = 1 << 20  # messages per collecting walk: bounds decode_messages' arrays (~64 B each)
 
 
+def _column(dtype: type[np.generic]) -> Any:
+    return field(default_factory=lambda: np.empty(0, dtype))
+
+
 @dataclass
 class BundleTable:
-    """Headers of consecutive bundles plus, when collected, the bytes their messages are decoded from.
+    """Headers of consecutive bundles (numpy columns, one row per bundle) plus, when collected, the bytes their
+    messages are decoded from.
 
     `data` is the walked buffer followed by the decompressed Snappy message sets (plain sets are decoded in place);
     `set_starts`/`set_ends` locate each bundle's uncompressed message set in `data`.
     """
 
-    offsets: list[int] = field(default_factory=list)  # buffer offset of each length varint
-    ends: list[int] = field(default_factory=list)  # buffer offset just after each bundle
-    set_offsets: list[int] = field(default_factory=list)  # buffer offset of the (compressed) message set
-    flags: list[int] = field(default_factory=list)
-    counts: list[int] = field(default_factory=list)
-    firsts: list[int] = field(default_factory=list)
-    lasts: list[int] = field(default_factory=list)
+    offsets: np.ndarray = _column(np.int64)  # buffer offset of each length varint
+    ends: np.ndarray = _column(np.int64)  # buffer offset just after each bundle
+    set_offsets: np.ndarray = _column(np.int64)  # buffer offset of the (compressed) message set
+    flags: np.ndarray = _column(np.uint8)
+    counts: np.ndarray = _column(np.int64)
+    firsts: np.ndarray = _column(np.uint64)
+    lasts: np.ndarray = _column(np.uint64)
     set_starts: np.ndarray | None = None
     set_ends: np.ndarray | None = None
     data: bytes = b""
@@ -74,25 +86,25 @@ class BundleTable:
     @property
     def sizes(self) -> list[int]:
         """varint + bundle bytes of each bundle."""
-        return [e - o for o, e in zip(self.offsets, self.ends, strict=True)]
+        return (self.ends - self.offsets).tolist()  # type: ignore[no-any-return]
 
     @property
     def varint_counts(self) -> list[bool]:
         """Whether each bundle's count is a varint (4-bit field 0)."""
-        return [count_field(f) == 0 for f in self.flags]
+        return ((self.flags >> COUNT_SHIFT) & COUNT_MASK == 0).tolist()  # type: ignore[no-any-return]
 
     def headers(self, file_offset: int = 0) -> list[BundleHeader]:
         """One BundleHeader per bundle, with offsets shifted to file positions."""
         return [
             BundleHeader(o + file_offset, e - o, f, c, first, last, q + file_offset, count_field(f) == 0)
             for o, e, q, f, c, first, last in zip(
-                self.offsets,
-                self.ends,
-                self.set_offsets,
-                self.flags,
-                self.counts,
-                self.firsts,
-                self.lasts,
+                self.offsets.tolist(),
+                self.ends.tolist(),
+                self.set_offsets.tolist(),
+                self.flags.tolist(),
+                self.counts.tolist(),
+                self.firsts.tolist(),
+                self.lasts.tolist(),
                 strict=True,
             )
         ]
@@ -125,6 +137,52 @@ def walk_bundles(
     that brings the collected messages to this many, so what is decoded at once stays bounded on any input (a
     bundle's count is checked against its message set's size first).
     """
+    core = native.core()
+    if core is None:
+        raw = _walk_pure(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
+    else:
+        raw = core.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
+        if raw[5] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
+            _walk_pure(buf, raw[3], raw[4], collect, None, None, max_messages)
+            raise AssertionError(f"the compiled walk rejects the bundle at {raw[3]}, the pure walk does not")
+    return _result(buf, raw, collect)
+
+
+# what both walks return: header columns, the rows and bytes of decompressed sets, stop, next_seq, reason, need
+_RawWalk = tuple[tuple[np.ndarray, ...], list[int], list[Any], int, int, int, int]
+
+# the codec table as the compiled walk takes it: (decompress, max_expansion) per codec id 0..3, None if unknown
+_NATIVE_CODECS = tuple((CODECS[i].decompress, CODECS[i].max_expansion) if i in CODECS else None for i in range(4))
+_COLUMN_TYPES = (np.int64, np.int64, np.int64, np.uint8, np.int64, np.uint64, np.uint64)
+
+
+def _result(buf: bytes, raw: _RawWalk, collect: bool) -> WalkResult:
+    columns, packed_rows, packed_sets, stop, next_seq, reason, need = raw
+    offsets, ends, set_offsets, flags, counts, firsts, lasts = columns
+    t = BundleTable(offsets, ends, set_offsets, flags, counts, firsts, lasts)
+    if collect:
+        starts = t.set_offsets.copy()
+        ends = t.ends.copy()
+        if packed_rows:
+            rows_idx = np.array(packed_rows, dtype=np.int64)
+            lens = np.fromiter(map(len, packed_sets), dtype=np.int64, count=len(packed_sets))
+            set_ends = stop + np.cumsum(lens)
+            starts[rows_idx] = set_ends - lens
+            ends[rows_idx] = set_ends
+        t.data = b"".join([memoryview(buf)[:stop], *packed_sets, _PAD])
+        t.set_starts, t.set_ends = starts, ends
+    return WalkResult(t, stop, next_seq, REASONS[reason], need)
+
+
+def _walk_pure(
+    buf: bytes,
+    start: int,
+    next_seq: int,
+    collect: bool,
+    max_bytes: int | None,
+    stop_seq: int | None,
+    max_messages: int,
+) -> _RawWalk:
     gc_was_enabled = gc.isenabled()
     gc.disable()  # one tuple per bundle and no cycles: the cyclic GC would only rescan them, costing ~1 µs/bundle
     try:
@@ -142,7 +200,7 @@ def _walk(
     max_bytes: int | None,
     stop_seq: int | None,
     max_messages: int,
-) -> WalkResult:
+) -> _RawWalk:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     append = rows.append
     packed_rows: list[int] = []  # row index of each compressed bundle
@@ -214,22 +272,9 @@ def _walk(
         if collect and collected >= max_messages and pos < n:
             reason = BUDGET  # enough for one decode: the caller continues from `stop`
             break
-    t = BundleTable()
-    if rows:
-        cols = list(zip(*rows, strict=True))
-        t.offsets, t.ends, t.set_offsets, t.flags, t.counts, t.firsts, t.lasts = (list(x) for x in cols)
-    if collect:
-        starts = np.array(t.set_offsets, dtype=np.int64)
-        ends = np.array(t.ends, dtype=np.int64)
-        if packed_rows:
-            rows_idx = np.array(packed_rows, dtype=np.int64)
-            lens = np.fromiter(map(len, packed_sets), dtype=np.int64, count=len(packed_sets))
-            set_ends = pos + np.cumsum(lens)
-            starts[rows_idx] = set_ends - lens
-            ends[rows_idx] = set_ends
-        t.data = b"".join([mv[:pos], *packed_sets, _PAD])
-        t.set_starts, t.set_ends = starts, ends
-    return WalkResult(t, pos, next_seq, reason, need)
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
+    columns = tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
+    return columns, packed_rows, packed_sets, pos, next_seq, REASONS.index(reason), need
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,6 +355,22 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     Raises:
         TankFormatError: a message set that contradicts its bundle header (offset of the bundle).
     """
+    core = native.core()
+    if core is not None:
+        assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
+        cols = core.decode(
+            table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
+        )
+        if cols is not None:
+            seq, ts, key_off, key_len, val_off, val_len, bundle = cols
+            return MessageColumns(seq, ts, key_off, key_len, val_off, val_len, bundle, table.data)
+    cols = _decode_pure(table)  # with the compiled core: a malformed set, so this raises the precise error
+    if core is not None:
+        raise AssertionError("the compiled decoder rejects a message set that the pure decoder accepts")
+    return cols
+
+
+def _decode_pure(table: BundleTable) -> MessageColumns:
     nb = len(table)
     data = table.data
     buf = np.frombuffer(data, dtype=np.uint8)
@@ -360,7 +421,8 @@ def decode_messages(table: BundleTable) -> MessageColumns:
                     p[need] = p_after
                 tail = sparse & is_last
                 seq[tail] = last[tail]
-                bad = (mid & (seq >= last)) | (tail & (last <= prev_seq))
+                # seq <= prev_seq: a delta that wraps around 2**64
+                bad = (mid & ((seq >= last) | (seq <= prev_seq))) | (tail & (last <= prev_seq))
                 if bad.any():
                     raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
             has_ts = (f & USE_LAST_TS) == 0
@@ -402,6 +464,7 @@ def decode_messages(table: BundleTable) -> MessageColumns:
         row = int(np.flatnonzero(err.where)[0])
         b = int(ids[row])
         raise TankFormatError(
-            f"{err.message} (message {step} of bundle with {table.counts[b]} messages)", offset=table.offsets[b]
+            f"{err.message} (message {step} of bundle with {int(table.counts[b])} messages)",
+            offset=int(table.offsets[b]),
         ) from None
     return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)

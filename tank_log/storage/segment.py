@@ -327,12 +327,13 @@ class Segment:
 
 def _check_entry_bundle(res: WalkResult, path: str, pos: int, expected: int) -> None:
     """A sparse bundle carries its absolute first seq (§3.3): at an index entry it must be the entry's seq."""
-    if res.table.flags[0] & SPARSE and res.table.firsts[0] != expected:
+    first = int(res.table.firsts[0])
+    if res.table.flags[0] & SPARSE and first != expected:
         raise TankFormatError(
             f"the index entry for this offset says seq {expected}, the sparse bundle here starts at "
-            f"{res.table.firsts[0]} (index and data disagree, §4.4)",
+            f"{first} (index and data disagree, §4.4)",
             path,
-            pos + res.table.offsets[0],
+            pos + int(res.table.offsets[0]),
         )
 
 

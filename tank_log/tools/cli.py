@@ -21,9 +21,8 @@ def _cmd_dump(args: argparse.Namespace) -> int:
     from tank_log.tools.dump import dump_path
 
     out = sys.stdout
-    for line in dump_path(args.path, bundles=args.bundles, topics=args.topics):
-        out.write(line)
-        out.write("\n")
+    for lines in dump_path(args.path, bundles=args.bundles, topics=args.topics):
+        out.write(lines)
     return 0
 
 

@@ -10,17 +10,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from tank_log.errors import TankFormatError
+from tank_log.format import native
+from tank_log.format.decode import MessageColumns
 from tank_log.storage.datadir import classify_path, partitions_at
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment, Tail
 
 _PRINTABLE = bytes(range(0x20, 0x7F))
-
-
-def _text(raw: bytes) -> str | None:
-    """Text only when every byte is printable ASCII (0x20..0x7e), as in the fixtures' dumps."""
-    return raw.decode("ascii") if not raw.translate(None, _PRINTABLE) else None
-
 
 log = logging.getLogger(__name__)
 
@@ -49,25 +45,38 @@ def check_tail(segment: Segment, tail: Tail | None) -> None:
     )
 
 
-def message_records(segment: Segment, topic: str | None, partition: int | None) -> Iterator[dict[str, Any]]:
+def message_lines(segment: Segment, topic: str | None, partition: int | None) -> Iterator[str]:
+    """The JSON lines of a segment's messages, a decoded chunk at a time (each block ends with a newline)."""
+    prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
     walk = segment.chunks()
     for chunk in walk:
-        c = chunk.cols
-        seqs, tss = c.seq.tolist(), c.ts.tolist()
-        for i in range(len(c)):
-            key = c.key(i) or b""
-            value = c.value(i)
-            yield {
-                "topic": topic,
-                "partition": partition,
-                "seq": seqs[i],
-                "ts": tss[i],
-                "key": _text(key),
-                "key_b64": base64.b64encode(key).decode(),
-                "value": _text(value),
-                "value_b64": base64.b64encode(value).decode(),
-            }
+        if len(chunk.cols):
+            yield json_lines(prefix, chunk.cols)
     check_tail(segment, walk.tail)
+
+
+def json_lines(prefix: str, c: MessageColumns) -> str:
+    """One JSON line per message, `prefix` + seq + ts, key, value: the text `json.dumps` gives for the record dict
+    (a missing key dumps as an empty one). Built in bulk by the compiled core when it is there."""
+    core = native.core()
+    if core is not None:
+        raw = core.json_lines(prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len)
+        return raw.decode("ascii")  # type: ignore[no-any-return]
+    lines = []
+    seqs, tss = c.seq.tolist(), c.ts.tolist()
+    for i in range(len(c)):
+        key = c.key(i) or b""
+        value = c.value(i)
+        lines.append(
+            f'{prefix}{seqs[i]},"ts":{tss[i]},"key":{_json_text(key)},"key_b64":"{base64.b64encode(key).decode()}",'
+            f'"value":{_json_text(value)},"value_b64":"{base64.b64encode(value).decode()}"}}\n'
+        )
+    return "".join(lines)
+
+
+def _json_text(raw: bytes) -> str:
+    """A JSON string only when every byte is printable ASCII (0x20..0x7e), as in the fixtures' dumps; else null."""
+    return json.dumps(raw.decode("ascii")) if not raw.translate(None, _PRINTABLE) else "null"
 
 
 def bundle_records(segment: Segment) -> Iterator[dict[str, Any]]:
@@ -96,13 +105,16 @@ def _segment_location(path: str) -> tuple[str | None, int | None]:
 
 
 def dump_path(path: str | os.PathLike[str], *, bundles: bool = False, topics: list[str] | None = None) -> Iterator[str]:
-    """JSON lines for a segment file, partition, topic or base path (sequence order per partition)."""
+    """JSON lines for a segment file, partition, topic or base path (sequence order per partition), in blocks of
+    whole lines, each ending with a newline."""
     path = os.fspath(path)
     if classify_path(path) == "segment":
         targets = [(Segment(path), *_segment_location(path))]
     else:
         targets = [(s, p.topic, p.id) for p in partitions_at(path, topics) for s in p.segments]
     for seg, topic, partition in targets:
-        records = bundle_records(seg) if bundles else message_records(seg, topic, partition)
-        for rec in records:
-            yield json.dumps(rec, separators=(",", ":"))
+        if bundles:
+            for rec in bundle_records(seg):
+                yield json.dumps(rec, separators=(",", ":")) + "\n"
+        else:
+            yield from message_lines(seg, topic, partition)

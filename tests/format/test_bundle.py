@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tank_log.errors import TankFormatError
+from tank_log.format import native
 from tank_log.format.bundle import (
     SPARSE,
     Codec,
@@ -42,10 +43,17 @@ def message_runs(draw, max_len=40):
 
 
 def decode_one(framed: bytes, next_seq: int) -> list[Message]:
-    res = walk_bundles(framed, 0, next_seq)
-    assert res.stop == len(framed)
-    cols = decode_messages(res.table)
-    return [Message(int(cols.seq[i]), int(cols.ts[i]), cols.key(i), cols.value(i)) for i in range(len(cols))]
+    """Decode on both codec cores; they must agree."""
+    out = []
+    for pure in (False, True):
+        with native.use_pure(pure):
+            res = walk_bundles(framed, 0, next_seq)
+            assert res.stop == len(framed)
+            cols = decode_messages(res.table)
+            seqs, tss = cols.seq.tolist(), cols.ts.tolist()
+            out.append([Message(seqs[i], tss[i], cols.key(i), cols.value(i)) for i in range(len(cols))])
+    assert out[0] == out[1]
+    return out[0]
 
 
 @settings(max_examples=300, deadline=None)
@@ -143,7 +151,7 @@ def test_snappy_policies():
         (lambda b: bytes([b[0] + 1]) + b[1:] + b"\x00", "count"),  # an extra byte in the set
     ],
 )
-def test_strict_errors(mutate, needle):
+def test_strict_errors(mutate, needle, codec_core):
     good = frame(encode_bundle([Message(1, 0, b"k", b"v"), Message(2, 0, None, b"w")], sparse=False))
     bad = mutate(good)
     with pytest.raises(TankFormatError) as e:
@@ -153,14 +161,14 @@ def test_strict_errors(mutate, needle):
     assert e.value.offset == 0
 
 
-def test_bad_snappy_is_a_format_error():
+def test_bad_snappy_is_a_format_error(codec_core):
     good = frame(encode_bundle([Message(1, 0, None, b"z" * 3000)], sparse=False, codec=Codec.SNAPPY))
     bad = good[:6] + bytes([good[6] ^ 0xFF]) + good[7:]
     with pytest.raises(TankFormatError):
         decode_messages(walk_bundles(bad, 0, 1).table)
 
 
-def test_sparse_going_backwards_rejected():
+def test_sparse_going_backwards_rejected(codec_core):
     a = frame(encode_bundle([Message(10, 0, None, b"a")], sparse=True))
     b = frame(encode_bundle([Message(5, 0, None, b"b")], sparse=True))
     with pytest.raises(TankFormatError) as e:

@@ -28,12 +28,12 @@ def decoded(name):
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))
-def test_library_decodes_exactly_the_dump(name):
+def test_library_decodes_exactly_the_dump(name, codec_core):
     assert decoded(name) == load_dump(name)
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))
-def test_arrow_batches_equal_the_dump(name):
+def test_arrow_batches_equal_the_dump(name, codec_core):
     expected = load_dump(name)
     for part in partitions_at(data_dir(name)):
         rows = []
@@ -45,7 +45,7 @@ def test_arrow_batches_equal_the_dump(name):
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))
-def test_cli_dump_is_byte_identical(name):
+def test_cli_dump_is_byte_identical(name, codec_core):
     buf = io.StringIO()
     with redirect_stdout(buf):
         assert main(["dump", data_dir(name)]) == 0
@@ -75,7 +75,7 @@ def test_seek_through_index():
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))
-def test_reencoding_bundles_reproduces_them(name):
+def test_reencoding_bundles_reproduces_them(name, codec_core):
     """Plain bundles: identical bytes. Snappy bundles: identical header and uncompressed message set; the
     compressed bytes depend on the Snappy implementation (python-snappy/cramjam vs the broker's libsnappy pick
     different matches for some blocks), which every Snappy decoder accepts."""

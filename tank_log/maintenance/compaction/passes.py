@@ -109,16 +109,18 @@ def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: O
     koffs, klens = c.key_off[idx].tolist(), c.key_len[idx].tolist()
     voffs, vlens = c.val_off[idx].tolist(), c.val_len[idx].tolist()
     data = t.data
+    counts, flags, firsts, lasts = t.counts.tolist(), t.flags.tolist(), t.firsts.tolist(), t.lasts.tolist()
+    offsets, ends = t.offsets.tolist(), t.ends.tolist()
     k = 0  # position in the survivor lists
     for b, n_keep in enumerate(per_bundle):
         if not n_keep:
             continue
-        n = t.counts[b]
-        sparse = bool(t.flags[b] & SPARSE)
+        n = counts[b]
+        sparse = bool(flags[b] & SPARSE)
         w = out.writer
-        contiguous = w is None or w.expected_next is None or t.firsts[b] == w.expected_next
+        contiguous = w is None or w.expected_next is None or firsts[b] == w.expected_next
         if n_keep == n and n >= min_copy and (sparse or contiguous):
-            out.add_bundle(data[t.offsets[b] : t.ends[b]], t.firsts[b], t.lasts[b], n, sparse, max(tss[k : k + n]))
+            out.add_bundle(data[offsets[b] : ends[b]], firsts[b], lasts[b], n, sparse, max(tss[k : k + n]))
             k += n
             continue
         for j in range(k, k + n_keep):

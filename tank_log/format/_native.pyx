@@ -1,0 +1,595 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled core of the codec (docs/FORMAT.md §3): the bundle walk, the message decode and the message-set
+encoder, with the same contract as the pure-Python code in `decode.py` and `bundle.py`.
+
+`tank_log.format.native` decides which one runs. Cython's own bounds checks are off, so every read is checked by
+hand against the end of its bundle, message set or buffer. On malformed input the walk and the decode stop and
+report ERROR: the pure-Python code then re-reads the bad bundle and raises the precise TankFormatError, so both
+paths give the same errors, and the error messages live in one place.
+"""
+
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    typedef unsigned __int128 tl_u128;  /* seq arithmetic that can reach 2**64 (§3.6) without wrapping */
+    static inline tl_u128 tl_pow64(void) { return ((tl_u128)1) << 64; }
+    static inline uint64_t tl_load_u64(const uint8_t *p) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        return v;
+    }
+    static inline void tl_store_u64(uint8_t *p, uint64_t v) {
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap64(v);
+    #endif
+        memcpy(p, &v, 8);
+    }
+    """
+    ctypedef unsigned long long tl_u128  # really unsigned __int128: never converted to a Python int implicitly
+    tl_u128 tl_pow64() noexcept nogil
+    uint64_t tl_load_u64(const uint8_t *p) noexcept nogil
+    void tl_store_u64(uint8_t *p, uint64_t v) noexcept nogil
+
+cdef enum:
+    # walk stop reasons, in the order of decode.REASONS
+    R_COMPLETE = 0
+    R_INCOMPLETE = 1
+    R_ZERO = 2
+    R_LIMIT = 3
+    R_BUDGET = 4
+    R_ERROR = 5
+    # bundle flags (§3.3) and message flags (§3.5): the same values as bundle.py
+    SPARSE = 0x40
+    RESERVED = 0x80
+    SIMPLE_MASK = 0xC2
+    HAVE_KEY = 0x01
+    USE_LAST_TS = 0x02
+    SEQ_PREV_PLUS_ONE = 0x04
+    UNKNOWN_MESSAGE_FLAGS = 0xF8
+    MIN_MESSAGE_BYTES = 2
+    PAD = 512  # decode.py's padding after the last message set
+
+cdef uint64_t U32_MAX = 0xFFFFFFFF
+
+
+
+cdef inline int read_varint(const uint8_t *b, Py_ssize_t p, Py_ssize_t end, uint32_t *out, Py_ssize_t *after) noexcept nogil:
+    """§3.2: 0 = ok, 1 = runs past `end`, 2 = longer than 5 bytes or above 2**32-1."""
+    cdef uint32_t result = 0
+    cdef int shift = 0
+    cdef uint8_t byte
+    while True:
+        if p >= end:
+            return 1
+        byte = b[p]
+        p += 1
+        if shift == 28:
+            if byte > 0x0F:
+                return 2
+            out[0] = result | (<uint32_t>byte << 28)
+            after[0] = p
+            return 0
+        result |= (<uint32_t>(byte & 0x7F)) << shift
+        if byte < 0x80:
+            out[0] = result
+            after[0] = p
+            return 0
+        shift += 7
+
+
+cdef tl_u128 to_u128(object v):
+    """A Python int in 0..2**64 (larger values clamp to 2**64 + 1, negative ones to 0)."""
+    if v < 0:
+        return 0
+    if v > (1 << 64):
+        return tl_pow64() + 1
+    if v == (1 << 64):
+        return tl_pow64()
+    return <uint64_t>v
+
+
+cdef object from_u128(tl_u128 v):
+    if v >= tl_pow64():
+        return (1 << 64) + <uint64_t>(v - tl_pow64())
+    return <uint64_t>v
+
+
+cdef struct Row:
+    int64_t off
+    int64_t end
+    int64_t set_off
+    int64_t count
+    uint64_t first
+    uint64_t last
+    uint8_t flags
+
+
+def walk(object data, Py_ssize_t start, object next_seq, bint collect, object max_bytes, object stop_seq,
+         Py_ssize_t max_messages, tuple codecs):
+    """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress, max_expansion) for
+    codec id i. Returns (columns, packed_rows, packed_sets, stop, next_seq, reason, need); with R_ERROR, `stop` and
+    `next_seq` are the bad bundle's offset and the counter before it."""
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t n = view.shape[0]
+    cdef const uint8_t *b = &view[0] if n else NULL
+    cdef Py_ssize_t pos = start, limit, hp = 0, end = 0, q = 0, need = 0, collected = 0, i
+    cdef tl_u128 nxt = to_u128(next_seq), stop_at, first = 0, last = 0, after, two64 = tl_pow64()
+    cdef uint32_t v32 = 0
+    cdef uint64_t c, max_exp
+    cdef uint8_t f, codec
+    cdef int reason = R_COMPLETE
+    cdef Py_ssize_t nrows = 0, cap = 64
+    cdef Row *rows = <Row *>PyMem_Malloc(cap * sizeof(Row))
+    cdef Row *grown
+    cdef list packed_rows = []
+    cdef list packed_sets = []
+    cdef object mv = memoryview(data)
+    cdef object spec, unpacked
+    if rows == NULL:
+        raise MemoryError()
+    try:
+        limit = n if max_bytes is None else min(n, start + max_bytes)
+        if stop_seq is None:
+            stop_at = two64 + 1
+        else:
+            stop_at = to_u128(stop_seq)
+        while pos < n:
+            if b[pos] < 0x80:
+                v32 = b[pos]
+                hp = pos + 1
+            elif read_varint(b, pos, n, &v32, &hp):
+                reason = R_INCOMPLETE if n - pos < 5 and _all_continued(b, pos, n) else R_ERROR
+                break
+            if v32 == 0:
+                reason = R_ZERO
+                break
+            end = hp + v32
+            if end > n:
+                reason, need = R_INCOMPLETE, end
+                break
+            f = b[hp]
+            c = (f >> 2) & 0x0F
+            q = hp + 1
+            if f & SIMPLE_MASK == 0 and c:  # plain/Snappy, not sparse, count in the flags
+                first = nxt
+                if nxt + c > two64:
+                    reason = R_ERROR
+                    break
+                last = nxt + c - 1
+            else:
+                if f & RESERVED:
+                    reason = R_ERROR
+                    break
+                codec = f & 0x03
+                if codec and codecs[codec] is None:
+                    reason = R_ERROR
+                    break
+                if not c:
+                    if read_varint(b, q, end, &v32, &q) or v32 == 0:
+                        reason = R_ERROR
+                        break
+                    c = v32
+                if f & SPARSE:
+                    if q + 8 > end:
+                        reason = R_ERROR
+                        break
+                    first = tl_load_u64(b + q)
+                    q += 8
+                    if first == 0 or first < nxt:
+                        reason = R_ERROR
+                        break
+                    if c != 1:
+                        if read_varint(b, q, end, &v32, &q):
+                            reason = R_ERROR
+                            break
+                        last = first + v32 + 1
+                    else:
+                        last = first
+                else:
+                    first = nxt
+                    last = nxt + c - 1
+                if last >= two64:
+                    reason = R_ERROR
+                    break
+            if f & SPARSE:  # (no conditional expression: Cython would hold it in a 64-bit temporary)
+                after = last + 1
+            else:
+                after = first + c
+            codec = f & 0x03
+            if codec:
+                spec = codecs[codec]
+                max_exp = spec[1]
+                if c > (max_exp * <uint64_t>(end - q) + 64) // MIN_MESSAGE_BYTES:
+                    reason = R_ERROR
+                    break
+                if collect:
+                    try:
+                        unpacked = spec[0](mv[q:end])
+                    except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
+                        reason = R_ERROR
+                        break
+                    if c > <uint64_t>len(unpacked) // MIN_MESSAGE_BYTES:
+                        reason = R_ERROR
+                        break
+                    packed_sets.append(unpacked)
+                    packed_rows.append(nrows)
+            elif c > <uint64_t>(end - q) // MIN_MESSAGE_BYTES:
+                reason = R_ERROR
+                break
+            if nrows == cap:
+                cap *= 2
+                grown = <Row *>PyMem_Realloc(rows, cap * sizeof(Row))
+                if grown == NULL:
+                    raise MemoryError()
+                rows = grown
+            rows[nrows].off = pos
+            rows[nrows].end = end
+            rows[nrows].set_off = q
+            rows[nrows].count = <int64_t>c
+            rows[nrows].first = <uint64_t>first
+            rows[nrows].last = <uint64_t>(after - 1)
+            rows[nrows].flags = f
+            nrows += 1
+            nxt = after
+            pos = end
+            if nxt > stop_at or pos >= limit:
+                reason = R_LIMIT if pos < n else R_COMPLETE
+                break
+            collected += c
+            if collect and collected >= max_messages and pos < n:
+                reason = R_BUDGET
+                break
+        offsets = np.empty(nrows, np.int64)
+        ends = np.empty(nrows, np.int64)
+        set_offsets = np.empty(nrows, np.int64)
+        flags = np.empty(nrows, np.uint8)
+        counts = np.empty(nrows, np.int64)
+        firsts = np.empty(nrows, np.uint64)
+        lasts = np.empty(nrows, np.uint64)
+        _fill_rows(rows, nrows, offsets, ends, set_offsets, flags, counts, firsts, lasts)
+    finally:
+        PyMem_Free(rows)
+    columns = (offsets, ends, set_offsets, flags, counts, firsts, lasts)
+    return columns, packed_rows, packed_sets, pos, from_u128(nxt), reason, need
+
+
+cdef bint _all_continued(const uint8_t *b, Py_ssize_t p, Py_ssize_t n) noexcept nogil:
+    while p < n:
+        if b[p] < 0x80:
+            return False
+        p += 1
+    return True
+
+
+cdef void _fill_rows(Row *rows, Py_ssize_t nrows, int64_t[::1] offsets, int64_t[::1] ends, int64_t[::1] set_offsets,
+                     uint8_t[::1] flags, int64_t[::1] counts, uint64_t[::1] firsts, uint64_t[::1] lasts) noexcept:
+    cdef Py_ssize_t i
+    for i in range(nrows):
+        offsets[i] = rows[i].off
+        ends[i] = rows[i].end
+        set_offsets[i] = rows[i].set_off
+        flags[i] = rows[i].flags
+        counts[i] = rows[i].count
+        firsts[i] = rows[i].first
+        lasts[i] = rows[i].last
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# messages
+
+
+def decode(object data, const int64_t[::1] set_starts, const int64_t[::1] set_ends, const int64_t[::1] counts,
+           const uint8_t[::1] bundle_flags, const uint64_t[::1] firsts, const uint64_t[::1] lasts):
+    """Decode every message of the collected bundles (§3.5, seqs per §3.6) like decode._decode_pure. Returns
+    (seq, ts, key_off, key_len, val_off, val_len, bundle), or None when a message set is malformed (the pure
+    decoder then names the error). `data` ends with PAD bytes of padding after the last message set: a message's
+    fields are read before its end is checked, as the pure decoder does."""
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t size = view.shape[0]
+    cdef const uint8_t *buf = &view[0] if size else NULL
+    cdef Py_ssize_t nb = counts.shape[0], b, total = 0, out = 0, p, end
+    cdef int64_t i, n
+    cdef uint64_t seq = 0, prev_seq, ts, prev_ts, first, last
+    cdef uint32_t delta = 0, vlen = 0
+    cdef uint8_t f, kl
+    cdef bint sparse, bad = False
+    for b in range(nb):
+        total += counts[b]
+    seq_a = np.empty(total, np.uint64)
+    ts_a = np.empty(total, np.uint64)
+    koff_a = np.full(total, -1, np.int64)
+    klen_a = np.zeros(total, np.int64)
+    voff_a = np.empty(total, np.int64)
+    vlen_a = np.empty(total, np.int64)
+    bundle_a = np.empty(total, np.int64)
+    cdef uint64_t[::1] seq_o = seq_a, ts_o = ts_a
+    cdef int64_t[::1] koff_o = koff_a, klen_o = klen_a, voff_o = voff_a, vlen_o = vlen_a, bundle_o = bundle_a
+    with nogil:
+        for b in range(nb):
+            p = set_starts[b]
+            end = set_ends[b]
+            n = counts[b]
+            sparse = (bundle_flags[b] & SPARSE) != 0
+            first = firsts[b]
+            last = lasts[b]
+            if p < 0 or p > end or end > size - PAD:
+                bad = True
+                break
+            prev_seq = first
+            prev_ts = 0
+            for i in range(n):
+                if p >= end:  # message count exceeds the messages in the set
+                    bad = True
+                    break
+                f = buf[p]
+                if f & UNKNOWN_MESSAGE_FLAGS:
+                    bad = True
+                    break
+                p += 1
+                if i == 0:
+                    seq = first
+                else:
+                    seq = prev_seq + 1
+                    if sparse and i == n - 1:
+                        seq = last
+                        if last <= prev_seq:
+                            bad = True
+                            break
+                    elif sparse:
+                        if not f & SEQ_PREV_PLUS_ONE:
+                            if read_varint(buf, p, p + 5, &delta, &p):
+                                bad = True
+                                break
+                            seq = seq + delta
+                        if seq >= last or seq <= prev_seq:
+                            bad = True
+                            break
+                if f & USE_LAST_TS:
+                    ts = prev_ts if i else 0
+                else:
+                    ts = tl_load_u64(buf + p)
+                    p += 8
+                if f & HAVE_KEY:
+                    kl = buf[p]
+                    if kl:
+                        koff_o[out] = p + 1
+                        klen_o[out] = kl
+                    p += 1 + kl
+                if read_varint(buf, p, p + 5, &vlen, &p):
+                    bad = True
+                    break
+                voff_o[out] = p
+                vlen_o[out] = vlen
+                p += vlen
+                if p > end:  # message runs past the end of its message set
+                    bad = True
+                    break
+                seq_o[out] = seq
+                ts_o[out] = ts
+                bundle_o[out] = b
+                out += 1
+                prev_seq = seq
+                prev_ts = ts
+            if bad or p != end:  # p != end: bytes left over
+                bad = True
+                break
+    if bad:
+        return None
+    return seq_a, ts_a, koff_a, klen_a, voff_a, vlen_a, bundle_a
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# encoding
+
+
+def encode_message_set(object messages, bint sparse):
+    """bundle.encode_message_set's output for a sequence of Message tuples; returns None for input the pure
+    encoder rejects (it then raises the ValueError)."""
+    cdef Py_ssize_t count = len(messages), i, size = 0, klen, vlen
+    cdef object m, key, value
+    cdef object prev_seq_o = -1
+    cdef uint64_t ts, prev_ts = 0, gap
+    cdef bint have_prev_ts = False
+    # first pass: validate and size
+    for i in range(count):
+        m = messages[i]
+        key = m[2]
+        value = m[3]
+        klen = len(key) if key else 0
+        if klen > 255:
+            return None
+        vlen = len(value)
+        if vlen > U32_MAX:
+            return None
+        size += 1 + 8 + 5 + 1 + klen + 5 + vlen
+    if count == 0:
+        return b""
+    out = bytearray(size)
+    cdef uint8_t[::1] o = out
+    cdef Py_ssize_t w = 0
+    cdef const uint8_t[::1] kv
+    cdef const uint8_t[::1] vv
+    cdef uint8_t flags
+    cdef object seq_o
+    for i in range(count):
+        m = messages[i]
+        seq_o = m[0]
+        ts = m[1]
+        key = m[2]
+        value = m[3]
+        flags = 0
+        if key:
+            flags = HAVE_KEY
+        if i and ts == prev_ts:
+            flags |= USE_LAST_TS
+        gap = 0
+        if sparse and 0 < i < count - 1:
+            if seq_o - prev_seq_o - 1 == 0:
+                flags |= SEQ_PREV_PLUS_ONE
+            elif 0 < seq_o - prev_seq_o - 1 <= U32_MAX:
+                gap = seq_o - prev_seq_o - 1
+            else:
+                return None
+        o[w] = flags
+        w += 1
+        if gap:
+            w = _put_varint(o, w, <uint32_t>gap)
+        if not flags & USE_LAST_TS:
+            tl_store_u64(&o[w], ts)
+            w += 8
+        if key:
+            kv = key
+            o[w] = <uint8_t>kv.shape[0]
+            w += 1
+            memcpy(&o[w], &kv[0], kv.shape[0])
+            w += kv.shape[0]
+        vv = value
+        w = _put_varint(o, w, <uint32_t>vv.shape[0])
+        if vv.shape[0]:
+            memcpy(&o[w], &vv[0], vv.shape[0])
+            w += vv.shape[0]
+        prev_seq_o = seq_o
+        prev_ts = ts
+    return PyBytes_FromStringAndSize(<char *>&o[0], w)
+
+
+cdef inline Py_ssize_t _put_varint(uint8_t[::1] o, Py_ssize_t w, uint32_t v) noexcept:
+    while v >= 0x80:
+        o[w] = (v & 0x7F) | 0x80
+        v >>= 7
+        w += 1
+    o[w] = v
+    return w + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON lines (`tank-log dump`)
+
+cdef const char *B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+cdef inline Py_ssize_t _put(uint8_t *o, Py_ssize_t w, const char *s, Py_ssize_t n) noexcept nogil:
+    memcpy(o + w, s, n)
+    return w + n
+
+
+cdef inline Py_ssize_t _put_u64(uint8_t *o, Py_ssize_t w, uint64_t v) noexcept nogil:
+    cdef char tmp[20]
+    cdef int k = 0
+    while True:
+        tmp[k] = <char>(48 + v % 10)
+        k += 1
+        v //= 10
+        if v == 0:
+            break
+    while k:
+        k -= 1
+        o[w] = tmp[k]
+        w += 1
+    return w
+
+
+cdef inline Py_ssize_t _put_text(uint8_t *o, Py_ssize_t w, const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    """A JSON string when every byte is printable ASCII (0x20..0x7e), else null (the fixtures' dump format)."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        if s[i] < 0x20 or s[i] > 0x7E:
+            return _put(o, w, "null", 4)
+    o[w] = 34  # "
+    w += 1
+    for i in range(n):
+        if s[i] == 34 or s[i] == 92:  # " and \ are escaped
+            o[w] = 92
+            w += 1
+        o[w] = s[i]
+        w += 1
+    o[w] = 34
+    return w + 1
+
+
+cdef inline Py_ssize_t _put_b64(uint8_t *o, Py_ssize_t w, const uint8_t *s, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i = 0
+    cdef uint32_t v
+    while i + 3 <= n:
+        v = (<uint32_t>s[i] << 16) | (<uint32_t>s[i + 1] << 8) | s[i + 2]
+        o[w] = B64[v >> 18]
+        o[w + 1] = B64[(v >> 12) & 63]
+        o[w + 2] = B64[(v >> 6) & 63]
+        o[w + 3] = B64[v & 63]
+        w += 4
+        i += 3
+    if n - i == 1:
+        v = <uint32_t>s[i] << 16
+        o[w] = B64[v >> 18]
+        o[w + 1] = B64[(v >> 12) & 63]
+        o[w + 2] = 61  # =
+        o[w + 3] = 61
+        w += 4
+    elif n - i == 2:
+        v = (<uint32_t>s[i] << 16) | (<uint32_t>s[i + 1] << 8)
+        o[w] = B64[v >> 18]
+        o[w + 1] = B64[(v >> 12) & 63]
+        o[w + 2] = B64[(v >> 6) & 63]
+        o[w + 3] = 61
+        w += 4
+    return w
+
+
+def json_lines(bytes prefix, object data, const uint64_t[::1] seq, const uint64_t[::1] ts,
+               const int64_t[::1] key_off, const int64_t[::1] key_len, const int64_t[::1] val_off,
+               const int64_t[::1] val_len):
+    """The dump's JSON line of every message, each `prefix` + seq + the rest, as one ASCII bytes object; the same
+    text as json.dumps of the record dict (tools/dump.py). A missing key (key_off -1) dumps as an empty key."""
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t size = view.shape[0]
+    cdef const uint8_t *d = &view[0] if size else NULL
+    cdef Py_ssize_t n = seq.shape[0], i, bound = 0, w = 0, kl, vl, plen = len(prefix)
+    cdef const char *p = prefix
+    for i in range(n):
+        kl = key_len[i] if key_off[i] >= 0 else 0
+        if key_off[i] >= 0 and (key_off[i] + kl > size or kl < 0):
+            raise ValueError("key outside the data")
+        if val_off[i] < 0 or val_len[i] < 0 or val_off[i] + val_len[i] > size:
+            raise ValueError("value outside the data")
+        # prefix, two u64s, the fixed text, and per field: text (escaped: up to 2x) + base64 (4 per 3 bytes)
+        bound += plen + 40 + 80 + 2 * kl + 4 * (kl // 3 + 1) + 2 * val_len[i] + 4 * (val_len[i] // 3 + 1)
+    out = bytearray(bound)
+    cdef uint8_t[::1] ov = out
+    cdef uint8_t *o = &ov[0] if bound else NULL
+    cdef const uint8_t *k
+    cdef const uint8_t *v
+    with nogil:
+        for i in range(n):
+            if key_off[i] >= 0:
+                k = d + key_off[i]
+                kl = key_len[i]
+            else:
+                k = d
+                kl = 0
+            v = d + val_off[i]
+            vl = val_len[i]
+            w = _put(o, w, p, plen)
+            w = _put_u64(o, w, seq[i])
+            w = _put(o, w, ',"ts":', 6)
+            w = _put_u64(o, w, ts[i])
+            w = _put(o, w, ',"key":', 7)
+            w = _put_text(o, w, k, kl)
+            w = _put(o, w, ',"key_b64":"', 12)
+            w = _put_b64(o, w, k, kl)
+            w = _put(o, w, '","value":', 10)
+            w = _put_text(o, w, v, vl)
+            w = _put(o, w, ',"value_b64":"', 14)
+            w = _put_b64(o, w, v, vl)
+            w = _put(o, w, '"}\n', 3)
+    return PyBytes_FromStringAndSize(<char *>o, w) if w else b""

@@ -1,0 +1,175 @@
+"""The compiled codec core (tank_log/format/_native.pyx) against the pure-Python one: the same columns, bytes and
+errors on valid, mutated and random input, and the switch between them."""
+
+import os
+import random
+import subprocess
+import sys
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_bundle import message_runs
+from test_robustness import _samples, mutate
+
+from tank_log.errors import TankFormatError
+from tank_log.format import native
+from tank_log.format.bundle import Message, encode_bundle, encode_message_set, frame
+from tank_log.format.decode import decode_messages, walk_bundles
+
+
+def outcome(buf: bytes, next_seq: int = 1, **kwargs) -> tuple:
+    """Everything a walk and decode produce, or the error (message and offset)."""
+    try:
+        res = walk_bundles(buf, 0, next_seq, **kwargs)
+        t = res.table
+        out: list = [res.stop, res.next_seq, res.reason, res.need]
+        out += [a.tolist() for a in (t.offsets, t.ends, t.set_offsets, t.flags, t.counts, t.firsts, t.lasts)]
+        if kwargs.get("collect", True):
+            c = decode_messages(t)
+            out += [a.tolist() for a in (c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len, c.bundle)]
+            out += [t.data, t.set_starts.tolist(), t.set_ends.tolist()]
+        return ("ok", out)
+    except TankFormatError as err:
+        return ("error", err.message, err.offset)
+
+
+def both(buf: bytes, **kwargs) -> tuple:
+    with native.use_pure(False):
+        fast = outcome(buf, **kwargs)
+    with native.use_pure(True):
+        pure = outcome(buf, **kwargs)
+    assert fast == pure
+    return fast
+
+
+def test_the_compiled_core_is_built_and_chosen():
+    """CI and dev installs have Cython and gcc: a silent fallback to the pure core would hide a broken build."""
+    assert native.available()
+    if not os.environ.get(native.PURE_ENV):
+        assert native.name() == "native"
+
+
+def test_the_environment_variable_forces_the_pure_core():
+    code = "from tank_log.format import native; print(native.name(), native.available())"
+    for value, want in [("1", "pure True"), ("0", "native True"), ("", "native True")]:
+        env = {**os.environ, native.PURE_ENV: value}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == want.split()
+
+
+def test_mutated_segments_give_the_same_outcome_on_both_cores():
+    rng = random.Random(4321)
+    samples = _samples()
+    seen = {"ok": 0, "error": 0}
+    for n in range(3000):
+        _, base, data = samples[n % len(samples)]
+        buf = mutate(rng, data)
+        kwargs = [{}, {"collect": False}, {"max_messages": 3}, {"stop_seq": base + 5}, {"max_bytes": 200}][n % 5]
+        seen[both(buf, next_seq=base, **kwargs)[0]] += 1
+    assert seen["ok"] > 300 and seen["error"] > 500, seen
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 2**64), st.one_of(st.none(), st.integers(0, 2**64 + 2)))
+def test_random_bytes_give_the_same_outcome(buf, next_seq, stop_seq):
+    both(buf, next_seq=next_seq, stop_seq=stop_seq)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(message_runs(max_len=6), min_size=1, max_size=4), st.integers(0, 10**6), st.data())
+def test_corrupted_bundles_give_the_same_outcome(groups, seed, data):
+    """Valid bundles (plain, Snappy, sparse) with a few bytes changed: both cores agree byte for byte or error for
+    error."""
+    buf = b""
+    for i, g in enumerate(groups):
+        buf += frame(encode_bundle(g, sparse=True, codec=data.draw(st.sampled_from([0, 1]), label=f"codec{i}")))
+    rng = random.Random(seed)
+    b = bytearray(buf)
+    for _ in range(rng.randrange(0, 4)):
+        b[rng.randrange(len(b))] = rng.randrange(256)
+    both(bytes(b))
+
+
+def test_seqs_up_to_two_to_the_64():
+    """The running counter reaches 2**64 after a bundle ending at 2**64-1 (§3.6), and past it is an error."""
+    last = 2**64 - 1
+    ok = frame(encode_bundle([Message(last - 1, 5, None, b"a"), Message(last, 5, None, b"b")], sparse=True))
+    assert both(ok)[1][1] == 2**64
+    plain_after = frame(encode_bundle([Message(1, 5, None, b"c")], sparse=False))
+    result = both(ok + plain_after)
+    assert result[0] == "error" and result[2] == len(ok)
+
+
+@settings(max_examples=300, deadline=None)
+@given(message_runs(), st.booleans())
+def test_encoding_is_identical(msgs, sparse):
+    if not sparse:
+        msgs = [Message(msgs[0].seq + i, m.ts, m.key, m.value) for i, m in enumerate(msgs)]
+    with native.use_pure(False):
+        fast = encode_message_set(msgs, sparse)
+    with native.use_pure(True):
+        pure = encode_message_set(msgs, sparse)
+    assert fast == pure
+
+
+def test_encoding_rejects_what_the_pure_encoder_rejects():
+    bad = [
+        [Message(1, 0, b"k" * 256, b"v")],  # key over 255 bytes
+        [Message(5, 0, None, b"a"), Message(4, 0, None, b"b"), Message(9, 0, None, b"c")],  # seqs going back
+        [Message(1, 0, None, b"a"), Message(2**33, 0, None, b"b"), Message(2**34, 0, None, b"c")],  # gap >= 2**32
+        [Message(1, -1, None, b"a")],  # ts outside u64
+    ]
+    for msgs in bad:
+        errors = []
+        for pure in (False, True):
+            with native.use_pure(pure):
+                try:
+                    encode_message_set(msgs, True)
+                except Exception as err:
+                    errors.append((type(err), str(err)))
+        assert len(errors) == 2 and errors[0] == errors[1], errors
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(st.none(), st.binary(min_size=1, max_size=20), st.text(alphabet='ab"\\ \x7e', max_size=9)),
+            st.one_of(st.binary(max_size=40), st.text(alphabet='xy"\\/ \x7f', max_size=12)),
+            st.integers(0, 2**64 - 1),
+        ),
+        min_size=1,
+        max_size=20,
+    ),
+    st.one_of(st.none(), st.text(max_size=5)),
+)
+def test_dump_lines_are_identical(rows, topic):
+    """`tank-log dump`'s bulk JSON lines: the same text on both cores, and the text json.dumps gives."""
+    import base64
+    import json
+
+    from tank_log.tools.dump import json_lines
+
+    msgs = [
+        Message(i + 1, ts, k.encode() if isinstance(k, str) else k, v.encode() if isinstance(v, str) else v)
+        for i, (k, v, ts) in enumerate(rows)
+    ]
+    cols = decode_messages(walk_bundles(frame(encode_bundle(msgs, sparse=False)), 0, 1).table)
+    prefix = json.dumps({"topic": topic, "partition": 3}, separators=(",", ":"))[:-1] + ',"seq":'
+    texts = []
+    for pure in (False, True):
+        with native.use_pure(pure):
+            texts.append(json_lines(prefix, cols))
+    assert texts[0] == texts[1]
+
+    def text(raw):
+        return raw.decode() if all(0x20 <= b < 0x7F for b in raw) else None
+
+    expected = ""
+    for m in msgs:
+        key = m.key or b""
+        rec = {"topic": topic, "partition": 3, "seq": m.seq, "ts": m.ts, "key": text(key)}
+        rec |= {"key_b64": base64.b64encode(key).decode(), "value": text(m.value)}
+        rec["value_b64"] = base64.b64encode(m.value).decode()
+        expected += json.dumps(rec, separators=(",", ":")) + "\n"
+    assert texts[0] == expected
