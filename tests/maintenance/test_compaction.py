@@ -116,6 +116,43 @@ def test_invariants_on_generated_data(tmp_path, seed):
     assert tree_digest(d) == digest
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_rounds_within_a_small_key_budget_leave_the_unlimited_result(tmp_path, seed, codec_core):
+    """Keys that do not fit `key_state_budget` are compacted in rounds (Kafka's cleaner): the same survivors."""
+    d = str(tmp_path / "t" / "0")
+    msgs = generated_partition(d, seed)
+    part = scan_partition(d, "t", 0)
+    last_ro = part.ro[-1].last
+    cutoff_ms = msgs[len(msgs) // 3].ts
+    now = 1_700_000_000_000 + 10**9
+    opts = CompactionOptions(
+        force=True,
+        broker_stopped=True,
+        key_state_budget=10_000,
+        drop_keyless=seed == 1,
+        tombstone_retention_ms=now - cutoff_ms if seed == 2 else None,
+        now_ms=now,
+    )
+    res = compact_partition(part, opts)
+    assert res.status == "compacted" and res.rounds > 1 and res.key_state_bytes <= 10_000 and res.outputs, res
+    expected = expected_survivors(msgs, last_ro, drop_keyless=seed == 1, tomb_cutoff=cutoff_ms if seed == 2 else None)
+    assert messages_of(d) == expected
+    assert res.messages_before == len([m for m in msgs if m.seq <= last_ro])
+    assert res.messages_after == len([m for m in expected if m[0] <= last_ro])
+    assert [p for p in check_partition(scan_partition(d, "t", 0)) if p.severity == "error"] == []
+
+
+def test_a_budget_that_holds_no_key_changes_nothing(tmp_path, codec_core):
+    d = str(tmp_path / "t" / "0")
+    generated_partition(d, 4)
+    digest = tree_digest(d)
+    res = compact_partition(
+        scan_partition(d, "t", 0), CompactionOptions(force=True, broker_stopped=True, key_state_budget=100)
+    )
+    assert res.status == "needs-attention" and "key_state_budget" in res.reason, res
+    assert tree_digest(d) == digest
+
+
 def test_options_tombstone_retention_and_drop_keyless(tmp_path):
     d = str(tmp_path / "t" / "0")
     msgs = generated_partition(d, seed=11)

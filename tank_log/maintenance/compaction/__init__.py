@@ -11,10 +11,13 @@ Semantics are the broker's (§6.2), so a partition compacted here reads as if th
 - survivors keep seq, ts, key, value and order (never the broker's key-order bug, §11.24); gaps are encoded as
   sparse bundles (§3.6).
 
-Two passes: pass 1 collects key → last seq exactly (Arrow group-by in windows; no digests, so no collisions) and
-keeps only the sorted survivor seqs (8 bytes per key); pass 2 streams the inputs again and writes survivors —
-bundles that survive whole are copied verbatim when large enough, the rest are re-bundled (default 100 messages /
-64 KiB, Snappy when it pays).
+Two passes per round: pass 1 maps every key to its last seq exactly (`key_state.KeyMap`, in the compiled core:
+open addressing over the real key bytes, no digests, so no collisions); pass 2 streams the inputs again and writes
+survivors — bundles that survive whole are copied verbatim when large enough, the rest are re-bundled (default 100
+messages / 64 KiB, Snappy when it pays). The key map never exceeds `key_state_budget` (default 256 MiB): when the
+keys do not fit, compaction runs in rounds as Kafka's cleaner does (a round maps the keys from where the last one
+ended until its map is full, then rewrites the range up to there), and the last round leaves exactly what one
+unlimited round would.
 
 File protocol (compatible with the broker's, §6.4): outputs are written under `.`-prefixed temporary names and
 fsynced, then `storage.swap.swap_in` puts them in place of the inputs (`.cleaned` → `.swap`, inputs → `.old`, strip

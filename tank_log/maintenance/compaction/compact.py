@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from tank_log.errors import NeedsAttention
+from tank_log.maintenance.compaction.key_state import new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
-from tank_log.maintenance.compaction.passes import collect_survivors, dirty_ratio, pass2_segment, select_inputs
+from tank_log.maintenance.compaction.passes import dirty_ratio, map_keys, pass2_segment, select_inputs
 from tank_log.maintenance.outcome import Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
-from tank_log.storage.datadir import Partition
+from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import StepHook
 from tank_log.storage.swap import swap_in
 
@@ -72,38 +74,76 @@ def _compact_locked(
     res.bytes_before = sum(s.size for s in inputs)
     res.range_first, res.range_last = inputs[0].base, inputs[-1].last
     range_last = inputs[-1].last or 0  # RO names always carry a last
-
-    survivors = collect_survivors(inputs, res, options.pass1_window_rows)  # pass 1: key → last seq
-
-    # pass 2: survivors → outputs
-    segment_bytes = min(options.segment_bytes or part.config.segment_bytes, (1 << 32) - (1 << 26))
-    out = (
-        None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
-    )
     cutoff = None if options.tombstone_retention_ms is None else now_ms - options.tombstone_retention_ms
-    try:
-        for sf in inputs:
+    segment_bytes = min(options.segment_bytes or part.config.segment_bytes, (1 << 32) - (1 << 26))
+
+    # Rounds, as Kafka's cleaner does: a round maps the keys from `start` on until its map is full (pass 1), then
+    # rewrites the inputs up to there, dropping every message whose key it maps to a later seq (pass 2). Earlier
+    # rounds left each key at most once before `start`, so the last round leaves what one unlimited round would.
+    start = inputs[0].base
+    totals = CompactionResult(part.topic, part.id, part.path)
+    compacted = False
+    while True:
+        key_map = new_key_map(options.key_state_budget)
+        round_end = map_keys(inputs, start, key_map, res)  # pass 1: key → latest seq
+        if round_end is not None and round_end < start:
+            raise NeedsAttention(
+                f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
+            )
+        totals.rounds += 1
+        totals.distinct_keys += len(key_map)
+        totals.key_state_bytes = max(totals.key_state_bytes, key_map.nbytes)
+        touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
+        one = CompactionResult(part.topic, part.id, part.path)
+        out = (
+            None
+            if options.dry_run
+            else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
+        )
+        try:
+            seen = 0
+            for sf in touched:  # pass 2: survivors → outputs
+                if out is not None:
+                    out.input_ts = sf.ts
+                seen += pass2_segment(sf, key_map, round_end, one, out, options, cutoff, range_last)
+            dropped = one.messages_after < seen
             if out is not None:
-                out.input_ts = sf.ts
-            pass2_segment(sf, survivors, res, out, options, cutoff, range_last)
-        if res.messages_after == res.messages_before:
+                if dropped:
+                    out.close_current()
+                else:
+                    out.abort()
+        except BaseException:
             if out is not None:
                 out.abort()
-            res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
-            _set_mark(base_path, part, res.range_last, options)
-            return
-        if out is None:
-            res.status, res.bytes_after = Status.DRY_RUN, None
-            res.segments_after = 0
-            return
-        out.close_current()
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
-    res.outputs = swap_in(part.path, inputs, out.done, on_step)
-    res.segments_after = len(out.done)
-    res.bytes_after = sum(w.size for w in out.done)
+            raise
+        res.messages_after = one.messages_after  # the last round's survivors are the result
+        for name in ("tombstones_dropped", "keyless_dropped"):
+            setattr(res, name, getattr(res, name) + getattr(one, name))
+        res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
+        del key_map
+        if out is not None and dropped:
+            res.outputs += swap_in(part.path, touched, out.done, on_step)
+            compacted = True
+        if options.dry_run or round_end is None:
+            break
+        _set_mark(base_path, part, round_end, options)
+        start = round_end + 1
+        part = scan_partition(part.path, part.topic, part.id, part.config)
+        inputs = [s for s in part.ro if s.base <= range_last]
+    res.rounds, res.distinct_keys, res.key_state_bytes = totals.rounds, totals.distinct_keys, totals.key_state_bytes
+    if options.dry_run:
+        res.status, res.bytes_after, res.segments_after = Status.DRY_RUN, None, 0
+        if res.rounds == 1 and round_end is not None:
+            res.reason = "the first of several rounds (the keys exceed compaction.key_state_budget)"
+        return
+    if not compacted:
+        res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
+        _set_mark(base_path, part, res.range_last, options)
+        return
+    final = [s for s in scan_partition(part.path, part.topic, part.id, part.config).ro if s.base <= range_last]
+    res.outputs = [n for n in res.outputs if os.path.exists(os.path.join(part.path, n))]  # later rounds replace
+    res.segments_after = len(final)
+    res.bytes_after = sum(s.size for s in final)
     _set_mark(base_path, part, res.range_last, options)
     res.status = Status.COMPACTED
 

@@ -1,50 +1,80 @@
-"""Pass 1 state: exact key → last seq, in Arrow (no digests, so no collisions)."""
+"""Pass 1 state: exact key → its latest seq, within a memory budget (no digests, so no collisions).
+
+The compiled core's `KeyMap` (open addressing, 16-byte slots plus the key bytes: ~30 bytes per 11-byte key) when it
+is built; otherwise `PureKeyMap`, a dict whose bytes are estimated. Both stop taking messages at the first new key
+that does not fit, which is where a compaction round ends (`passes.map_keys`).
+"""
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import numpy as np
-import pyarrow as pa
+
+from tank_log.format import native
 
 
-class KeyState:
-    """Exact key → last seq, reduced with Arrow group-by every `window` rows; memory ∝ distinct keys."""
+class KeyMap(Protocol):
+    budget: int
 
-    def __init__(self, window: int):
-        self.window = window
-        self.table: pa.Table | None = None
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
+    def __len__(self) -> int: ...
 
-    def add(self, keys: pa.Array, seqs: np.ndarray) -> None:
-        if len(seqs):
-            self.pending.append(pa.table({"key": keys, "seq": pa.array(seqs)}))
-            self.pending_rows += len(seqs)
-            if self.pending_rows >= self.window:
-                self.reduce()
+    @property
+    def nbytes(self) -> int: ...
 
-    def reduce(self) -> None:
-        parts = ([self.table] if self.table is not None else []) + self.pending
-        if not parts:
-            return
-        merged = pa.concat_tables(parts).group_by("key").aggregate([("seq", "max")])
-        self.table = merged.rename_columns(["key", "seq"]).combine_chunks()
-        self.pending, self.pending_rows = [], 0
+    def add(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> int:
+        """Record each keyed message's seq as its key's latest (seqs increase); returns how many messages were
+        taken: all, or up to the first new key that does not fit in the budget."""
+        ...
 
-    def survivor_seqs(self) -> np.ndarray:
-        self.reduce()
-        if self.table is None:
-            return np.zeros(0, dtype=np.uint64)
-        return np.sort(self.table.column("seq").to_numpy())
+    def superseded(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        """Per message: True when its key is mapped to a later seq."""
+        ...
+
+
+class PureKeyMap:
+    """A dict from key bytes to seq; each key is charged its length + PER_KEY bytes (dict slot, bytes and int
+    objects)."""
+
+    PER_KEY = 120
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._latest: dict[bytes, int] = {}
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._latest)
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.table is None else self.table.nbytes
+        return self._bytes
+
+    def add(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> int:
+        latest, used = self._latest, self._bytes
+        try:
+            for i, (off, n, s) in enumerate(zip(key_off.tolist(), key_len.tolist(), seq.tolist(), strict=True)):
+                if off < 0:
+                    continue
+                key = data[off : off + n]
+                if key not in latest:
+                    if used + n + self.PER_KEY > self.budget:
+                        return i
+                    used += n + self.PER_KEY
+                latest[key] = s
+            return len(seq)
+        finally:
+            self._bytes = used
+
+    def superseded(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> np.ndarray:
+        latest = self._latest
+        out = np.zeros(len(seq), dtype=bool)
+        for i, (off, n, s) in enumerate(zip(key_off.tolist(), key_len.tolist(), seq.tolist(), strict=True)):
+            if off >= 0 and latest.get(data[off : off + n], 0) > s:
+                out[i] = True
+        return out
 
 
-def in_sorted(values: np.ndarray, sorted_set: np.ndarray) -> np.ndarray:
-    if not len(sorted_set):
-        return np.zeros(len(values), dtype=bool)
-    idx = np.searchsorted(sorted_set, values)
-    idx[idx == len(sorted_set)] = 0
-    found: np.ndarray = sorted_set[idx] == values
-    return found
+def new_key_map(budget: int) -> KeyMap:
+    core: Any = native.core()
+    return core.KeyMap(budget) if core is not None else PureKeyMap(budget)

@@ -9,6 +9,8 @@ from tank_log.maintenance.outcome import PartitionOutcome
 from tank_log.maintenance.preflight import SafetyOptions
 from tank_log.storage.writer import BundlePolicy
 
+DEFAULT_KEY_STATE_BUDGET = 256 << 20
+
 
 @dataclass(frozen=True)
 class CompactionOptions(SafetyOptions):
@@ -19,7 +21,7 @@ class CompactionOptions(SafetyOptions):
     tombstone_retention_ms: int | None = None  # None: keep tombstones forever (the broker's rule)
     drop_keyless: bool = False
     policy: BundlePolicy = BundlePolicy(max_messages=100, max_bytes=64 << 10, snappy=SnappyPolicy.WHEN_SMALLER)
-    pass1_window_rows: int = 1_000_000
+    key_state_budget: int = DEFAULT_KEY_STATE_BUDGET  # bytes of pass 1's key map; more keys: several rounds
     now_ms: int | None = None  # for tests
 
 
@@ -36,10 +38,11 @@ class CompactionResult(PartitionOutcome):
     segments_after: int = 0
     bytes_after: int | None = 0
     messages_after: int = 0
-    distinct_keys: int = 0
+    distinct_keys: int = 0  # keys mapped (summed over rounds: a key seen in two rounds counts twice)
+    rounds: int = 0  # pass 1 + pass 2 rounds (more than 1 when the keys exceed key_state_budget)
     tombstones_kept: int = 0
     tombstones_dropped: int = 0
     keyless_kept: int = 0
     keyless_dropped: int = 0
-    key_state_bytes: int = 0
+    key_state_bytes: int = 0  # the largest key map of the rounds
     outputs: list[str] = field(default_factory=list)

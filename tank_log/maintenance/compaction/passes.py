@@ -6,16 +6,15 @@ from __future__ import annotations
 import numpy as np
 
 from tank_log.errors import TankFormatError
-from tank_log.format.arrow import binary_column
 from tank_log.format.bundle import SPARSE, Message
 from tank_log.format.decode import BundleTable, MessageColumns
-from tank_log.maintenance.compaction.key_state import KeyState, in_sorted
+from tank_log.maintenance.compaction.key_state import KeyMap
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
 
-PASS_CHUNK_BYTES = 16 << 20  # bigger chunks amortise the per-step cost of the vectorised decoder
+PASS_CHUNK_BYTES = 1 << 20  # what one pass holds decoded at once (with its survivors as Python objects)
 
 
 def dirty_ratio(part: Partition, mark: int) -> float:
@@ -40,26 +39,34 @@ def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> l
     return inputs
 
 
-def collect_survivors(inputs: list[Segment], res: CompactionResult, window_rows: int) -> np.ndarray:
-    """Pass 1: the sorted seqs of each key's last message (keyed messages only); counts messages into `res`.
+def map_keys(inputs: list[Segment], start_seq: int, key_map: KeyMap, res: CompactionResult) -> int | None:
+    """Pass 1 of a round: from `start_seq` on, map every key to its latest seq until the map is full, counting the
+    messages mapped into `res`. Returns the round's last seq (None when the round reaches the end of the inputs);
+    the next round starts after it, so the rounds' first passes read every input message once.
 
     Raises:
         TankFormatError: a malformed or torn input segment (salvage it first).
     """
-    state = KeyState(window_rows)
+    covered = start_seq - 1
     for seg in inputs:
-        walk = seg.chunks(chunk_bytes=PASS_CHUNK_BYTES)
+        if seg.last is not None and seg.last < start_seq:
+            continue
+        offset, next_seq = seg.seek(start_seq) if start_seq > seg.base else (0, None)
+        walk = seg.chunks(start=offset, next_seq=next_seq, chunk_bytes=PASS_CHUNK_BYTES)
         for chunk in walk:
             c = chunk.cols
-            res.messages_before += len(c)
-            keyed = c.key_off >= 0
-            if keyed.any():
-                state.add(binary_column(c, keyed, "key"), c.seq[keyed])
+            seq, key_off, key_len = c.seq, c.key_off, c.key_len
+            if len(seq) and seq[0] < start_seq:  # the chunk read from an index entry before start_seq
+                sel = seq >= start_seq
+                seq, key_off, key_len = seq[sel], key_off[sel], key_len[sel]
+            taken = key_map.add(c.data, key_off, key_len, seq)
+            res.messages_before += taken
+            if taken < len(seq):
+                return int(seq[taken - 1]) if taken else covered
+            if len(seq):
+                covered = int(seq[-1])
         _check_complete(seg, walk.tail)
-    survivors = state.survivor_seqs()
-    res.distinct_keys = len(survivors)
-    res.key_state_bytes = state.nbytes
-    return survivors
+    return None
 
 
 def _check_complete(seg: Segment, tail: Tail | None) -> None:
@@ -73,32 +80,40 @@ def _check_complete(seg: Segment, tail: Tail | None) -> None:
 
 def pass2_segment(
     sf: Segment,
-    survivors: np.ndarray,
+    key_map: KeyMap,
+    round_end: int | None,
     res: CompactionResult,
     out: OutputSegments | None,
     options: CompactionOptions,
     cutoff: int | None,
     range_last: int,
-) -> None:
+) -> int:
     min_copy = max(1, options.policy.max_messages // 2)
-    for chunk in sf.chunks(chunk_bytes=PASS_CHUNK_BYTES):
+    seen = 0
+    walk = sf.chunks(chunk_bytes=PASS_CHUNK_BYTES)
+    for chunk in walk:
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
         empty = c.val_len == 0
-        keep = np.where(keyed, in_sorted(c.seq, survivors), ~empty & (not options.drop_keyless))
+        superseded = key_map.superseded(c.data, c.key_off, c.key_len, c.seq)
+        keep = np.where(keyed, ~superseded, ~empty & (not options.drop_keyless))
         tomb = keyed & empty
         if cutoff is not None:
             expired = keep & tomb & (c.ts < np.uint64(max(cutoff, 0)))
             keep &= ~expired
+        if round_end is not None:
+            keep |= c.seq > np.uint64(round_end)  # beyond this round's keys: a later round decides
         keep |= c.seq == np.uint64(range_last)  # never drop the range's last message (§4.4)
+        seen += len(c)
         res.messages_after += int(keep.sum())
         res.tombstones_kept += int((keep & tomb).sum())
         res.tombstones_dropped += int((~keep & tomb).sum())
         res.keyless_kept += int((keep & ~keyed).sum())
         res.keyless_dropped += int((~keep & ~keyed).sum())
-        if out is None:
-            continue
-        _write_survivors(c, t, keep, out, min_copy)
+        if out is not None:
+            _write_survivors(c, t, keep, out, min_copy)
+    _check_complete(sf, walk.tail)
+    return seen
 
 
 def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: OutputSegments, min_copy: int) -> None:
