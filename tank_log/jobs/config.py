@@ -20,6 +20,7 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
       snappy: when_smaller              # when_smaller | client | always | never
       segment_bytes: null               # null = each topic's log.segment.bytes
       min_cleanable_ratio: null         # null = each topic's log.cleaner.min.cleanable.ratio
+      key_state_budget: 256mb           # memory for a partition's keys; more keys compact in rounds
       topics:                           # per-topic overrides; `policy: cleanup` compacts a `delete` topic
         orders: {policy: cleanup, tombstone_retention: 7days}
     retention:
@@ -63,6 +64,7 @@ import yaml
 from tank_log.errors import JobConfigError
 from tank_log.format.broker_config import parse_duration, parse_size
 from tank_log.format.bundle import SnappyPolicy
+from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 from tank_log.maintenance.retention import POLICIES as RETENTION_POLICIES
 
 
@@ -150,6 +152,7 @@ class CompactionSettings:
     snappy: str = "when_smaller"
     segment_bytes: int | None = None
     min_cleanable_ratio: float | None = None
+    key_state_budget: int = DEFAULT_KEY_STATE_BUDGET
     topics: dict[str, TopicCompaction] = field(default_factory=dict)
 
 
@@ -283,6 +286,8 @@ def _compaction(value: Any) -> CompactionSettings:
         kw["segment_bytes"] = n
     if v.get("min_cleanable_ratio") is not None:
         kw["min_cleanable_ratio"] = _ratio(v["min_cleanable_ratio"], f"{w}.min_cleanable_ratio")
+    if "key_state_budget" in v:
+        kw["key_state_budget"] = _size(v["key_state_budget"], f"{w}.key_state_budget")
     topics = _mapping(v.get("topics"), f"{w}.topics")
     kw["topics"] = {str(t): _topic_compaction(o, f"{w}.topics.{t}") for t, o in topics.items()}
     return replace(s, **kw)

@@ -7,6 +7,7 @@ import pytest
 from conftest import ROOT
 
 from tank_log.errors import JobConfigError
+from tank_log.jobs.compaction import options_for
 from tank_log.jobs.config import load_job_config, parse_job_config
 
 
@@ -25,6 +26,7 @@ def test_units_and_overrides():
                 "bundle_bytes": "128kb",
                 "min_compaction_lag": "1h+30min",
                 "snappy": "ALWAYS",
+                "key_state_budget": "64mb",
                 "topics": {"t": {"policy": "cleanup", "tombstone_retention": "7days"}},
             },
             "retention": {"time_basis": "message", "topics": {"c": {"max_age": 3600, "max_bytes": "1gb"}}},
@@ -32,7 +34,8 @@ def test_units_and_overrides():
     )
     assert cfg.data_dirs == ("/x",) and cfg.live_window_s == 120
     assert cfg.compaction.bundle_bytes == 131072 and cfg.compaction.min_compaction_lag_ms == 5400_000
-    assert cfg.compaction.snappy == "always"
+    assert cfg.compaction.snappy == "always" and cfg.compaction.key_state_budget == 64 << 20
+    assert options_for("t", cfg.compaction, cfg, dry_run=False).key_state_budget == 64 << 20
     assert cfg.compaction.topics["t"].tombstone_retention_ms == 7 * 86400_000
     assert (
         cfg.retention.topics["c"].limits["max_age_s"] == 3600
