@@ -61,22 +61,47 @@ def generate(part_dir: str, bundles: int = INPUT_BUNDLES) -> None:
     w.close()
 
 
-def compact_in_subprocess(base: str) -> dict:
-    """Compact base/bench/0 in a fresh interpreter; returns its result + timings + peak RSS."""
+def snappy_pass_s(part_dir: str) -> float:
+    """One raw Snappy-decompress pass over the input's message sets with the Snappy library (cramjam, one call per
+    set), best of 3: the reference the issue measures compaction against."""
+    import cramjam
+
+    from tank_log.storage.datadir import scan_partition
+
+    part = scan_partition(part_dir, "bench", 0)
+    blocks = []
+    for s in part.ro:
+        raw = open(s.path, "rb").read()
+        blocks += [raw[h.set_offset : h.end] for h in s.bundles() if h.codec]
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for b in blocks:
+            cramjam.snappy.decompress_raw(b)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def compact_in_subprocess(base: str, pure: bool = False) -> dict:
+    """Compact base/bench/0 in a fresh interpreter (on the pure-Python codec core if `pure`); returns its result +
+    timings + peak RSS."""
     code = f"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, {ROOT!r})
+def hwm_kib():  # VmHWM: getrusage's ru_maxrss survives exec and would report the benchmark driver's own peak
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition
 from tank_log.storage.datadir import scan_data_dir
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss0 = hwm_kib()
 (part,) = scan_data_dir({base!r}).partitions()
 t0, c0 = time.perf_counter(), time.process_time()
 res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True), base_path={base!r})
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_before_mib": rss0 / 1024,
-                  "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+                  "peak_rss_mib": hwm_kib() / 1024}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    env = {**os.environ, "TANK_LOG_PURE_PYTHON": "1" if pure else ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -114,19 +139,32 @@ def main() -> None:
         "messages": INPUT_BUNDLES * BUNDLE,
         "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
     }
-    runs = []
-    for _ in range(3):
-        work_copy = os.path.join(work, "run")
-        shutil.rmtree(work_copy, ignore_errors=True)
-        shutil.copytree(base, work_copy)
-        runs.append(compact_in_subprocess(work_copy))
+    runs, pure_runs, snappy_runs = [], [], []
+    for _ in range(3):  # alternating: the compiled core, a raw Snappy pass, the pure-Python core
+        for pure in (False, True):
+            work_copy = os.path.join(work, "run")
+            shutil.rmtree(work_copy, ignore_errors=True)
+            shutil.copytree(base, work_copy)
+            (pure_runs if pure else runs).append(compact_in_subprocess(work_copy, pure))
+            if not pure:
+                snappy_runs.append(snappy_pass_s(pdir))
     runs.sort(key=lambda r: r["wall_s"])
+    pure_runs.sort(key=lambda r: r["wall_s"])
+    snappy_s = sorted(snappy_runs)[1]
+    out["snappy_pass_s"] = {"median": round(snappy_s, 3), "all": [round(x, 3) for x in snappy_runs]}
+    out["pure_python_compaction"] = {
+        "wall_s": round(pure_runs[1]["wall_s"], 2),
+        "all_wall_s": [round(r["wall_s"], 2) for r in pure_runs],
+        "peak_rss_mib": round(pure_runs[1]["peak_rss_mib"]),
+        "over_snappy_pass": round(pure_runs[1]["wall_s"] / snappy_s, 2),
+    }
     best = runs[len(runs) // 2]  # median of 3
     res = best["result"]
     out["compaction"] = {
         "wall_s": round(best["wall_s"], 2),
         "cpu_s": round(best["cpu_s"], 2),
         "all_wall_s": [round(r["wall_s"], 2) for r in runs],
+        "over_snappy_pass": round(best["wall_s"] / snappy_s, 2),
         "msgs_per_s": round(res["messages_before"] / best["wall_s"]),
         "mb_per_s": round(in_bytes / best["wall_s"] / 1e6, 1),
         "peak_rss_mib": round(best["peak_rss_mib"]),

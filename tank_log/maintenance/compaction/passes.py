@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from tank_log.errors import TankFormatError
+from tank_log.format import native
 from tank_log.format.bundle import SPARSE, Message
 from tank_log.format.decode import BundleTable, MessageColumns
 from tank_log.maintenance.compaction.key_state import KeyMap
@@ -14,7 +15,11 @@ from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
 
-PASS_CHUNK_BYTES = 1 << 20  # what one pass holds decoded at once (with its survivors as Python objects)
+
+def pass_chunk_bytes() -> int:
+    """What one pass decodes at once: 1 MiB on the compiled core (small: a pass holds little besides the key map);
+    16 MiB on the pure-Python one, whose vectorised decoder pays per step and needs big chunks to be fast."""
+    return 1 << 20 if native.core() is not None else 16 << 20
 
 
 def dirty_ratio(part: Partition, mark: int) -> float:
@@ -52,7 +57,7 @@ def map_keys(inputs: list[Segment], start_seq: int, key_map: KeyMap, res: Compac
         if seg.last is not None and seg.last < start_seq:
             continue
         offset, next_seq = seg.seek(start_seq) if start_seq > seg.base else (0, None)
-        walk = seg.chunks(start=offset, next_seq=next_seq, chunk_bytes=PASS_CHUNK_BYTES)
+        walk = seg.chunks(start=offset, next_seq=next_seq, chunk_bytes=pass_chunk_bytes())
         for chunk in walk:
             c = chunk.cols
             seq, key_off, key_len = c.seq, c.key_off, c.key_len
@@ -90,7 +95,7 @@ def pass2_segment(
 ) -> int:
     min_copy = max(1, options.policy.max_messages // 2)
     seen = 0
-    walk = sf.chunks(chunk_bytes=PASS_CHUNK_BYTES)
+    walk = sf.chunks(chunk_bytes=pass_chunk_bytes())
     for chunk in walk:
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
