@@ -123,7 +123,7 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t n = view.shape[0]
     cdef const uint8_t *b = &view[0] if n else NULL
-    cdef Py_ssize_t pos = start, limit, hp = 0, end = 0, q = 0, need = 0, collected = 0, i
+    cdef Py_ssize_t pos = start, limit, hp = 0, end = 0, q = 0, need = 0, collected = 0
     cdef tl_u128 nxt = to_u128(next_seq), stop_at, first = 0, last = 0, after, two64 = tl_pow64()
     cdef uint32_t v32 = 0
     cdef uint64_t c, max_exp
@@ -160,6 +160,7 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 break
             f = b[hp]
             c = (f >> 2) & 0x0F
+            codec = f & 0x03
             q = hp + 1
             if f & SIMPLE_MASK == 0 and c:  # plain/Snappy, not sparse, count in the flags
                 first = nxt
@@ -171,7 +172,6 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 if f & RESERVED:
                     reason = R_ERROR
                     break
-                codec = f & 0x03
                 if codec and codecs[codec] is None:
                     reason = R_ERROR
                     break
@@ -206,7 +206,6 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 after = last + 1
             else:
                 after = first + c
-            codec = f & 0x03
             if codec:
                 spec = codecs[codec]
                 max_exp = spec[1]
@@ -400,7 +399,6 @@ def encode_message_set(object messages, bint sparse):
     cdef object m, key, value
     cdef object prev_seq_o = -1
     cdef uint64_t ts, prev_ts = 0, gap
-    cdef bint have_prev_ts = False
     # first pass: validate and size
     for i in range(count):
         m = messages[i]
@@ -421,7 +419,7 @@ def encode_message_set(object messages, bint sparse):
     cdef const uint8_t[::1] kv
     cdef const uint8_t[::1] vv
     cdef uint8_t flags
-    cdef object seq_o
+    cdef object seq_o, step
     for i in range(count):
         m = messages[i]
         seq_o = m[0]
@@ -435,10 +433,11 @@ def encode_message_set(object messages, bint sparse):
             flags |= USE_LAST_TS
         gap = 0
         if sparse and 0 < i < count - 1:
-            if seq_o - prev_seq_o - 1 == 0:
+            step = seq_o - prev_seq_o - 1
+            if step == 0:
                 flags |= SEQ_PREV_PLUS_ONE
-            elif 0 < seq_o - prev_seq_o - 1 <= U32_MAX:
-                gap = seq_o - prev_seq_o - 1
+            elif 0 < step <= U32_MAX:
+                gap = step
             else:
                 return None
         o[w] = flags
@@ -618,6 +617,13 @@ cdef inline uint64_t _hash(const uint8_t *k, Py_ssize_t n) noexcept nogil:
     return h
 
 
+cdef inline const uint8_t *_key_at(const uint8_t *d, Py_ssize_t size, int64_t off, int64_t kl) except? NULL:
+    """Where message i's key starts in `d` (of `size` bytes), checked: a key is 0..255 bytes inside the data."""
+    if kl < 0 or kl > 255 or off + kl > size:
+        raise ValueError("key outside the data")
+    return d + off
+
+
 cdef class KeyMap:
     """Exact key → its last seq, for compaction's pass 1 (docs/FORMAT.md §6.2): open addressing with linear probing
     over 16-byte slots, key bytes in an arena (a length byte + the key). Slots and arena together never exceed
@@ -717,9 +723,7 @@ cdef class KeyMap:
             if key_off[i] < 0:
                 continue
             kl = key_len[i]
-            if kl < 0 or kl > 255 or key_off[i] + kl > size:
-                raise ValueError("key outside the data")
-            k = d + key_off[i]
+            k = _key_at(d, size, key_off[i], kl)
             h = _hash(k, kl)
             if self.nslots == 0 and not self._grow_slots():
                 return i
@@ -755,9 +759,7 @@ cdef class KeyMap:
             if key_off[i] < 0:
                 continue
             kl = key_len[i]
-            if kl < 0 or kl > 255 or key_off[i] + kl > size:
-                raise ValueError("key outside the data")
-            k = d + key_off[i]
+            k = _key_at(d, size, key_off[i], kl)
             j = self._find(k, kl, _hash(k, kl))
             if self.slots[j].ref and self.slots[j].seq > seq[i]:
                 o[i] = 1
