@@ -56,13 +56,3 @@ def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> p
     keys = _gather(data, koff, klen, has_key)
     values = _gather(data, voff, vlen)
     return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=MESSAGE_SCHEMA)
-
-
-def binary_column(cols: MessageColumns, select: np.ndarray, which: str) -> pa.Array:
-    """Keys or values (`which`) of the selected rows as a binary array (null for a missing key)."""
-    if which == "key":
-        off, length = cols.key_off[select], cols.key_len[select]
-        valid = off >= 0
-        off = np.where(valid, off, cols.val_off[select])
-        return _gather(pa.py_buffer(cols.data), off, length, None if valid.all() else valid)
-    return _gather(pa.py_buffer(cols.data), cols.val_off[select], cols.val_len[select])

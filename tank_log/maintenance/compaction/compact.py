@@ -81,7 +81,6 @@ def _compact_locked(
     # rewrites the inputs up to there, dropping every message whose key it maps to a later seq (pass 2). Earlier
     # rounds left each key at most once before `start`, so the last round leaves what one unlimited round would.
     start = inputs[0].base
-    totals = CompactionResult(part.topic, part.id, part.path)
     compacted = False
     while True:
         key_map = new_key_map(options.key_state_budget)
@@ -90,9 +89,9 @@ def _compact_locked(
             raise NeedsAttention(
                 f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
             )
-        totals.rounds += 1
-        totals.distinct_keys += len(key_map)
-        totals.key_state_bytes = max(totals.key_state_bytes, key_map.nbytes)
+        res.rounds += 1
+        res.distinct_keys += len(key_map)
+        res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes)
         touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
         one = CompactionResult(part.topic, part.id, part.path)
         out = (
@@ -120,7 +119,7 @@ def _compact_locked(
         for name in ("tombstones_dropped", "keyless_dropped"):
             setattr(res, name, getattr(res, name) + getattr(one, name))
         res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
-        del key_map
+        del key_map  # before the next round's map is made: never two maps at once
         if out is not None and dropped:
             res.outputs += swap_in(part.path, touched, out.done, on_step)
             compacted = True
@@ -130,7 +129,6 @@ def _compact_locked(
         start = round_end + 1
         part = scan_partition(part.path, part.topic, part.id, part.config)
         inputs = [s for s in part.ro if s.base <= range_last]
-    res.rounds, res.distinct_keys, res.key_state_bytes = totals.rounds, totals.distinct_keys, totals.key_state_bytes
     if options.dry_run:
         res.status, res.bytes_after, res.segments_after = Status.DRY_RUN, None, 0
         if res.rounds == 1 and round_end is not None:
