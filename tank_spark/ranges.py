@@ -19,13 +19,12 @@ from tank_log.errors import TankFormatError, UnrepresentableData
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.datadir import Partition, rescan_partition
+from tank_log.storage.datadir import MOVE_RETRIES, Partition, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
 DEFAULT_SPLIT_BYTES = 64 << 20
 SPARK_LONG_MAX = (1 << 63) - 1
-MOVE_RETRIES = 3  # re-plans of a range whose segment keeps vanishing under a live broker before the read fails
 
 LostRange = tuple[str, int, int, int]  # topic, partition, first and last seq deleted before they could be read
 

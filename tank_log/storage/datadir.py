@@ -18,6 +18,7 @@ from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.fsutil import is_our_temp, is_regular_file
 from tank_log.storage.segment import Segment
 
+MOVE_RETRIES = 3  # re-scans of a partition whose segment keeps vanishing under a live broker before a read fails
 NOT_A_FILE = "not-a-file"  # Problem code: a non-regular file where a segment, index or temporary should be
 
 
@@ -333,7 +334,23 @@ def partitions_at(path: str | os.PathLike[str], topics: list[str] | None = None)
 
 def last_complete_seq(part: Partition) -> int | None:
     """The partition's last seq readable now: the active segment's last complete bundle (seeking to its last index
-    entry, §4.4), else the last RO segment's name; None for an empty partition."""
+    entry, §4.4), else the last RO segment's name; None for an empty (or deleted) partition.
+
+    The broker may roll (§2.5), compact (§6.4) or delete (§5) a segment between the scan and the read (§9 rule 2):
+    the partition is then scanned again, up to `MOVE_RETRIES` times.
+    """
+    for _ in range(MOVE_RETRIES):
+        try:
+            return _last_complete_seq(part)
+        except FileNotFoundError:
+            try:
+                part = rescan_partition(part.path, part.topic, part.id)
+            except FileNotFoundError:
+                return None  # the partition directory itself is gone
+    return _last_complete_seq(part)
+
+
+def _last_complete_seq(part: Partition) -> int | None:
     from tank_log.format.index import REL_SEQ_LIMIT
 
     for sf in reversed(part.segments):

@@ -2,10 +2,11 @@
 every message that still exists is read once, and what retention deleted is reported."""
 
 import os
+import shutil
 
 from tank_log.format.bundle import Message
 from tank_log.storage.appender import PartitionAppender
-from tank_log.storage.datadir import scan_partition
+from tank_log.storage.datadir import last_complete_seq, scan_partition
 from tank_spark.ranges import Bounds, plan_ranges, read_range
 
 
@@ -46,3 +47,24 @@ def test_segments_deleted_by_retention_are_reported_lost(tmp_path):
     lost: list = []
     assert seqs_of(ranges, lost) == list(range(gone[-1].last + 1, 101))
     assert lost == [("t", 0, 5, gone[0].last), ("t", 0, gone[1].base, gone[1].last)]
+
+
+def test_the_last_complete_seq_follows_a_roll_after_the_scan(tmp_path):
+    """The streaming source's latest offset and the export's plan: a roll between scan and read re-scans (§2.5)."""
+    app = PartitionAppender(tmp_path / "t" / "0", segment_bytes=500)
+    app.append(msgs(1, 10))
+    scanned = scan_partition(str(tmp_path / "t" / "0"), "t", 0)
+    assert scanned.active is not None and last_complete_seq(scanned) == 10
+    rolls = app.rolls
+    for lo in range(11, 100, 10):  # renames the scanned active segment to its RO name
+        app.append(msgs(lo, lo + 9))
+    assert app.rolls > rolls and not os.path.exists(scanned.active.path)
+    assert last_complete_seq(scanned) == 100
+
+
+def test_the_last_complete_seq_of_a_deleted_partition_is_none(tmp_path):
+    app = PartitionAppender(tmp_path / "t" / "0")
+    app.append(msgs(1, 10))
+    scanned = scan_partition(str(tmp_path / "t" / "0"), "t", 0)
+    shutil.rmtree(tmp_path / "t" / "0")
+    assert last_complete_seq(scanned) is None
