@@ -185,6 +185,8 @@ def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> lis
         except TankFormatError as err:
             at = (err.message, err.path, err.offset)
             return [SegmentRange(topic, pid, sf.path, sf.base, 0, sf.base, None, None, None, None, None, *at)]
+        except FileNotFoundError:  # rolled, compacted or deleted since the scan: the read follows it (§9 rule 2)
+            cuts = [(0, 0)]
     return [
         SegmentRange(
             topic,

@@ -7,7 +7,7 @@ import shutil
 from tank_log.format.bundle import Message
 from tank_log.storage.appender import PartitionAppender
 from tank_log.storage.datadir import last_complete_seq, scan_partition
-from tank_spark.ranges import Bounds, plan_ranges, read_range
+from tank_spark.ranges import Bounds, partition_ranges, plan_ranges, read_range
 
 
 def msgs(lo, hi):
@@ -68,3 +68,15 @@ def test_the_last_complete_seq_of_a_deleted_partition_is_none(tmp_path):
     scanned = scan_partition(str(tmp_path / "t" / "0"), "t", 0)
     shutil.rmtree(tmp_path / "t" / "0")
     assert last_complete_seq(scanned) is None
+
+
+def test_a_segment_rolled_between_scan_and_planning_is_read_whole(tmp_path):
+    app = PartitionAppender(tmp_path / "t" / "0", segment_bytes=5000, index_interval=100)
+    for lo in range(1, 100, 10):
+        app.append(msgs(lo, lo + 9))
+    scanned = scan_partition(str(tmp_path / "t" / "0"), "t", 0)
+    while os.path.exists(scanned.active.path):  # roll it before the plan checks its headers
+        app.append(msgs(app.last + 1, app.last + 10))
+    ranges = partition_ranges([scanned], Bounds(seq_ranges={("t", 0): (1, 100)}), True, 200)
+    assert [(r.start, r.stop, r.error) for r in ranges] == [(0, None, None)]
+    assert seqs_of(ranges) == list(range(1, 101))
