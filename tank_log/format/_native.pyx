@@ -463,6 +463,61 @@ def encode_message_set(object messages, bint sparse):
     return PyBytes_FromStringAndSize(<char *>&o[0], w)
 
 
+def encode_columns(object data, const uint64_t[::1] seq, const uint64_t[::1] ts, const int64_t[::1] key_off,
+                   const int64_t[::1] key_len, const int64_t[::1] val_off, const int64_t[::1] val_len, bint sparse):
+    """encode_message_set's output for messages given as columns over `data` (decode.MessageColumns); None for
+    input the pure encoder rejects or rows outside `data` (the caller then encodes on the pure path, which raises)."""
+    cdef const uint8_t[::1] d = data
+    cdef Py_ssize_t count = seq.shape[0], i, size = 0, w = 0, dsize = d.shape[0]
+    cdef int64_t ko, kl, vo, vl
+    cdef uint64_t prev_ts = 0, gap
+    cdef uint8_t flags
+    if ts.shape[0] != count or key_off.shape[0] != count or key_len.shape[0] != count \
+            or val_off.shape[0] != count or val_len.shape[0] != count:
+        return None
+    if count == 0:
+        return b""
+    for i in range(count):  # first pass: validate and size
+        ko, kl, vo, vl = key_off[i], key_len[i], val_off[i], val_len[i]
+        if ko >= 0 and (kl < 0 or kl > 255 or ko > dsize - kl):
+            return None
+        if vo < 0 or vl < 0 or <uint64_t>vl > U32_MAX or vo > dsize - vl:
+            return None
+        if sparse and 0 < i < count - 1 and (seq[i] <= seq[i - 1] or seq[i] - seq[i - 1] - 1 > U32_MAX):
+            return None
+        size += 1 + 5 + 8 + 1 + (kl if ko >= 0 else 0) + 5 + vl
+    out = bytearray(size)
+    cdef uint8_t[::1] o = out
+    for i in range(count):
+        ko, kl, vo, vl = key_off[i], key_len[i], val_off[i], val_len[i]
+        flags = HAVE_KEY if ko >= 0 and kl > 0 else 0
+        if i and ts[i] == prev_ts:
+            flags |= USE_LAST_TS
+        gap = 0
+        if sparse and 0 < i < count - 1:
+            gap = seq[i] - seq[i - 1] - 1
+            if gap == 0:
+                flags |= SEQ_PREV_PLUS_ONE
+        o[w] = flags
+        w += 1
+        if gap:
+            w = _put_varint(o, w, <uint32_t>gap)
+        if not flags & USE_LAST_TS:
+            tl_store_u64(&o[w], ts[i])
+            w += 8
+        if flags & HAVE_KEY:
+            o[w] = <uint8_t>kl
+            w += 1
+            memcpy(&o[w], &d[ko], kl)
+            w += kl
+        w = _put_varint(o, w, <uint32_t>vl)
+        if vl:
+            memcpy(&o[w], &d[vo], vl)
+            w += vl
+        prev_ts = ts[i]
+    return PyBytes_FromStringAndSize(<char *>&o[0], w)
+
+
 cdef inline Py_ssize_t _put_varint(uint8_t[::1] o, Py_ssize_t w, uint32_t v) noexcept:
     while v >= 0x80:
         o[w] = (v & 0x7F) | 0x80

@@ -11,12 +11,15 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.codecs import CODECS, Codec, block_codec
 from tank_log.format.varint import U32_MAX, U64_MAX, decode_varint, encode_varint
+
+if TYPE_CHECKING:
+    from tank_log.format.decode import MessageColumns
 
 # bundle flags (§3.3): codec in bits 0-1, 4-bit count in bits 2-5 (0 = a varint count follows), sparse bit 6
 CODEC_MASK = 0x03
@@ -224,13 +227,43 @@ def _encode_message_set_pure(messages: Sequence[Message], sparse: bool) -> bytes
     return bytes(out)
 
 
-def choose_codec(policy: SnappyPolicy, messages: Sequence[Message], message_set: bytes) -> tuple[Codec, bytes]:
-    """Apply a compression policy; return the codec and the bytes to store."""
+def encode_message_set_columns(cols: MessageColumns, sparse: bool) -> bytes:
+    """`encode_message_set` of messages given as columns over `cols.data`: the same bytes (compiled core, or the
+    pure encoder over Message tuples)."""
+    core = native.core()
+    if core is not None:
+        encoded: bytes | None = core.encode_columns(
+            cols.data, cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len, sparse
+        )
+        if encoded is not None:
+            return encoded
+    return _encode_message_set_pure(messages_of(cols), sparse)
+
+
+def messages_of(cols: MessageColumns) -> list[Message]:
+    """Message tuples of columns (for the paths that need one Python object per message)."""
+    data = cols.data
+    return [
+        Message(seq, ts, None if ko < 0 else data[ko : ko + kl], data[vo : vo + vl])
+        for seq, ts, ko, kl, vo, vl in zip(
+            cols.seq.tolist(),
+            cols.ts.tolist(),
+            cols.key_off.tolist(),
+            cols.key_len.tolist(),
+            cols.val_off.tolist(),
+            cols.val_len.tolist(),
+            strict=True,
+        )
+    ]
+
+
+def choose_codec(policy: SnappyPolicy, count: int, payload: int, message_set: bytes) -> tuple[Codec, bytes]:
+    """Apply a compression policy to the message set of `count` messages with Σ(key + value) = `payload` bytes;
+    return the codec and the bytes to store."""
     if policy is SnappyPolicy.NEVER:
         return Codec.NONE, message_set
     if policy is SnappyPolicy.CLIENT:
-        payload = sum(len(m.key or b"") + len(m.value) for m in messages)
-        if len(messages) > 512 or payload > 1024:
+        if count > 512 or payload > 1024:
             return Codec.SNAPPY, block_codec(Codec.SNAPPY).compress(message_set)
         return Codec.NONE, message_set
     if policy is SnappyPolicy.ALWAYS:
@@ -263,13 +296,49 @@ def encode_bundle(
     if count == 0:
         raise ValueError("a bundle needs at least one message")
     first, last = messages[0].seq, messages[-1].seq
+    _check_range(first, last, count, sparse)
+    payload = sum(len(m.key or b"") + len(m.value) for m in messages) if codec is SnappyPolicy.CLIENT else 0
+    return _bundle(encode_message_set(messages, sparse), count, first, last, sparse, codec, payload, varint_count)
+
+
+def encode_bundle_columns(cols: MessageColumns, *, sparse: bool, codec: Codec | SnappyPolicy = Codec.NONE) -> bytes:
+    """`encode_bundle` of messages given as columns (decode.MessageColumns): the same bytes, without a Python object
+    per message.
+
+    Raises:
+        ValueError: as `encode_bundle`.
+    """
+    count = len(cols)
+    if count == 0:
+        raise ValueError("a bundle needs at least one message")
+    first, last = int(cols.seq[0]), int(cols.seq[-1])
+    _check_range(first, last, count, sparse)
+    payload = 0
+    if codec is SnappyPolicy.CLIENT:
+        payload = int(cols.key_len[cols.key_off >= 0].sum() + cols.val_len.sum())
+    return _bundle(encode_message_set_columns(cols, sparse), count, first, last, sparse, codec, payload, None)
+
+
+def _check_range(first: int, last: int, count: int, sparse: bool) -> None:
     if first < 1 or last < first:
         raise ValueError(f"invalid bundle sequence range {first}..{last}")
     if sparse and count > 1 and last - first - 1 > U32_MAX:
         raise ValueError("sparse bundle span exceeds the u32 varint")
-    message_set = encode_message_set(messages, sparse)
+
+
+def _bundle(
+    message_set: bytes,
+    count: int,
+    first: int,
+    last: int,
+    sparse: bool,
+    codec: Codec | SnappyPolicy,
+    payload_bytes: int,
+    varint_count: bool | None,
+) -> bytes:
+    """The header (§3.3) + the message set, compressed per `codec` (a policy looks at `payload_bytes`)."""
     if isinstance(codec, SnappyPolicy):
-        codec, payload = choose_codec(codec, messages, message_set)
+        codec, payload = choose_codec(codec, count, payload_bytes, message_set)
     else:
         payload = block_codec(codec).compress(message_set) if codec != Codec.NONE else message_set
     use_varint = count >= 16 if varint_count is None else (varint_count or count >= 16)

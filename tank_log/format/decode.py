@@ -294,6 +294,32 @@ class MessageColumns:
     def __len__(self) -> int:
         return len(self.seq)
 
+    def slice(self, start: int, stop: int) -> MessageColumns:
+        """Rows [start, stop) (views, not copies)."""
+        return MessageColumns(
+            self.seq[start:stop],
+            self.ts[start:stop],
+            self.key_off[start:stop],
+            self.key_len[start:stop],
+            self.val_off[start:stop],
+            self.val_len[start:stop],
+            self.bundle[start:stop],
+            self.data,
+        )
+
+    def take(self, rows: np.ndarray) -> MessageColumns:
+        """The rows at the indices (or bool mask) `rows`, in that order."""
+        return MessageColumns(
+            self.seq[rows],
+            self.ts[rows],
+            self.key_off[rows],
+            self.key_len[rows],
+            self.val_off[rows],
+            self.val_len[rows],
+            self.bundle[rows],
+            self.data,
+        )
+
     def key(self, i: int) -> bytes | None:
         off = int(self.key_off[i])
         return None if off < 0 else self.data[off : off + int(self.key_len[i])]

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from tank_log.errors import TankFormatError
 from tank_log.format.arrow import MESSAGE_SCHEMA, to_record_batch
-from tank_log.format.bundle import SPARSE, BundleHeader, Message
+from tank_log.format.bundle import SPARSE, BundleHeader, Message, messages_of
 from tank_log.format.decode import (
     BUDGET,
     COMPLETE,
@@ -276,9 +276,7 @@ class Segment:
         def gen() -> Generator[Message, None, Tail | None]:
             walk = self.chunks(**kwargs)
             for chunk in walk:
-                c = chunk.cols
-                for i in range(len(c)):
-                    yield Message(int(c.seq[i]), int(c.ts[i]), c.key(i), c.value(i))
+                yield from messages_of(chunk.cols)
             return walk.tail
 
         return SegmentWalk(gen())

@@ -14,10 +14,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
-from tank_log.format.bundle import Message, SnappyPolicy, encode_bundle, frame, is_contiguous
+import numpy as np
+
+from tank_log.format.bundle import (
+    Message,
+    SnappyPolicy,
+    encode_bundle,
+    encode_bundle_columns,
+    frame,
+    is_contiguous,
+    messages_of,
+)
+from tank_log.format.decode import MessageColumns
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
-from tank_log.format.varint import U32_MAX, unframed_size
+from tank_log.format.varint import U32_MAX, U64_MAX, unframed_size
 from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
@@ -137,6 +148,58 @@ class SegmentWriter:
         if len(self._pending) >= self.policy.max_messages or self._pending_bytes >= self.policy.max_bytes:
             self.flush_bundle()
 
+    def add_columns(self, cols: MessageColumns, stop_past_size: int | None = None) -> int:
+        """Bulk `add` of messages given as columns (decode.MessageColumns): the same bundles and bytes as adding
+        them one by one, encoded from the columns without a Python object per message.
+
+        Returns how many rows were added: all of them; fewer when a bundle took the segment past `stop_past_size`
+        bytes; or fewer when the next row's seq is too far from the segment's first for its index (§4.6) — the
+        caller then starts a new segment with the rest.
+
+        Raises:
+            ValueError: seqs not increasing (or not above the previous one), or a key over 255 bytes (§3.8).
+        """
+        n = len(cols)
+        seq = cols.seq
+        if not n:
+            return 0
+        prev = self._pending[-1].seq if self._pending else self.last if self.last is not None else 0
+        if int(seq[0]) <= prev or (n > 1 and not bool((seq[1:] > seq[:-1]).all())):
+            raise ValueError(f"sequence numbers must increase (and start at 1, §3.6): rows from seq {int(seq[0])}")
+        keyed = cols.key_off >= 0
+        if bool((cols.key_len[keyed] > 255).any()):
+            raise ValueError("key over 255 bytes (§3.8)")
+        first = self.first_seq if self.first_seq is not None else int(seq[0])
+        fits = _first_at_least(seq, first + REL_SEQ_LIMIT)
+        i = 0
+        while self._pending and i < fits:  # top up the open bundle exactly as `add` would
+            bundles = self.bundles
+            self.add(messages_of(cols.slice(i, i + 1))[0])
+            i += 1
+            if self.bundles > bundles and stop_past_size is not None and self.size > stop_past_size:
+                return i
+        sizes = np.where(keyed, cols.key_len, 0) + cols.val_len + 8
+        ends = np.concatenate(([0], np.cumsum(sizes)))  # ends[k]: Σ sizes of rows < k
+        max_messages, max_bytes = self.policy.max_messages, self.policy.max_bytes
+        # rows up to `fits` lie within 2**31 of the segment's first seq, so no sparse span needs `add`'s cut at 2**32
+        while i < fits:
+            end = min(i + max_messages, int(np.searchsorted(ends, ends[i] + max_bytes)))  # the row that fills it
+            if end > fits:  # no row in reach fills the bundle: it stays open for the next rows
+                for m in messages_of(cols.slice(i, fits)):
+                    self.add(m)
+                return fits
+            self._append_rows(cols.slice(i, end))
+            i = end
+            if stop_past_size is not None and self.size > stop_past_size:
+                return i
+        return fits
+
+    def _append_rows(self, rows: MessageColumns) -> None:
+        first, last, count = int(rows.seq[0]), int(rows.seq[-1]), len(rows)
+        expected = first if self.last is None else self.last + 1
+        sparse = not (first == expected and last - first == count - 1)  # contiguous: non-sparse (§3.6)
+        self._append(frame(encode_bundle_columns(rows, sparse=sparse, codec=self.policy.snappy)), first, last, count)
+
     def add_all(self, messages: Iterable[Message]) -> None:
         for m in messages:
             self.add(m)
@@ -244,6 +307,11 @@ class SegmentWriter:
             self.abort()
         elif not self._closed:
             self.close()
+
+
+def _first_at_least(seq: np.ndarray, value: int) -> int:
+    """Index of the first seq >= value in increasing u64 seqs (len(seq) when value is beyond u64)."""
+    return len(seq) if value > U64_MAX else int(np.searchsorted(seq, np.uint64(value)))
 
 
 def commit(written: WrittenSegment) -> WrittenSegment:

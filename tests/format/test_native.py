@@ -13,7 +13,7 @@ from test_robustness import _samples, mutate
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
-from tank_log.format.bundle import Message, encode_bundle, encode_message_set, frame
+from tank_log.format.bundle import Message, encode_bundle, encode_message_set, encode_message_set_columns, frame
 from tank_log.format.decode import decode_messages, walk_bundles
 
 
@@ -110,6 +110,30 @@ def test_encoding_is_identical(msgs, sparse):
     with native.use_pure(True):
         pure = encode_message_set(msgs, sparse)
     assert fast == pure
+
+
+@settings(max_examples=300, deadline=None)
+@given(message_runs(), st.booleans())
+def test_encoding_from_columns_is_identical(msgs, sparse):
+    """The writer's bulk path: encode_message_set_columns over decoded columns = encode_message_set of the tuples."""
+    if not sparse:
+        msgs = [Message(msgs[0].seq + i, m.ts, m.key, m.value) for i, m in enumerate(msgs)]
+    cols = decode_messages(walk_bundles(frame(encode_bundle(msgs, sparse=True)), 0, 1).table)
+    expected = encode_message_set([m if m.key else m._replace(key=None) for m in msgs], sparse)
+    for pure in (False, True):
+        with native.use_pure(pure):
+            assert encode_message_set_columns(cols, sparse) == expected
+
+
+def test_encoding_from_columns_outside_the_buffer_is_left_to_the_pure_encoder():
+    cols = decode_messages(walk_bundles(frame(encode_bundle([Message(1, 0, b"k", b"v")], sparse=False)), 0, 1).table)
+    core = native.core()
+    assert core is not None
+    for field, value in (("key_off", len(cols.data)), ("val_len", len(cols.data) + 1), ("key_len", 256)):
+        bad = cols.slice(0, 1)
+        setattr(bad, field, getattr(bad, field) + value)
+        args = (bad.data, bad.seq, bad.ts, bad.key_off, bad.key_len, bad.val_off, bad.val_len, False)
+        assert core.encode_columns(*args) is None
 
 
 def test_encoding_rejects_what_the_pure_encoder_rejects():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tank_log.format.bundle import Message
+from tank_log.format.decode import MessageColumns
 from tank_log.format.index import REL_SEQ_LIMIT
 from tank_log.format.names import name_ts_from_message_ts
 from tank_log.maintenance.compaction.options import CompactionOptions
@@ -43,6 +44,18 @@ class OutputSegments:
         self._ensure().add(m)
         self.newest_ts = max(self.newest_ts, m.ts)
         self._maybe_roll()
+
+    def add_columns(self, cols: MessageColumns) -> None:
+        """`add` of every row, in bulk (SegmentWriter.add_columns: the same bundles, segments and bytes)."""
+        i, n = 0, len(cols)
+        while i < n:
+            w = self._ensure()
+            taken = w.add_columns(cols.slice(i, n), stop_past_size=self.segment_bytes)
+            if taken:
+                self.newest_ts = max(self.newest_ts, int(cols.ts[i : i + taken].max()))
+            i += taken
+            if i < n or w.size > self.segment_bytes:  # rolled past the size, or the index cannot hold the next seq
+                self.close_current()
 
     def add_bundle(self, framed: bytes, first: int, last: int, count: int, sparse: bool, max_ts: int) -> None:
         self._roll_before(last)

@@ -7,7 +7,7 @@ import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
-from tank_log.format.bundle import SPARSE, Message
+from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable, MessageColumns
 from tank_log.maintenance.compaction.key_state import KeyMap
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
@@ -122,30 +122,26 @@ def pass2_segment(
 
 
 def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: OutputSegments, min_copy: int) -> None:
-    """Copy whole surviving bundles verbatim (when large enough and valid at this position); re-encode the rest."""
-    per_bundle = np.bincount(c.bundle[keep], minlength=len(t)).tolist()
-    idx = np.flatnonzero(keep)
-    seqs, tss = c.seq[idx].tolist(), c.ts[idx].tolist()
-    koffs, klens = c.key_off[idx].tolist(), c.key_len[idx].tolist()
-    voffs, vlens = c.val_off[idx].tolist(), c.val_len[idx].tolist()
-    data = t.data
-    counts, flags, firsts, lasts = t.counts.tolist(), t.flags.tolist(), t.firsts.tolist(), t.lasts.tolist()
-    offsets, ends = t.offsets.tolist(), t.ends.tolist()
-    k = 0  # position in the survivor lists
-    for b, n_keep in enumerate(per_bundle):
-        if not n_keep:
-            continue
-        n = counts[b]
-        sparse = bool(flags[b] & SPARSE)
-        w = out.writer
-        contiguous = w is None or w.expected_next is None or firsts[b] == w.expected_next
-        if n_keep == n and n >= min_copy and (sparse or contiguous):
-            out.add_bundle(data[offsets[b] : ends[b]], firsts[b], lasts[b], n, sparse, max(tss[k : k + n]))
-            k += n
-            continue
-        for j in range(k, k + n_keep):
-            ko = koffs[j]
-            key = None if ko < 0 else data[ko : ko + klens[j]]
-            vo = voffs[j]
-            out.add(Message(seqs[j], tss[j], key, data[vo : vo + vlens[j]]))
-        k += n_keep
+    """Copy whole surviving bundles verbatim (when large enough and valid at this position); encode the other
+    survivors from the columns."""
+    kept = c.take(keep)
+    per_bundle = np.bincount(kept.bundle, minlength=len(t))
+    whole = np.flatnonzero((per_bundle == t.counts) & (t.counts >= min_copy))
+    if not len(whole):
+        out.add_columns(kept)
+        return
+    rows_before = np.concatenate(([0], np.cumsum(per_bundle)))  # kept rows before each bundle
+    done = 0
+    for b in whole.tolist():
+        start, stop = int(rows_before[b]), int(rows_before[b + 1])
+        out.add_columns(kept.slice(done, start))
+        first, w = int(t.firsts[b]), out.writer
+        contiguous = w is None or w.expected_next is None or first == w.expected_next
+        sparse = bool(t.flags[b] & SPARSE)
+        if sparse or contiguous:
+            framed = t.data[int(t.offsets[b]) : int(t.ends[b])]
+            out.add_bundle(framed, first, int(t.lasts[b]), stop - start, sparse, int(kept.ts[start:stop].max()))
+        else:
+            out.add_columns(kept.slice(start, stop))
+        done = stop
+    out.add_columns(kept.slice(done, len(kept)))
