@@ -681,8 +681,9 @@ cdef inline const uint8_t *_key_at(const uint8_t *d, Py_ssize_t size, int64_t of
 
 cdef class KeyMap:
     """Exact key → its last seq, for compaction's pass 1 (docs/FORMAT.md §6.2): open addressing with linear probing
-    over 16-byte slots, key bytes in an arena (a length byte + the key). Slots and arena together never exceed
-    `budget` bytes, growth included; `add` stops at the first new key that does not fit."""
+    over 16-byte slots, key bytes in an arena (a length byte + the key). Slots, arena and the 8 bytes per key that
+    `latest_seqs` returns never exceed `budget` bytes together, growth included; `add` stops at the first new key
+    that does not fit."""
 
     cdef Slot *slots
     cdef uint8_t *arena
@@ -784,6 +785,8 @@ cdef class KeyMap:
                 return i
             j = self._find(k, kl, h)
             if self.slots[j].ref == 0:
+                if self.nslots * sizeof(Slot) + self.arena_cap + (self.used + 1) * 8 > self.budget:
+                    return i  # no room left for latest_seqs' copy of the seqs
                 if (self.used + 1) * 10 > self.nslots * 7:  # load factor 0.7
                     if not self._grow_slots():
                         return i
@@ -798,6 +801,17 @@ cdef class KeyMap:
                 self.used += 1
             self.slots[j].seq = seq[i]
         return n
+
+    def latest_seqs(self):
+        """The mapped keys' latest seqs (uint64, in slot order)."""
+        out = np.empty(self.used, dtype=np.uint64)
+        cdef uint64_t[::1] o = out
+        cdef Py_ssize_t i, w = 0
+        for i in range(self.nslots):
+            if self.slots[i].ref:
+                o[w] = self.slots[i].seq
+                w += 1
+        return out
 
     def superseded(self, object data, const int64_t[::1] key_off, const int64_t[::1] key_len,
                    const uint64_t[::1] seq):

@@ -81,9 +81,15 @@ class BundleTable:
     set_starts: np.ndarray | None = None
     set_ends: np.ndarray | None = None
     data: bytes = b""
+    walked: Any = None  # the buffer `offsets` and `ends` refer to, when it is not `data` (`collect_bundles`)
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def framed(self, i: int) -> bytes:
+        """Bundle i as stored: its length varint, header and message set."""
+        buf = self.data if self.walked is None else self.walked
+        return bytes(buf[int(self.offsets[i]) : int(self.ends[i])])
 
     @property
     def sizes(self) -> list[int]:
@@ -174,7 +180,48 @@ def _result(buf: bytes, raw: _RawWalk, collect: bool) -> WalkResult:
             ends[rows_idx] = set_ends
         t.data = b"".join([memoryview(buf)[:stop], *packed_sets, _PAD])
         t.set_starts, t.set_ends = starts, ends
+    else:
+        t.data = buf  # headers only: `collect_bundles` can still decode some of them
     return WalkResult(t, stop, next_seq, REASONS[reason], need)
+
+
+def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
+    """The bundles at `rows` (increasing indices into a headers-only `table`), collected for `decode_messages`:
+    their message sets gathered into `data`, Snappy ones decompressed. Only these bundles' bytes are read.
+
+    Raises:
+        TankFormatError: a message set that does not decompress or cannot hold its count (buffer offset).
+    """
+    buf = table.data
+    mv = memoryview(buf)
+    pick = rows.astype(np.int64, copy=False)
+    t = table
+    sub = BundleTable(
+        t.offsets[pick], t.ends[pick], t.set_offsets[pick], t.flags[pick], t.counts[pick], t.firsts[pick], t.lasts[pick]
+    )
+    sets: list[Any] = []
+    codecs = CODECS
+    for i, (q, end, f, c) in enumerate(
+        zip(sub.set_offsets.tolist(), sub.ends.tolist(), sub.flags.tolist(), sub.counts.tolist(), strict=True)
+    ):
+        codec = f & CODEC_MASK
+        if not codec:
+            sets.append(mv[q:end])
+            continue
+        try:
+            unpacked = codecs[codec].decompress(mv[q:end])
+        except TankFormatError:
+            unpacked = None
+        if unpacked is None or c > len(unpacked) // MIN_MESSAGE_BYTES:  # the walk's checks, with its error
+            _walk(buf, int(sub.offsets[i]), int(sub.firsts[i]), True, None, int(sub.lasts[i]), DEFAULT_MAX_MESSAGES)
+            raise AssertionError(f"the walk accepts the bundle at {int(sub.offsets[i])}, collecting it does not")
+        sets.append(unpacked)
+    lens = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+    sub.set_ends = np.cumsum(lens)
+    sub.set_starts = sub.set_ends - lens
+    sub.data = b"".join([*sets, _PAD])
+    sub.walked = buf
+    return sub
 
 
 @contextmanager

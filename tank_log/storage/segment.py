@@ -27,6 +27,7 @@ from tank_log.format.decode import (
     BundleTable,
     MessageColumns,
     WalkResult,
+    collect_bundles,
     decode_messages,
     walk_bundles,
 )
@@ -215,8 +216,12 @@ class Segment:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
         stop_offset: int | None = None,
+        select: Callable[[BundleTable], np.ndarray] | None = None,
     ) -> SegmentWalk[Chunk]:
         """Decoded chunks of complete bundles (from `start`, before `stop_offset`, up to the one with `stop_seq`).
+
+        `select`: given each chunk's headers, the indices of the bundles to decode; the others are walked (their
+        headers checked) but not decompressed, and the chunk's table holds the selected bundles only.
 
         Raises:
             TankFormatError: a malformed bundle or message (file and offset).
@@ -224,12 +229,13 @@ class Segment:
 
         def decode(res: WalkResult, base: int) -> list[Chunk]:
             try:
-                return [Chunk(base, res.table, decode_messages(res.table))]
+                table = res.table if select is None else collect_bundles(res.table, select(res.table))
+                return [Chunk(base, table, decode_messages(table))]
             except TankFormatError as err:
                 raise err.located(self.path, base) from None
 
         walk = self._walk(
-            collect=True,
+            collect=select is None,
             start=start,
             next_seq=next_seq,
             chunk_bytes=chunk_bytes,

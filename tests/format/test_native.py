@@ -6,6 +6,7 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bundle import message_runs
@@ -13,8 +14,15 @@ from test_robustness import _samples, mutate
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
-from tank_log.format.bundle import Message, encode_bundle, encode_message_set, encode_message_set_columns, frame
-from tank_log.format.decode import decode_messages, walk_bundles
+from tank_log.format.bundle import (
+    Message,
+    encode_bundle,
+    encode_message_set,
+    encode_message_set_columns,
+    frame,
+    messages_of,
+)
+from tank_log.format.decode import collect_bundles, decode_messages, walk_bundles
 
 
 def outcome(buf: bytes, next_seq: int = 1, **kwargs) -> tuple:
@@ -67,6 +75,38 @@ def test_mutated_segments_give_the_same_outcome_on_both_cores():
         kwargs = [{}, {"collect": False}, {"max_messages": 3}, {"stop_seq": base + 5}, {"max_bytes": 200}][n % 5]
         seen[both(buf, next_seq=base, **kwargs)[0]] += 1
     assert seen["ok"] > 300 and seen["error"] > 500, seen
+
+
+def test_collecting_chosen_bundles_decodes_as_the_collecting_walk(codec_core):
+    """Compaction's pass 2 walks headers, then collects some bundles (`collect_bundles`): the same messages, or the
+    same error, as collecting each chosen bundle with a walk of its own."""
+    rng = random.Random(99)
+    samples = _samples()
+    seen = {"ok": 0, "error": 0}
+    for n in range(1500):
+        _, base, data = samples[n % len(samples)]
+        buf = mutate(rng, data)
+        try:
+            headers = walk_bundles(buf, 0, base, collect=False).table
+        except TankFormatError:
+            continue
+        rows = np.array(sorted(rng.sample(range(len(headers)), rng.randrange(len(headers) + 1))), dtype=np.int64)
+        try:  # the oracle: each chosen bundle collected by a walk of its own
+            one_by_one = []
+            for i in rows.tolist():
+                first, last = int(headers.firsts[i]), int(headers.lasts[i])
+                alone = walk_bundles(buf, int(headers.offsets[i]), first, stop_seq=last).table
+                one_by_one += messages_of(decode_messages(alone))
+            expected: tuple = ("ok", one_by_one)
+        except TankFormatError as err:
+            expected = ("error", err.message, err.offset)
+        try:
+            got: tuple = ("ok", messages_of(decode_messages(collect_bundles(headers, rows))))
+        except TankFormatError as err:
+            got = ("error", err.message, err.offset)
+        assert got == expected
+        seen[got[0]] += 1
+    assert seen["ok"] > 300 and seen["error"] > 100, seen
 
 
 @settings(max_examples=400, deadline=None)

@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT
 
 from tank_log.format.bundle import Message, SnappyPolicy
+from tank_log.maintenance.compaction.survivors import MarkedStretches
 from tank_log.maintenance.verify import verify_path
 from tank_log.storage.datadir import scan_partition
 from tank_log.storage.writer import BundlePolicy, write_partition
@@ -73,7 +74,7 @@ def test_keys_four_times_the_budget_compact_in_rounds_within_it(tmp_path):
     assert contents(str(tmp_path / "limited")) == contents(str(tmp_path / "unlimited"))
     assert verify_path(str(tmp_path / "limited")) == []
 
-    assert baseline["result"]["key_state_bytes"] == 0
+    assert baseline["result"]["key_state_bytes"] <= MarkedStretches.share(BUDGET)  # no key: where keyless ones are
     headroom = 2 * MiB  # allocator and page-granularity noise
     assert limited["peak_rss"] <= baseline["peak_rss"] + BUDGET + headroom, (limited["peak_rss"], baseline["peak_rss"])
     assert unlimited["peak_rss"] > limited["peak_rss"]  # without the budget the key state does show

@@ -10,6 +10,7 @@ from tank_log.maintenance.compaction.key_state import new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.maintenance.compaction.passes import dirty_ratio, map_keys, pass2_segment, select_inputs
+from tank_log.maintenance.compaction.survivors import BundleFilter, MarkedStretches
 from tank_log.maintenance.outcome import Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
@@ -83,15 +84,17 @@ def _compact_locked(
     start = inputs[0].base
     compacted = False
     while True:
-        key_map = new_key_map(options.key_state_budget)
-        round_end = map_keys(inputs, start, key_map, res)  # pass 1: key → latest seq
+        share = MarkedStretches.share(options.key_state_budget)
+        key_map, marked = new_key_map(options.key_state_budget - share), MarkedStretches(share)
+        round_end = map_keys(inputs, start, key_map, marked, res)  # pass 1: key → latest seq
         if round_end is not None and round_end < start:
             raise NeedsAttention(
                 f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
             )
         res.rounds += 1
         res.distinct_keys += len(key_map)
-        res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes)
+        res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + marked.nbytes)
+        select = BundleFilter(key_map.latest_seqs(), marked, start, round_end, range_last)
         touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
         one = CompactionResult(part.topic, part.id, part.path)
         out = (
@@ -100,12 +103,12 @@ def _compact_locked(
             else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
         )
         try:
-            seen = 0
             for sf in touched:  # pass 2: survivors → outputs
                 if out is not None:
                     out.input_ts = sf.ts
-                seen += pass2_segment(sf, key_map, round_end, one, out, options, cutoff, range_last)
-            dropped = one.messages_after < seen
+                pass2_segment(sf, key_map, select, one, out, options, cutoff)
+            dropped = one.messages_after < select.messages
+            res.bundles_skipped += select.skipped
             if out is not None:
                 if dropped:
                     out.close_current()
@@ -119,7 +122,7 @@ def _compact_locked(
         for name in ("tombstones_dropped", "keyless_dropped"):
             setattr(res, name, getattr(res, name) + getattr(one, name))
         res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
-        del key_map  # before the next round's map is made: never two maps at once
+        del key_map, select  # before the next round's map is made: never two maps at once
         if out is not None and dropped:
             res.outputs += swap_in(part.path, touched, out.done, on_step)
             compacted = True

@@ -1,8 +1,9 @@
 """Pass 1 state: exact key → its latest seq, within a memory budget (no digests, so no collisions).
 
-The compiled core's `KeyMap` (open addressing, 16-byte slots plus the key bytes: ~30 bytes per 11-byte key) when it
-is built; otherwise `PureKeyMap`, a dict whose bytes are estimated. Both stop taking messages at the first new key
-that does not fit, which is where a compaction round ends (`passes.map_keys`).
+The compiled core's `KeyMap` (open addressing, 16-byte slots plus the key bytes, plus 8 bytes for pass 2's sorted
+copy of the latest seqs: ~38 bytes per 11-byte key) when it is built; otherwise `PureKeyMap`, a dict whose bytes are
+estimated. Both stop taking messages at the first new key that does not fit, which is where a compaction round ends
+(`passes.map_keys`).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ class KeyMap(Protocol):
         """Per message: True when its key is mapped to a later seq."""
         ...
 
+    def latest_seqs(self) -> np.ndarray:
+        """The mapped keys' latest seqs (uint64, any order; its 8 bytes per key are within the budget)."""
+        ...
+
 
 class PureKeyMap:
     """A dict from key bytes to seq; each key is charged its length + PER_KEY bytes (dict slot, bytes and int
-    objects)."""
+    objects, and latest_seqs' 8 bytes)."""
 
-    PER_KEY = 120
+    PER_KEY = 128
 
     def __init__(self, budget: int):
         self.budget = budget
@@ -73,6 +78,9 @@ class PureKeyMap:
             if off >= 0 and latest.get(data[off : off + n], 0) > s:
                 out[i] = True
         return out
+
+    def latest_seqs(self) -> np.ndarray:
+        return np.fromiter(self._latest.values(), dtype=np.uint64, count=len(self._latest))
 
 
 def new_key_map(budget: int) -> KeyMap:

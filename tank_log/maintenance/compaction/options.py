@@ -44,5 +44,6 @@ class CompactionResult(PartitionOutcome):
     tombstones_dropped: int = 0
     keyless_kept: int = 0
     keyless_dropped: int = 0
-    key_state_bytes: int = 0  # the largest key map of the rounds
+    key_state_bytes: int = 0  # the largest key state of the rounds (key map + marked stretches)
+    bundles_skipped: int = 0  # input bundles pass 2 dropped whole from their headers, without decoding them
     outputs: list[str] = field(default_factory=list)

@@ -12,6 +12,7 @@ from tank_log.format.decode import BundleTable, MessageColumns
 from tank_log.maintenance.compaction.key_state import KeyMap
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
+from tank_log.maintenance.compaction.survivors import BundleFilter, MarkedStretches
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
 
@@ -44,10 +45,13 @@ def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> l
     return inputs
 
 
-def map_keys(inputs: list[Segment], start_seq: int, key_map: KeyMap, res: CompactionResult) -> int | None:
+def map_keys(
+    inputs: list[Segment], start_seq: int, key_map: KeyMap, marked: MarkedStretches, res: CompactionResult
+) -> int | None:
     """Pass 1 of a round: from `start_seq` on, map every key to its latest seq until the map is full, counting the
-    messages mapped into `res`. Returns the round's last seq (None when the round reaches the end of the inputs);
-    the next round starts after it, so the rounds' first passes read every input message once.
+    messages mapped into `res` and marking where keyless messages and tombstones are. Returns the round's last seq
+    (None when the round reaches the end of the inputs); the next round starts after it, so the rounds' first passes
+    read every input message once.
 
     Raises:
         TankFormatError: a malformed or torn input segment (salvage it first).
@@ -60,11 +64,12 @@ def map_keys(inputs: list[Segment], start_seq: int, key_map: KeyMap, res: Compac
         walk = seg.chunks(start=offset, next_seq=next_seq, chunk_bytes=pass_chunk_bytes())
         for chunk in walk:
             c = chunk.cols
-            seq, key_off, key_len = c.seq, c.key_off, c.key_len
+            seq, key_off, key_len, val_len = c.seq, c.key_off, c.key_len, c.val_len
             if len(seq) and seq[0] < start_seq:  # the chunk read from an index entry before start_seq
                 sel = seq >= start_seq
-                seq, key_off, key_len = seq[sel], key_off[sel], key_len[sel]
+                seq, key_off, key_len, val_len = seq[sel], key_off[sel], key_len[sel], val_len[sel]
             taken = key_map.add(c.data, key_off, key_len, seq)
+            marked.mark(seq[:taken], (key_off[:taken] < 0) | (val_len[:taken] == 0))
             res.messages_before += taken
             if taken < len(seq):
                 return int(seq[taken - 1]) if taken else covered
@@ -86,16 +91,17 @@ def _check_complete(seg: Segment, tail: Tail | None) -> None:
 def pass2_segment(
     sf: Segment,
     key_map: KeyMap,
-    round_end: int | None,
+    select: BundleFilter,
     res: CompactionResult,
     out: OutputSegments | None,
     options: CompactionOptions,
     cutoff: int | None,
-    range_last: int,
-) -> int:
+) -> None:
+    """Pass 2 over one input: decide per message of the bundles `select` reads (the others hold no survivor) and
+    write the survivors to `out`."""
     min_copy = max(1, options.policy.max_messages // 2)
-    seen = 0
-    walk = sf.chunks(chunk_bytes=pass_chunk_bytes())
+    round_end, range_last = select.round_end, select.range_last
+    walk = sf.chunks(chunk_bytes=pass_chunk_bytes(), select=select)
     for chunk in walk:
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
@@ -109,7 +115,6 @@ def pass2_segment(
         if round_end is not None:
             keep |= c.seq > np.uint64(round_end)  # beyond this round's keys: a later round decides
         keep |= c.seq == np.uint64(range_last)  # never drop the range's last message (§4.4)
-        seen += len(c)
         res.messages_after += int(keep.sum())
         res.tombstones_kept += int((keep & tomb).sum())
         res.tombstones_dropped += int((~keep & tomb).sum())
@@ -118,7 +123,6 @@ def pass2_segment(
         if out is not None:
             _write_survivors(c, t, keep, out, min_copy)
     _check_complete(sf, walk.tail)
-    return seen
 
 
 def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: OutputSegments, min_copy: int) -> None:
@@ -139,8 +143,7 @@ def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: O
         contiguous = w is None or w.expected_next is None or first == w.expected_next
         sparse = bool(t.flags[b] & SPARSE)
         if sparse or contiguous:
-            framed = t.data[int(t.offsets[b]) : int(t.ends[b])]
-            out.add_bundle(framed, first, int(t.lasts[b]), stop - start, sparse, int(kept.ts[start:stop].max()))
+            out.add_bundle(t.framed(b), first, int(t.lasts[b]), stop - start, sparse, int(kept.ts[start:stop].max()))
         else:
             out.add_columns(kept.slice(start, stop))
         done = stop
