@@ -8,7 +8,9 @@ report ERROR: the pure-Python code then re-reads the bad bundle and raises the p
 paths give the same errors, and the error messages live in one place.
 """
 
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
@@ -109,6 +111,7 @@ cdef struct Row:
     int64_t off
     int64_t end
     int64_t set_off
+    int64_t set_len  # uncompressed (with collect)
     int64_t count
     uint64_t first
     uint64_t last
@@ -117,9 +120,11 @@ cdef struct Row:
 
 def walk(object data, Py_ssize_t start, object next_seq, bint collect, object max_bytes, object stop_seq,
          Py_ssize_t max_messages, tuple codecs):
-    """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress, max_expansion) for
-    codec id i. Returns (columns, packed_rows, packed_sets, stop, next_seq, reason, need); with R_ERROR, `stop` and
-    `next_seq` are the bad bundle's offset and the counter before it."""
+    """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress_into, max_expansion)
+    for codec id i. Returns (columns, gathered, stop, next_seq, reason, need), `gathered` being (data, set_starts,
+    set_ends) with `collect`; with R_ERROR, `stop` and `next_seq` are the bad bundle's offset and the counter before
+    it. With `collect`, the message sets are written straight into one buffer: Snappy blocks (the only codec, §3.4)
+    are sized from their length header, then decompressed into their place."""
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t n = view.shape[0]
     cdef const uint8_t *b = &view[0] if n else NULL
@@ -132,10 +137,11 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
     cdef Py_ssize_t nrows = 0, cap = 64
     cdef Row *rows = <Row *>PyMem_Malloc(cap * sizeof(Row))
     cdef Row *grown
-    cdef list packed_rows = []
-    cdef list packed_sets = []
     cdef object mv = memoryview(data)
-    cdef object spec, unpacked
+    cdef object spec
+    cdef object gathered = None
+    cdef uint32_t claim = 0
+    cdef Py_ssize_t after_claim = 0
     if rows == NULL:
         raise MemoryError()
     try:
@@ -212,17 +218,13 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 if c > (max_exp * <uint64_t>(end - q) + 64) // MIN_MESSAGE_BYTES:
                     reason = R_ERROR
                     break
-                if collect:
-                    try:
-                        unpacked = spec[0](mv[q:end])
-                    except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
+                if collect:  # the Snappy block's uncompressed length, bounded before anything is allocated
+                    if q == end or read_varint(b, q, end, &claim, &after_claim):
                         reason = R_ERROR
                         break
-                    if c > <uint64_t>len(unpacked) // MIN_MESSAGE_BYTES:
+                    if claim > max_exp * <uint64_t>(end - q) + 64 or c > claim // MIN_MESSAGE_BYTES:
                         reason = R_ERROR
                         break
-                    packed_sets.append(unpacked)
-                    packed_rows.append(nrows)
             elif c > <uint64_t>(end - q) // MIN_MESSAGE_BYTES:
                 reason = R_ERROR
                 break
@@ -235,6 +237,7 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
             rows[nrows].off = pos
             rows[nrows].end = end
             rows[nrows].set_off = q
+            rows[nrows].set_len = claim if codec else end - q
             rows[nrows].count = <int64_t>c
             rows[nrows].first = <uint64_t>first
             rows[nrows].last = <uint64_t>(after - 1)
@@ -249,6 +252,12 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
             if collect and collected >= max_messages and pos < n:
                 reason = R_BUDGET
                 break
+        if collect and reason != R_ERROR:
+            gathered = _gather(rows, &nrows, b, mv, codecs)
+            if gathered is None:  # a block that does not decompress: the error is at row nrows
+                pos = rows[nrows].off
+                nxt = to_u128(next_seq) if nrows == 0 else <tl_u128>rows[nrows - 1].last + 1
+                reason = R_ERROR
         offsets = np.empty(nrows, np.int64)
         ends = np.empty(nrows, np.int64)
         set_offsets = np.empty(nrows, np.int64)
@@ -260,7 +269,41 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
     finally:
         PyMem_Free(rows)
     columns = (offsets, ends, set_offsets, flags, counts, firsts, lasts)
-    return columns, packed_rows, packed_sets, pos, from_u128(nxt), reason, need
+    return columns, gathered, pos, from_u128(nxt), reason, need
+
+
+cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, tuple codecs):
+    """(data, set_starts, set_ends) of the rows' message sets, one after another in one bytes object, then PAD
+    zero bytes. None when a block does not decompress to its claimed length; *nrows is then that row's index."""
+    cdef Py_ssize_t i, n = nrows[0], total = 0, at = 0, ln
+    cdef uint8_t codec
+    for i in range(n):
+        total += rows[i].set_len
+    out = PyBytes_FromStringAndSize(NULL, total + PAD)
+    cdef char *o = PyBytes_AS_STRING(out)
+    memset(o + total, 0, PAD)
+    cdef object dst = PyMemoryView_FromMemory(o, total + PAD, PyBUF_WRITE)  # the new bytes is ours until returned
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    cdef int64_t[::1] st = starts
+    cdef int64_t[::1] en = ends
+    for i in range(n):
+        ln = rows[i].set_len
+        codec = rows[i].flags & 0x03
+        st[i] = at
+        if codec == 0:
+            memcpy(o + at, b + rows[i].set_off, ln)
+        else:
+            try:
+                written = codecs[codec][0](mv[rows[i].set_off:rows[i].end], dst[at:at + ln])
+            except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
+                written = -1
+            if written != ln:
+                nrows[0] = i
+                return None
+        at += ln
+        en[i] = at
+    return out, starts, ends
 
 
 cdef bint _all_continued(const uint8_t *b, Py_ssize_t p, Py_ssize_t n) noexcept nogil:

@@ -67,8 +67,8 @@ class BundleTable:
     """Headers of consecutive bundles (numpy columns, one row per bundle) plus, when collected, the bytes their
     messages are decoded from.
 
-    `data` is the walked buffer followed by the decompressed Snappy message sets (plain sets are decoded in place);
-    `set_starts`/`set_ends` locate each bundle's uncompressed message set in `data`.
+    `data` holds every bundle's uncompressed message set, one after another (Snappy ones decompressed), then
+    padding; `set_starts`/`set_ends` locate each in `data`. `walked` is the buffer the offsets refer to.
     """
 
     offsets: np.ndarray = _column(np.int64)  # buffer offset of each length varint
@@ -81,15 +81,14 @@ class BundleTable:
     set_starts: np.ndarray | None = None
     set_ends: np.ndarray | None = None
     data: bytes = b""
-    walked: Any = None  # the buffer `offsets` and `ends` refer to, when it is not `data` (`collect_bundles`)
+    walked: Any = b""
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def framed(self, i: int) -> bytes:
         """Bundle i as stored: its length varint, header and message set."""
-        buf = self.data if self.walked is None else self.walked
-        return bytes(buf[int(self.offsets[i]) : int(self.ends[i])])
+        return bytes(self.walked[int(self.offsets[i]) : int(self.ends[i])])
 
     @property
     def sizes(self) -> list[int]:
@@ -151,37 +150,27 @@ def walk_bundles(
             raw = _walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
     else:
         raw = core.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
-        if raw[5] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
-            _walk(buf, raw[3], raw[4], collect, None, None, max_messages)
-            raise AssertionError(f"the compiled walk rejects the bundle at {raw[3]}, the pure walk does not")
-    return _result(buf, raw, collect)
+        if raw[4] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
+            _walk(buf, raw[2], raw[3], collect, None, None, max_messages)
+            raise AssertionError(f"the compiled walk rejects the bundle at {raw[2]}, the pure walk does not")
+    return _result(buf, raw)
 
 
-# what both walks return: header columns, the rows and bytes of decompressed sets, stop, next_seq, reason, need
-_RawWalk = tuple[tuple[np.ndarray, ...], list[int], list[Any], int, int, int, int]
+# what both walks return: header columns, the collected (data, set_starts, set_ends) or None, stop, next_seq,
+# reason, need
+_RawWalk = tuple[tuple[np.ndarray, ...], tuple[bytes, np.ndarray, np.ndarray] | None, int, int, int, int]
 
-# the codec table as the compiled walk takes it: (decompress, max_expansion) per codec id 0..3, None if unknown
-_NATIVE_CODECS = tuple((CODECS[i].decompress, CODECS[i].max_expansion) if i in CODECS else None for i in range(4))
+# the codec table as the compiled walk takes it: (decompress_into, max_expansion) per codec id 0..3, None if unknown
+_NATIVE_CODECS = tuple((CODECS[i].decompress_into, CODECS[i].max_expansion) if i in CODECS else None for i in range(4))
 _COLUMN_TYPES = (np.int64, np.int64, np.int64, np.uint8, np.int64, np.uint64, np.uint64)
 
 
-def _result(buf: bytes, raw: _RawWalk, collect: bool) -> WalkResult:
-    columns, packed_rows, packed_sets, stop, next_seq, reason, need = raw
-    offsets, ends, set_offsets, flags, counts, firsts, lasts = columns
+def _result(buf: bytes, raw: _RawWalk) -> WalkResult:
+    (offsets, ends, set_offsets, flags, counts, firsts, lasts), gathered, stop, next_seq, reason, need = raw
     t = BundleTable(offsets, ends, set_offsets, flags, counts, firsts, lasts)
-    if collect:
-        starts = t.set_offsets.copy()
-        ends = t.ends.copy()
-        if packed_rows:
-            rows_idx = np.array(packed_rows, dtype=np.int64)
-            lens = np.fromiter(map(len, packed_sets), dtype=np.int64, count=len(packed_sets))
-            set_ends = stop + np.cumsum(lens)
-            starts[rows_idx] = set_ends - lens
-            ends[rows_idx] = set_ends
-        t.data = b"".join([memoryview(buf)[:stop], *packed_sets, _PAD])
-        t.set_starts, t.set_ends = starts, ends
-    else:
-        t.data = buf  # headers only: `collect_bundles` can still decode some of them
+    t.walked = buf
+    if gathered is not None:
+        t.data, t.set_starts, t.set_ends = gathered
     return WalkResult(t, stop, next_seq, REASONS[reason], need)
 
 
@@ -192,7 +181,7 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
     Raises:
         TankFormatError: a message set that does not decompress or cannot hold its count (buffer offset).
     """
-    buf = table.data
+    buf = table.walked
     mv = memoryview(buf)
     pick = rows.astype(np.int64, copy=False)
     t = table
@@ -216,10 +205,7 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
             _walk(buf, int(sub.offsets[i]), int(sub.firsts[i]), True, None, int(sub.lasts[i]), DEFAULT_MAX_MESSAGES)
             raise AssertionError(f"the walk accepts the bundle at {int(sub.offsets[i])}, collecting it does not")
         sets.append(unpacked)
-    lens = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
-    sub.set_ends = np.cumsum(lens)
-    sub.set_starts = sub.set_ends - lens
-    sub.data = b"".join([*sets, _PAD])
+    sub.data, sub.set_starts, sub.set_ends = _gather(sets)
     sub.walked = buf
     return sub
 
@@ -247,8 +233,7 @@ def _walk(
 ) -> _RawWalk:
     rows: list[tuple[int, int, int, int, int, int, int]] = []
     append = rows.append
-    packed_rows: list[int] = []  # row index of each compressed bundle
-    packed_sets: list[Any] = []  # its decompressed message set
+    sets: list[Any] = []  # with `collect`: each bundle's uncompressed message set
     mv = memoryview(buf)
     n = len(buf)
     pos = start
@@ -303,10 +288,11 @@ def _walk(
                         f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
                         offset=pos,
                     )
-                packed_sets.append(unpacked)
-                packed_rows.append(len(rows))
+                sets.append(unpacked)
         elif c > (end - q) // MIN_MESSAGE_BYTES:
             raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
+        elif collect:
+            sets.append(mv[q:end])
         append((pos, end, q, f, c, first, next_seq - 1))
         pos = end
         if next_seq > stop_at or pos >= limit:
@@ -318,7 +304,15 @@ def _walk(
             break
     cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
     columns = tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
-    return columns, packed_rows, packed_sets, pos, next_seq, REASONS.index(reason), need
+    gathered = _gather(sets) if collect else None
+    return columns, gathered, pos, next_seq, REASONS.index(reason), need
+
+
+def _gather(sets: list[Any]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(data, set_starts, set_ends): the message sets one after another, then `_PAD`."""
+    lens = np.fromiter(map(len, sets), dtype=np.int64, count=len(sets))
+    ends = np.cumsum(lens)
+    return b"".join([*sets, _PAD]), ends - lens, ends
 
 
 # ---------------------------------------------------------------------------------------------------------------

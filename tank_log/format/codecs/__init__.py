@@ -25,17 +25,22 @@ class BlockCodec:
     """How one codec compresses and decompresses a whole message set.
 
     `decompress` raises TankFormatError (without offset; the walker adds it) for a corrupt block and must bound
-    what it allocates; `max_expansion` bounds the uncompressed size per compressed byte (count plausibility).
+    what it allocates; `decompress_into` writes into a buffer sized from the block's length header (the compiled
+    walk reads Snappy's, §3.4) and returns the bytes written; `max_expansion` bounds the uncompressed size per
+    compressed byte (count plausibility).
     """
 
     codec: Codec
     compress: Callable[[bytes], bytes]
     decompress: Callable[[memoryview | bytes], bytes]
+    decompress_into: Callable[[memoryview | bytes, memoryview], int]
     max_expansion: int
 
 
 CODECS: dict[int, BlockCodec] = {
-    Codec.SNAPPY: BlockCodec(Codec.SNAPPY, snappy.compress, snappy.decompress, snappy.MAX_EXPANSION),
+    Codec.SNAPPY: BlockCodec(
+        Codec.SNAPPY, snappy.compress, snappy.decompress, snappy.decompress_into, snappy.MAX_EXPANSION
+    ),
 }
 
 

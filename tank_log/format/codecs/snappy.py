@@ -19,6 +19,7 @@ from tank_log.format.varint import decode_varint
 # than ~21.4x its size is corrupt. Checking first keeps a flipped length byte from allocating gigabytes.
 MAX_EXPANSION = 22
 _decompress_raw = cramjam.snappy.decompress_raw
+_decompress_raw_into = cramjam.snappy.decompress_raw_into
 
 
 def compress(data: bytes) -> bytes:
@@ -52,4 +53,17 @@ def decompress(data: Any) -> Any:
     try:
         return _decompress_raw(data)
     except Exception as err:  # cramjam.DecompressionError and friends
+        raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}") from None
+
+
+def decompress_into(data: Any, out: Any) -> int:
+    """Decompress a raw Snappy block into the writable buffer `out` (sized from the block's length header, which the
+    caller has bounded); returns the bytes written.
+
+    Raises:
+        TankFormatError: a corrupt block, or one that does not fill `out` exactly.
+    """
+    try:
+        return int(_decompress_raw_into(data, out))
+    except Exception as err:
         raise TankFormatError(f"bad Snappy block: {err or type(err).__name__}") from None
