@@ -16,6 +16,7 @@ from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import StepHook
+from tank_log.storage.segment import Segment
 from tank_log.storage.swap import swap_in
 
 
@@ -84,48 +85,8 @@ def _compact_locked(
     start = inputs[0].base
     compacted = False
     while True:
-        share = MarkedStretches.share(options.key_state_budget)
-        key_map, marked = new_key_map(options.key_state_budget - share), MarkedStretches(share)
-        round_end = map_keys(inputs, start, key_map, marked, res)  # pass 1: key → latest seq
-        if round_end is not None and round_end < start:
-            raise NeedsAttention(
-                f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
-            )
-        res.rounds += 1
-        res.distinct_keys += len(key_map)
-        res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + marked.nbytes)
-        select = BundleFilter(key_map.latest_seqs(), marked, start, round_end, range_last)
-        touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
-        one = CompactionResult(part.topic, part.id, part.path)
-        out = (
-            None
-            if options.dry_run
-            else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
-        )
-        try:
-            for sf in touched:  # pass 2: survivors → outputs
-                if out is not None:
-                    out.input_ts = sf.ts
-                pass2_segment(sf, key_map, select, one, out, options, cutoff)
-            dropped = one.messages_after < select.messages
-            res.bundles_skipped += select.skipped
-            if out is not None:
-                if dropped:
-                    out.close_current()
-                else:
-                    out.abort()
-        except BaseException:
-            if out is not None:
-                out.abort()
-            raise
-        res.messages_after = one.messages_after  # the last round's survivors are the result
-        for name in ("tombstones_dropped", "keyless_dropped"):
-            setattr(res, name, getattr(res, name) + getattr(one, name))
-        res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
-        del key_map, select  # before the next round's map is made: never two maps at once
-        if out is not None and dropped:
-            res.outputs += swap_in(part.path, touched, out.done, on_step)
-            compacted = True
+        round_end, swapped = _round(part, inputs, start, range_last, options, cutoff, segment_bytes, res, on_step)
+        compacted |= swapped
         if options.dry_run or round_end is None:
             break
         _set_mark(base_path, part, round_end, options)
@@ -147,6 +108,63 @@ def _compact_locked(
     res.bytes_after = sum(s.size for s in final)
     _set_mark(base_path, part, res.range_last, options)
     res.status = Status.COMPACTED
+
+
+def _round(
+    part: Partition,
+    inputs: list[Segment],
+    start: int,
+    range_last: int,
+    options: CompactionOptions,
+    cutoff: int | None,
+    segment_bytes: int,
+    res: CompactionResult,
+    on_step: StepHook | None,
+) -> tuple[int | None, bool]:
+    """One round from seq `start`: pass 1 maps keys until the budget is full, pass 2 rewrites the inputs up to
+    there and swaps the outputs in. Returns the round's last seq (None: it reached the end of the inputs) and
+    whether anything was swapped in."""
+    share = MarkedStretches.share(options.key_state_budget)
+    key_map, marked = new_key_map(options.key_state_budget - share), MarkedStretches(share)
+    round_end = map_keys(inputs, start, key_map, marked, res)  # pass 1: key → latest seq
+    if round_end is not None and round_end < start:
+        raise NeedsAttention(
+            f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
+        )
+    res.rounds += 1
+    res.distinct_keys += len(key_map)
+    res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + marked.nbytes)
+    select = BundleFilter(key_map.latest_seqs(), marked, start, round_end, range_last)
+    touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
+    one = CompactionResult(part.topic, part.id, part.path)
+    out = (
+        None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
+    )
+    try:
+        for sf in touched:  # pass 2: survivors → outputs
+            if out is not None:
+                out.input_ts = sf.ts
+            pass2_segment(sf, key_map, select, one, out, options, cutoff)
+        dropped = one.messages_after < select.messages
+        if out is not None:
+            if dropped:
+                out.close_current()
+            else:
+                out.abort()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    res.bundles_skipped += select.skipped
+    res.messages_after = one.messages_after  # the last round's survivors are the result
+    res.tombstones_dropped += one.tombstones_dropped
+    res.keyless_dropped += one.keyless_dropped
+    res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
+    del key_map, select  # before the next round's map is made: never two maps at once
+    if out is None or not dropped:
+        return round_end, False
+    res.outputs += swap_in(part.path, touched, out.done, on_step)
+    return round_end, True
 
 
 def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:
