@@ -341,7 +341,9 @@ def run_job(
     argv: list[str] | None = None,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
-    `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code."""
+    `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. The report's
+    `timings` split the run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the
+    tasks and the driver's bookkeeping) and `spark_stop_s`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
@@ -350,10 +352,20 @@ def run_job(
     t0 = time.monotonic()
     args = None
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options
+    timings: dict[str, float] = {}
+    phase = time.monotonic()
+
+    def phase_done(name: str) -> None:
+        nonlocal phase
+        now = time.monotonic()
+        timings[name] = round(now - phase, 3)
+        phase = now
+
     try:
         args = parser.parse_args(argv)
         ctx = build_context(job, args)
         prepared = prepare(ctx, args)
+        phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())
@@ -364,8 +376,10 @@ def run_job(
     signal.signal(signal.SIGTERM, _on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         spark = spark_session(ctx)
+        phase_done("spark_start_s")
         report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
         results, summary = execute(ctx, prepared, spark)
+        phase_done("execute_s")
     except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())
@@ -403,11 +417,13 @@ def run_job(
     finally:
         if spark is not None:
             spark.stop()
+    phase_done("spark_stop_s")
     failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
     report.update(
         status="partial-failure" if failed else "ok",
         finished=_now(),
         duration_s=round(time.monotonic() - t0, 3),
+        timings=timings,
         summary=summary,
         partitions=results,
     )

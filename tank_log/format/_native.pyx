@@ -252,9 +252,9 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
             if collect and collected >= max_messages and pos < n:
                 reason = R_BUDGET
                 break
-        if collect and reason != R_ERROR:
+        if collect:  # also before a bad header: a block before it that does not decompress is the first error
             gathered = _gather(rows, &nrows, b, mv, codecs)
-            if gathered is None:  # a block that does not decompress: the error is at row nrows
+            if gathered is None:  # the error is at row nrows
                 pos = rows[nrows].off
                 nxt = to_u128(next_seq) if nrows == 0 else <tl_u128>rows[nrows - 1].last + 1
                 reason = R_ERROR

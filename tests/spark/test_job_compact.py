@@ -68,6 +68,9 @@ def test_mixed_run_reports_partial_failure(scenario):
     report = json.load(open(report_path))
     parts = by_key(report)
     assert report["status"] == "partial-failure"
+    timings = report["timings"]  # the run's split, phase by phase, adds up to its duration
+    assert set(timings) == {"prepare_s", "spark_start_s", "execute_s", "spark_stop_s"}
+    assert min(timings.values()) >= 0 and abs(sum(timings.values()) - report["duration_s"]) < 0.1
     assert parts[("kvlive", 0)]["status"] == "failed" and "@" in parts[("kvlive", 0)]["error"]
     assert parts[("kvlive", 1)]["status"] == "nothing-to-do"  # compacted by the broker already
     assert parts[("kvlive", 1)]["reason"] == "no message would be dropped"
