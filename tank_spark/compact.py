@@ -28,8 +28,8 @@ def prepare(ctx, args):
     return plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
 
 
-def execute(ctx, plan, spark):
-    results = run_plan(spark, ctx, plan, record_cleanup_marks)  # finished partitions get their marks
+def execute(ctx, plan, sc):
+    results = run_plan(sc, ctx, plan, record_cleanup_marks)  # finished partitions get their marks
     done = [r for r in results if r.get("status") == "compacted"]
     summary = {
         "partitions": len(results),
@@ -50,4 +50,5 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        sql=False,
     )

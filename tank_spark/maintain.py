@@ -25,8 +25,8 @@ def prepare(ctx, args):
     )
 
 
-def execute(ctx, plan, spark):
-    results = run_plan(spark, ctx, plan, record_maintenance_marks)
+def execute(ctx, plan, sc):
+    results = run_plan(sc, ctx, plan, record_maintenance_marks)
     return results, {"partitions": len(results), "by_status": count_by(results), **summarize(results)}
 
 
@@ -38,4 +38,5 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        sql=False,
     )

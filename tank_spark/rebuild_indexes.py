@@ -20,8 +20,8 @@ def prepare(ctx, args):
     return plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=args.salvage)
 
 
-def execute(ctx, plan, spark):
-    results = run_plan(spark, ctx, plan)
+def execute(ctx, plan, sc):
+    results = run_plan(sc, ctx, plan)
     summary = {
         "partitions": len(results),
         "by_status": count_by(results),
@@ -41,5 +41,6 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        sql=False,
     )
     return code

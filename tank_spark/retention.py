@@ -20,8 +20,8 @@ def prepare(ctx, args):
     return plan_retention_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, time_basis=args.time_basis)
 
 
-def execute(ctx, plan, spark):
-    results = run_plan(spark, ctx, plan, clamp_cleanup_marks)  # marks stay consistent with what was deleted
+def execute(ctx, plan, sc):
+    results = run_plan(sc, ctx, plan, clamp_cleanup_marks)  # marks stay consistent with what was deleted
     summary = {
         "partitions": len(results),
         "by_status": count_by(results),
@@ -41,4 +41,5 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        sql=False,
     )

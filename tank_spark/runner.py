@@ -133,34 +133,41 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
     )
 
 
-def spark_session(ctx: JobContext):
-    """A SparkSession; the master comes from spark-submit when present, else --master, the config, local[*]."""
+def spark_context(ctx: JobContext):
+    """A SparkContext; the master comes from spark-submit when present, else --master, the config, local[*]. The
+    jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
+    more per run (bench/RESULTS.md)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
-    from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(f"{ctx.config.spark.app_name}-{ctx.job}")
     under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
     if under_spark_submit:
         SparkContext._ensure_initialized()  # connect to its JVM, whose properties carry its --master
-    if not (under_spark_submit and SparkConf().contains("spark.master")):
-        builder = builder.master(ctx.master or ctx.config.spark.master or "local[*]")
-    builder = builder.config("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
+    conf = SparkConf()  # under spark-submit: loaded from its JVM's properties
+    if not conf.contains("spark.master"):
+        conf.setMaster(ctx.master or ctx.config.spark.master or "local[*]")
+    conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
+    conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():
-        builder = builder.config(k, v)
-    builder = builder.config("spark.ui.showConsoleProgress", "false")
-    conf = SparkConf()
-    for k, v in builder._options.items():  # the JVM (local runs) is launched with the session's settings
         conf.set(k, v)
-    _launch_jvm(conf, under_spark_submit)
+    conf.set("spark.ui.showConsoleProgress", "false")
+    _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
     jvm = SparkContext._jvm
     assert jvm is not None
     log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too
     log4j.core.config.Configurator.setRootLevel(log4j.Level.getLevel(ctx.spark_log_level))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(ctx.spark_log_level)
-    return spark
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel(ctx.spark_log_level)
+    return sc
+
+
+def spark_session(ctx: JobContext):
+    """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
+    from pyspark.sql import SparkSession
+
+    spark_context(ctx)
+    return SparkSession.builder.getOrCreate()
 
 
 def _launch_jvm(conf, under_spark_submit: bool) -> None:
@@ -206,16 +213,19 @@ class _ListParam(AccumulatorParam):
         return a
 
 
+TASKS_PER_CORE = 4  # Spark tasks per core: each runs its share of the partitions one after another (a task costs
+# ~40 ms in local mode, bench/RESULTS.md); a few per core still balance partitions of different sizes
 STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
 
 
 def run_on_executors(
-    spark, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
+    sc, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
 ) -> list[dict]:
-    """One Spark task per item (one per partition; by default `PartitionTask.run`); results come back in order.
+    """Run `fn` on every item (one per partition; by default `PartitionTask.run`) in up to `TASKS_PER_CORE` Spark
+    tasks per core, items dealt round-robin; results come back in order.
 
-    Each result also reaches the driver as its task finishes (an accumulator), so the driver logs a line per
-    partition as it finishes. On Ctrl-C/SIGTERM the run drains: a stop flag (a file beside the driver, seen by
+    Results also reach the driver as each Spark task finishes (an accumulator), so the driver logs a line per
+    partition as its task finishes. On Ctrl-C/SIGTERM the run drains: a stop flag (a file beside the driver, seen by
     executors on its host) makes every task not yet started return `interrupted` at once, running ones finish
     (up to `STOP_GRACE_S`, or until a second Ctrl-C; then the job is cancelled — crash-safe, the next run repairs),
     and `Interrupted` is raised with what finished. Draining instead of killing also spares PySpark's daemon the
@@ -223,7 +233,6 @@ def run_on_executors(
     """
     if not tasks:
         return []
-    sc = spark.sparkContext
     finished = sc.accumulator([], _ListParam())
     driver = (socket.gethostname(), os.getpid())  # on its host, the driver's process family is not a holder
     stop_flag = os.path.join(tempfile.gettempdir(), f".tank-log-stop-{os.getpid()}-{uuid.uuid4().hex}")
@@ -240,7 +249,10 @@ def run_on_executors(
             finished.add([(i, r)])
             yield i, r
 
-    rdd = sc.parallelize(list(enumerate(tasks)), numSlices=len(tasks)).mapPartitions(run)
+    slices = min(len(tasks), max(1, sc.defaultParallelism) * TASKS_PER_CORE)
+    items = list(enumerate(tasks))
+    dealt = [item for j in range(slices) for item in items[j::slices]]  # slice j holds items j, j + slices, …
+    rdd = sc.parallelize(dealt, numSlices=slices).mapPartitions(run)
     box: dict[str, Any] = {}
 
     def collect() -> None:
@@ -296,7 +308,7 @@ def _drain(sc, worker: threading.Thread, stop_flag: str) -> None:
 
 
 def run_plan(
-    spark,
+    sc,
     ctx: JobContext,
     plan: tuple[list[Any], list[dict]],
     bookkeeping: Callable[[list[dict]], None] | None = None,
@@ -306,7 +318,7 @@ def run_plan(
     interruption."""
     tasks, left_out = plan
     try:
-        results = run_on_executors(spark, tasks)
+        results = run_on_executors(sc, tasks)
     except Interrupted as stop:
         if bookkeeping and not ctx.dry_run:
             bookkeeping(stop.results)
@@ -339,9 +351,12 @@ def run_job(
     prepare: Callable[[JobContext, argparse.Namespace], Any],
     execute: Callable[[JobContext, Any, Any], tuple[list[dict], dict]],
     argv: list[str] | None = None,
+    *,
+    sql: bool = True,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
-    `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. The report's
+    `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. `spark` is a
+    SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext. The report's
     `timings` split the run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the
     tasks and the driver's bookkeeping) and `spark_stop_s`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -375,9 +390,10 @@ def run_job(
     spark = None
     signal.signal(signal.SIGTERM, _on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
-        spark = spark_session(ctx)
+        spark = spark_session(ctx) if sql else spark_context(ctx)
         phase_done("spark_start_s")
-        report["spark"] = {"master": spark.sparkContext.master, "app_id": spark.sparkContext.applicationId}
+        sc = spark.sparkContext if sql else spark
+        report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
         results, summary = execute(ctx, prepared, spark)
         phase_done("execute_s")
     except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist
