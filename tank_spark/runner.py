@@ -35,6 +35,7 @@ from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.maintenance.outcome import FAILING
+from tank_spark.tasks import deal
 
 log = logging.getLogger("tank_log.job")
 
@@ -213,16 +214,14 @@ class _ListParam(AccumulatorParam):
         return a
 
 
-TASKS_PER_CORE = 4  # Spark tasks per core: each runs its share of the partitions one after another (a task costs
-# ~40 ms in local mode, bench/RESULTS.md); a few per core still balance partitions of different sizes
 STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
 
 
 def run_on_executors(
     sc, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
 ) -> list[dict]:
-    """Run `fn` on every item (one per partition; by default `PartitionTask.run`) in up to `TASKS_PER_CORE` Spark
-    tasks per core, items dealt round-robin; results come back in order.
+    """Run `fn` on every item (one per partition; by default `PartitionTask.run`) in a few Spark tasks per core
+    (`tasks.deal`); results come back in order.
 
     Results also reach the driver as each Spark task finishes (an accumulator), so the driver logs a line per
     partition as its task finishes. On Ctrl-C/SIGTERM the run drains: a stop flag (a file beside the driver, seen by
@@ -249,10 +248,7 @@ def run_on_executors(
             finished.add([(i, r)])
             yield i, r
 
-    slices = min(len(tasks), max(1, sc.defaultParallelism) * TASKS_PER_CORE)
-    items = list(enumerate(tasks))
-    dealt = [item for j in range(slices) for item in items[j::slices]]  # slice j holds items j, j + slices, …
-    rdd = sc.parallelize(dealt, numSlices=slices).mapPartitions(run)
+    rdd = deal(sc, tasks).mapPartitions(run)
     box: dict[str, Any] = {}
 
     def collect() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tank_spark.export.plan import PartitionPlan
+from tank_spark.tasks import deal
 
 ON_CORRUPTION = ("prefix", "skip")
 
@@ -95,8 +96,7 @@ def scan_ranges(spark, ranges) -> list[RangeOutcome]:
         for i, r in it:
             yield outcome_of(i, r, read_range)
 
-    indexed = list(enumerate(ranges))
-    return spark.sparkContext.parallelize(indexed, max(1, len(indexed))).mapPartitions(task).collect()
+    return deal(spark.sparkContext, ranges).mapPartitions(task).collect()
 
 
 def outcome_of(index: int, r, read_range) -> RangeOutcome:

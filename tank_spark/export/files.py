@@ -17,6 +17,7 @@ from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name
 from tank_spark.ranges import parse_partition_key, partition_key
 from tank_spark.schema import TS_RAW
+from tank_spark.tasks import deal
 
 FILE_META_SCHEMA = (
     "path string, size long, partition_values string, num_records long, stats string, "
@@ -32,6 +33,7 @@ def make_file_writer(
 ):
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
     `location`), return their metadata."""
+    n = [0]  # the task's files so far: each task gets its own copy of this function, called once per range or once
 
     def write(batches):
         from pyspark import TaskContext
@@ -40,7 +42,6 @@ def make_file_writer(
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
         pending: dict[tuple, list[pa.RecordBatch]] = {}
         sizes: dict[tuple, int] = {}
-        n = [0]
 
         def flush(key):
             table = pa.Table.from_batches(pending.pop(key))
@@ -83,8 +84,9 @@ def make_file_writer(
 
 
 def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str):
-    """One Spark task per range: read, decode, write Parquet files. Returns the files' metadata (each with the
-    `range` it came from) and each range's outcome (a malformed chunk stops that range, not the run)."""
+    """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`). Returns the files'
+    metadata (each with the `range` it came from) and each range's outcome (a malformed chunk stops that range, not
+    the run)."""
     from tank_spark.export.corruption import TrackedRead
 
     writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
@@ -99,8 +101,7 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
                     yield ("file", {**m, "range": i})
             yield ("outcome", read.outcome())
 
-    indexed = list(enumerate(ranges))
-    out = spark.sparkContext.parallelize(indexed, max(1, len(indexed))).mapPartitions(task).collect()
+    out = deal(spark.sparkContext, ranges).mapPartitions(task).collect()
     return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
 
 

@@ -1,0 +1,19 @@
+"""Spreading work items (partitions, segment ranges) over Spark tasks.
+
+A Spark task costs ~40 ms of scheduling and Python worker round trips in local mode (bench/RESULTS.md), so items
+are not one task each: up to `TASKS_PER_CORE` tasks per core each run their share one after another, dealt
+round-robin so that neighbouring items (often of similar size) land in different tasks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TASKS_PER_CORE = 4
+
+
+def deal(sc: Any, items: list[Any]) -> Any:
+    """An RDD of (index, item) over up to `TASKS_PER_CORE` tasks per core; slice j holds items j, j + n, …"""
+    slices = max(1, min(len(items), max(1, sc.defaultParallelism) * TASKS_PER_CORE))
+    indexed = list(enumerate(items))
+    return sc.parallelize([x for j in range(slices) for x in indexed[j::slices]], numSlices=slices)
