@@ -274,19 +274,32 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
 
 cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, tuple codecs):
     """(data, set_starts, set_ends) of the rows' message sets, one after another in one bytes object, then PAD
-    zero bytes. None when a block does not decompress to its claimed length; *nrows is then that row's index."""
-    cdef Py_ssize_t i, n = nrows[0], total = 0, at = 0, ln
+    zero bytes (plain sets only: the walked bundles copied whole, as decode._walk does). None when a block does not
+    decompress to its claimed length; *nrows is then that row's index."""
+    cdef Py_ssize_t i, n = nrows[0], total = 0, at = 0, ln, lo
     cdef uint8_t codec
+    cdef bint packed = False
     for i in range(n):
         total += rows[i].set_len
-    out = PyBytes_FromStringAndSize(NULL, total + PAD)
-    cdef char *o = PyBytes_AS_STRING(out)
-    memset(o + total, 0, PAD)
-    cdef object dst = PyMemoryView_FromMemory(o, total + PAD, PyBUF_WRITE)  # the new bytes is ours until returned
+        packed |= (rows[i].flags & 0x03) != 0
     starts = np.empty(n, np.int64)
     ends = np.empty(n, np.int64)
     cdef int64_t[::1] st = starts
     cdef int64_t[::1] en = ends
+    if not packed and n:  # plain sets only: one copy of the walked bundles, the sets located inside it
+        lo = rows[0].off
+        total = rows[n - 1].end - lo
+        out = PyBytes_FromStringAndSize(NULL, total + PAD)
+        memcpy(PyBytes_AS_STRING(out), b + lo, total)
+        memset(PyBytes_AS_STRING(out) + total, 0, PAD)
+        for i in range(n):
+            st[i] = rows[i].set_off - lo
+            en[i] = rows[i].end - lo
+        return out, starts, ends
+    out = PyBytes_FromStringAndSize(NULL, total + PAD)
+    cdef char *o = PyBytes_AS_STRING(out)
+    memset(o + total, 0, PAD)
+    cdef object dst = PyMemoryView_FromMemory(o, total + PAD, PyBUF_WRITE)  # the new bytes is ours until returned
     for i in range(n):
         ln = rows[i].set_len
         codec = rows[i].flags & 0x03

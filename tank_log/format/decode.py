@@ -67,8 +67,9 @@ class BundleTable:
     """Headers of consecutive bundles (numpy columns, one row per bundle) plus, when collected, the bytes their
     messages are decoded from.
 
-    `data` holds every bundle's uncompressed message set, one after another (Snappy ones decompressed), then
-    padding; `set_starts`/`set_ends` locate each in `data`. `walked` is the buffer the offsets refer to.
+    `data` holds every bundle's uncompressed message set, one after another (Snappy ones decompressed; when none
+    is compressed, the walked bundles whole), then padding; `set_starts`/`set_ends` locate each in `data`. `walked`
+    is the buffer the offsets refer to.
     """
 
     offsets: np.ndarray = _column(np.int64)  # buffer offset of each length varint
@@ -304,7 +305,14 @@ def _walk(
             break
     cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
     columns = tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
-    gathered = _gather(sets) if collect else None
+    gathered = None
+    if collect:
+        offsets, ends, set_offsets, flags = columns[:4]
+        if rows and not (flags & CODEC_MASK).any():  # plain sets only: the walked bundles in one copy
+            lo = int(offsets[0])
+            gathered = (b"".join([mv[lo : int(ends[-1])], _PAD]), set_offsets - lo, ends - lo)
+        else:
+            gathered = _gather(sets)
     return columns, gathered, pos, next_seq, REASONS.index(reason), need
 
 
