@@ -36,7 +36,7 @@ from tank_log.storage.writer import BundlePolicy  # noqa: E402
 FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "E_compaction_exact")
 RANGE_LAST = 8058  # the largest RO seq of before/: the broker's output up to it is the compaction of the same input
 POLICIES = {
-    "5 msgs, plain (the broker's shape)": BundlePolicy(5, 64 << 10, SnappyPolicy.NEVER),
+    "5 msgs, plain (whole surviving client bundles still copied)": BundlePolicy(5, 64 << 10, SnappyPolicy.NEVER),
     "20 msgs, Snappy when smaller": BundlePolicy(20, 64 << 10, SnappyPolicy.WHEN_SMALLER),
     "100 msgs, plain": BundlePolicy(100, 64 << 10, SnappyPolicy.NEVER),
     "100 msgs / 64 KiB, Snappy when smaller (default)": BundlePolicy(),
