@@ -65,13 +65,18 @@ def test_the_environment_variable_forces_the_pure_core():
         assert out.stdout.split() == want.split()
 
 
-def test_mutated_segments_give_the_same_outcome_on_both_cores():
-    rng = random.Random(4321)
+def mutated(seed: int, count: int):
+    """(n, rng, base seq, buffer): `count` mutations of the robustness samples, cycling through them."""
+    rng = random.Random(seed)
     samples = _samples()
-    seen = {"ok": 0, "error": 0}
-    for n in range(3000):
+    for n in range(count):
         _, base, data = samples[n % len(samples)]
-        buf = mutate(rng, data)
+        yield n, rng, base, mutate(rng, data)
+
+
+def test_mutated_segments_give_the_same_outcome_on_both_cores():
+    seen = {"ok": 0, "error": 0}
+    for n, _, base, buf in mutated(4321, 3000):
         kwargs = [{}, {"collect": False}, {"max_messages": 3}, {"stop_seq": base + 5}, {"max_bytes": 200}][n % 5]
         seen[both(buf, next_seq=base, **kwargs)[0]] += 1
     assert seen["ok"] > 300 and seen["error"] > 500, seen
@@ -80,12 +85,8 @@ def test_mutated_segments_give_the_same_outcome_on_both_cores():
 def test_collecting_chosen_bundles_decodes_as_the_collecting_walk(codec_core):
     """Compaction's pass 2 walks headers, then collects some bundles (`collect_bundles`): the same messages, or the
     same error, as collecting each chosen bundle with a walk of its own."""
-    rng = random.Random(99)
-    samples = _samples()
     seen = {"ok": 0, "error": 0}
-    for n in range(1500):
-        _, base, data = samples[n % len(samples)]
-        buf = mutate(rng, data)
+    for _, rng, base, buf in mutated(99, 1500):
         try:
             headers = walk_bundles(buf, 0, base, collect=False).table
         except TankFormatError:
