@@ -15,6 +15,7 @@ All errors are TankFormatError with offsets relative to the walked buffer; calle
 
 from __future__ import annotations
 
+import builtins
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -345,19 +346,10 @@ class MessageColumns:
 
     def slice(self, start: int, stop: int) -> MessageColumns:
         """Rows [start, stop) (views, not copies)."""
-        return MessageColumns(
-            self.seq[start:stop],
-            self.ts[start:stop],
-            self.key_off[start:stop],
-            self.key_len[start:stop],
-            self.val_off[start:stop],
-            self.val_len[start:stop],
-            self.bundle[start:stop],
-            self.data,
-        )
+        return self.take(slice(start, stop))
 
-    def take(self, rows: np.ndarray) -> MessageColumns:
-        """The rows at the indices (or bool mask) `rows`, in that order."""
+    def take(self, rows: np.ndarray | builtins.slice) -> MessageColumns:
+        """The rows at the indices, bool mask or slice `rows` (a slice gives views)."""
         return MessageColumns(
             self.seq[rows],
             self.ts[rows],

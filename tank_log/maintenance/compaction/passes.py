@@ -131,9 +131,6 @@ def _write_survivors(c: MessageColumns, t: BundleTable, keep: np.ndarray, out: O
     kept = c.take(keep)
     per_bundle = np.bincount(kept.bundle, minlength=len(t))
     whole = np.flatnonzero((per_bundle == t.counts) & (t.counts >= min_copy))
-    if not len(whole):
-        out.add_columns(kept)
-        return
     rows_before = np.concatenate(([0], np.cumsum(per_bundle)))  # kept rows before each bundle
     done = 0
     for b in whole.tolist():

@@ -47,14 +47,6 @@ class MarkedStretches:
             self.los = self.los[::2]
             self.his = self.his[1::2] + ([self.his[-1]] if len(self.his) % 2 else [])
 
-    def overlaps(self, firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-        """Per bundle [first, last]: True when a stretch overlaps it."""
-        if not self.los:
-            return np.zeros(len(firsts), dtype=bool)
-        los, his = np.array(self.los, dtype=np.uint64), np.array(self.his, dtype=np.uint64)
-        i = np.searchsorted(los, lasts, side="right") - 1  # the last stretch starting at or before the bundle's end
-        return (i >= 0) & (his[np.maximum(i, 0)] >= firsts)
-
 
 class BundleFilter:
     """Pass 2's `select` for Segment.chunks: the bundles of a chunk that may hold a survivor of this round."""
@@ -63,7 +55,8 @@ class BundleFilter:
         self, latest: np.ndarray, marked: MarkedStretches, start: int, round_end: int | None, range_last: int
     ) -> None:
         self.latest = np.sort(latest)
-        self.marked = marked
+        self.marked_los = np.array(marked.los, dtype=np.uint64)  # pass 1 is over: the stretches are final
+        self.marked_his = np.array(marked.his, dtype=np.uint64)
         self.start, self.round_end, self.range_last = start, round_end, range_last
         self.messages = 0  # messages in the walked bundles, decoded or not
         self.skipped = 0  # bundles not decoded
@@ -72,10 +65,17 @@ class BundleFilter:
         firsts, lasts = table.firsts, table.lasts
         self.messages += int(table.counts.sum())
         has_latest = np.searchsorted(self.latest, lasts, side="right") > np.searchsorted(self.latest, firsts)
-        read = has_latest | (firsts < np.uint64(self.start)) | self.marked.overlaps(firsts, lasts)
+        read = has_latest | (firsts < np.uint64(self.start)) | self._marked(firsts, lasts)
         if self.round_end is not None:
             read |= lasts > np.uint64(self.round_end)
         read |= (firsts <= np.uint64(self.range_last)) & (lasts >= np.uint64(self.range_last))
         rows = np.flatnonzero(read)
         self.skipped += len(firsts) - len(rows)
         return rows
+
+    def _marked(self, firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
+        """Per bundle [first, last]: True when a marked stretch overlaps it."""
+        if not len(self.marked_los):
+            return np.zeros(len(firsts), dtype=bool)
+        i = np.searchsorted(self.marked_los, lasts, side="right") - 1  # the last stretch starting by the bundle's end
+        return (i >= 0) & (self.marked_his[np.maximum(i, 0)] >= firsts)
