@@ -7,7 +7,16 @@ import argparse
 
 from tank_log.jobs.compaction import apply_flags
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
-from tank_spark.runner import add_broker_stopped, add_force, add_salvage, add_time_basis, count_by, run_job, run_plan
+from tank_spark.runner import (
+    add_broker_stopped,
+    add_force,
+    add_salvage,
+    add_time_basis,
+    count_by,
+    has_tasks,
+    run_job,
+    run_plan,
+)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -39,4 +48,5 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         sql=False,
+        needs_spark=has_tasks,
     )

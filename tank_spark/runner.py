@@ -325,6 +325,11 @@ def run_plan(
     return results + left_out
 
 
+def has_tasks(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool:
+    """`needs_spark` of the planned jobs: a plan without tasks (nothing selected needs the job) starts no Spark."""
+    return bool(plan[0])
+
+
 def write_report(path: str | None, report: dict) -> None:
     if not path:
         return
@@ -349,12 +354,14 @@ def run_job(
     argv: list[str] | None = None,
     *,
     sql: bool = True,
+    needs_spark: Callable[[JobContext, Any], bool] | None = None,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. `spark` is a
-    SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext. The report's
-    `timings` split the run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the
-    tasks and the driver's bookkeeping) and `spark_stop_s`."""
+    SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext; when `needs_spark(ctx, prepared)` says
+    no (nothing to run on executors), Spark is not started and `spark` is None. The report's `timings` split the
+    run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the tasks and the driver's
+    bookkeeping) and `spark_stop_s`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
@@ -386,10 +393,13 @@ def run_job(
     spark = None
     signal.signal(signal.SIGTERM, _on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
-        spark = spark_session(ctx) if sql else spark_context(ctx)
-        phase_done("spark_start_s")
-        sc = spark.sparkContext if sql else spark
-        report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
+        if needs_spark is None or needs_spark(ctx, prepared):
+            spark = spark_session(ctx) if sql else spark_context(ctx)
+            phase_done("spark_start_s")
+            sc = spark.sparkContext if sql else spark
+            report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
+        else:
+            log.info("%s: nothing to run on executors; Spark is not started", job)
         results, summary = execute(ctx, prepared, spark)
         phase_done("execute_s")
     except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist

@@ -113,18 +113,27 @@ def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
     return steps
 
 
+def needs_spark(ctx, prepared) -> bool:
+    """Spark starts only for work on executors: an up-to-date run or an upkeep-only task (orphans, optimize, vacuum:
+    delta-rs on the driver) runs without a JVM. A JSON value schema is parsed by Spark, so it checks the table."""
+    settings, plans, _ = prepared
+    json_check = settings.value_format == "json" and not settings.upkeep_only
+    return settings.continuous or json_check or any(p.has_work for p in plans)
+
+
 def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], table):
     t0 = time.monotonic()
-    if settings.engine == "spark":
-        check_delta_spark(spark)
-    schema = table_schema(settings, spark)
-    evolve = table is not None and check_compatible(settings, schema, table)
     work = [p for p in plans if p.has_work]
     results = _results(plans)
     summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
+    if not settings.upkeep_only:  # the settings must still fit the table, work or not
+        schema = table_schema(settings, spark)
+        evolve = table is not None and check_compatible(settings, schema, table)
     if not work:
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
         return list(results.values()), summary
+    if settings.engine == "spark":
+        check_delta_spark(spark)
     sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
         outcomes, cut = _pre_pass(spark, ctx, settings, plans)
@@ -284,4 +293,5 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        needs_spark=needs_spark,
     )
