@@ -28,11 +28,10 @@ from tank_log.storage.staging import existing_last_seq, recover_imports
 from tank_spark.export.location import TableLocation
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import ROW_SCHEMA, ROW_STRUCT, TS_RAW
+from tank_spark.sink import REQUIRED  # the columns the `tank` writer needs
 from tank_spark.source import register
 
 log = logging.getLogger(__name__)
-
-REQUIRED = ("topic", "partition", "seq", "ts", "key", "value")
 
 
 @dataclass(frozen=True)
@@ -140,6 +139,17 @@ def plan_import(ctx, settings: ImportSettings, delta) -> list[ImportPlan]:
     return [ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)]) for t, p in sorted(existing)]
 
 
+def _has_work(settings: ImportSettings, p: ImportPlan) -> bool:
+    return bool(p.rows) and (p.existing_last is None or settings.append)
+
+
+def needs_spark(ctx, prepared) -> bool:
+    """Spark starts only to write rows: a dry run, or a run that finds nothing to import (every partition refused or
+    up to date), is decided on the driver."""
+    settings, plans = prepared
+    return not ctx.dry_run and any(_has_work(settings, p) for p in plans)
+
+
 def execute(ctx, prepared, spark):
     settings, plans = prepared
     t0 = time.monotonic()
@@ -224,4 +234,5 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        needs_spark=needs_spark,
     )

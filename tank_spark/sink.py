@@ -24,12 +24,15 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
 from tank_log.errors import ImportRefused
+from tank_log.format.arrow import columns_from_arrow
 from tank_log.format.broker_config import PartitionConfig, load_config
-from tank_log.format.bundle import Message
+from tank_log.format.decode import MessageColumns
 from tank_log.storage.staging import (
     MANIFEST,
     StagedPartition,
@@ -41,6 +44,7 @@ from tank_log.storage.staging import (
 from tank_log.storage.writer import BundlePolicy
 
 EXISTING = ("error", "append")
+REQUIRED = ("topic", "partition", "seq", "ts", "key", "value")  # input columns (ts_raw optional)
 
 
 @dataclass
@@ -71,7 +75,7 @@ class TankWriter(DataSourceArrowWriter):
         writer_id = f"{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "0-0"
         staged: list[StagedPartition] = []
         done: set[tuple[str, int]] = set()
-        for (topic, partition), rows in itertools.groupby(_rows(iterator), key=lambda r: r[0]):
+        for (topic, partition), runs in itertools.groupby(_partition_chunks(iterator), key=lambda r: r[0]):
             if (topic, partition) in done:
                 raise ImportRefused(
                     f"{topic}/{partition}: its rows are not contiguous in this task "
@@ -85,7 +89,7 @@ class TankWriter(DataSourceArrowWriter):
                     writer_id,
                     topic,
                     partition,
-                    (m for _, m in rows),
+                    (cols for _, cols in runs),
                     append=self.existing == "append",
                     segment_bytes=self.segment_bytes or self._topic_segment_bytes(topic),
                     policy=self.policy,
@@ -112,24 +116,56 @@ class TankWriter(DataSourceArrowWriter):
         return config.segment_bytes or PartitionConfig().segment_bytes
 
 
-def _rows(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[tuple[str, int], Message]]:
-    """((topic, partition), Message) per row, in input order."""
+def _partition_chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[tuple[str, int], MessageColumns]]:
+    """((topic, partition), columns) per run of one partition's rows in a batch, in input order: Arrow columns
+    straight into the segment writer's encoder, no Python object per row."""
     for batch in batches:
-        if not batch.num_rows:
+        n = batch.num_rows
+        if not n:
             continue
-        cols = batch.to_pydict()
-        missing = {"topic", "partition", "seq", "ts", "key", "value"} - set(cols)
+        missing = sorted(set(REQUIRED) - set(batch.schema.names))
         if missing:
-            raise ValueError(f"tank data source: missing columns {sorted(missing)}")
-        ts_us = batch.column("ts").cast(pa.int64()).to_pylist()
-        raw = cols.get("ts_raw") or [None] * batch.num_rows
-        for i in range(batch.num_rows):
-            ts = int(raw[i]) if raw[i] is not None else (ts_us[i] // 1000 if ts_us[i] is not None else None)
-            if ts is None or cols["seq"][i] is None or cols["value"][i] is None:
-                raise ImportRefused(
-                    f"{cols['topic'][i]}/{cols['partition'][i]} seq {cols['seq'][i]}: null seq, ts or value"
-                )
-            yield (
-                (cols["topic"][i], cols["partition"][i]),
-                Message(cols["seq"][i], ts, cols["key"][i], cols["value"][i]),
+            raise ValueError(f"tank data source: missing columns {missing}")
+        topic, partition, value = batch.column("topic"), batch.column("partition"), batch.column("value")
+        seq_col = batch.column("seq").cast(pa.int64())
+        seq = seq_col.fill_null(0).to_numpy()
+        ts, ts_bad = _ts_ms(batch)
+        null = pc.or_(pc.or_(topic.is_null(), partition.is_null()), pc.or_(seq_col.is_null(), value.is_null()))
+        bad = null.to_numpy(zero_copy_only=False) | ts_bad | (seq < 1)
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise ImportRefused(
+                f"{topic[r].as_py()}/{partition[r].as_py()} seq {seq_col[r].as_py()}: null seq, ts or value, a seq "
+                "below 1 (§3.6) or a ts before 1970 (ts is a u64 of ms)"
             )
+        changes = pc.or_(
+            pc.not_equal(topic.slice(1), topic.slice(0, n - 1)),
+            pc.not_equal(partition.slice(1), partition.slice(0, n - 1)),
+        )
+        bounds = [0, *(np.flatnonzero(changes.to_numpy(zero_copy_only=False)) + 1).tolist(), n]
+        key = batch.column("key")
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            yield (
+                (topic[a].as_py(), partition[a].as_py()),
+                columns_from_arrow(seq[a:b].view(np.uint64), ts[a:b], key.slice(a, b - a), value.slice(a, b - a)),
+            )
+
+
+def _ts_ms(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """(ms since the epoch as uint64, rows without a valid one): from `ts` (µs), or from `ts_raw` where set (the
+    exact u64 of ms that `ts` could not hold)."""
+    us = batch.column("ts").cast(pa.int64())
+    ms = np.floor_divide(us.fill_null(0).to_numpy(), 1000)
+    bad = us.is_null().to_numpy(zero_copy_only=False) | (ms < 0)
+    out = ms.astype(np.uint64)  # negatives wrap here but are flagged bad
+    if "ts_raw" in batch.schema.names:
+        raw = batch.column("ts_raw")
+        has = raw.is_valid().to_numpy(zero_copy_only=False)
+        if has.any():
+            try:
+                exact = raw.cast(pa.uint64()).fill_null(0).to_numpy()
+            except pa.ArrowInvalid:
+                raise ImportRefused("ts_raw holds a value outside 0..2**64-1") from None
+            out = np.where(has, exact, out)
+            bad &= ~has
+    return out, bad

@@ -1,4 +1,4 @@
-"""Decoded message columns → `pyarrow.RecordBatch`, without a Python object per message.
+"""Decoded message columns ↔ Arrow, without a Python object per message.
 
 Keys and values sit interleaved with message headers in the decoded buffer. We view the buffer as one binary
 array whose elements alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and
@@ -56,3 +56,40 @@ def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> p
     keys = _gather(data, koff, klen, has_key)
     values = _gather(data, voff, vlen)
     return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=MESSAGE_SCHEMA)
+
+
+def columns_from_arrow(seq: np.ndarray, ts: np.ndarray, key: pa.Array, value: pa.Array) -> MessageColumns:
+    """The way back (rows to write): seqs and ms timestamps (uint64) with binary keys (null = no key) and values
+    (no nulls) → MessageColumns over one buffer, the keys' bytes then the values' (one copy of each)."""
+    key_off, key_len, key_bytes = _spans(key)
+    val_off, val_len, val_bytes = _spans(value)
+    if (val_off < 0).any():
+        raise ValueError("a null value")
+    n = len(seq)
+    return MessageColumns(
+        seq,
+        ts,
+        key_off,
+        key_len,
+        val_off + len(key_bytes),
+        val_len,
+        np.zeros(n, np.int64),
+        key_bytes + val_bytes,
+    )
+
+
+def _spans(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, bytes]:
+    """(offsets, lengths, bytes) of a binary array's elements within `bytes`; a null's offset is -1."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if not pa.types.is_large_binary(arr.type):
+        arr = arr.cast(pa.large_binary())  # binary, string, views: one offset width from here on
+    n = len(arr)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64, n + 1, arr.offset * 8) if n else np.zeros(1, np.int64)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = data_buf.slice(start, end - start).to_pybytes() if data_buf is not None and end > start else b""
+    off = offsets[:-1] - start
+    if arr.null_count:
+        off = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, off)
+    return off, np.diff(offsets), data

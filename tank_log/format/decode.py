@@ -37,6 +37,7 @@ from tank_log.format.bundle import (
     UNKNOWN_MESSAGE_FLAGS,
     USE_LAST_TS,
     BundleHeader,
+    Message,
     count_field,
     parse_header_body,
 )
@@ -359,6 +360,32 @@ class MessageColumns:
             self.val_len[rows],
             self.bundle[rows],
             self.data,
+        )
+
+    @classmethod
+    def from_messages(cls, messages: list[Message]) -> MessageColumns:
+        """Columns of Python messages (keys and values copied into one buffer): for callers that hold messages."""
+        data, key_off, val_off, at = [], [], [], 0
+        for m in messages:
+            if m.key is None:
+                key_off.append(-1)
+            else:
+                key_off.append(at)
+                data.append(m.key)
+                at += len(m.key)
+            val_off.append(at)
+            data.append(m.value)
+            at += len(m.value)
+        i64 = np.int64
+        return cls(
+            np.array([m.seq for m in messages], np.uint64),
+            np.array([m.ts for m in messages], np.uint64),
+            np.array(key_off, i64),
+            np.array([0 if m.key is None else len(m.key) for m in messages], i64),
+            np.array(val_off, i64),
+            np.array([len(m.value) for m in messages], i64),
+            np.zeros(len(messages), i64),
+            b"".join(data),
         )
 
     def key(self, i: int) -> bytes | None:

@@ -16,21 +16,21 @@ whose COMMIT.json exists and removes one whose does not. Every step is idempoten
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import pyarrow.compute as pc
 
 from tank_log.errors import ImportRefused
-from tank_log.format.bundle import Message
+from tank_log.format.decode import MessageColumns
 from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
-from tank_log.storage.writer import BundlePolicy, write_partition
+from tank_log.storage.writer import BundlePolicy, PartitionWriter
 
 STAGE_PREFIX = ".tank-import-"
 MANIFEST = "COMMIT.json"
@@ -94,13 +94,13 @@ def stage_partition(
     writer_id: str,
     topic: str,
     partition: int,
-    messages: Iterable[Message],
+    chunks: Iterable[MessageColumns],
     *,
     append: bool,
     segment_bytes: int,
     policy: BundlePolicy | None = None,
 ) -> StagedPartition:
-    """Write one partition's messages (increasing seqs) as segments into the staging area.
+    """Write one partition's messages (increasing seqs, in chunks of columns) as segments into the staging area.
 
     Raises:
         ImportRefused: the partition exists and `append` is false; the messages do not start above its last seq;
@@ -114,25 +114,30 @@ def stage_partition(
     staged = os.path.join(stage_root(base, run_id), writer_id, topic, str(partition))
     if os.path.exists(staged):  # an earlier attempt of the same writer
         shutil.rmtree(staged)
-    it = iter(messages)
-    first = next(it, None)
-    if first is None:
-        raise ImportRefused(f"{target}: no rows")
-    gap_before = last is not None and first.seq != last + 1  # must sit before an RO segment, never the active one
+    writer: PartitionWriter | None = None
+    prev = last
     try:
-        written = write_partition(
-            staged,
-            _increasing(itertools.chain([first], it), target, last),
-            segment_bytes=segment_bytes,
-            policy=policy or BundlePolicy(),
-            first_segment_ro=gap_before,
-        )
-    except ImportRefused:
+        for cols in chunks:
+            if not len(cols):
+                continue
+            _check_increasing(cols, target, prev, "the previous row" if writer else "the partition's last seq")
+            if writer is None:  # a gap after the existing segments must sit before an RO segment, never the active one
+                gap_before = last is not None and int(cols.seq[0]) != last + 1
+                writer = PartitionWriter(
+                    staged, segment_bytes=segment_bytes, policy=policy or BundlePolicy(), first_segment_ro=gap_before
+                )
+            writer.add_columns(cols)
+            prev = int(cols.seq[-1])
+        if writer is None:
+            raise ImportRefused(f"{target}: no rows")
+        written = writer.finish()
+    except BaseException as err:
+        if writer is not None:
+            writer.abort()
         shutil.rmtree(staged, ignore_errors=True)
+        if isinstance(err, ValueError):  # what the segment writer refuses
+            raise ImportRefused(f"{target}: {err}") from None
         raise
-    except ValueError as err:  # what the segment writer refuses
-        shutil.rmtree(staged, ignore_errors=True)
-        raise ImportRefused(f"{target}: {err}") from None
     if not written:
         shutil.rmtree(staged, ignore_errors=True)
         raise ImportRefused(f"{target}: no rows")
@@ -154,17 +159,20 @@ def stage_partition(
     )
 
 
-def _increasing(messages: Iterable[Message], target: str, last: int | None) -> Iterator[Message]:
-    prev = last
-    for i, m in enumerate(messages):
-        if prev is not None and m.seq <= prev:
-            what = "the partition's last seq" if i == 0 else "the previous row"
-            raise ImportRefused(
-                f"{target}: seq {m.seq} is not above {what} ({prev}): rows must be sorted by seq, each partition in "
-                "one task (repartition(topic, partition) and sortWithinPartitions seq)"
-            )
-        prev = m.seq
-        yield m
+def _check_increasing(cols: MessageColumns, target: str, prev: int | None, prev_is: str) -> None:
+    """Raises ImportRefused unless the seqs increase and start above `prev` (`prev_is` names it)."""
+    seq = cols.seq
+    steps = np.flatnonzero(seq[1:] <= seq[:-1])
+    if prev is not None and int(seq[0]) <= prev:
+        bad, before, what = int(seq[0]), prev, prev_is
+    elif len(steps):
+        bad, before, what = int(seq[steps[0] + 1]), int(seq[steps[0]]), "the previous row"
+    else:
+        return
+    raise ImportRefused(
+        f"{target}: seq {bad} is not above {what} ({before}): rows must be sorted by seq, each partition in "
+        "one task (repartition(topic, partition) and sortWithinPartitions seq)"
+    )
 
 
 def commit_import(base: str, run_id: str, staged: list[StagedPartition]) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from tank_log.errors import ImportRefused
 from tank_log.format.bundle import Message
+from tank_log.format.decode import MessageColumns
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.fsutil import atomic_write
 from tank_log.storage.repair import repair_base
@@ -20,6 +21,11 @@ def msgs(lo, hi, step=1):
     return [Message(s, 1_800_000_000_000 + s, None, b"v%d" % s) for s in range(lo, hi + 1, step)]
 
 
+def chunks(*runs):
+    """Rows to stage: one chunk of columns per run of messages."""
+    return [MessageColumns.from_messages(r) for r in runs]
+
+
 def messages_of(base):
     return {(p.topic, p.id): [m.seq for s in p.segments for m in s.messages()] for p in partitions_at(base)}
 
@@ -28,8 +34,8 @@ def test_a_new_topic_and_an_appended_partition_commit_together(tmp_path):
     base = str(tmp_path)
     write_partition(os.path.join(base, "old", "0"), msgs(1, 50), segment_bytes=400)
     staged = [
-        stage_partition(base, "r1", "0-0", "new", 2, msgs(1, 30), append=False, segment_bytes=300),
-        stage_partition(base, "r1", "1-0", "old", 0, msgs(51, 80), append=True, segment_bytes=1 << 30),
+        stage_partition(base, "r1", "0-0", "new", 2, chunks(msgs(1, 30)), append=False, segment_bytes=300),
+        stage_partition(base, "r1", "1-0", "old", 0, chunks(msgs(51, 80)), append=True, segment_bytes=1 << 30),
     ]
     assert messages_of(base) == {("old", 0): list(range(1, 51))}  # nothing visible before the commit
     commit_import(base, "r1", staged)
@@ -43,7 +49,7 @@ def test_a_new_topic_and_an_appended_partition_commit_together(tmp_path):
 def test_recovery_after_a_crash_finishes_or_removes_the_import(tmp_path, point):
     base = str(tmp_path)
     write_partition(os.path.join(base, "t", "0"), msgs(1, 20), segment_bytes=200)
-    staged = [stage_partition(base, "r2", "0-0", "t", 0, msgs(21, 40), append=True, segment_bytes=1 << 30)]
+    staged = [stage_partition(base, "r2", "0-0", "t", 0, chunks(msgs(21, 40)), append=True, segment_bytes=1 << 30)]
     if point != "before-manifest":  # the commit point: the manifest is durable
         atomic_write(os.path.join(stage_root(base, "r2"), MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
     if point == "after-seal":
@@ -61,15 +67,19 @@ def test_refusals(tmp_path):
     base = str(tmp_path)
     write_partition(os.path.join(base, "t", "0"), msgs(1, 10))
     with pytest.raises(ImportRefused, match="the partition exists"):
-        stage_partition(base, "r", "0-0", "t", 0, msgs(11, 12), append=False, segment_bytes=1 << 20)
+        stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(11, 12)), append=False, segment_bytes=1 << 20)
     with pytest.raises(ImportRefused, match="not above the partition's last seq"):
-        stage_partition(base, "r", "0-0", "t", 0, msgs(10, 12), append=True, segment_bytes=1 << 20)
+        stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(10, 12)), append=True, segment_bytes=1 << 20)
     with pytest.raises(ImportRefused, match="not above the previous row"):
-        stage_partition(base, "r", "0-0", "t", 0, [*msgs(11, 12), *msgs(12, 12)], append=True, segment_bytes=1 << 20)
+        stage_partition(
+            base, "r", "0-0", "t", 0, chunks(msgs(11, 12), msgs(12, 12)), append=True, segment_bytes=1 << 20
+        )
+    with pytest.raises(ImportRefused, match=r"seq 12 is not above the previous row \(12\)"):  # within one chunk
+        stage_partition(base, "r", "0-0", "t", 0, chunks([*msgs(11, 12), *msgs(12, 12)]), append=True, segment_bytes=1)
     with pytest.raises(ImportRefused, match="gap would precede the active segment"):
-        stage_partition(base, "r", "0-0", "t", 0, msgs(20, 30, 2), append=True, segment_bytes=1 << 20)
-    a = stage_partition(base, "r", "0-0", "u", 0, msgs(1, 5), append=False, segment_bytes=1 << 20)
-    b = stage_partition(base, "r", "1-0", "u", 0, msgs(6, 9), append=False, segment_bytes=1 << 20)
+        stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(20, 30, 2)), append=True, segment_bytes=1 << 20)
+    a = stage_partition(base, "r", "0-0", "u", 0, chunks(msgs(1, 5)), append=False, segment_bytes=1 << 20)
+    b = stage_partition(base, "r", "1-0", "u", 0, chunks(msgs(6, 9)), append=False, segment_bytes=1 << 20)
     with pytest.raises(ImportRefused, match="two tasks"):
         commit_import(base, "r", [a, b])
     assert messages_of(base) == {("t", 0): list(range(1, 11))}

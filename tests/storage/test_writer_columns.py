@@ -15,7 +15,7 @@ from tank_log.format.index import REL_SEQ_LIMIT
 from tank_log.format.varint import U32_MAX
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.maintenance.compaction.output import OutputSegments
-from tank_log.storage.writer import BundlePolicy, SegmentWriter
+from tank_log.storage.writer import BundlePolicy, PartitionWriter, SegmentWriter, write_partition
 
 
 def columns(messages: list[Message]) -> MessageColumns:
@@ -135,3 +135,69 @@ def test_add_columns_rejects_what_add_rejects(tmp_path):
     with pytest.raises(ValueError, match="255"):
         w.add_columns(columns([Message(9, 0, b"k" * 256, b"b")]))
     w.abort()
+
+
+@st.composite
+def partition_runs(draw):
+    """Increasing seqs with small gaps (rolls happen only where the counter continues), cut into runs."""
+    n = draw(st.integers(1, 80))
+    seq, ts, out = draw(st.integers(1, 5)), 1_700_000_000_000, []
+    for _ in range(n):
+        out.append(Message(seq, ts, draw(st.sampled_from([None, b"k1", b"key-2"])), draw(st.sampled_from(VALUES))))
+        seq += draw(st.sampled_from([1, 1, 1, 2, 7, 1000]))
+        ts += draw(st.sampled_from([0, 1, 1000, 5_000_000]))
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=4)))
+    return out, cuts
+
+
+VALUES = [b"", b"v", b"value " * 30, bytes(range(256)) * 2]
+
+
+def written(d, make) -> tuple[str, dict[str, bytes]]:
+    try:
+        make(str(d))
+    except ValueError as err:
+        return f"refused: {err}", files(d)
+    return "ok", files(d)
+
+
+@cores
+@settings(max_examples=60, deadline=None)
+@given(
+    run=partition_runs(),
+    policy=policies,
+    by_message=st.lists(st.booleans(), min_size=5, max_size=5),
+    segment_bytes=st.sampled_from([1, 200, 700, 1 << 20]),
+    with_active=st.booleans(),
+    first_segment_ro=st.booleans(),
+)
+def test_partition_writer_in_bulk_equals_write_partition(
+    tmp_path_factory, pure, run, policy, by_message, segment_bytes, with_active, first_segment_ro
+):
+    """PartitionWriter with runs alternating between `add` and `add_columns` writes exactly what `write_partition`
+    writes one message at a time: the same segments, names, indexes and bytes, or the same refusal."""
+    if not pure and native.core() is None:
+        pytest.skip("compiled core not built")
+    messages, cuts = run
+    opts = dict(segment_bytes=segment_bytes, with_active=with_active, policy=policy, first_segment_ro=first_segment_ro)
+
+    def bulk(d):
+        w = PartitionWriter(d, **opts)
+        bounds = [0, *cuts, len(messages)]
+        try:
+            for part, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False)):
+                if by_message[part]:
+                    for m in messages[lo:hi]:
+                        w.add(m)
+                elif hi > lo:
+                    w.add_columns(columns(messages[lo:hi]))
+            w.finish()
+        except BaseException:
+            w.abort()
+            raise
+
+    with native.use_pure(pure):
+        one = written(tmp_path_factory.mktemp("one"), lambda d: write_partition(d, messages, **opts))
+        many = written(tmp_path_factory.mktemp("bulk"), bulk)
+    assert one == many
+    assert one[0] == "ok" or "no two consecutive seqs" in one[0]
