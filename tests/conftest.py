@@ -20,7 +20,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientse
 
 # Every Spark driver JVM the tests start (in process, job subprocesses, spark-submit) compiles with C1 only: it only
 # schedules tasks here, and skipping C2 start-up compilation makes a job run ~2 s faster on 2 busy cores
-# (bench/RESULTS.md, 2026-11-23).
+# (bench/RESULTS.md, 2026-11-23). When Spark tests run, the drivers also map a class-data archive (built once per
+# Spark installation, `tank_spark/class_archive.py`: ~4 s less per SparkSession start) and start no web UI.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -184,6 +185,33 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         elif item.originalname in SLOW_ELSEWHERE:
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session):
+    """Spark tests selected: every driver maps the class-data archive (built here if this installation has none)."""
+    if session.config.option.collectonly or not any(i.get_closest_marker("spark") for i in session.items):
+        return
+    archive = class_archive_path()
+    if not os.path.exists(archive):
+        from tank_spark.class_archive import build
+
+        t0 = time.monotonic()
+        build(archive)
+        print(f"\nbuilt the Spark driver class archive {archive} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    opts = os.environ["SPARK_SUBMIT_OPTS"]
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -XX:SharedArchiveFile={archive} -Dspark.ui.enabled=false"
+
+
+def class_archive_path() -> str:
+    """The archive for this Spark installation and JDK (an archive of other jars or another JDK would be ignored)."""
+    import hashlib
+    import tempfile
+
+    import pyspark
+
+    java = os.path.realpath(shutil.which("java") or "java")
+    key = hashlib.sha256(f"{pyspark.__file__} {pyspark.__version__} {java}".encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"tank-log-spark-driver-{key}.jsa")
 
 
 def many_small_partitions(base, n: int) -> str:
