@@ -22,10 +22,12 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
+import numpy as np  # noqa: E402
 from common import BUNDLE, bundle_messages, machine, run_job  # noqa: E402
 
+from tank_log.format.arrow import columns_from_arrow  # noqa: E402
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy, PartitionWriter, write_partition  # noqa: E402
 
 
 def generate(base: str, messages: int, partitions: int) -> None:
@@ -76,6 +78,23 @@ def s3_server():
     return proc, options, flags
 
 
+def _ms(batch):
+    """The producer's ms (uint64) from a row batch's µs timestamps."""
+    import numpy as np
+    import pyarrow as pa
+
+    return np.floor_divide(batch.column("ts").cast(pa.int64()).to_numpy(), 1000).astype(np.uint64)
+
+
+def _files(root: str) -> dict[str, bytes]:
+    out = {}
+    for r, _, fs in os.walk(root):
+        for f in fs:
+            with open(os.path.join(r, f), "rb") as fh:
+                out[os.path.relpath(os.path.join(r, f), root)] = fh.read()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=1_000_000)
@@ -117,22 +136,35 @@ def main() -> None:
     os.makedirs(imported)
     import_wall, imported_rep = run_job("import_delta", "--data-dir", imported, "--table", table, report=import_report)
     imp = imported_rep["summary"]
-    written = os.path.join(work, "written")
-    shutil.rmtree(written, ignore_errors=True)
-    t3 = time.perf_counter()
-    for p in range(args.partitions):
-        part = rows.filter(pc.equal(rows["partition"], p)).sort_by("seq")
-        ts_ms = pc.divide(part["ts"].cast(pa.int64()), 1000).to_pylist()  # µs → the producer's ms
-        cols = part.select(["seq", "key", "value"]).to_pydict()
-        write_partition(
-            os.path.join(written, "bench", str(p)),
-            (
-                Message(seq, ts, key, value)
-                for seq, ts, key, value in zip(cols["seq"], ts_ms, cols["key"], cols["value"], strict=True)
-            ),
-            segment_bytes=64 << 20,
-        )
-    library_writer = time.perf_counter() - t3
+    library_writer = {}
+    for how in ("messages", "columns"):  # the library's writer on the same rows: one Message each, or from Arrow
+        written = os.path.join(work, f"written-{how}")
+        shutil.rmtree(written, ignore_errors=True)
+        t3 = time.perf_counter()
+        for p in range(args.partitions):
+            part = rows.filter(pc.equal(rows["partition"], p)).sort_by("seq")
+            directory = os.path.join(written, "bench", str(p))
+            if how == "columns":
+                w = PartitionWriter(directory, segment_bytes=64 << 20)
+                for chunk in part.to_batches(max_chunksize=64 * 1024):
+                    seq = chunk.column("seq").to_numpy().view(np.uint64)
+                    w.add_columns(columns_from_arrow(seq, _ms(chunk), chunk.column("key"), chunk.column("value")))
+                w.finish()
+                continue
+            cols = part.select(["seq", "key", "value"]).to_pydict()
+            ts_ms = pc.divide(part["ts"].cast(pa.int64()), 1000)  # µs → the producer's ms
+            write_partition(
+                directory,
+                (
+                    Message(seq, ts, key, value)
+                    for seq, ts, key, value in zip(
+                        cols["seq"], ts_ms.to_pylist(), cols["key"], cols["value"], strict=True
+                    )
+                ),
+                segment_bytes=64 << 20,
+            )
+        library_writer[how] = time.perf_counter() - t3
+    assert _files(os.path.join(work, "written-messages")) == _files(os.path.join(work, "written-columns"))
 
     out = {
         "machine": machine(),
@@ -150,8 +182,9 @@ def main() -> None:
         "import_process_wall_s": round(import_wall, 2),
         "import_job_s": imp["import_s"],
         "rows_per_s_import_job": imp["rows_per_s"],
-        "library_writer_s": round(library_writer, 2),
-        "ratio_import_job_vs_library_writer": round(imp["import_s"] / library_writer, 2),
+        "library_writer_messages_s": round(library_writer["messages"], 2),
+        "library_writer_columns_s": round(library_writer["columns"], 2),
+        "ratio_import_job_vs_library_writer_columns": round(imp["import_s"] / library_writer["columns"], 2),
     }
     print(json.dumps(out, indent=2))
 

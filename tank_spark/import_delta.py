@@ -1,13 +1,14 @@
 """The import job: a Delta table written by the export (or any table with its columns) → TANK partitions under a
-broker base path, through the `tank` data source writer (`sink.py`): rehydrate a broker, seed a new cluster.
+broker base path, with the `tank` data source writer's staging (`sink.py`): rehydrate a broker, seed a new cluster.
 
 Planning (driver, before Spark starts): the table's (topic, partition)s with their row counts and seq ranges; for
 each, the target partition's last seq. A partition that exists is refused (reported failed) unless `--append`,
 which imports only its rows above that last seq (so re-running an import adds nothing twice). Values come back
 byte for byte from `binary` tables and from `utf8` tables (`raw_value` holds the rows that were not UTF-8); a `json`
-table holds decoded columns, not the producer's bytes, and is refused. The write is one Spark job: a task per
-partition reads its rows from the table (delta-rs, any storage the export supports), sorted by seq; the driver's
-commit moves every partition into place at once (a failed job leaves nothing).
+table holds decoded columns, not the producer's bytes, and is refused. The write is one Spark job of a few tasks per
+core: each reads its partitions' rows from the table (delta-rs, any storage the export supports), sorted by seq, and
+stages them (the rows never cross into the JVM: a SparkContext is all the job starts); the driver's commit moves
+every partition into place at once (a failed job leaves nothing).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 import logging
 import os
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -24,12 +27,12 @@ import pyarrow.compute as pc
 from tank_log.errors import JobConfigError
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.holders import held_reason, holders
-from tank_log.storage.staging import existing_last_seq, recover_imports
+from tank_log.storage.staging import StagedPartition, abort_import, existing_last_seq, recover_imports
 from tank_spark.export.location import TableLocation
 from tank_spark.runner import count_by, run_job
-from tank_spark.schema import ROW_SCHEMA, ROW_STRUCT, TS_RAW
-from tank_spark.sink import REQUIRED  # the columns the `tank` writer needs
-from tank_spark.source import register
+from tank_spark.schema import ROW_SCHEMA, TS_RAW
+from tank_spark.sink import REQUIRED, commit_staged, stage_rows
+from tank_spark.tasks import deal
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +153,7 @@ def needs_spark(ctx, prepared) -> bool:
     return not ctx.dry_run and any(_has_work(settings, p) for p in plans)
 
 
-def execute(ctx, prepared, spark):
+def execute(ctx, prepared, sc):
     settings, plans = prepared
     t0 = time.monotonic()
     results = []
@@ -174,16 +177,11 @@ def execute(ctx, prepared, spark):
         results.append(r)
     if work and not ctx.dry_run:
         log.info("import: writing %d partitions (%d rows) into %s", len(work), sum(p.rows for p in work), settings.base)
-        frame = spark.range(0, len(work), 1, len(work)).mapInArrow(_reader(settings, work), ROW_STRUCT)
-        writer = frame.write.format("tank").mode("append").option("existing", "append" if settings.append else "error")
-        if settings.segment_bytes:
-            writer = writer.option("segment_bytes", str(settings.segment_bytes))
-        register(spark)
-        writer.save(settings.base)
-        done = {(p.topic, p.partition) for p in work}
+        staged = {(s.topic, s.partition): s for s in _stage(sc, settings, work)}
         for r in results:
-            if (r["topic"], r["partition"]) in done:
-                r["status"] = Status.IMPORTED
+            s = staged.get((r["topic"], r["partition"]))
+            if s is not None:
+                r.update(status=Status.IMPORTED, segments=s.segments, bytes=s.bytes)
     elapsed = time.monotonic() - t0
     rows = sum(p.rows for p in work)
     summary = {
@@ -198,32 +196,42 @@ def execute(ctx, prepared, spark):
     return [{**r, "status": str(r["status"])} for r in results], summary
 
 
-def _reader(settings: ImportSettings, work: list[ImportPlan]):
-    """mapInArrow: task i reads partition work[i] from the table, sorted by seq, as the data source's rows."""
-    location, text = settings.location, settings.value_is_text
+def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
+    """Executors read each partition's rows from the table and stage it (`sink.stage_rows`: Arrow straight into the
+    segment encoder, rows never pass through the JVM); the driver commits them all at once (`sink.commit_staged`).
+    A failed task fails the run and leaves nothing."""
+    run_id = uuid.uuid4().hex[:12]
+    base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
 
-    def read(batches):
-        import pyarrow.dataset as ds
+    def task(items):
+        for _, p in items:
+            yield from stage_rows(base, run_id, _read(settings, p), append, segment_bytes)
 
-        for batch in batches:
-            for i in batch.column(0).to_pylist():
-                p = work[i]
-                cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
-                if p.existing_last is not None:
-                    cond = cond & (ds.field("seq") > p.existing_last)
-                dataset = location.open().to_pyarrow_dataset()
-                cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
-                t = dataset.to_table(filter=cond, columns=cols).sort_by("seq")
-                value = t["value"]
-                if text:  # utf8 exports: the bytes of undecodable values are in raw_value
-                    value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
-                ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
-                out = pa.table(
-                    [t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA
-                )
-                yield from out.to_batches(max_chunksize=64 * 1024)
+    try:
+        staged = deal(sc, work).mapPartitions(task).collect()
+    except BaseException:
+        abort_import(base, run_id)
+        raise
+    commit_staged(base, run_id, staged)
+    return staged
 
-    return read
+
+def _read(settings: ImportSettings, p: ImportPlan) -> Iterator[pa.RecordBatch]:
+    """One partition's rows from the table (above its existing last seq), sorted by seq, as the writer's rows."""
+    import pyarrow.dataset as ds
+
+    cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
+    if p.existing_last is not None:
+        cond = cond & (ds.field("seq") > p.existing_last)
+    dataset = settings.location.open().to_pyarrow_dataset()
+    cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
+    t = dataset.to_table(filter=cond, columns=cols).sort_by("seq")
+    value = t["value"]
+    if settings.value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
+        value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
+    ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
+    out = pa.table([t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA)
+    yield from out.to_batches(max_chunksize=64 * 1024)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,5 +242,6 @@ def main(argv: list[str] | None = None) -> int:
         prepare,
         execute,
         argv,
+        sql=False,
         needs_spark=needs_spark,
     )

@@ -69,51 +69,69 @@ class TankWriter(DataSourceArrowWriter):
         self.run_id = uuid.uuid4().hex[:12]
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        writer_id = f"{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "0-0"
-        staged: list[StagedPartition] = []
-        done: set[tuple[str, int]] = set()
-        for (topic, partition), runs in itertools.groupby(_partition_chunks(iterator), key=lambda r: r[0]):
-            if (topic, partition) in done:
-                raise ImportRefused(
-                    f"{topic}/{partition}: its rows are not contiguous in this task "
-                    "(repartition(topic, partition) and sortWithinPartitions(topic, partition, seq) first)"
-                )
-            done.add((topic, partition))
-            staged.append(
-                stage_partition(
-                    self.base,
-                    self.run_id,
-                    writer_id,
-                    topic,
-                    partition,
-                    (cols for _, cols in runs),
-                    append=self.existing == "append",
-                    segment_bytes=self.segment_bytes or self._topic_segment_bytes(topic),
-                    policy=self.policy,
-                )
-            )
-        return Staged(staged)
+        append = self.existing == "append"
+        return Staged(stage_rows(self.base, self.run_id, iterator, append, self.segment_bytes, self.policy))
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        staged = [p for m in messages if isinstance(m, Staged) for p in m.partitions]
-        try:
-            commit_import(self.base, self.run_id, staged)
-        except BaseException:
-            if not os.path.exists(
-                os.path.join(stage_root(self.base, self.run_id), MANIFEST)
-            ):  # before the commit point
-                abort_import(self.base, self.run_id)
-            raise
+        commit_staged(self.base, self.run_id, [p for m in messages if isinstance(m, Staged) for p in m.partitions])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         abort_import(self.base, self.run_id)
 
-    def _topic_segment_bytes(self, topic: str) -> int:
-        config, _ = load_config(os.path.join(self.base, topic, "config"))
-        return config.segment_bytes or PartitionConfig().segment_bytes
+
+def stage_rows(
+    base: str,
+    run_id: str,
+    batches: Iterator[pa.RecordBatch],
+    append: bool,
+    segment_bytes: int | None = None,
+    policy: BundlePolicy | None = None,
+) -> list[StagedPartition]:
+    """A Spark task's share of an import: its rows (each partition's contiguous and sorted by seq) staged as
+    partitions (`staging.stage_partition`), segments rolled at `segment_bytes` or each topic's `log.segment.bytes`."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    writer_id = f"{ctx.partitionId()}-{ctx.attemptNumber()}" if ctx else "0-0"
+    staged: list[StagedPartition] = []
+    done: set[tuple[str, int]] = set()
+    for (topic, partition), runs in itertools.groupby(_partition_chunks(batches), key=lambda r: r[0]):
+        if (topic, partition) in done:
+            raise ImportRefused(
+                f"{topic}/{partition}: its rows are not contiguous in this task "
+                "(repartition(topic, partition) and sortWithinPartitions(topic, partition, seq) first)"
+            )
+        done.add((topic, partition))
+        staged.append(
+            stage_partition(
+                base,
+                run_id,
+                writer_id,
+                topic,
+                partition,
+                (cols for _, cols in runs),
+                append=append,
+                segment_bytes=segment_bytes or _topic_segment_bytes(base, topic),
+                policy=policy,
+            )
+        )
+    return staged
+
+
+def commit_staged(base: str, run_id: str, staged: list[StagedPartition]) -> None:
+    """The driver's commit of every task's staged partitions (`staging.commit_import`); a failure before the commit
+    point removes the staging directory, one after it is finished by the next import or `tank-log repair`."""
+    try:
+        commit_import(base, run_id, staged)
+    except BaseException:
+        if not os.path.exists(os.path.join(stage_root(base, run_id), MANIFEST)):  # before the commit point
+            abort_import(base, run_id)
+        raise
+
+
+def _topic_segment_bytes(base: str, topic: str) -> int:
+    config, _ = load_config(os.path.join(base, topic, "config"))
+    return config.segment_bytes or PartitionConfig().segment_bytes
 
 
 def _partition_chunks(batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[tuple[str, int], MessageColumns]]:

@@ -104,6 +104,7 @@ def test_every_fixture_round_trips_through_delta(tmp_path, lake):
     assert r.returncode == 0, r.stderr[-3000:]
     rep = json.load(open(tmp_path / "1.json"))
     assert {p["status"] for p in rep["partitions"]} == {"imported"}
+    assert all(p["segments"] >= 1 and p["bytes"] > 0 for p in rep["partitions"])
     want = []
     for new, (name, topic) in sorted(names.items()):
         for (t, _), lines in sorted(load_dump_lines(name).items()):
@@ -182,4 +183,38 @@ def test_the_writer_refuses_bad_input_and_leaves_nothing(spark, tmp_path):
         spark.read.format("tank").load(data_dir("C_misc")).write.format("tank").mode("append").save(dst)
     with pytest.raises(Exception, match="overwrite"):
         df.write.format("tank").mode("overwrite").save(dst)
+    assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
+
+
+def test_a_partition_refused_in_its_task_fails_the_run_and_nothing_is_written(tmp_path):
+    """Rows that cannot continue an existing partition (a seq gap with no two consecutive seqs to start its new
+    active segment at, §9 rule 3) fail that task: the run fails, names the reason, and no partition changes — not
+    even the new one another task staged (the staging directory is removed)."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    dst = str(tmp_path / "dst")
+    os.makedirs(os.path.join(dst, "t", "0"))
+    write_segment(os.path.join(dst, "t", "0"), [Message(s, 1_800_000_000_000, None, b"old") for s in range(1, 6)])
+    ts = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    rows = [("t", 0, s, ts, None, b"gap") for s in (10, 12, 14)] + [("t", 1, s, ts, b"k", b"new") for s in (1, 2)]
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", "UTC")),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+        ]
+    )
+    table = str(tmp_path / "table")
+    write_deltalake(table, pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema))
+    before = tree(dst)
+    r = run_import("--data-dir", dst, "--table", table, "--append", "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    rep = json.load(open(tmp_path / "r.json"))
+    assert rep["status"] == "failed" and "gap would precede the active segment" in rep["error"]
     assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
