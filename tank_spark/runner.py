@@ -171,6 +171,18 @@ def spark_session(ctx: JobContext):
     return SparkSession.builder.getOrCreate()
 
 
+def stop_spark(spark) -> None:
+    """`spark.stop()` without its ~1 s wait: PySpark's accumulator server (pyspark/accumulators.py) answers a
+    connection the JVM keeps open and looks at its shutdown flag once a second, and `SparkContext.stop` waits for it.
+    The JVM side stops here; the server shuts down in a background (daemon) thread."""
+    sc = getattr(spark, "sparkContext", spark)
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None:
+        sc._accumulatorServer = None  # SparkContext.stop skips it
+        threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
+    spark.stop()
+
+
 def _launch_jvm(conf, under_spark_submit: bool) -> None:
     """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
     and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
@@ -438,7 +450,7 @@ def run_job(
         return EXIT_PARTIAL
     finally:
         if spark is not None:
-            spark.stop()
+            stop_spark(spark)
     phase_done("spark_stop_s")
     failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
     report.update(
