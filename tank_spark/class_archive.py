@@ -10,8 +10,9 @@ and Spark installation:
 and start the drivers with `-XX:SharedArchiveFile=<that path>`: the job config's
 `spark.conf: {spark.driver.extraJavaOptions: "-XX:SharedArchiveFile=..."}` (drivers the jobs launch themselves), or
 SPARK_SUBMIT_OPTS / `spark-submit --driver-java-options` (drivers spark-submit launches). A JVM whose JDK or Spark
-jars differ from the archive's ignores it (the default `-Xshare:auto`) and starts as before: rebuild after upgrading
-either. Executors are unaffected.
+jars differ from the archive's (path, size or mtime: a reinstall counts) prints "Unable to use shared archive" and
+starts as before (the default `-Xshare:auto`): rebuild after upgrading or reinstalling either. Executors are
+unaffected.
 """
 
 from __future__ import annotations

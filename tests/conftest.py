@@ -203,14 +203,19 @@ def pytest_collection_finish(session):
 
 
 def class_archive_path() -> str:
-    """The archive for this Spark installation and JDK (an archive of other jars or another JDK would be ignored)."""
+    """The archive for this Spark installation and JDK: the JVM checks every jar's path, size and mtime against the
+    archive's and ignores a mismatching archive (with a warning), so all of them name it."""
     import hashlib
     import tempfile
 
     import pyspark
 
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    stats = [
+        (n, st.st_size, st.st_mtime_ns) for n in sorted(os.listdir(jars)) for st in [os.stat(os.path.join(jars, n))]
+    ]
     java = os.path.realpath(shutil.which("java") or "java")
-    key = hashlib.sha256(f"{pyspark.__file__} {pyspark.__version__} {java}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(repr((jars, stats, java, os.stat(java).st_mtime_ns)).encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), f"tank-log-spark-driver-{key}.jsa")
 
 
