@@ -17,7 +17,6 @@ import argparse
 import logging
 import os
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ import pyarrow.compute as pc
 from tank_log.errors import JobConfigError
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.holders import held_reason, holders
-from tank_log.storage.staging import StagedPartition, abort_import, existing_last_seq, recover_imports
+from tank_log.storage.staging import StagedPartition, abort_import, existing_last_seq, new_run_id, recover_imports
 from tank_spark.export.location import TableLocation
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
@@ -200,12 +199,15 @@ def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedP
     """Executors read each partition's rows from the table and stage it (`sink.stage_rows`: Arrow straight into the
     segment encoder, rows never pass through the JVM); the driver commits them all at once (`sink.commit_staged`).
     A failed task fails the run and leaves nothing."""
-    run_id = uuid.uuid4().hex[:12]
+    run_id = new_run_id()
     base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
 
     def task(items):
+        dataset = None  # the table is opened once per task (its log read once), not per partition
         for _, p in items:
-            yield from stage_rows(base, run_id, _read(settings, p), append, segment_bytes)
+            if dataset is None:
+                dataset = settings.location.open().to_pyarrow_dataset()
+            yield from stage_rows(base, run_id, _read(dataset, settings.value_is_text, p), append, segment_bytes)
 
     try:
         staged = deal(sc, work).mapPartitions(task).collect()
@@ -216,18 +218,18 @@ def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedP
     return staged
 
 
-def _read(settings: ImportSettings, p: ImportPlan) -> Iterator[pa.RecordBatch]:
-    """One partition's rows from the table (above its existing last seq), sorted by seq, as the writer's rows."""
+def _read(dataset, value_is_text: bool, p: ImportPlan) -> Iterator[pa.RecordBatch]:
+    """One partition's rows from the table's dataset (above its existing last seq), sorted by seq, as the writer's
+    rows."""
     import pyarrow.dataset as ds
 
     cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
     if p.existing_last is not None:
         cond = cond & (ds.field("seq") > p.existing_last)
-    dataset = settings.location.open().to_pyarrow_dataset()
     cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
     t = dataset.to_table(filter=cond, columns=cols).sort_by("seq")
     value = t["value"]
-    if settings.value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
+    if value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
         value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
     ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
     out = pa.table([t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA)

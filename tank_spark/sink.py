@@ -38,6 +38,7 @@ from tank_log.storage.staging import (
     StagedPartition,
     abort_import,
     commit_import,
+    new_run_id,
     stage_partition,
     stage_root,
 )
@@ -54,8 +55,6 @@ class Staged(WriterCommitMessage):
 
 class TankWriter(DataSourceArrowWriter):
     def __init__(self, options: Mapping[str, str], overwrite: bool):
-        import uuid
-
         if overwrite:
             raise ValueError('tank data source: mode("overwrite") is not supported; use mode("append")')
         self.base = os.path.abspath(str(options.get("path") or ""))
@@ -66,7 +65,7 @@ class TankWriter(DataSourceArrowWriter):
             raise ValueError(f"tank data source: existing={self.existing!r} (choose from {', '.join(EXISTING)})")
         self.segment_bytes = int(options["segment_bytes"]) if options.get("segment_bytes") else None
         self.policy = BundlePolicy(max_messages=int(options.get("bundle_messages", 100)))
-        self.run_id = uuid.uuid4().hex[:12]
+        self.run_id = new_run_id()
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
         append = self.existing == "append"

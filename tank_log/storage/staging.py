@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -50,6 +51,11 @@ class StagedPartition:
     segments: int
     bytes: int
     seal: tuple[str, str] | None  # appending: the existing active segment's name → its RO name
+
+
+def new_run_id() -> str:
+    """An import's id: names its staging directory."""
+    return uuid.uuid4().hex[:12]
 
 
 def stage_root(base: str, run_id: str) -> str:
@@ -138,9 +144,6 @@ def stage_partition(
         if isinstance(err, ValueError):  # what the segment writer refuses
             raise ImportRefused(f"{target}: {err}") from None
         raise
-    if not written:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise ImportRefused(f"{target}: no rows")
     seal = None
     if last is not None and part is not None and part.active is not None:
         newest = pc.max(part.active.read_table().column("ts")).as_py() or 0

@@ -32,6 +32,8 @@ from tank_log.format.varint import U32_MAX, U64_MAX, unframed_size
 from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
 
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
+# what add and add_columns refuse: a seq the segment's index cannot reach
+BEYOND_INDEX_REACH = "relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment"
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,7 @@ class SegmentWriter:
         if key is not None and len(key) > 255:
             raise ValueError(f"key of {len(key)} bytes exceeds 255 (§3.8)")
         if self.base is not None and seq - self.base >= REL_SEQ_LIMIT:
-            raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
+            raise ValueError(BEYOND_INDEX_REACH)
         if self._pending and seq - self._pending[0].seq - 1 > U32_MAX:
             self.flush_bundle()  # a sparse bundle's span is a u32 varint (§3.3): a larger seq gap starts a new one
         self._pending.append(message)
@@ -463,12 +465,12 @@ class PartitionWriter:
             i += taken
             self._update_roll_due()
             if i < n and not self._roll_due:
-                raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
+                raise ValueError(BEYOND_INDEX_REACH)
 
     def _take(self, w: SegmentWriter, cols: MessageColumns, i: int, j: int) -> None:
         """Rows [i, j) into the open segment, whatever its size."""
         if w.add_columns(cols.slice(i, j)) < j - i:
-            raise ValueError("relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment")
+            raise ValueError(BEYOND_INDEX_REACH)
         self._newest = max(self._newest, int(cols.ts[i:j].max()))
         self._update_roll_due()
 
