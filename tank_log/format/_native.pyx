@@ -13,7 +13,9 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcpy, memset
+
+cimport cython
 
 import numpy as np
 
@@ -37,11 +39,69 @@ cdef extern from *:
     #endif
         memcpy(p, &v, 8);
     }
+    /* compaction's key hash: 8 bytes a step (keys are short), the tail read as one overlapping word (a copy of a
+       variable length into a word would stall the load that follows it), then a murmur3 finaliser */
+    static inline uint64_t tl_hash(const uint8_t *k, size_t n) {
+        const uint64_t m = 0xff51afd7ed558ccdULL;
+        uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, w;
+        uint32_t lo, hi;
+        if (n >= 8) {
+            const uint8_t *last = k + n - 8;
+            for (; k < last; k += 8) {
+                memcpy(&w, k, 8);
+                h = (h ^ w) * m;
+                h ^= h >> 32;
+            }
+            memcpy(&w, last, 8);
+        } else if (n >= 4) {
+            memcpy(&lo, k, 4);
+            memcpy(&hi, k + n - 4, 4);
+            w = ((uint64_t)hi << 32) | lo;
+        } else if (n) {
+            w = ((uint64_t)k[0] << 16) | ((uint64_t)k[n >> 1] << 8) | k[n - 1];
+        } else {
+            w = 0;
+        }
+        h = (h ^ w) * m;
+        h ^= h >> 33;
+        h *= m;
+        h ^= h >> 33;
+        h *= 0xc4ceb9fe1a85ec53ULL;
+        h ^= h >> 33;
+        return h;
+    }
+    /* key equality for the key map's probes: word compares (libc's memcmp is a call, and keys are short) */
+    static inline int tl_key_eq(const uint8_t *a, const uint8_t *b, size_t n) {
+        uint64_t x, y;
+        uint32_t u, v;
+        if (n >= 8) {
+            size_t i;
+            for (i = 0; i + 8 < n; i += 8) {
+                memcpy(&x, a + i, 8);
+                memcpy(&y, b + i, 8);
+                if (x != y) return 0;
+            }
+            memcpy(&x, a + n - 8, 8);
+            memcpy(&y, b + n - 8, 8);
+            return x == y;
+        }
+        if (n >= 4) {
+            memcpy(&u, a, 4);
+            memcpy(&v, b, 4);
+            if (u != v) return 0;
+            memcpy(&u, a + n - 4, 4);
+            memcpy(&v, b + n - 4, 4);
+            return u == v;
+        }
+        return n == 0 || (a[0] == b[0] && a[n >> 1] == b[n >> 1] && a[n - 1] == b[n - 1]);
+    }
     """
     ctypedef unsigned long long tl_u128  # really unsigned __int128: never converted to a Python int implicitly
     tl_u128 tl_pow64() noexcept nogil
     uint64_t tl_load_u64(const uint8_t *p) noexcept nogil
     void tl_store_u64(uint8_t *p, uint64_t v) noexcept nogil
+    uint64_t tl_hash(const uint8_t *k, size_t n) noexcept nogil
+    bint tl_key_eq(const uint8_t *a, const uint8_t *b, size_t n) noexcept nogil
 
 cdef enum:
     # walk stop reasons, in the order of decode.REASONS
@@ -338,6 +398,47 @@ cdef void _fill_rows(Row *rows, Py_ssize_t nrows, int64_t[::1] offsets, int64_t[
         counts[i] = rows[i].count
         firsts[i] = rows[i].first
         lasts[i] = rows[i].last
+
+
+def collect(object data, const int64_t[::1] offsets, const int64_t[::1] ends, const int64_t[::1] set_offsets,
+            const uint8_t[::1] flags, const int64_t[::1] counts, tuple codecs):
+    """The message sets of already walked bundles (a headers-only walk's columns, any subset in order) gathered as
+    `walk` gathers them with `collect`: (data, set_starts, set_ends), or the index of the first bundle whose Snappy
+    block has an impossible claim or does not decompress to it (decode.collect_bundles then names the error)."""
+    cdef const uint8_t[::1] view = data
+    cdef Py_ssize_t n = counts.shape[0], size = view.shape[0], i, after = 0
+    cdef const uint8_t *b = &view[0] if size else NULL
+    cdef uint32_t claim = 0
+    cdef uint64_t max_exp
+    cdef uint8_t codec
+    cdef Row *rows = <Row *>PyMem_Malloc((n + 1) * sizeof(Row))
+    if rows == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            if not 0 <= offsets[i] <= set_offsets[i] <= ends[i] <= size:
+                return i
+            rows[i].off = offsets[i]
+            rows[i].end = ends[i]
+            rows[i].set_off = set_offsets[i]
+            rows[i].count = counts[i]
+            rows[i].flags = flags[i]
+            codec = flags[i] & 0x03
+            if codec:
+                if codecs[codec] is None or set_offsets[i] == ends[i]:
+                    return i
+                max_exp = codecs[codec][1]
+                if read_varint(b, set_offsets[i], ends[i], &claim, &after):
+                    return i
+                if claim > max_exp * <uint64_t>(ends[i] - set_offsets[i]) + 64 or counts[i] > claim // MIN_MESSAGE_BYTES:
+                    return i
+                rows[i].set_len = claim
+            else:
+                rows[i].set_len = ends[i] - set_offsets[i]
+        gathered = _gather(rows, &n, b, memoryview(data), codecs)
+        return n if gathered is None else gathered
+    finally:
+        PyMem_Free(rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -714,27 +815,7 @@ cdef struct Slot:
     uint32_t tag  # the key's hash >> 32: most probes that miss are told apart without comparing the key
 
 
-cdef inline uint64_t _hash(const uint8_t *k, Py_ssize_t n) noexcept nogil:
-    """FNV-1a, then a murmur3 finaliser: keys are short (the BENCH set's are 11 bytes)."""
-    cdef uint64_t h = 1469598103934665603ULL
-    cdef Py_ssize_t i
-    for i in range(n):
-        h = (h ^ k[i]) * 1099511628211ULL
-    h ^= h >> 33
-    h *= 0xff51afd7ed558ccdULL
-    h ^= h >> 33
-    h *= 0xc4ceb9fe1a85ec53ULL
-    h ^= h >> 33
-    return h
-
-
-cdef inline const uint8_t *_key_at(const uint8_t *d, Py_ssize_t size, int64_t off, int64_t kl) except? NULL:
-    """Where message i's key starts in `d` (of `size` bytes), checked: a key is 0..255 bytes inside the data."""
-    if kl < 0 or kl > 255 or off + kl > size:
-        raise ValueError("key outside the data")
-    return d + off
-
-
+@cython.final  # its cdef methods are called directly, so the probe inlines into the loops over messages
 cdef class KeyMap:
     """Exact key → its last seq, for compaction's pass 1 (docs/FORMAT.md §6.2): open addressing with linear probing
     over 16-byte slots, key bytes in an arena (a length byte + the key). Slots, arena and the 8 bytes per key that
@@ -781,7 +862,7 @@ cdef class KeyMap:
         memset(new, 0, n * sizeof(Slot))
         for i in range(self.nslots):
             if old[i].ref:
-                h = _hash(self.arena + old[i].ref, self.arena[old[i].ref - 1])
+                h = tl_hash(self.arena + old[i].ref, self.arena[old[i].ref - 1])
                 j = h & (n - 1)
                 while new[j].ref:
                     j = (j + 1) & (n - 1)
@@ -810,7 +891,7 @@ cdef class KeyMap:
         self.arena_cap = cap
         return True
 
-    cdef Py_ssize_t _find(self, const uint8_t *k, Py_ssize_t n, uint64_t h) noexcept:
+    cdef inline Py_ssize_t _find(self, const uint8_t *k, Py_ssize_t n, uint64_t h) noexcept:
         """The slot holding key k, or the empty slot where it would go."""
         cdef Py_ssize_t j = h & (self.nslots - 1)
         cdef uint32_t tag = <uint32_t>(h >> 32)
@@ -819,9 +900,16 @@ cdef class KeyMap:
             s = &self.slots[j]
             if s.ref == 0:
                 return j
-            if s.tag == tag and self.arena[s.ref - 1] == n and memcmp(self.arena + s.ref, k, n) == 0:
+            if s.tag == tag and self.arena[s.ref - 1] == n and tl_key_eq(self.arena + s.ref, k, n):
                 return j
             j = (j + 1) & (self.nslots - 1)
+
+    @staticmethod
+    cdef inline const uint8_t *_key(const uint8_t *d, Py_ssize_t size, int64_t off, int64_t kl) except? NULL:
+        """Where a message's key starts in `d` (of `size` bytes), checked: a key is 0..255 bytes inside the data."""
+        if kl < 0 or kl > 255 or off + kl > size:
+            raise ValueError("key outside the data")
+        return d + off
 
     def add(self, object data, const int64_t[::1] key_off, const int64_t[::1] key_len, const uint64_t[::1] seq):
         """Record each keyed message's seq as its key's latest (seqs increase). Returns how many messages were taken:
@@ -835,8 +923,8 @@ cdef class KeyMap:
             if key_off[i] < 0:
                 continue
             kl = key_len[i]
-            k = _key_at(d, size, key_off[i], kl)
-            h = _hash(k, kl)
+            k = KeyMap._key(d, size, key_off[i], kl)
+            h = tl_hash(k, kl)
             if self.nslots == 0 and not self._grow_slots():
                 return i
             j = self._find(k, kl, h)
@@ -884,8 +972,8 @@ cdef class KeyMap:
             if key_off[i] < 0:
                 continue
             kl = key_len[i]
-            k = _key_at(d, size, key_off[i], kl)
-            j = self._find(k, kl, _hash(k, kl))
+            k = KeyMap._key(d, size, key_off[i], kl)
+            j = self._find(k, kl, tl_hash(k, kl))
             if self.slots[j].ref and self.slots[j].seq > seq[i]:
                 o[i] = 1
         return out

@@ -20,7 +20,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -191,6 +191,14 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
     sub = BundleTable(
         t.offsets[pick], t.ends[pick], t.set_offsets[pick], t.flags[pick], t.counts[pick], t.firsts[pick], t.lasts[pick]
     )
+    sub.walked = buf
+    core = native.core()
+    if core is not None:
+        got = core.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
+        if isinstance(got, int):
+            _raise_at(buf, sub, got)
+        sub.data, sub.set_starts, sub.set_ends = got
+        return sub
     sets: list[Any] = []
     codecs = CODECS
     for i, (q, end, f, c) in enumerate(
@@ -205,12 +213,16 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
         except TankFormatError:
             unpacked = None
         if unpacked is None or c > len(unpacked) // MIN_MESSAGE_BYTES:  # the walk's checks, with its error
-            _walk(buf, int(sub.offsets[i]), int(sub.firsts[i]), True, None, int(sub.lasts[i]), DEFAULT_MAX_MESSAGES)
-            raise AssertionError(f"the walk accepts the bundle at {int(sub.offsets[i])}, collecting it does not")
+            _raise_at(buf, sub, i)
         sets.append(unpacked)
     sub.data, sub.set_starts, sub.set_ends = _gather(sets)
-    sub.walked = buf
     return sub
+
+
+def _raise_at(buf: bytes, table: BundleTable, i: int) -> NoReturn:
+    """Re-walk bundle i of `table`, which does not collect, so the walk raises its precise error."""
+    _walk(buf, int(table.offsets[i]), int(table.firsts[i]), True, None, int(table.lasts[i]), DEFAULT_MAX_MESSAGES)
+    raise AssertionError(f"the walk accepts the bundle at {int(table.offsets[i])}, collecting it does not")
 
 
 @contextmanager

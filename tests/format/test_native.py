@@ -238,3 +238,50 @@ def test_dump_lines_are_identical(rows, topic):
         rec["value_b64"] = base64.b64encode(m.value).decode()
         expected += json.dumps(rec, separators=(",", ":")) + "\n"
     assert texts[0] == expected
+
+
+def _near_keys(draw_base: bytes, rng: random.Random, n: int) -> list[bytes]:
+    """Keys that differ from `draw_base` in one byte, in length, or not at all: the probes a hash or a key compare
+    that reads the wrong bytes would confuse."""
+    keys = [draw_base]
+    for _ in range(n):
+        k = bytearray(rng.choice(keys))
+        op = rng.randrange(4)
+        if op == 0 and k:
+            k[rng.randrange(len(k))] ^= 1 << rng.randrange(8)
+        elif op == 1 and len(k) < 255:
+            k.append(rng.randrange(256))
+        elif op == 2 and k:
+            k.pop()
+        keys.append(bytes(k))
+    return keys
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 10**6), st.integers(1, 300), st.sampled_from([4096, 10**4, 10**6]))
+def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget):
+    """Compaction's key map (pass 1 and 2): the same messages taken, keys mapped and messages superseded, for keys of
+    every length 0..255 (each branch of the word-wise hash and compare) and keys one byte apart."""
+    from tank_log.maintenance.compaction.key_state import PureKeyMap
+
+    rng = random.Random(seed)
+    pool = _near_keys(base, rng, 30) + [
+        bytes(rng.randrange(256) for _ in range(rng.choice([255, 16, 9, 8, 7]))) for _ in range(5)
+    ]
+    keys = [None if rng.random() < 0.1 else rng.choice(pool) for _ in range(count)]
+    data = bytearray(b"\xaa" * 3)  # keys at odd offsets, after junk: reads must stay within each key
+    key_off, key_len = [], []
+    for k in keys:
+        key_off.append(-1 if k is None else len(data))
+        key_len.append(0 if k is None else len(k))
+        data += (k or b"") + bytes([rng.randrange(256)])
+    args = (bytes(data), np.array(key_off, np.int64), np.array(key_len, np.int64))
+    seq = np.arange(1, count + 1, dtype=np.uint64)
+    compiled, pure = native.core().KeyMap(budget), PureKeyMap(budget * 8)  # the pure map charges more per key
+    taken = compiled.add(*args, seq)
+    assert pure.add(*(a[:taken] if i else a for i, a in enumerate(args)), seq[:taken]) == taken
+    assert len(compiled) == len(pure)
+    assert sorted(compiled.latest_seqs().tolist()) == sorted(pure.latest_seqs().tolist())
+    assert compiled.superseded(*args, seq).tolist() == pure.superseded(*args, seq).tolist()
+    if budget == 10**6:
+        assert taken == count
