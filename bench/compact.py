@@ -82,23 +82,29 @@ def snappy_pass_s(part_dir: str) -> float:
     return best
 
 
-def compact_in_subprocess(base: str, pure: bool = False) -> dict:
-    """Compact base/bench/0 in a fresh interpreter (on the pure-Python codec core if `pure`); returns its result +
-    timings + peak RSS."""
+def compact_in_subprocess(base: str, pure: bool = False, allocator_setting: bool = True) -> dict:
+    """Compact base/bench/0 in a fresh interpreter (on the pure-Python codec core if `pure`), with the allocator
+    setting every job task makes (jobs/allocator.py) unless `allocator_setting` is False; returns its result +
+    timings + peak RSS + minor page faults."""
     code = f"""
-import json, sys, time
+import json, resource, sys, time
 sys.path.insert(0, {ROOT!r})
+if {allocator_setting!r}:
+    from tank_log.jobs.allocator import reuse_freed_buffers
+    reuse_freed_buffers()
 def hwm_kib():  # VmHWM: getrusage's ru_maxrss survives exec and would report the benchmark driver's own peak
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
 from tank_log.maintenance.compaction import CompactionOptions, compact_partition
 from tank_log.storage.datadir import scan_data_dir
 rss0 = hwm_kib()
 (part,) = scan_data_dir({base!r}).partitions()
+f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 t0, c0 = time.perf_counter(), time.process_time()
 res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True), base_path={base!r})
 wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_before_mib": rss0 / 1024,
-                  "peak_rss_mib": hwm_kib() / 1024}}))
+                  "peak_rss_mib": hwm_kib() / 1024,
+                  "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0}}))
 """
     env = {**os.environ, "TANK_LOG_PURE_PYTHON": "1" if pure else ""}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
@@ -139,17 +145,23 @@ def main() -> None:
         "messages": INPUT_BUNDLES * BUNDLE,
         "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
     }
-    runs, pure_runs, snappy_runs = [], [], []
-    for _ in range(3):  # alternating: the compiled core, a raw Snappy pass, the pure-Python core
-        for pure in (False, True):
+    runs, pure_runs, snappy_runs, plain_alloc_runs = [], [], [], []
+    # alternating: the compiled core, a raw Snappy pass, the pure-Python core, the compiled core without the jobs'
+    # allocator setting
+    for _ in range(3):
+        for variant, into in (("compiled", runs), ("pure", pure_runs), ("glibc default", plain_alloc_runs)):
             work_copy = os.path.join(work, "run")
             shutil.rmtree(work_copy, ignore_errors=True)
             shutil.copytree(base, work_copy)
-            (pure_runs if pure else runs).append(compact_in_subprocess(work_copy, pure))
-            if not pure:
+            os.sync()  # the copy's writeback does not run during the compaction
+            into.append(
+                compact_in_subprocess(work_copy, variant == "pure", allocator_setting=into is not plain_alloc_runs)
+            )
+            if variant == "compiled":
                 snappy_runs.append(snappy_pass_s(pdir))
     runs.sort(key=lambda r: r["wall_s"])
     pure_runs.sort(key=lambda r: r["wall_s"])
+    plain_alloc_runs.sort(key=lambda r: r["wall_s"])
     snappy_s = sorted(snappy_runs)[1]
     out["snappy_pass_s"] = {"median": round(snappy_s, 3), "all": [round(x, 3) for x in snappy_runs]}
     out["pure_python_compaction"] = {
@@ -169,6 +181,7 @@ def main() -> None:
         "mb_per_s": round(in_bytes / best["wall_s"] / 1e6, 1),
         "peak_rss_mib": round(best["peak_rss_mib"]),
         "rss_after_imports_mib": round(best["rss_before_mib"]),
+        "minor_faults": best["minor_faults"],
         "messages_after": res["messages_after"],
         "bytes_after": res["bytes_after"],
         "bytes_per_msg_after": round(res["bytes_after"] / res["messages_after"], 1),
@@ -176,6 +189,14 @@ def main() -> None:
         "distinct_keys": res["distinct_keys"],
         "key_state_bytes": res["key_state_bytes"],
         "key_state_bytes_per_key": round(res["key_state_bytes"] / res["distinct_keys"], 1),
+    }
+    plain = plain_alloc_runs[1]
+    out["compaction_with_glibc_default_allocator_setting"] = {
+        "wall_s": round(plain["wall_s"], 2),
+        "all_wall_s": [round(r["wall_s"], 2) for r in plain_alloc_runs],
+        "over_snappy_pass": round(plain["wall_s"] / snappy_s, 2),
+        "minor_faults": plain["minor_faults"],
+        "peak_rss_mib": round(plain["peak_rss_mib"]),
     }
     print(json.dumps(out, indent=2), flush=True)
 

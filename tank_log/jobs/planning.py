@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tank_log.errors import NothingMatched
+from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
 
@@ -124,6 +125,7 @@ class PartitionTask:
 
     def run(self) -> dict[str, Any]:
         """The report entry of this partition."""
+        reuse_freed_buffers()  # in the CLI's process or a Spark worker: either way a maintenance process
         result = self.apply(self.load())
         result["base_path"] = self.base_path
         return result
