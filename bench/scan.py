@@ -5,7 +5,10 @@ bundles — then scans every segment into `pyarrow.RecordBatch`es. Also measures
 same compressed message sets (the ceiling for the Snappy cases). Each configuration is scanned on both codec cores
 (compiled and pure Python), alternating, in the same run.
 
-Run: python bench/scan.py [--messages 1000000] [--workdir DIR] [--runs 3]
+The scans run with the allocator setting the export's readers make (jobs/allocator.py); `--glibc-default-allocator`
+leaves glibc's default, to measure what the setting saves.
+
+Run: python bench/scan.py [--messages 1000000] [--workdir DIR] [--runs 3] [--glibc-default-allocator]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from common import Timer, bundle_messages, machine  # noqa: E402
 
 from tank_log.format import native  # noqa: E402
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.jobs.allocator import reuse_freed_buffers  # noqa: E402
 from tank_log.storage.datadir import scan_partition  # noqa: E402
 from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
 
@@ -76,7 +80,10 @@ def main() -> None:
     ap.add_argument("--workdir")
     ap.add_argument("--runs", type=int, default=3, help="scans per core (best is reported)")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--glibc-default-allocator", action="store_true", help="without the readers' allocator setting")
     args = ap.parse_args()
+    if not args.glibc_default_allocator:
+        reuse_freed_buffers()
     work = args.workdir or tempfile.mkdtemp(prefix="tank-scan-")
     results = []
     configs = [

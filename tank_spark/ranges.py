@@ -18,6 +18,7 @@ from pyspark.sql.datasource import InputPartition
 from tank_log.errors import TankFormatError, UnrepresentableData
 from tank_log.format.arrow import to_record_batch
 from tank_log.format.index import usable_entries
+from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
 from tank_log.storage.datadir import MOVE_RETRIES, Partition, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
@@ -235,6 +236,7 @@ def read_range(
             first malformed chunk and the error is appended there (the batches before it were complete).
         FileNotFoundError: the range's segment vanished again on every one of `MOVE_RETRIES` re-plans.
     """
+    reuse_freed_buffers()  # an executor's Python worker decodes chunk after chunk (jobs/allocator.py)
     try:
         yield from _read_checked(r, lost, 0)
     except TankFormatError as err:
