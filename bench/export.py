@@ -114,6 +114,7 @@ def main() -> None:
 
     wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)
     s = rep["summary"]
+    driver_wall, d = export_in_driver(base, os.path.join(work, "table-in-driver"), s["rows"])
 
     # the same rows from a Parquet copy into Delta with the same engine
     import pyarrow as pa
@@ -179,6 +180,9 @@ def main() -> None:
         "mb_per_s_job": round(data_bytes / s["export_s"] / 1e6, 1),
         "parquet_to_delta_s": round(parquet_to_delta, 2),
         "ratio_job_vs_parquet_to_delta": round(s["export_s"] / parquet_to_delta, 2),
+        "in_driver_process_wall_s": round(driver_wall, 2),
+        "in_driver_export_s": d["export_s"],
+        "ratio_in_driver_vs_parquet_to_delta": round(d["export_s"] / parquet_to_delta, 2),
         "import_process_wall_s": round(import_wall, 2),
         "import_job_s": imp["import_s"],
         "rows_per_s_import_job": imp["rows_per_s"],
@@ -202,6 +206,7 @@ def export_to_s3(args) -> None:
     try:
         _, rep = run_job("export_delta", "--data-dir", base, "--table", "s3://bench/table", *flags, report=report)
         s = rep["summary"]
+        driver_wall, d = export_in_driver(base, "s3://bench/table-in-driver", s["rows"], flags)
         copy = os.path.join(work, "copy.parquet")
         pq.write_table(DeltaTable("s3://bench/table", storage_options=options).to_pyarrow_table(), copy)
         rows = pq.read_table(copy)
@@ -218,8 +223,24 @@ def export_to_s3(args) -> None:
         "rows_per_s_job": round(s["rows"] / s["export_s"]),
         "parquet_to_delta_s3_s": round(parquet_to_delta, 2),
         "ratio_job_vs_parquet_to_delta": round(s["export_s"] / parquet_to_delta, 2),
+        "in_driver_process_wall_s": round(driver_wall, 2),
+        "in_driver_export_s": d["export_s"],
+        "ratio_in_driver_vs_parquet_to_delta": round(d["export_s"] / parquet_to_delta, 2),
     }
     print(json.dumps(out, indent=2))
+
+
+def export_in_driver(base: str, table: str, rows: int, flags: tuple[str, ...] | list[str] = ()) -> tuple[float, dict]:
+    """The same export with `--in-driver-max-bytes` above its size: the driver reads and writes, no Spark starts."""
+    report = os.path.join(os.path.dirname(base), "report-in-driver.json")
+    if "://" not in table:
+        shutil.rmtree(table, ignore_errors=True)
+    wall, rep = run_job(
+        "export_delta", "--data-dir", base, "--table", table, *flags, "--in-driver-max-bytes", "4gb", report=report
+    )
+    summary = rep["summary"]
+    assert summary["executed_on"] == "driver" and summary["rows"] == rows, summary
+    return wall, summary
 
 
 if __name__ == "__main__":

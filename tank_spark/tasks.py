@@ -7,6 +7,7 @@ round-robin so that neighbouring items (often of similar size) land in different
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 TASKS_PER_CORE = 4
@@ -17,3 +18,14 @@ def deal(sc: Any, items: list[Any]) -> Any:
     slices = max(1, min(len(items), max(1, sc.defaultParallelism) * TASKS_PER_CORE))
     indexed = list(enumerate(items))
     return sc.parallelize([x for j in range(slices) for x in indexed[j::slices]], numSlices=slices)
+
+
+Task = Callable[[Iterator[tuple[int, Any]]], Iterator[Any]]
+
+
+def map_dealt(sc: Any | None, items: list[Any], task: Task) -> list[Any]:
+    """`task` over the (index, item) pairs dealt to Spark tasks, collected; with no SparkContext (work small enough
+    for the driver, e.g. `export.in_driver_max_bytes`), over all of them in this process."""
+    if sc is None:
+        return list(task(iter(enumerate(items))))
+    return list(deal(sc, items).mapPartitions(task).collect())

@@ -185,6 +185,7 @@ class ExportConfig:
     on_corruption: str = "prefix"  # prefix | skip: what a partition with malformed data exports
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # delta-rs names; may hold secrets
     orphan_horizon_ms: int = 12 * 3600 * 1000  # files of runs that never committed, older than this, are removed
+    in_driver_max_bytes: int = 0  # an export of at most this many new segment bytes runs in the driver, without Spark
 
 
 @dataclass(frozen=True)
@@ -364,6 +365,7 @@ def _export(value: Any) -> ExportConfig:
         "on_corruption",
         "storage_options",
         "orphan_horizon",
+        "in_driver_max_bytes",
     }
     _check_keys(v, keys, w)
     kw: dict[str, Any] = {}
@@ -392,6 +394,8 @@ def _export(value: Any) -> ExportConfig:
         kw["orphan_horizon_ms"] = _duration_ms(v["orphan_horizon"], f"{w}.orphan_horizon")
         if not kw["orphan_horizon_ms"]:
             raise JobConfigError(f"{w}.orphan_horizon: must be more than 0 (it protects runs in flight)")
+    if "in_driver_max_bytes" in v:
+        kw["in_driver_max_bytes"] = _size(v["in_driver_max_bytes"], f"{w}.in_driver_max_bytes")
     cfg = replace(ExportConfig(), **kw)
     if (cfg.value_format == "json") != (cfg.value_schema is not None):
         raise JobConfigError(f"{w}: value_schema goes with value_format json (and json needs it)")

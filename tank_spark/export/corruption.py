@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tank_spark.export.plan import PartitionPlan
-from tank_spark.tasks import deal
+from tank_spark.tasks import map_dealt
 
 ON_CORRUPTION = ("prefix", "skip")
 
@@ -87,8 +87,9 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
 
 
 def scan_ranges(spark, ranges) -> list[RangeOutcome]:
-    """Read every range on the executors, writing nothing: rows, seq bounds and the error that stopped it (the
-    dry run, and the pre-pass of exports that decode through Spark SQL, whose reader cannot report per range)."""
+    """Read every range on the executors (in this process when `spark` is None), writing nothing: rows, seq bounds
+    and the error that stopped it (the dry run, and the pre-pass of exports that decode through Spark SQL, whose
+    reader cannot report per range)."""
 
     def task(it):
         from tank_spark.ranges import read_range
@@ -96,7 +97,7 @@ def scan_ranges(spark, ranges) -> list[RangeOutcome]:
         for i, r in it:
             yield outcome_of(i, r, read_range)
 
-    return deal(spark.sparkContext, ranges).mapPartitions(task).collect()
+    return map_dealt(spark and spark.sparkContext, ranges, task)
 
 
 def outcome_of(index: int, r, read_range) -> RangeOutcome:

@@ -17,7 +17,7 @@ from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name
 from tank_spark.ranges import parse_partition_key, partition_key
 from tank_spark.schema import TS_RAW
-from tank_spark.tasks import deal
+from tank_spark.tasks import map_dealt
 
 FILE_META_SCHEMA = (
     "path string, size long, partition_values string, num_records long, stats string, "
@@ -84,9 +84,9 @@ def make_file_writer(
 
 
 def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str):
-    """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`). Returns the files'
-    metadata (each with the `range` it came from) and each range's outcome (a malformed chunk stops that range, not
-    the run)."""
+    """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`; in this process when
+    `spark` is None). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
+    malformed chunk stops that range, not the run)."""
     from tank_spark.export.corruption import TrackedRead
 
     writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
@@ -101,7 +101,7 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
                     yield ("file", {**m, "range": i})
             yield ("outcome", read.outcome())
 
-    out = deal(spark.sparkContext, ranges).mapPartitions(task).collect()
+    out = map_dealt(spark and spark.sparkContext, ranges, task)
     return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
 
 

@@ -3,7 +3,8 @@
 Exactly-once, incremental: the last exported seq of every partition lives in the Delta table's own log as an
 application transaction (app id from table + topic + partition, version = last exported seq). A run exports
 seq (version, end] where `end` is fixed when the run is planned; executors write Parquet files into the table
-directory; the driver commits all of them in ONE Delta transaction that also records every partition's new version.
+directory (or, for an export of at most `export.in_driver_max_bytes`, the driver writes them itself without starting
+Spark); the driver commits all of them in ONE Delta transaction that also records every partition's new version.
 A run that dies before the commit leaves only unreferenced files (invisible; the next run exports the same
 messages once and, past the orphan horizon, removes them: `orphans.py`). A finished run re-run commits nothing.
 delta-rs does not skip an already-recorded transaction version by itself, so the driver re-checks every version
@@ -23,6 +24,7 @@ column in the same atomic commit) — never dropped. Empty values (tombstones) d
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import asdict, replace
 
@@ -115,10 +117,27 @@ def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
 
 def needs_spark(ctx, prepared) -> bool:
     """Spark starts only for work on executors: an up-to-date run or an upkeep-only task (orphans, optimize, vacuum:
-    delta-rs on the driver) runs without a JVM. A JSON value schema is parsed by Spark, so it checks the table."""
+    delta-rs on the driver) runs without a JVM, and so does an export small enough for the driver (`in_driver`). A
+    JSON value schema is parsed by Spark, so it checks the table."""
     settings, plans, _ = prepared
     json_check = settings.value_format == "json" and not settings.upkeep_only
-    return settings.continuous or json_check or any(p.has_work for p in plans)
+    if settings.continuous or json_check:
+        return True
+    return any(p.has_work for p in plans) and not in_driver(ctx, settings, plans)
+
+
+def in_driver(ctx, settings: ExportSettings, plans: list[PartitionPlan]) -> bool:
+    """Whether this export reads at most `in_driver_max_bytes` of segment data (binary or utf8 values, delta-rs): then
+    the driver reads and writes it itself. Starting Spark and its first job's Python workers costs seconds
+    (bench/RESULTS.md), more than such an export takes on one core."""
+    if not settings.in_driver_max_bytes or settings.engine != "deltalake" or settings.value_format == "json":
+        return False
+    total = 0
+    for r in direct_ranges(ctx, settings, plans):
+        total += (r.stop if r.stop is not None else os.path.getsize(r.path)) - r.start
+        if total > settings.in_driver_max_bytes:
+            return False
+    return True
 
 
 def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], table):
@@ -132,6 +151,7 @@ def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], ta
     if not work:
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
         return list(results.values()), summary
+    summary["executed_on"] = "executors" if spark is not None else "driver"  # the driver: `in_driver`
     if settings.engine == "spark":
         check_delta_spark(spark)
     sql_path = settings.value_format == "json" or settings.engine == "spark"

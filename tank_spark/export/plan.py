@@ -90,6 +90,7 @@ class ExportSettings:
     trigger_interval_ms: int = 30_000
     checkpoint: str | None = None
     on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
+    in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process, without Spark
 
     @property
     def location(self) -> TableLocation:
@@ -147,6 +148,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trigger-interval", metavar="DURATION", help="with --continuous: micro-batch interval (30s)")
     p.add_argument(
         "--checkpoint", metavar="PATH", help="with --continuous: the query's checkpoint directory (required)"
+    )
+    p.add_argument(
+        "--in-driver-max-bytes",
+        metavar="SIZE",
+        help="an export reading at most this much new segment data (e.g. 256mb) runs in the driver process without "
+        "starting Spark (binary/utf8 values, engine deltalake); 0, the default: always on executors",
     )
     p.add_argument(
         "--on-data-loss",
@@ -212,6 +219,11 @@ def prepare(ctx, args):
         optimize=args.optimize,
         vacuum_retention_ms=parse_duration_ms(args.vacuum, "--vacuum") if args.vacuum else None,
         upkeep_only=args.upkeep_only,
+        in_driver_max_bytes=(
+            parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
+            if args.in_driver_max_bytes is not None
+            else cfg.in_driver_max_bytes
+        ),
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):

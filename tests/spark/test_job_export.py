@@ -148,6 +148,46 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     assert table_rows(lake) == sorted(expected) and lake.table().version() == 2
 
 
+def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path):
+    """`--in-driver-max-bytes`: an export reading at most that much segment data is read and written by the driver
+    itself (no JVM); it commits the same way, so a crash before the commit and a rerun still export every message
+    once. Above the limit, executors do the work."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "table")
+    args = ["--data-dir", base, "--table", table, "--topics", "events,seqgap"]
+
+    def report(name):
+        return json.load(open(tmp_path / name))
+
+    r = run_job(*args, "--in-driver-max-bytes", "64mb", "--dry-run", "--report", str(tmp_path / "0.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = report("0.json")
+    expected = dump_rows("A_multi", {"events", "seqgap"})
+    assert rep["summary"]["executed_on"] == "driver" and rep["summary"]["rows"] == len(expected)
+    assert "spark" not in rep and not os.path.exists(table)
+
+    r = run_job(*args, "--in-driver-max-bytes", "64mb", "--report", str(tmp_path / "1.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = report("1.json")
+    assert rep["summary"]["executed_on"] == "driver" and "spark" not in rep and "spark_start_s" not in rep["timings"]
+    assert table_rows(table) == expected and rep["summary"]["rows"] == len(expected)
+
+    expected += roll_and_append(base, "events", 50)
+    r = run_job(*args, "--in-driver-max-bytes", "64mb", env_extra={"TANK_LOG_EXPORT_CRASH": "before-commit"})
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert DeltaTable(table).version() == 1
+    r = run_job(*args, "--in-driver-max-bytes", "64mb", "--report", str(tmp_path / "2.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert table_rows(table) == sorted(expected) and report("2.json")["summary"]["rows"] == 150
+
+    expected += roll_and_append(base, "events", 20)  # above the limit: executors
+    r = run_job(*args, "--in-driver-max-bytes", "1kb", "--report", str(tmp_path / "3.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = report("3.json")
+    assert rep["summary"]["executed_on"] == "executors" and "spark_start_s" in rep["timings"]
+    assert table_rows(table) == sorted(expected) and rep["summary"]["rows"] == 60
+
+
 def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, s3_server):
     """#11.4: --optimize compacts the small files of incremental runs, --vacuum deletes what no version within the
     retention needs; both report files/bytes before and after and keep every row and every partition's version.
