@@ -175,11 +175,14 @@ class SegmentWriter:
         fits = _first_at_least(seq, first + REL_SEQ_LIMIT)
         i = 0
         while self._pending and i < fits:  # top up the open bundle exactly as `add` would
-            bundles = self.bundles
-            self.add(messages_of(cols.slice(i, i + 1))[0])
-            i += 1
-            if self.bundles > bundles and stop_past_size is not None and self.size > stop_past_size:
-                return i
+            for m in messages_of(cols.slice(i, min(fits, i + self.policy.max_messages))):  # Messages a bundle at a time
+                bundles = self.bundles
+                self.add(m)
+                i += 1
+                if self.bundles > bundles and stop_past_size is not None and self.size > stop_past_size:
+                    return i
+                if not self._pending:
+                    break
         sizes = np.where(keyed, cols.key_len, 0) + cols.val_len + 8
         ends = np.concatenate(([0], np.cumsum(sizes)))  # ends[k]: Σ sizes of rows < k
         max_messages, max_bytes = self.policy.max_messages, self.policy.max_bytes
