@@ -178,6 +178,16 @@ cdef struct Row:
     uint8_t flags
 
 
+cdef inline bint _bad_claim(const uint8_t *b, Py_ssize_t q, Py_ssize_t end, uint64_t count, uint64_t max_exp,
+                            uint32_t *claim) noexcept nogil:
+    """Read the uncompressed length a Snappy block at [q, end) claims into *claim; True when it is unreadable, more
+    than the block can expand to, or too small for `count` messages (checked before anything is allocated)."""
+    cdef Py_ssize_t after = 0
+    if q == end or read_varint(b, q, end, claim, &after):
+        return True
+    return claim[0] > max_exp * <uint64_t>(end - q) + 64 or count > claim[0] // MIN_MESSAGE_BYTES
+
+
 def walk(object data, Py_ssize_t start, object next_seq, bint collect, object max_bytes, object stop_seq,
          Py_ssize_t max_messages, tuple codecs):
     """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress_into, max_expansion)
@@ -201,7 +211,6 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
     cdef object spec
     cdef object gathered = None
     cdef uint32_t claim = 0
-    cdef Py_ssize_t after_claim = 0
     if rows == NULL:
         raise MemoryError()
     try:
@@ -278,13 +287,9 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 if c > (max_exp * <uint64_t>(end - q) + 64) // MIN_MESSAGE_BYTES:
                     reason = R_ERROR
                     break
-                if collect:  # the Snappy block's uncompressed length, bounded before anything is allocated
-                    if q == end or read_varint(b, q, end, &claim, &after_claim):
-                        reason = R_ERROR
-                        break
-                    if claim > max_exp * <uint64_t>(end - q) + 64 or c > claim // MIN_MESSAGE_BYTES:
-                        reason = R_ERROR
-                        break
+                if collect and _bad_claim(b, q, end, c, max_exp, &claim):
+                    reason = R_ERROR
+                    break
             elif c > <uint64_t>(end - q) // MIN_MESSAGE_BYTES:
                 reason = R_ERROR
                 break
@@ -406,10 +411,9 @@ def collect(object data, const int64_t[::1] offsets, const int64_t[::1] ends, co
     `walk` gathers them with `collect`: (data, set_starts, set_ends), or the index of the first bundle whose Snappy
     block has an impossible claim or does not decompress to it (decode.collect_bundles then names the error)."""
     cdef const uint8_t[::1] view = data
-    cdef Py_ssize_t n = counts.shape[0], size = view.shape[0], i, after = 0
+    cdef Py_ssize_t n = counts.shape[0], size = view.shape[0], i
     cdef const uint8_t *b = &view[0] if size else NULL
     cdef uint32_t claim = 0
-    cdef uint64_t max_exp
     cdef uint8_t codec
     cdef Row *rows = <Row *>PyMem_Malloc((n + 1) * sizeof(Row))
     if rows == NULL:
@@ -425,12 +429,7 @@ def collect(object data, const int64_t[::1] offsets, const int64_t[::1] ends, co
             rows[i].flags = flags[i]
             codec = flags[i] & 0x03
             if codec:
-                if codecs[codec] is None or set_offsets[i] == ends[i]:
-                    return i
-                max_exp = codecs[codec][1]
-                if read_varint(b, set_offsets[i], ends[i], &claim, &after):
-                    return i
-                if claim > max_exp * <uint64_t>(ends[i] - set_offsets[i]) + 64 or counts[i] > claim // MIN_MESSAGE_BYTES:
+                if codecs[codec] is None or _bad_claim(b, set_offsets[i], ends[i], counts[i], codecs[codec][1], &claim):
                     return i
                 rows[i].set_len = claim
             else:
