@@ -19,7 +19,7 @@ import builtins
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 import numpy as np
@@ -88,6 +88,22 @@ class BundleTable:
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+    def take(self, rows: np.ndarray | slice) -> BundleTable:
+        """The bundles at `rows` (indices or a slice, in order), sharing this table's buffers."""
+        starts, ends = self.set_starts, self.set_ends
+        return replace(
+            self,
+            offsets=self.offsets[rows],
+            ends=self.ends[rows],
+            set_offsets=self.set_offsets[rows],
+            flags=self.flags[rows],
+            counts=self.counts[rows],
+            firsts=self.firsts[rows],
+            lasts=self.lasts[rows],
+            set_starts=None if starts is None else starts[rows],
+            set_ends=None if ends is None else ends[rows],
+        )
 
     def framed(self, i: int) -> bytes:
         """Bundle i as stored: its length varint, header and message set."""
@@ -187,16 +203,12 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
     buf = table.walked
     mv = memoryview(buf)
     pick = rows.astype(np.int64, copy=False)
-    t = table
-    sub = BundleTable(
-        t.offsets[pick], t.ends[pick], t.set_offsets[pick], t.flags[pick], t.counts[pick], t.firsts[pick], t.lasts[pick]
-    )
-    sub.walked = buf
+    sub = table.take(pick)
     core = native.core()
     if core is not None:
         got = core.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
         if isinstance(got, int):
-            _raise_at(buf, sub, got)
+            _raise_first_error(table, pick, sub, got)
         sub.data, sub.set_starts, sub.set_ends = got
         return sub
     sets: list[Any] = []
@@ -213,10 +225,18 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
         except TankFormatError:
             unpacked = None
         if unpacked is None or c > len(unpacked) // MIN_MESSAGE_BYTES:  # the walk's checks, with its error
-            _raise_at(buf, sub, i)
+            _raise_first_error(table, pick, sub, i)
         sets.append(unpacked)
     sub.data, sub.set_starts, sub.set_ends = _gather(sets)
     return sub
+
+
+def _raise_first_error(table: BundleTable, rows: np.ndarray, sub: BundleTable, i: int) -> NoReturn:
+    """Chosen bundle i does not collect; raise the first error in file order, as collecting bundle by bundle would:
+    a chosen bundle before it whose messages are malformed, else bundle i's own error."""
+    if i:
+        decode_messages(collect_bundles(table, rows[:i]))
+    _raise_at(table.walked, sub, i)
 
 
 def _raise_at(buf: bytes, table: BundleTable, i: int) -> NoReturn:
@@ -456,21 +476,47 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     """Decode every message of `table` (collected with `walk_bundles(collect=True)`).
 
     Raises:
-        TankFormatError: a message set that contradicts its bundle header (offset of the bundle).
+        TankFormatError: a message set that contradicts its bundle header (offset of the first such bundle).
     """
-    core = native.core()
-    if core is not None:
-        assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
-        cols = core.decode(
-            table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
-        )
-        if cols is not None:
-            seq, ts, key_off, key_len, val_off, val_len, bundle = cols
-            return MessageColumns(seq, ts, key_off, key_len, val_off, val_len, bundle, table.data)
-    cols = _decode_pure(table)  # with the compiled core: a malformed set, so this raises the precise error
-    if core is not None:
-        raise AssertionError("the compiled decoder rejects a message set that the pure decoder accepts")
+    cols = _decode(table)
+    if cols is None:
+        _raise_first_bad_bundle(table)
     return cols
+
+
+def _decode(table: BundleTable) -> MessageColumns | None:
+    """The columns, or None for a malformed message set."""
+    core = native.core()
+    if core is None:
+        try:
+            return _decode_pure(table)
+        except TankFormatError:
+            return None
+    assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
+    cols = core.decode(
+        table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
+    )
+    if cols is None:
+        return None
+    seq, ts, key_off, key_len, val_off, val_len, bundle = cols
+    return MessageColumns(seq, ts, key_off, key_len, val_off, val_len, bundle, table.data)
+
+
+def _raise_first_bad_bundle(table: BundleTable) -> NoReturn:
+    """Raise the error of the first bundle, in file order, whose message set is malformed.
+
+    The decoders check all bundles in lockstep, so the first error they meet may be a later bundle's. Bundles decode
+    independently: bisect for the shortest failing prefix, then let the pure decoder name the error of its last bundle.
+    """
+    lo, hi = 0, len(table)  # table[:lo] decodes, table[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _decode(table.take(slice(0, mid))) is None:
+            hi = mid
+        else:
+            lo = mid
+    _decode_pure(table.take(slice(hi - 1, hi)))
+    raise AssertionError("the compiled decoder rejects a message set that the pure decoder accepts")
 
 
 def _decode_pure(table: BundleTable) -> MessageColumns:

@@ -2,6 +2,7 @@
 
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +19,7 @@ from tank_log.format.bundle import (
     is_contiguous,
     parse_bundle_header,
 )
-from tank_log.format.decode import decode_messages, walk_bundles
+from tank_log.format.decode import collect_bundles, decode_messages, walk_bundles
 
 keys = st.one_of(st.none(), st.binary(min_size=1, max_size=255))
 values = st.binary(max_size=300)
@@ -159,6 +160,37 @@ def test_strict_errors(mutate, needle, codec_core):
         decode_messages(res.table)
     assert needle in str(e.value)
     assert e.value.offset == 0
+
+
+def _left_over_byte() -> bytes:
+    """A two-message bundle with a byte after its last message: the decoder notices at its second message."""
+    good = frame(encode_bundle([Message(1, 0, b"k", b"v"), Message(2, 0, None, b"w")], sparse=False))
+    return bytes([good[0] + 1]) + good[1:] + b"\x00"
+
+
+def test_the_error_names_the_first_bad_bundle_in_file_order(codec_core):
+    """The decoders check bundles in lockstep: a later bundle's bad first message is met before an earlier bundle's
+    bad second one, yet the error is the earlier bundle's (an operator looks there first)."""
+    a = _left_over_byte()
+    b = bytearray(frame(encode_bundle([Message(3, 0, None, b"x")], sparse=False)))
+    b[int(walk_bundles(bytes(b), 0, 3, collect=False).table.set_offsets[0])] |= 0x80  # message flags bit 7
+    with pytest.raises(TankFormatError) as e:
+        decode_messages(walk_bundles(a + bytes(b), 0, 1).table)
+    assert "bytes left over" in e.value.message and e.value.offset == 0
+
+
+def test_collecting_chosen_bundles_names_the_first_bad_bundle(codec_core):
+    """A bundle whose messages are malformed before one that does not decompress: the error is the first one's."""
+    a = _left_over_byte()
+    good = frame(encode_bundle([Message(3, 0, None, b"z" * 3000)], sparse=False, codec=Codec.SNAPPY))
+    b = good[:7] + bytes([good[7] ^ 0xFF]) + good[8:]  # a copy with a bad offset
+    headers = walk_bundles(a + b, 0, 1, collect=False).table
+    with pytest.raises(TankFormatError) as e:
+        decode_messages(collect_bundles(headers, np.array([0, 1])))
+    assert "bytes left over" in e.value.message and e.value.offset == 0
+    with pytest.raises(TankFormatError) as e:
+        collect_bundles(headers, np.array([1]))
+    assert "Snappy" in e.value.message and e.value.offset == len(a)
 
 
 def test_bad_snappy_is_a_format_error(codec_core):
