@@ -599,7 +599,7 @@ def encode_message_set(object messages, bint sparse):
         o[w] = flags
         w += 1
         if gap:
-            w = _put_varint(o, w, <uint32_t>gap)
+            w = _put_varint(&o[0], w, <uint32_t>gap)
         if not flags & USE_LAST_TS:
             tl_store_u64(&o[w], ts)
             w += 8
@@ -610,7 +610,7 @@ def encode_message_set(object messages, bint sparse):
             memcpy(&o[w], &kv[0], kv.shape[0])
             w += kv.shape[0]
         vv = value
-        w = _put_varint(o, w, <uint32_t>vv.shape[0])
+        w = _put_varint(&o[0], w, <uint32_t>vv.shape[0])
         if vv.shape[0]:
             memcpy(&o[w], &vv[0], vv.shape[0])
             w += vv.shape[0]
@@ -624,34 +624,174 @@ def encode_columns(object data, const uint64_t[::1] seq, const uint64_t[::1] ts,
     """encode_message_set's output for messages given as columns over `data` (decode.MessageColumns); None for
     input the pure encoder rejects or rows outside `data` (the caller then encodes on the pure path, which raises)."""
     cdef const uint8_t[::1] d = data
-    cdef Py_ssize_t count = seq.shape[0], i, size = 0, w = 0, dsize = d.shape[0]
-    cdef int64_t ko, kl, vo, vl
-    cdef uint64_t prev_ts = 0, gap
-    cdef uint8_t flags
+    cdef Py_ssize_t count = seq.shape[0], size, payload = 0
     if ts.shape[0] != count or key_off.shape[0] != count or key_len.shape[0] != count \
             or val_off.shape[0] != count or val_len.shape[0] != count:
         return None
     if count == 0:
         return b""
-    for i in range(count):  # first pass: validate and size
-        ko, kl, vo, vl = key_off[i], key_len[i], val_off[i], val_len[i]
-        if ko >= 0 and (kl < 0 or kl > 255 or ko > dsize - kl):
+    cdef Columns c = _columns(d, seq, ts, key_off, key_len, val_off, val_len)
+    size = _rows_bound(&c, 0, count, sparse, &payload)
+    if size < 0:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, size)
+    return out[:_encode_rows(&c, 0, count, sparse, <uint8_t *>PyBytes_AS_STRING(out))]
+
+
+def encode_bundles(object data, const uint64_t[::1] seq, const uint64_t[::1] ts, const int64_t[::1] key_off,
+                   const int64_t[::1] key_len, const int64_t[::1] val_off, const int64_t[::1] val_len,
+                   const int64_t[::1] bounds, uint64_t expected, int snappy, object compress):
+    """The framed bundles (§3.1, §3.3) of rows [bounds[k], bounds[k + 1]) for each k, one after another, as
+    `frame(encode_bundle_columns(...))` gives each: (bytes, int64 array of each bundle's end in them); None for rows
+    the pure encoder rejects (it then raises).
+
+    A bundle is non-sparse when it continues the counter (§3.6): its first seq is `expected` (0: the first bundle
+    starts the segment) or the previous bundle's last + 1, and its seqs are consecutive. `snappy`: the SnappyPolicy
+    (0 never, 1 client, 2 always, 3 when smaller, bundle.choose_codec's rules); `compress`: the Snappy block
+    compressor, called with the message set's bytes.
+    """
+    cdef const uint8_t[::1] d = data
+    cdef Py_ssize_t count = seq.shape[0], nb = bounds.shape[0] - 1, k, lo, hi, n, bound, set_len, payload, hlen
+    cdef Py_ssize_t w = 0, cap = 0, pay_len
+    cdef uint64_t first, last
+    cdef uint8_t flags, codec
+    cdef bint sparse
+    cdef uint8_t header[32]
+    cdef const uint8_t *pay
+    cdef const uint8_t[::1] packed_view
+    cdef object packed
+    if ts.shape[0] != count or key_off.shape[0] != count or key_len.shape[0] != count \
+            or val_off.shape[0] != count or val_len.shape[0] != count or nb < 0:
+        return None
+    cdef Columns c = _columns(d, seq, ts, key_off, key_len, val_off, val_len)
+    for k in range(nb):  # validate and size every bundle first: no output for input the pure encoder rejects
+        lo, hi = bounds[k], bounds[k + 1]
+        if lo < 0 or hi > count or hi <= lo or seq[lo] < 1 or seq[hi - 1] < seq[lo]:
             return None
-        if vo < 0 or vl < 0 or <uint64_t>vl > U32_MAX or vo > dsize - vl:
+        sparse = _sparse(c.seq, lo, hi, expected if k == 0 else seq[lo - 1] + 1)
+        if sparse and hi - lo > 1 and seq[hi - 1] - seq[lo] - 1 > U32_MAX:
             return None
-        if sparse and 0 < i < count - 1 and (seq[i] <= seq[i - 1] or seq[i] - seq[i - 1] - 1 > U32_MAX):
+        bound = _rows_bound(&c, lo, hi, sparse, &payload)
+        if bound < 0:
             return None
+        cap = max(cap, bound)
+    ends = np.empty(nb, dtype=np.int64)
+    cdef int64_t[::1] ends_v = ends
+    cdef uint8_t *scratch = <uint8_t *>PyMem_Malloc(cap + 1)
+    cdef uint8_t *out = NULL
+    cdef uint8_t *grown
+    cdef Py_ssize_t out_cap = 0
+    if scratch == NULL:
+        raise MemoryError()
+    try:
+        for k in range(nb):
+            lo, hi = bounds[k], bounds[k + 1]
+            n = hi - lo
+            first, last = seq[lo], seq[hi - 1]
+            sparse = _sparse(c.seq, lo, hi, expected if k == 0 else seq[lo - 1] + 1)
+            _rows_bound(&c, lo, hi, sparse, &payload)
+            set_len = _encode_rows(&c, lo, hi, sparse, scratch)
+            codec = 0
+            pay, pay_len = scratch, set_len
+            if snappy == 2 or (snappy == 1 and (n > 512 or payload > 1024)) or (snappy == 3 and set_len > 1024):
+                packed = compress(PyBytes_FromStringAndSize(<char *>scratch, set_len))
+                packed_view = packed
+                if snappy != 3 or packed_view.shape[0] < set_len:
+                    codec = 1
+                    pay, pay_len = &packed_view[0] if packed_view.shape[0] else scratch, packed_view.shape[0]
+            flags = codec | (SPARSE if sparse else 0) | (<uint8_t>(n << 2) if n < 16 else 0)
+            header[0] = flags
+            hlen = 1
+            if n >= 16:
+                hlen = _put_varint(header, hlen, <uint32_t>n)
+            if sparse:
+                tl_store_u64(&header[hlen], first)
+                hlen += 8
+                if n != 1:
+                    hlen = _put_varint(header, hlen, <uint32_t>(last - first - 1))
+            if w + 5 + hlen + pay_len > out_cap:
+                out_cap = max(2 * out_cap, w + 5 + hlen + pay_len + (64 << 10))
+                grown = <uint8_t *>PyMem_Realloc(out, out_cap)
+                if grown == NULL:
+                    raise MemoryError()
+                out = grown
+            w = _put_varint(out, w, <uint32_t>(hlen + pay_len))
+            memcpy(out + w, header, hlen)
+            w += hlen
+            memcpy(out + w, pay, pay_len)
+            w += pay_len
+            ends_v[k] = w
+        return PyBytes_FromStringAndSize(<char *>out, w), ends
+    finally:
+        PyMem_Free(scratch)
+        PyMem_Free(out)
+
+
+cdef struct Columns:
+    const uint8_t *data
+    Py_ssize_t size
+    const uint64_t *seq
+    const uint64_t *ts
+    const int64_t *key_off
+    const int64_t *key_len
+    const int64_t *val_off
+    const int64_t *val_len
+
+
+cdef Columns _columns(const uint8_t[::1] d, const uint64_t[::1] seq, const uint64_t[::1] ts,
+                      const int64_t[::1] key_off, const int64_t[::1] key_len, const int64_t[::1] val_off,
+                      const int64_t[::1] val_len):
+    cdef Columns c
+    c.size = d.shape[0]
+    c.data = &d[0] if c.size else NULL
+    c.seq, c.ts = &seq[0] if seq.shape[0] else NULL, &ts[0] if ts.shape[0] else NULL
+    c.key_off, c.key_len = &key_off[0] if key_off.shape[0] else NULL, &key_len[0] if key_len.shape[0] else NULL
+    c.val_off, c.val_len = &val_off[0] if val_off.shape[0] else NULL, &val_len[0] if val_len.shape[0] else NULL
+    return c
+
+
+cdef inline bint _sparse(const uint64_t *seq, Py_ssize_t lo, Py_ssize_t hi, uint64_t expected) noexcept nogil:
+    """Whether rows [lo, hi) need a sparse bundle: they do not carry expected, expected + 1, ... (0: seq[lo])."""
+    if expected == 0:
+        expected = seq[lo]
+    return not (seq[lo] == expected and seq[hi - 1] - seq[lo] == <uint64_t>(hi - lo - 1))
+
+
+cdef Py_ssize_t _rows_bound(const Columns *c, Py_ssize_t lo, Py_ssize_t hi, bint sparse,
+                            Py_ssize_t *payload) noexcept nogil:
+    """An upper bound of the message set of rows [lo, hi) (and Σ key + value into `payload`); -1 for rows the pure
+    encoder rejects (a key over 255 bytes, a seq gap of 2**32 or more, a value over u32) or outside the data."""
+    cdef Py_ssize_t i, size = 0, pay = 0
+    cdef int64_t ko, kl, vo, vl
+    for i in range(lo, hi):
+        ko, kl, vo, vl = c.key_off[i], c.key_len[i], c.val_off[i], c.val_len[i]
+        if ko >= 0 and (kl < 0 or kl > 255 or ko > c.size - kl):
+            return -1
+        if vo < 0 or vl < 0 or <uint64_t>vl > U32_MAX or vo > c.size - vl:
+            return -1
+        if sparse and lo < i < hi - 1 and (c.seq[i] <= c.seq[i - 1] or c.seq[i] - c.seq[i - 1] - 1 > U32_MAX):
+            return -1
+        pay += (kl if ko >= 0 else 0) + vl
         size += 1 + 5 + 8 + 1 + (kl if ko >= 0 else 0) + 5 + vl
-    out = bytearray(size)
-    cdef uint8_t[::1] o = out
-    for i in range(count):
-        ko, kl, vo, vl = key_off[i], key_len[i], val_off[i], val_len[i]
+    payload[0] = pay
+    return size
+
+
+cdef Py_ssize_t _encode_rows(const Columns *c, Py_ssize_t lo, Py_ssize_t hi, bint sparse, uint8_t *o) noexcept nogil:
+    """Encode rows [lo, hi) (checked by _rows_bound) as a message set into `o` (§3.5, the writers' conventions of
+    encode_message_set); returns its length."""
+    cdef Py_ssize_t i, w = 0
+    cdef int64_t ko, kl, vo, vl
+    cdef uint64_t prev_ts = 0, gap
+    cdef uint8_t flags
+    for i in range(lo, hi):
+        ko, kl, vo, vl = c.key_off[i], c.key_len[i], c.val_off[i], c.val_len[i]
         flags = HAVE_KEY if ko >= 0 and kl > 0 else 0
-        if i and ts[i] == prev_ts:
+        if i > lo and c.ts[i] == prev_ts:
             flags |= USE_LAST_TS
         gap = 0
-        if sparse and 0 < i < count - 1:
-            gap = seq[i] - seq[i - 1] - 1
+        if sparse and lo < i < hi - 1:
+            gap = c.seq[i] - c.seq[i - 1] - 1
             if gap == 0:
                 flags |= SEQ_PREV_PLUS_ONE
         o[w] = flags
@@ -659,22 +799,22 @@ def encode_columns(object data, const uint64_t[::1] seq, const uint64_t[::1] ts,
         if gap:
             w = _put_varint(o, w, <uint32_t>gap)
         if not flags & USE_LAST_TS:
-            tl_store_u64(&o[w], ts[i])
+            tl_store_u64(&o[w], c.ts[i])
             w += 8
         if flags & HAVE_KEY:
             o[w] = <uint8_t>kl
             w += 1
-            memcpy(&o[w], &d[ko], kl)
+            memcpy(&o[w], &c.data[ko], kl)
             w += kl
         w = _put_varint(o, w, <uint32_t>vl)
         if vl:
-            memcpy(&o[w], &d[vo], vl)
+            memcpy(&o[w], &c.data[vo], vl)
             w += vl
-        prev_ts = ts[i]
-    return PyBytes_FromStringAndSize(<char *>&o[0], w)
+        prev_ts = c.ts[i]
+    return w
 
 
-cdef inline Py_ssize_t _put_varint(uint8_t[::1] o, Py_ssize_t w, uint32_t v) noexcept:
+cdef inline Py_ssize_t _put_varint(uint8_t *o, Py_ssize_t w, uint32_t v) noexcept nogil:
     while v >= 0x80:
         o[w] = (v & 0x7F) | 0x80
         v >>= 7

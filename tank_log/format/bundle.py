@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import numpy as np
+
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.codecs import CODECS, Codec, block_codec
@@ -317,6 +319,48 @@ def encode_bundle_columns(cols: MessageColumns, *, sparse: bool, codec: Codec | 
     if codec is SnappyPolicy.CLIENT:
         payload = int(cols.key_len[cols.key_off >= 0].sum() + cols.val_len.sum())
     return _bundle(encode_message_set_columns(cols, sparse), count, first, last, sparse, codec, payload, None)
+
+
+_POLICY_CODES = {SnappyPolicy.NEVER: 0, SnappyPolicy.CLIENT: 1, SnappyPolicy.ALWAYS: 2, SnappyPolicy.WHEN_SMALLER: 3}
+
+
+def frame_bundles(
+    cols: MessageColumns, bounds: np.ndarray, expected: int | None, policy: SnappyPolicy
+) -> tuple[bytes, np.ndarray]:
+    """The framed bundles of rows [bounds[k], bounds[k + 1]) for each k, one after another, and each one's end in
+    them: `frame(encode_bundle_columns(...))` of each, in one call on the compiled core. A bundle is non-sparse when
+    it continues the running counter (§3.6) from `expected` (None: the first bundle starts it) or from the previous
+    bundle.
+
+    Raises:
+        ValueError: as `encode_bundle`.
+    """
+    core = native.core()
+    if core is not None:
+        got = core.encode_bundles(
+            cols.data,
+            cols.seq,
+            cols.ts,
+            cols.key_off,
+            cols.key_len,
+            cols.val_off,
+            cols.val_len,
+            bounds,
+            expected or 0,
+            _POLICY_CODES[policy],
+            block_codec(Codec.SNAPPY).compress,
+        )
+        if got is not None:
+            return got  # type: ignore[no-any-return]
+    parts = []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        rows = cols.slice(lo, hi)
+        first, last = int(rows.seq[0]), int(rows.seq[-1])
+        expected = first if expected is None else expected
+        sparse = not (first == expected and last - first == hi - lo - 1)
+        parts.append(frame(encode_bundle_columns(rows, sparse=sparse, codec=policy)))
+        expected = last + 1
+    return b"".join(parts), np.cumsum([len(p) for p in parts], dtype=np.int64)
 
 
 def _check_range(first: int, last: int, count: int, sparse: bool) -> None:

@@ -20,8 +20,8 @@ from tank_log.format.bundle import (
     Message,
     SnappyPolicy,
     encode_bundle,
-    encode_bundle_columns,
     frame,
+    frame_bundles,
     is_contiguous,
     messages_of,
 )
@@ -31,6 +31,7 @@ from tank_log.format.names import format_active_name, format_index_name, format_
 from tank_log.format.varint import U32_MAX, U64_MAX, unframed_size
 from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
 
+_BUNDLES_PER_BATCH = 64  # add_columns encodes this many bundles a call: work past a segment's roll is wasted
 SEGMENT_SIZE_LIMIT = (1 << 32) - 1  # §8: segment sizes and index offsets are u32
 # what add and add_columns refuse: a seq the segment's index cannot reach
 BEYOND_INDEX_REACH = "relative seq beyond 2**31 needs a _64 index (§4.6); start a new segment"
@@ -185,25 +186,30 @@ class SegmentWriter:
                     break
         sizes = np.where(keyed, cols.key_len, 0) + cols.val_len + 8
         ends = np.concatenate(([0], np.cumsum(sizes)))  # ends[k]: Σ sizes of rows < k
-        max_messages, max_bytes = self.policy.max_messages, self.policy.max_bytes
         # rows up to `fits` lie within 2**31 of the segment's first seq, so no sparse span needs `add`'s cut at 2**32
         while i < fits:
-            end = min(i + max_messages, int(np.searchsorted(ends, ends[i] + max_bytes)))  # the row that fills it
-            if end > fits:  # no row in reach fills the bundle: it stays open for the next rows
+            bounds = _bundle_bounds(ends, i, fits, self.policy)
+            if len(bounds) == 1:  # no row in reach fills a bundle: the rest stays open for the next rows
                 for m in messages_of(cols.slice(i, fits)):
                     self.add(m)
                 return fits
-            self._append_rows(cols.slice(i, end))
-            i = end
+            i = self._append_rows(cols, bounds, stop_past_size)
             if stop_past_size is not None and self.size > stop_past_size:
                 return i
         return fits
 
-    def _append_rows(self, rows: MessageColumns) -> None:
-        first, last, count = int(rows.seq[0]), int(rows.seq[-1]), len(rows)
-        expected = first if self.last is None else self.last + 1
-        sparse = not (first == expected and last - first == count - 1)  # contiguous: non-sparse (§3.6)
-        self._append(frame(encode_bundle_columns(rows, sparse=sparse, codec=self.policy.snappy)), first, last, count)
+    def _append_rows(self, cols: MessageColumns, bounds: np.ndarray, stop_past_size: int | None) -> int:
+        """Append the bundles of rows [bounds[k], bounds[k + 1]), up to the one that takes the segment past
+        `stop_past_size`; returns the row after the last appended."""
+        framed, frame_ends = frame_bundles(cols, bounds, self.expected_next, self.policy.snappy)
+        view, start, seq = memoryview(framed), 0, cols.seq
+        for k, stop in enumerate(frame_ends.tolist()):
+            lo, hi = int(bounds[k]), int(bounds[k + 1])
+            self._append(view[start:stop], int(seq[lo]), int(seq[hi - 1]), hi - lo)
+            start = stop
+            if stop_past_size is not None and self.size > stop_past_size:
+                return hi
+        return int(bounds[-1])
 
     def add_all(self, messages: Iterable[Message]) -> None:
         for m in messages:
@@ -236,7 +242,7 @@ class SegmentWriter:
 
     # ---- output ------------------------------------------------------------------------------------------------
 
-    def _append(self, framed: bytes, first: int, last: int, count: int) -> None:
+    def _append(self, framed: bytes | memoryview, first: int, last: int, count: int) -> None:
         if self.base is None:
             self.base = first
             self._fh = open(self._log_tmp, "wb")
@@ -312,6 +318,19 @@ class SegmentWriter:
             self.abort()
         elif not self._closed:
             self.close()
+
+
+def _bundle_bounds(ends: np.ndarray, i: int, fits: int, policy: BundlePolicy) -> np.ndarray:
+    """Where `add` would cut rows i.. (< fits) into full bundles (`ends[k]`: Σ of the row sizes before row k), up to
+    _BUNDLES_PER_BATCH of them: [i, end of the first, end of the second, ...]."""
+    bounds = [i]
+    while len(bounds) <= _BUNDLES_PER_BATCH:
+        start = bounds[-1]
+        end = min(start + policy.max_messages, int(np.searchsorted(ends, ends[start] + policy.max_bytes)))
+        if end > fits:  # no row before `fits` fills this bundle
+            break
+        bounds.append(end)
+    return np.array(bounds, dtype=np.int64)
 
 
 def _first_at_least(seq: np.ndarray, value: int) -> int:

@@ -16,10 +16,12 @@ from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import (
     Message,
+    SnappyPolicy,
     encode_bundle,
     encode_message_set,
     encode_message_set_columns,
     frame,
+    frame_bundles,
     messages_of,
 )
 from tank_log.format.decode import collect_bundles, decode_messages, walk_bundles
@@ -285,3 +287,36 @@ def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget
     assert compiled.superseded(*args, seq).tolist() == pure.superseded(*args, seq).tolist()
     if budget == 10**6:
         assert taken == count
+
+
+@st.composite
+def bundle_runs(draw):
+    """Messages (seqs with gaps or not), cut into bundles, and the counter's next seq before them (None: none)."""
+    msgs = draw(message_runs())
+    if draw(st.booleans()):  # consecutive seqs: non-sparse bundles where the counter continues
+        msgs = [Message(msgs[0].seq + i, m.ts, m.key, m.value) for i, m in enumerate(msgs)]
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(msgs) - 1), max_size=6)))) if len(msgs) > 1 else []
+    expected = draw(st.sampled_from([None, msgs[0].seq, msgs[0].seq - 1]))
+    return msgs, [0, *cuts, len(msgs)], expected or None
+
+
+@settings(max_examples=300, deadline=None)
+@given(bundle_runs(), st.sampled_from(list(SnappyPolicy)))
+def test_framing_bundles_in_bulk_is_identical(run, policy):
+    """The writer's bulk path (frame_bundles: one call for many bundles on the compiled core) = each bundle framed
+    on its own by the pure encoder, sparse exactly where the counter does not continue (§3.6)."""
+    msgs, bounds, expected = run
+    cols = decode_messages(walk_bundles(frame(encode_bundle(msgs, sparse=True)), 0, 1).table)
+    b = np.array(bounds, np.int64)
+    with native.use_pure(False):
+        fast, fast_ends = frame_bundles(cols, b, expected, policy)
+    with native.use_pure(True):
+        pure, pure_ends = frame_bundles(cols, b, expected, policy)
+    assert fast == pure and fast_ends.tolist() == pure_ends.tolist() == np.cumsum(_framed_sizes(pure)).tolist()
+    decoded = messages_of(decode_messages(walk_bundles(fast, 0, expected or msgs[0].seq).table))
+    assert decoded == [m if m.key else m._replace(key=None) for m in msgs]
+
+
+def _framed_sizes(buf: bytes) -> list[int]:
+    t = walk_bundles(buf, 0, 1, collect=False).table
+    return t.sizes
