@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_bundle import message_runs
@@ -287,6 +288,22 @@ def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget
     assert compiled.superseded(*args, seq).tolist() == pure.superseded(*args, seq).tolist()
     if budget == 10**6:
         assert taken == count
+
+
+def test_the_compiled_key_map_refuses_keys_outside_the_data():
+    """The map hashes keys ahead of the message it stores (to prefetch their slots): a key outside the data is still
+    refused, by `add` and `superseded`, whether it is the first row or one the look-ahead reaches first."""
+    data = b"k1k2k3k4k5k6k7k8k9kA"
+    for bad_row in (0, 5, 11):
+        key_off = np.arange(0, 24, 2, dtype=np.int64)[:12]
+        key_off[bad_row] = len(data) - 1  # 2 bytes from the last byte: one past the end
+        key_len = np.full(12, 2, np.int64)
+        seq = np.arange(1, 13, dtype=np.uint64)
+        for method in ("add", "superseded"):
+            m = native.core().KeyMap(1 << 20)
+            m.add(data, np.array([0], np.int64), np.array([2], np.int64), np.array([1], np.uint64))
+            with pytest.raises(ValueError, match="key outside the data"):
+                getattr(m, method)(data, key_off, key_len, seq)
 
 
 @st.composite
