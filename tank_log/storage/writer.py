@@ -174,29 +174,34 @@ class SegmentWriter:
             raise ValueError("key over 255 bytes (§3.8)")
         first = self.first_seq if self.first_seq is not None else int(seq[0])
         fits = _first_at_least(seq, first + REL_SEQ_LIMIT)
-        i = 0
-        while self._pending and i < fits:  # top up the open bundle exactly as `add` would
-            for m in messages_of(cols.slice(i, min(fits, i + self.policy.max_messages))):  # Messages a bundle at a time
-                bundles = self.bundles
-                self.add(m)
-                i += 1
-                if self.bundles > bundles and stop_past_size is not None and self.size > stop_past_size:
-                    return i
-                if not self._pending:
-                    break
-        sizes = np.where(keyed, cols.key_len, 0) + cols.val_len + 8
+        sizes = np.where(keyed, cols.key_len, 0) + cols.val_len + 8  # what `add` counts per message
         ends = np.concatenate(([0], np.cumsum(sizes)))  # ends[k]: Σ sizes of rows < k
+        i = 0
+        if self._pending and fits:  # top up the open bundle: it is full after the row where `add` would flush it
+            room = self.policy.max_messages - len(self._pending)
+            i = min(room, int(np.searchsorted(ends, self.policy.max_bytes - self._pending_bytes)))
+            if i > fits:
+                self._hold(cols, 0, fits, ends)
+                return fits
+            self._hold(cols, 0, i, ends)
+            self.flush_bundle()
+            if stop_past_size is not None and self.size > stop_past_size:
+                return i
         # rows up to `fits` lie within 2**31 of the segment's first seq, so no sparse span needs `add`'s cut at 2**32
         while i < fits:
             bounds = _bundle_bounds(ends, i, fits, self.policy)
             if len(bounds) == 1:  # no row in reach fills a bundle: the rest stays open for the next rows
-                for m in messages_of(cols.slice(i, fits)):
-                    self.add(m)
+                self._hold(cols, i, fits, ends)
                 return fits
             i = self._append_rows(cols, bounds, stop_past_size)
             if stop_past_size is not None and self.size > stop_past_size:
                 return i
         return fits
+
+    def _hold(self, cols: MessageColumns, lo: int, hi: int, ends: np.ndarray) -> None:
+        """Rows [lo, hi) join the open bundle (`add` without its checks: add_columns made them, for all rows)."""
+        self._pending += messages_of(cols.slice(lo, hi))
+        self._pending_bytes += int(ends[hi] - ends[lo])
 
     def _append_rows(self, cols: MessageColumns, bounds: np.ndarray, stop_past_size: int | None) -> int:
         """Append the bundles of rows [bounds[k], bounds[k + 1]), up to the one that takes the segment past
