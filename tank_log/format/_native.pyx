@@ -12,7 +12,7 @@ from cpython.buffer cimport PyBUF_WRITE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
 
 cimport cython
@@ -830,6 +830,35 @@ cdef inline Py_ssize_t _put_varint(uint8_t *o, Py_ssize_t w, uint32_t v) noexcep
         w += 1
     o[w] = v
     return w + 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arrow (`arrow.py`)
+
+def gather_spans(object data, const int64_t[::1] off, const int64_t[::1] length):
+    """The bytes at [off[i], off[i] + length[i]) of `data`, one after another, with the n + 1 int32 offsets of an
+    Arrow binary array over them; None when a span lies outside `data` or they need more than int32 offsets."""
+    cdef const uint8_t[::1] d = data
+    cdef Py_ssize_t n = off.shape[0], i, total = 0, size = d.shape[0], at = 0
+    if length.shape[0] != n:
+        return None
+    for i in range(n):
+        if off[i] < 0 or length[i] < 0 or off[i] > size - length[i]:
+            return None
+        total += length[i]
+        if total > 0x7FFFFFFF:
+            return None
+    offsets = np.empty(n + 1, dtype=np.int32)
+    cdef int32_t[::1] o = offsets
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t *w = <uint8_t *>PyBytes_AS_STRING(out)
+    o[0] = 0
+    for i in range(n):
+        if length[i]:
+            memcpy(w + at, &d[off[i]], length[i])
+            at += length[i]
+        o[i + 1] = <int32_t>at
+    return offsets, out
 
 
 # ---------------------------------------------------------------------------------------------------------------

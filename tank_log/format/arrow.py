@@ -1,8 +1,9 @@
 """Decoded message columns ↔ Arrow, without a Python object per message.
 
-Keys and values sit interleaved with message headers in the decoded buffer. We view the buffer as one binary
-array whose elements alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and
-`take` the value elements: Arrow copies the bytes in C++.
+Keys and values sit interleaved with message headers in the decoded buffer. The compiled core copies them into one
+buffer of the exact size (`gather_spans`); the pure-Python core views the buffer as one binary array whose elements
+alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and has Arrow `take` the
+value elements (a kernel that grows its output as it goes: 0.03 s more per 1M 100-byte messages).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from tank_log.format import native
 from tank_log.format.decode import MessageColumns
 
 MESSAGE_SCHEMA = pa.schema(
@@ -22,10 +24,25 @@ MESSAGE_SCHEMA = pa.schema(
 )
 
 
-def _gather(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+def _gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """The binary array of the spans [off, off + length) of `data` (null where not `valid`)."""
     n = len(off)
     if n == 0:
         return pa.array([], pa.binary())
+    core = native.core()
+    got = None if core is None else core.gather_spans(data, np.ascontiguousarray(off), np.ascontiguousarray(length))
+    if got is not None:  # one copy into a buffer of the exact size
+        offsets, values = got
+        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(values)]
+        return pa.BinaryArray.from_buffers(pa.binary(), n, buffers, null_count=nulls)
+    return _take_spans(pa.py_buffer(data), off, length, valid)
+
+
+def _take_spans(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """`_gather` with Arrow's `take` (the pure-Python core's way, and spans past int32 offsets)."""
+    n = len(off)
     picks = np.arange(0, 2 * n, 2, dtype=np.int64)
     if n > 1 and (off[1:] < off[:-1] + length[:-1]).any():
         # spans out of buffer order (decompressed sets sit after the plain ones): sort them, pick by rank
@@ -52,9 +69,8 @@ def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> p
     has_key = koff >= 0
     # a missing key gets a zero-length span at its value's start, keeping the offsets monotonic
     koff = np.where(has_key, koff, voff)
-    data = pa.py_buffer(cols.data)
-    keys = _gather(data, koff, klen, has_key)
-    values = _gather(data, voff, vlen)
+    keys = _gather(cols.data, koff, klen, has_key)
+    values = _gather(cols.data, voff, vlen)
     return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=MESSAGE_SCHEMA)
 
 

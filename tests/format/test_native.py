@@ -16,6 +16,7 @@ from test_robustness import _samples, mutate
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import (
+    Codec,
     Message,
     SnappyPolicy,
     encode_bundle,
@@ -337,3 +338,29 @@ def test_framing_bundles_in_bulk_is_identical(run, policy):
 def _framed_sizes(buf: bytes) -> list[int]:
     t = walk_bundles(buf, 0, 1, collect=False).table
     return t.sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(message_runs(max_len=30), min_size=1, max_size=4), st.lists(st.booleans()), st.data())
+def test_arrow_batches_are_identical_on_both_cores(groups, codecs, data):
+    """to_record_batch: the compiled core gathers keys and values into buffers of the exact size, the pure one has
+    Arrow `take` them; the same arrays (null keys, plain and Snappy sets out of buffer order, a row mask)."""
+    from tank_log.format.arrow import to_record_batch
+
+    buf, seq = b"", 1
+    for i, msgs in enumerate(groups):
+        msgs = [m._replace(seq=seq + j) for j, m in enumerate(msgs)]
+        codec = Codec.SNAPPY if (codecs[i] if i < len(codecs) else False) else Codec.NONE
+        buf += frame(encode_bundle(msgs, sparse=True, codec=codec))
+        seq += len(msgs)
+    cols = decode_messages(walk_bundles(buf, 0, 1).table)
+    select = np.array(data.draw(st.lists(st.booleans(), min_size=len(cols), max_size=len(cols))), dtype=bool)
+    for mask in (None, select):
+        batches = []
+        for pure in (False, True):
+            with native.use_pure(pure):
+                batch = to_record_batch(cols, mask)
+            batch.validate(full=True)
+            batches.append(batch)
+        assert batches[0].equals(batches[1])
+        assert batches[0].column("key").null_count == int(((cols.key_off < 0) & (True if mask is None else mask)).sum())
