@@ -273,6 +273,14 @@ class Segment:
 
         return SegmentWalk(gen())
 
+    def max_ts(self) -> int:
+        """The newest message timestamp (0 for a segment without messages).
+
+        Raises:
+            TankFormatError: a malformed segment.
+        """
+        return max((int(c.cols.ts.max()) for c in self.chunks() if len(c.cols)), default=0)
+
     def read_table(self, **kwargs: Any) -> pa.Table:
         return pa.Table.from_batches(list(self.batches(**kwargs)), schema=MESSAGE_SCHEMA)
 

@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pyarrow.compute as pc
 
 from tank_log.errors import ImportRefused
 from tank_log.format.decode import MessageColumns
@@ -146,7 +145,7 @@ def stage_partition(
         raise
     seal = None
     if last is not None and part is not None and part.active is not None:
-        newest = pc.max(part.active.read_table().column("ts")).as_py() or 0
+        newest = part.active.max_ts()
         seal = (part.active.file_name, format_ro_name(part.active.base, last, name_ts_from_message_ts(newest)))
     return StagedPartition(
         topic,

@@ -30,17 +30,13 @@ def dirty_ratio(part: Partition, mark: int) -> float:
     return dirty / total if total else 0.0
 
 
-def segment_max_ts(sf: Segment) -> int:
-    return max((int(c.cols.ts.max()) for c in sf.chunks() if len(c.cols)), default=0)
-
-
 def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> list[Segment]:
     """The RO segments of this round: all of them, minus a young tail (min_compaction_lag_ms, by newest message ts;
     checked from the newest segment backwards, assuming timestamps grow with seqs as Kafka does)."""
     inputs = list(part.ro)
     if options.min_compaction_lag_ms > 0:
         cutoff = now_ms - options.min_compaction_lag_ms
-        while inputs and segment_max_ts(inputs[-1]) > cutoff:
+        while inputs and inputs[-1].max_ts() > cutoff:
             inputs.pop()
     return inputs
 
