@@ -148,17 +148,16 @@ def spark():
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("tank-log-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.shuffle.partitions", "4")
-        .getOrCreate()
-    )
+    from tank_spark import worker_daemon
+
+    conf = SparkConf().setMaster("local[2]").setAppName("tank-log-tests")
+    conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
+    conf.set("spark.sql.session.timeZone", "UTC").set("spark.sql.shuffle.partitions", "4")
+    worker_daemon.configure(conf)  # as the jobs run
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     from tank_spark.source import register
 

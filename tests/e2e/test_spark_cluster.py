@@ -100,6 +100,8 @@ def submit(master, py_files, job, *args, cwd):
     env["PATH"] = BIN + os.pathsep + env.get("PATH", "")
     cmd = [os.path.join(BIN, "spark-submit"), "--master", master, "--py-files", py_files]
     cmd += ["--conf", f"spark.pyspark.python={sys.executable}", "--conf", "spark.executor.memory=768m"]
+    if master.startswith("spark://"):  # tank-log is installed on the "hosts" too (README: worker daemon)
+        cmd += ["--conf", "spark.python.daemon.module=tank_spark.worker_daemon"]
     r = subprocess.run(
         [*cmd, os.path.join(ROOT, "jobs", f"{job}.py"), *args],
         capture_output=True,
