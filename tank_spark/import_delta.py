@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tank_log.errors import JobConfigError
+from tank_log.format.arrow import skip_pandas_detection
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.holders import held_reason, holders
 from tank_log.storage.staging import StagedPartition, abort_import, existing_last_seq, new_run_id, recover_imports
@@ -203,6 +204,7 @@ def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedP
     base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
 
     def task(items):
+        skip_pandas_detection()  # pyarrow would import pandas for its first filter scalar (format/arrow.py)
         dataset = None  # the table is opened once per task (its log read once), not per partition
         for _, p in items:
             if dataset is None:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from tank_log.errors import TankFormatError, UnrepresentableData
-from tank_log.format.arrow import to_record_batch
+from tank_log.format.arrow import skip_pandas_detection, to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
@@ -237,6 +237,7 @@ def read_range(
         FileNotFoundError: the range's segment vanished again on every one of `MOVE_RETRIES` re-plans.
     """
     reuse_freed_buffers()  # an executor's Python worker decodes chunk after chunk (jobs/allocator.py)
+    skip_pandas_detection()  # and builds Arrow arrays: pyarrow would import pandas (format/arrow.py)
     try:
         yield from _read_checked(r, lost, 0)
     except TankFormatError as err:

@@ -11,7 +11,8 @@ Under Python 3.11 that costs a job about a second before its first task runs (be
 
 When the zip lies inside an installed pyspark package (pip's pyspark, whose SPARK_HOME is the package itself) it is
 the same distribution, so the daemon puts the package's directory where the zip was and imports from there. Any
-other layout (a Spark distribution's zip) is left as it is. Then it is PySpark's own daemon.
+other layout (a Spark distribution's zip) is left as it is. Before forking workers it forgets the zipimporters its
+start left (`forget_zip_importers`). Then it is PySpark's own daemon.
 
 `configure` turns it on for local masters (the daemon runs the driver's interpreter, which can import this module);
 on a cluster, set `spark.python.daemon.module: tank_spark.worker_daemon` in the job config's `spark.conf` where
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zipimport
 
 MODULE = "tank_spark.worker_daemon"
 _CONF = "spark.python.daemon.module"
@@ -57,10 +59,21 @@ def configure(conf) -> bool:
     return True
 
 
+def forget_zip_importers() -> None:
+    """Drop the zipimporters of `sys.path_importer_cache`: finding this module left some for every zip and jar on the
+    path (pyspark.zip, py4j's zip, spark-core's jar), and a worker's `invalidate_caches` would make each re-read its
+    archive's directory. The import system makes them again when an import needs them, from zipimport's own cache of
+    directories."""
+    for entry, finder in list(sys.path_importer_cache.items()):
+        if isinstance(finder, zipimport.zipimporter):
+            del sys.path_importer_cache[entry]
+
+
 def main() -> None:
     sys.path[:] = installed_pyspark_path(sys.path)
     import pyspark.daemon
 
+    forget_zip_importers()
     pyspark.daemon.manager()
 
 

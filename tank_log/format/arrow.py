@@ -8,6 +8,9 @@ value elements (a kernel that grows its output as it goes: 0.03 s more per 1M 10
 
 from __future__ import annotations
 
+import functools
+import sys
+
 import numpy as np
 import pyarrow as pa
 
@@ -22,6 +25,36 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("value", pa.binary(), nullable=False),
     ]
 )
+
+
+class _HidePandas:
+    """A meta path finder for which pandas is not installed."""
+
+    @staticmethod
+    def find_spec(name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas hidden from pyarrow's detection", name=name)
+        return None
+
+
+@functools.cache
+def skip_pandas_detection() -> bool:
+    """Keep pyarrow from importing pandas for nothing (once per process; True if it applied).
+
+    The first time pyarrow converts a Python or NumPy object (`pa.array`, `pa.scalar`, a Python scalar in a compute
+    call), it checks whether that object is a pandas one and, to know, imports pandas when it is installed (its
+    `_PandasAPIShim`): 0.25-0.4 s of a job's task or a CLI command (bench/RESULTS.md, stop 19). That check runs here
+    once with pandas hidden, so pyarrow records it as absent; conversions that need pandas (`to_pandas`,
+    `from_pandas`) still import it when called, after which pyarrow recognises pandas objects again. A process that
+    already imported pandas is left alone."""
+    if "pandas" in sys.modules:
+        return False
+    sys.meta_path.insert(0, _HidePandas)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(_HidePandas)
+    return "pandas" not in sys.modules
 
 
 def _gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
