@@ -1,6 +1,9 @@
 """tank_spark/worker_daemon.py: local-mode workers fork from our daemon and import the installed pyspark."""
 
 import os
+import subprocess
+import sys
+import zipfile
 
 import pyspark
 from pyspark import SparkConf
@@ -50,3 +53,26 @@ def test_configure_leaves_clusters_and_a_named_daemon_alone():
     assert not worker_daemon.configure(cluster) and not worker_daemon.configure(named)
     assert not cluster.contains("spark.python.daemon.module")
     assert named.get("spark.python.daemon.module") == "my.daemon"
+
+
+def test_forgotten_zip_importers_come_back_when_an_import_needs_them(tmp_path):
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr("zipped_pkg/__init__.py", "")
+        z.writestr("zipped_pkg/a.py", "A = 1")
+        z.writestr("zipped_pkg/b.py", "B = 2")
+    code = f"""
+import sys, zipimport
+sys.path.insert(0, {str(archive)!r})
+import zipped_pkg.a
+from tank_spark.worker_daemon import forget_zip_importers
+zips = lambda: [k for k, v in sys.path_importer_cache.items() if isinstance(v, zipimport.zipimporter)]
+before = len(zips())
+forget_zip_importers()
+after = len(zips())
+import zipped_pkg.b
+print(before, after, zipped_pkg.a.A + zipped_pkg.b.B)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    before, after, total = out.split()
+    assert int(before) >= 2 and after == "0" and total == "3"
