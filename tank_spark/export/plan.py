@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass, field, replace
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
 from tank_spark.export.location import TableLocation
 from tank_spark.export.upkeep import check_vacuum_retention
 
@@ -170,6 +169,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def prepare(ctx, args):
     """Flags over the `export` config section; then plan (before Spark starts, so bad input fails fast)."""
+    # The parsers are imported here, on the driver: tasks unpickle this module, and jobs.config would load the
+    # compaction package into every Python worker (~0.1-0.2 s, bench/RESULTS.md, stop 19).
+    from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
+
     cfg = ctx.config.export
     table = args.table or cfg.table
     if not table:
@@ -244,6 +247,8 @@ def _continuous_settings(ctx, args, settings: ExportSettings) -> dict:
     Raises:
         JobConfigError: a continuous flag without --continuous, no --checkpoint, or a flag that does not apply.
     """
+    from tank_log.jobs.config import parse_duration_ms
+
     flags = {
         "--trigger-interval": args.trigger_interval,
         "--checkpoint": args.checkpoint,
