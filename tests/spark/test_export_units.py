@@ -268,3 +268,18 @@ def test_a_run_older_than_the_orphan_horizon_does_not_commit():
     check_run_age(run, 60_000, now_ms=started_ms(run) + 59_999)
     with pytest.raises(RunTooOld, match="longer than the orphan horizon"):
         check_run_age(run, 60_000, now_ms=started_ms(run) + 60_000)
+
+
+def test_an_export_tasks_modules_do_not_load_the_job_config():
+    """plan.py imports the config parsers on the driver only: tasks unpickle plan.py, and tank_log.jobs.config would
+    load the compaction package into every Python worker (bench/RESULTS.md, stop 19)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tank_spark.export.files, tank_spark.export.corruption, tank_spark.ranges\n"
+        "print(sorted(m for m in sys.modules if m == 'tank_log.jobs.config' or 'compaction' in m))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
