@@ -104,3 +104,7 @@ def describe_error(err: BaseException) -> str:
 class ImportRefused(ValueError):
     """Rows cannot be written into a partition as given: it exists (and appending was not asked for), the rows do not
     continue it, a partition's rows are split over tasks or out of seq order, or they would break §9 rule 3."""
+
+
+class ImportAborted(RuntimeError):
+    """A writer of an import started after the run was aborted or committed: it stages nothing."""

@@ -27,7 +27,14 @@ from tank_log.errors import JobConfigError
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.holders import held_reason, holders
-from tank_log.storage.staging import StagedPartition, abort_import, existing_last_seq, new_run_id, recover_imports
+from tank_log.storage.staging import (
+    StagedPartition,
+    abort_import,
+    existing_last_seq,
+    new_run_id,
+    open_import,
+    recover_imports,
+)
 from tank_spark.export.location import TableLocation
 from tank_spark.runner import count_by, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
@@ -199,9 +206,11 @@ def execute(ctx, prepared, sc):
 def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
     """Executors read each partition's rows from the table and stage it (`sink.stage_rows`: Arrow straight into the
     segment encoder, rows never pass through the JVM); the driver commits them all at once (`sink.commit_staged`).
-    A failed task fails the run and leaves nothing."""
+    A failed task fails the run and leaves nothing: the abort waits for the tasks still running (`staging`'s writers'
+    lock)."""
     run_id = new_run_id()
     base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
+    open_import(base, run_id)
 
     def task(items):
         skip_pandas_detection()  # pyarrow would import pandas for its first filter scalar (format/arrow.py)

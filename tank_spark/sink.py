@@ -39,6 +39,7 @@ from tank_log.storage.staging import (
     abort_import,
     commit_import,
     new_run_id,
+    open_import,
     stage_partition,
     stage_root,
 )
@@ -66,6 +67,7 @@ class TankWriter(DataSourceArrowWriter):
         self.segment_bytes = int(options["segment_bytes"]) if options.get("segment_bytes") else None
         self.policy = BundlePolicy(max_messages=int(options.get("bundle_messages", 100)))
         self.run_id = new_run_id()
+        open_import(self.base, self.run_id)  # the driver; the tasks' writes and the abort meet at its lock
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
         append = self.existing == "append"

@@ -12,28 +12,41 @@ directory `BASE/.tank-import-<run>/<writer>/<topic>/<partition>/`, which the bro
    0..count-1 of the digit-named directories, §1.4), then removes the staging directory.
 `recover_imports(base)` (run by the import job before it writes, and by `tank-log repair`) finishes an import
 whose COMMIT.json exists and removes one whose does not. Every step is idempotent.
+
+Writers and the driver meet at a lock file in the staging directory, created by `open_import` before any writer
+starts: a writer stages a partition holding it shared; the commit and the abort take it exclusively, so they wait
+for writers still running (a failed Spark job reports its failure before its other tasks are killed), then unlink
+it, so a writer that starts later stages nothing (`ImportAborted`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 import shutil
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tank_log.errors import ImportRefused
+from tank_log.errors import ImportAborted, ImportRefused
 from tank_log.format.decode import MessageColumns
 from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
-from tank_log.storage.writer import BundlePolicy, PartitionWriter
+from tank_log.storage.writer import BundlePolicy, PartitionWriter, WrittenSegment
+
+log = logging.getLogger(__name__)
 
 STAGE_PREFIX = ".tank-import-"
 MANIFEST = "COMMIT.json"
+WRITERS_LOCK = ".writers.lock"
+WRITERS_WAIT_S = 120.0  # how long the commit or the abort waits for running writers to stop
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,57 @@ def new_run_id() -> str:
 
 def stage_root(base: str, run_id: str) -> str:
     return os.path.join(base, f"{STAGE_PREFIX}{run_id}")
+
+
+def open_import(base: str, run_id: str) -> None:
+    """Create the run's staging directory and its writers' lock: the driver, before any writer starts."""
+    root = stage_root(base, run_id)
+    os.mkdir(root)
+    os.close(os.open(os.path.join(root, WRITERS_LOCK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    fsync_dir(root)
+
+
+@contextlib.contextmanager
+def _writing(base: str, run_id: str) -> Iterator[None]:
+    """Held by a writer while it stages a partition (see the module doc).
+
+    Raises:
+        ImportAborted: the run was aborted or committed (or never opened): nothing may be staged.
+    """
+    root = stage_root(base, run_id)
+    try:
+        fd = os.open(os.path.join(root, WRITERS_LOCK), os.O_RDONLY)
+    except FileNotFoundError:
+        raise ImportAborted(f"{root}: the import was aborted or committed; nothing staged") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        if os.fstat(fd).st_nlink == 0:  # unlinked while we waited
+            raise ImportAborted(f"{root}: the import was aborted or committed; nothing staged")
+        yield
+    finally:
+        os.close(fd)
+
+
+def _stop_writers(root: str, wait_s: float) -> int | None:
+    """Wait for the run's writers to stop and bar new ones: the lock held exclusively and unlinked (its fd, to close
+    once the staging directory is done with; None if there was no lock)."""
+    path = os.path.join(root, WRITERS_LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                log.warning("%s: writers still running after %.0f s; going on without them", root, wait_s)
+                break
+            time.sleep(0.05)
+    os.unlink(path)
+    return fd
 
 
 def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None:
@@ -117,32 +181,10 @@ def stage_partition(
     if last is not None and not append:
         raise ImportRefused(f"{target}: the partition exists (last seq {last}); append to it or import elsewhere")
     staged = os.path.join(stage_root(base, run_id), writer_id, topic, str(partition))
-    if os.path.exists(staged):  # an earlier attempt of the same writer
-        shutil.rmtree(staged)
-    writer: PartitionWriter | None = None
-    prev = last
-    try:
-        for cols in chunks:
-            if not len(cols):
-                continue
-            _check_increasing(cols, target, prev, "the previous row" if writer else "the partition's last seq")
-            if writer is None:  # a gap after the existing segments must sit before an RO segment, never the active one
-                gap_before = last is not None and int(cols.seq[0]) != last + 1
-                writer = PartitionWriter(
-                    staged, segment_bytes=segment_bytes, policy=policy or BundlePolicy(), first_segment_ro=gap_before
-                )
-            writer.add_columns(cols)
-            prev = int(cols.seq[-1])
-        if writer is None:
-            raise ImportRefused(f"{target}: no rows")
-        written = writer.finish()
-    except BaseException as err:
-        if writer is not None:
-            writer.abort()
-        shutil.rmtree(staged, ignore_errors=True)
-        if isinstance(err, ValueError):  # what the segment writer refuses
-            raise ImportRefused(f"{target}: {err}") from None
-        raise
+    with _writing(base, run_id):
+        if os.path.exists(staged):  # an earlier attempt of the same writer
+            shutil.rmtree(staged)
+        written = _write_segments(staged, target, chunks, last, segment_bytes, policy or BundlePolicy())
     seal = None
     if last is not None and part is not None and part.active is not None:
         newest = part.active.max_ts()
@@ -161,6 +203,42 @@ def stage_partition(
     )
 
 
+def _write_segments(
+    staged: str,
+    target: str,
+    chunks: Iterable[MessageColumns],
+    last: int | None,
+    segment_bytes: int,
+    policy: BundlePolicy,
+) -> list[WrittenSegment]:
+    """The partition's segments written into `staged` (removed again if anything fails)."""
+    writer: PartitionWriter | None = None
+    prev = last
+    try:
+        for cols in chunks:
+            if not len(cols):
+                continue
+            _check_increasing(cols, target, prev, "the previous row" if writer else "the partition's last seq")
+            if writer is None:  # a gap after the existing segments must sit before an RO segment, never the active one
+                gap_before = last is not None and int(cols.seq[0]) != last + 1
+                writer = PartitionWriter(
+                    staged, segment_bytes=segment_bytes, policy=policy, first_segment_ro=gap_before
+                )
+            writer.add_columns(cols)
+            prev = int(cols.seq[-1])
+        if writer is None:
+            raise ImportRefused(f"{target}: no rows")
+        written = writer.finish()
+    except BaseException as err:
+        if writer is not None:
+            writer.abort()
+        shutil.rmtree(staged, ignore_errors=True)
+        if isinstance(err, ValueError):  # what the segment writer refuses
+            raise ImportRefused(f"{target}: {err}") from None
+        raise
+    return written
+
+
 def _check_increasing(cols: MessageColumns, target: str, prev: int | None, prev_is: str) -> None:
     """Raises ImportRefused unless the seqs increase and start above `prev` (`prev_is` names it)."""
     seq = cols.seq
@@ -177,7 +255,7 @@ def _check_increasing(cols: MessageColumns, target: str, prev: int | None, prev_
     )
 
 
-def commit_import(base: str, run_id: str, staged: list[StagedPartition]) -> None:
+def commit_import(base: str, run_id: str, staged: list[StagedPartition], wait_s: float = WRITERS_WAIT_S) -> None:
     """Move every staged partition into place (see the module doc); crash-safe, recoverable.
 
     Raises:
@@ -195,14 +273,26 @@ def commit_import(base: str, run_id: str, staged: list[StagedPartition]) -> None
     for s in staged:
         if s.seal is None and os.path.exists(s.target_dir) and os.listdir(s.target_dir):
             raise ImportRefused(f"{s.target_dir}: appeared while importing; nothing was moved")
-    atomic_write(os.path.join(root, MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
-    fsync_dir(root)
-    _roll_forward(base, root)
+    lock = _stop_writers(root, wait_s)  # e.g. a failed attempt's writer still running
+    try:
+        atomic_write(os.path.join(root, MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
+        fsync_dir(root)
+        _roll_forward(base, root)
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
-def abort_import(base: str, run_id: str) -> None:
-    """Remove the staging directory of a run that did not commit."""
-    shutil.rmtree(stage_root(base, run_id), ignore_errors=True)
+def abort_import(base: str, run_id: str, wait_s: float = WRITERS_WAIT_S) -> None:
+    """Remove the staging directory of a run that did not commit, once its running writers have stopped (waiting at
+    most `wait_s`; a writer that outlives that leaves a directory the next `recover_imports` removes)."""
+    root = stage_root(base, run_id)
+    lock = _stop_writers(root, wait_s)
+    try:
+        shutil.rmtree(root, ignore_errors=True)
+    finally:
+        if lock is not None:
+            os.close(lock)
 
 
 def recover_imports(base: str, *, dry_run: bool = False) -> list[str]:

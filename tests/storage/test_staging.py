@@ -2,18 +2,28 @@
 whole import or nothing (TANK_FORMAT.md §9 rules 3, 4, 8)."""
 
 import json
+import multiprocessing
 import os
+import time
 from dataclasses import asdict
 
 import pytest
 
-from tank_log.errors import ImportRefused
+from tank_log.errors import ImportAborted, ImportRefused
 from tank_log.format.bundle import Message
 from tank_log.format.decode import MessageColumns
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.fsutil import atomic_write
 from tank_log.storage.repair import repair_base
-from tank_log.storage.staging import MANIFEST, commit_import, stage_partition, stage_root
+from tank_log.storage.staging import (
+    MANIFEST,
+    abort_import,
+    commit_import,
+    open_import,
+    recover_imports,
+    stage_partition,
+    stage_root,
+)
 from tank_log.storage.writer import write_partition
 
 
@@ -33,6 +43,7 @@ def messages_of(base):
 def test_a_new_topic_and_an_appended_partition_commit_together(tmp_path):
     base = str(tmp_path)
     write_partition(os.path.join(base, "old", "0"), msgs(1, 50), segment_bytes=400)
+    open_import(base, "r1")
     staged = [
         stage_partition(base, "r1", "0-0", "new", 2, chunks(msgs(1, 30)), append=False, segment_bytes=300),
         stage_partition(base, "r1", "1-0", "old", 0, chunks(msgs(51, 80)), append=True, segment_bytes=1 << 30),
@@ -49,6 +60,7 @@ def test_a_new_topic_and_an_appended_partition_commit_together(tmp_path):
 def test_recovery_after_a_crash_finishes_or_removes_the_import(tmp_path, point):
     base = str(tmp_path)
     write_partition(os.path.join(base, "t", "0"), msgs(1, 20), segment_bytes=200)
+    open_import(base, "r2")
     staged = [stage_partition(base, "r2", "0-0", "t", 0, chunks(msgs(21, 40)), append=True, segment_bytes=1 << 30)]
     if point != "before-manifest":  # the commit point: the manifest is durable
         atomic_write(os.path.join(stage_root(base, "r2"), MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
@@ -66,6 +78,7 @@ def test_recovery_after_a_crash_finishes_or_removes_the_import(tmp_path, point):
 def test_refusals(tmp_path):
     base = str(tmp_path)
     write_partition(os.path.join(base, "t", "0"), msgs(1, 10))
+    open_import(base, "r")
     with pytest.raises(ImportRefused, match="the partition exists"):
         stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(11, 12)), append=False, segment_bytes=1 << 20)
     with pytest.raises(ImportRefused, match="not above the partition's last seq"):
@@ -83,3 +96,54 @@ def test_refusals(tmp_path):
     with pytest.raises(ImportRefused, match="two tasks"):
         commit_import(base, "r", [a, b])
     assert messages_of(base) == {("t", 0): list(range(1, 11))}
+
+
+def _stage_slowly(base: str, run_id: str, started: str, seconds: float) -> None:
+    """A writer (its own process, as a Spark task's Python worker) whose rows take `seconds` to arrive."""
+
+    def rows():
+        open(started, "w").close()
+        time.sleep(seconds)
+        yield from chunks(msgs(1, 5))
+
+    stage_partition(base, run_id, "1-0", "late", 0, rows(), append=False, segment_bytes=1 << 20)
+
+
+def test_the_abort_waits_for_a_running_writer_and_a_writer_after_it_stages_nothing(tmp_path):
+    """A failed Spark job calls the abort before its other tasks are killed: a task still staging must not leave
+    files behind it (CI found `.tank-import-*/1-0/t/1/...` after a refused import)."""
+    base = str(tmp_path / "base")
+    os.mkdir(base)
+    open_import(base, "r")
+    started = str(tmp_path / "started")
+    writer = multiprocessing.get_context("fork").Process(target=_stage_slowly, args=(base, "r", started, 1.5))
+    writer.start()
+    while not os.path.exists(started):
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    abort_import(base, "r")
+    waited = time.monotonic() - t0
+    writer.join(10)
+    assert writer.exitcode == 0 and waited > 1.0  # the abort waited for the writer's partition to be staged
+    assert os.listdir(base) == []  # ... and then removed it with everything else
+    with pytest.raises(ImportAborted):  # a task that starts after the abort
+        stage_partition(base, "r", "2-0", "t", 0, chunks(msgs(1, 5)), append=False, segment_bytes=1 << 20)
+    assert os.listdir(base) == []
+
+
+def test_an_abort_gives_up_on_a_hung_writer_and_the_next_recovery_removes_its_files(tmp_path):
+    base = str(tmp_path / "base")
+    os.mkdir(base)
+    open_import(base, "r")
+    started = str(tmp_path / "started")
+    writer = multiprocessing.get_context("fork").Process(target=_stage_slowly, args=(base, "r", started, 1.0))
+    writer.start()
+    while not os.path.exists(started):
+        time.sleep(0.01)
+    abort_import(base, "r", wait_s=0.1)
+    writer.join(10)
+    assert writer.exitcode == 0
+    leftover = os.listdir(base)
+    assert leftover == [os.path.basename(stage_root(base, "r"))]  # the writer outlived the wait
+    assert recover_imports(base) == [f"removed the uncommitted import {leftover[0]}"]
+    assert os.listdir(base) == []
