@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -264,16 +264,18 @@ def run_on_executors(
 
     rdd = deal(sc, tasks).mapPartitions(run)
     box: dict[str, Any] = {}
+    done = threading.Event()  # set when the job ended: never `Thread.join` under a signal, see `_drain`
 
     def collect() -> None:
         try:
             box["results"] = rdd.collect()
         except BaseException as err:  # re-raised by the driver thread
             box["error"] = err
+        finally:
+            done.set()
 
     seen: dict[int, dict] = {}
-    worker = threading.Thread(target=collect, name="tank-log-collect", daemon=True)
-    with Progress(what, len(tasks)) as progress:
+    with Progress(what, len(tasks)) as progress, _sigint_raises():
 
         def report_new(entries) -> None:
             for i, r in list(entries):
@@ -282,12 +284,11 @@ def run_on_executors(
                     progress.finished(r)
 
         try:
-            worker.start()
-            while worker.is_alive():
-                worker.join(0.5)
+            threading.Thread(target=collect, name="tank-log-collect", daemon=True).start()
+            while not done.wait(0.5):
                 report_new(finished.value)
         except KeyboardInterrupt:
-            _drain(sc, worker, stop_flag)
+            _drain(sc, done, stop_flag)
             report_new(box.get("results") or finished.value)
             raise Interrupted([seen.get(i) or interrupted_entry(t) for i, t in enumerate(tasks)]) from None
         finally:
@@ -299,22 +300,42 @@ def run_on_executors(
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
 
 
-def _drain(sc, worker: threading.Thread, stop_flag: str) -> None:
-    """Stop an interrupted run: no new partition starts, running ones finish within the grace period."""
+@contextlib.contextmanager
+def _sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt (and the run drains) instead of PySpark's SIGINT handler, which cancels every
+    job at once — killing partitions mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _drain(sc, done: threading.Event, stop_flag: str) -> None:
+    """Stop an interrupted run: no new partition starts, running ones finish within the grace period.
+
+    Waits on an Event, not `Thread.join`: in Python 3.11 a join interrupted by a signal handler's exception marks the
+    still-running thread stopped (`_wait_for_tstate_lock`, bpo-45274's fix), so the drain would end at once and Spark
+    would be stopped under a partition mid-swap (CI at f4671da)."""
     open(stop_flag, "w").close()
     log.warning(
         "interrupted: finishing the running partitions and starting no new ones (up to %.0f s; Ctrl-C again to "
         "cancel them now: crash-safe, the next run repairs them)",
         STOP_GRACE_S,
     )
+    t0 = time.monotonic()
     try:
-        worker.join(STOP_GRACE_S)
+        done.wait(STOP_GRACE_S)
     except KeyboardInterrupt:
         pass
-    if worker.is_alive():
+    if not done.is_set():
         log.warning("cancelling the partitions still running")
         sc.cancelAllJobs()
-        worker.join(120)
+        done.wait(120)
+    log.info("the running partitions stopped after %.1f s", time.monotonic() - t0)
 
 
 def run_plan(

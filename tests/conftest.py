@@ -339,3 +339,14 @@ def _boto_credentials(s3_server) -> dict:
         "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
         "region_name": env["AWS_REGION"],
     }
+
+
+def signal_thread(pid: int, tid: int, sig: int) -> None:
+    """Send `sig` to one thread of a process (tgkill; the main thread's tid is the pid): a signal sent to the process
+    reaches whichever of its threads the kernel picks."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.tgkill(pid, tid, sig) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
