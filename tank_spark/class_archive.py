@@ -3,24 +3,29 @@
 A Spark driver loads and verifies tens of thousands of classes before it runs anything (a SparkSession: 6.9–7.6 s
 on 2 cores here). A dynamic CDS archive of the classes one short Spark run loaded (`-XX:ArchiveClassesAtExit`,
 JDK 13+) lets every later driver map them instead: 2.9–3.8 s (bench/RESULTS.md, 2026-11-23). Build it once per host
-and Spark installation:
+and Spark installation (`scripts/setup.sh` does):
 
-    python -m tank_spark.class_archive /var/cache/tank-log/spark-driver.jsa
+    python -m tank_spark.class_archive            # to default_path(); or give a path
 
-and start the drivers with `-XX:SharedArchiveFile=<that path>`: the job config's
-`spark.conf: {spark.driver.extraJavaOptions: "-XX:SharedArchiveFile=..."}` (drivers the jobs launch themselves), or
-SPARK_SUBMIT_OPTS / `spark-submit --driver-java-options` (drivers spark-submit launches). A JVM whose JDK or Spark
-jars differ from the archive's (path, size or mtime: a reinstall counts) prints "Unable to use shared archive" and
-starts as before (the default `-Xshare:auto`): rebuild after upgrading or reinstalling either. Executors are
-unaffected.
+Drivers the jobs launch themselves (local mode, a `--master` URL) map the archive at `default_path()` when it exists
+(`use_default`); `TANK_LOG_CLASS_ARCHIVE` names another file, or `off`. Drivers spark-submit launches need
+`-XX:SharedArchiveFile=<path>` in SPARK_SUBMIT_OPTS or `spark-submit --driver-java-options`. The default path is keyed
+by the JDK and every Spark jar (path, size, mtime): the JVM ignores an archive whose jars differ ("Unable to use
+shared archive") and starts as before, so an upgrade or reinstall simply finds no archive until it is rebuilt.
+Executors are unaffected.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
 import subprocess
 import sys
+
+ENV = "TANK_LOG_CLASS_ARCHIVE"  # another archive for self-launched drivers, or "off"
+_OPTION = "-XX:SharedArchiveFile="
 
 # What a job's driver loads: a SparkSession, a DataFrame through Arrow, an RDD job. Then the JVM is told to exit
 # (the archive is written at a normal exit) and this process waits until it has.
@@ -39,6 +44,35 @@ except Exception:
     pass  # the connection ends with the JVM
 gateway.proc.wait(timeout=600)
 """
+
+
+def default_path() -> str:
+    """Where this host's archive for this JDK and Spark installation lives: `$XDG_CACHE_HOME/tank-log/` (or
+    `~/.cache/tank-log/`), named by a digest of the java binary and every Spark jar (path, size, mtime)."""
+    import pyspark
+
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    stats = [
+        (n, st.st_size, st.st_mtime_ns) for n in sorted(os.listdir(jars)) for st in [os.stat(os.path.join(jars, n))]
+    ]
+    java = os.path.realpath(shutil.which("java") or "java")
+    key = hashlib.sha256(repr((jars, stats, java, os.stat(java).st_mtime_ns)).encode()).hexdigest()[:16]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "tank-log", f"spark-driver-{key}.jsa")
+
+
+def use_default(conf) -> str | None:
+    """Point a self-launched driver's JVM at the archive (`spark.driver.extraJavaOptions`) unless one is named
+    already or `TANK_LOG_CLASS_ARCHIVE=off`; the archive used, or None (none built yet: the driver starts as before)."""
+    chosen = os.environ.get(ENV) or ""
+    extra = conf.get("spark.driver.extraJavaOptions") or ""
+    if chosen == "off" or _OPTION in extra or _OPTION in os.environ.get("SPARK_SUBMIT_OPTS", ""):
+        return None
+    path = chosen or default_path()
+    if not os.path.isfile(path):
+        return None
+    conf.set("spark.driver.extraJavaOptions", f"{extra} {_OPTION}{path}".strip())
+    return path
 
 
 def build(path: str, timeout: float = 900) -> None:
@@ -73,15 +107,22 @@ def build(path: str, timeout: float = 900) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tank_spark.class_archive", description=__doc__.split("\n\n")[0])
-    parser.add_argument("path", help="where to write the archive (e.g. /var/cache/tank-log/spark-driver.jsa)")
+    parser.add_argument(
+        "path", nargs="?", help="where to write the archive (default: default_path(), which the jobs use)"
+    )
+    parser.add_argument("--if-missing", action="store_true", help="do nothing when the archive exists")
     args = parser.parse_args(argv)
+    args.path = args.path or default_path()
+    if args.if_missing and os.path.isfile(args.path):
+        print(f"{args.path} exists")
+        return 0
     try:
         build(args.path)
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
         print(f"class archive: {err}", file=sys.stderr)
         return 1
     size_mib = os.path.getsize(args.path) >> 20
-    print(f"wrote {args.path} ({size_mib} MiB); start drivers with -XX:SharedArchiveFile={args.path}")
+    print(f"wrote {args.path} ({size_mib} MiB); drivers started by spark-submit need {_OPTION}{args.path}")
     return 0
 
 

@@ -35,7 +35,7 @@ from tank_log.jobs.config import JobConfig, load_job_config
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.maintenance.outcome import FAILING
-from tank_spark import worker_daemon
+from tank_spark import class_archive, worker_daemon
 from tank_spark.tasks import deal
 
 log = logging.getLogger("tank_log.job")
@@ -155,6 +155,8 @@ def spark_context(ctx: JobContext):
         conf.set(k, v)
     conf.set("spark.ui.showConsoleProgress", "false")
     worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
+    if not under_spark_submit:
+        class_archive.use_default(conf)  # ~4 s less start-up once the host's archive is built
     _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
     jvm = SparkContext._jvm
     assert jvm is not None

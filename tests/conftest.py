@@ -202,20 +202,10 @@ def pytest_collection_finish(session):
 
 
 def class_archive_path() -> str:
-    """The archive for this Spark installation and JDK: the JVM checks every jar's path, size and mtime against the
-    archive's and ignores a mismatching archive (with a warning), so all of them name it."""
-    import hashlib
-    import tempfile
+    """The archive for this Spark installation and JDK: the one the jobs map by themselves (`class_archive`)."""
+    from tank_spark.class_archive import default_path
 
-    import pyspark
-
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    stats = [
-        (n, st.st_size, st.st_mtime_ns) for n in sorted(os.listdir(jars)) for st in [os.stat(os.path.join(jars, n))]
-    ]
-    java = os.path.realpath(shutil.which("java") or "java")
-    key = hashlib.sha256(repr((jars, stats, java, os.stat(java).st_mtime_ns)).encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"tank-log-spark-driver-{key}.jsa")
+    return default_path()
 
 
 def many_small_partitions(base, n: int) -> str:
