@@ -98,28 +98,32 @@ def test_refusals(tmp_path):
     assert messages_of(base) == {("t", 0): list(range(1, 11))}
 
 
-def _stage_slowly(base: str, run_id: str, started: str, seconds: float) -> None:
-    """A writer (its own process, as a Spark task's Python worker) whose rows take `seconds` to arrive."""
+def _writer_staging(tmp_path, seconds: float) -> tuple[str, multiprocessing.process.BaseProcess]:
+    """An opened import under tmp_path/base and a writer (its own process, as a Spark task's Python worker) staging
+    into it, whose rows take `seconds` to arrive; returned once it holds the writers' lock."""
+    base, started = str(tmp_path / "base"), str(tmp_path / "started")
+    os.mkdir(base)
+    open_import(base, "r")
 
-    def rows():
-        open(started, "w").close()
-        time.sleep(seconds)
-        yield from chunks(msgs(1, 5))
+    def stage() -> None:
+        def rows():
+            open(started, "w").close()
+            time.sleep(seconds)
+            yield from chunks(msgs(1, 5))
 
-    stage_partition(base, run_id, "1-0", "late", 0, rows(), append=False, segment_bytes=1 << 20)
+        stage_partition(base, "r", "1-0", "late", 0, rows(), append=False, segment_bytes=1 << 20)
+
+    writer = multiprocessing.get_context("fork").Process(target=stage)
+    writer.start()
+    while not os.path.exists(started):
+        time.sleep(0.01)
+    return base, writer
 
 
 def test_the_abort_waits_for_a_running_writer_and_a_writer_after_it_stages_nothing(tmp_path):
     """A failed Spark job calls the abort before its other tasks are killed: a task still staging must not leave
     files behind it (CI found `.tank-import-*/1-0/t/1/...` after a refused import)."""
-    base = str(tmp_path / "base")
-    os.mkdir(base)
-    open_import(base, "r")
-    started = str(tmp_path / "started")
-    writer = multiprocessing.get_context("fork").Process(target=_stage_slowly, args=(base, "r", started, 1.5))
-    writer.start()
-    while not os.path.exists(started):
-        time.sleep(0.01)
+    base, writer = _writer_staging(tmp_path, 1.5)
     t0 = time.monotonic()
     abort_import(base, "r")
     waited = time.monotonic() - t0
@@ -132,14 +136,7 @@ def test_the_abort_waits_for_a_running_writer_and_a_writer_after_it_stages_nothi
 
 
 def test_an_abort_gives_up_on_a_hung_writer_and_the_next_recovery_removes_its_files(tmp_path):
-    base = str(tmp_path / "base")
-    os.mkdir(base)
-    open_import(base, "r")
-    started = str(tmp_path / "started")
-    writer = multiprocessing.get_context("fork").Process(target=_stage_slowly, args=(base, "r", started, 1.0))
-    writer.start()
-    while not os.path.exists(started):
-        time.sleep(0.01)
+    base, writer = _writer_staging(tmp_path, 1.0)
     abort_import(base, "r", wait_s=0.1)
     writer.join(10)
     assert writer.exitcode == 0
