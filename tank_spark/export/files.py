@@ -3,10 +3,12 @@ statistics, per-partition counts) for the driver's commit."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -28,11 +30,15 @@ FILE_META_SCHEMA = (
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"  # the directory of a null partition value (Delta/Hive convention)
 
 
+ROW_GROUP_BYTES = 32 << 20  # rows (in memory) per Parquet row group: each goes out while later rows decode
+
+
 def make_file_writer(
     location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str
 ):
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
-    `location`), return their metadata."""
+    `location`), return their metadata. A file is written a row group at a time as its rows arrive (an object
+    store uploads its parts meanwhile) and closed at `target_bytes` of rows."""
     n = [0]  # the task's files so far: each task gets its own copy of this function, called once per range or once
 
     def write(batches):
@@ -40,47 +46,88 @@ def make_file_writer(
 
         ctx = TaskContext.get()
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
-        pending: dict[tuple, list[pa.RecordBatch]] = {}
-        sizes: dict[tuple, int] = {}
+        open_files: dict[tuple, _ParquetFile] = {}
 
-        def flush(key):
-            table = pa.Table.from_batches(pending.pop(key))
-            sizes.pop(key)
+        def new_file(key) -> _ParquetFile:
             values = dict(zip(partition_by, key, strict=True))
             rel_dir = "/".join(
                 f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
             )
             name = file_name(run_id, task, n[0])
             n[0] += 1
-            rel = f"{rel_dir}/{name}" if rel_dir else name
-            data = table.drop_columns(list(partition_by))
-            return {
-                "path": rel,
-                "size": location.write_parquet(rel, data),
-                "partition_values": json.dumps({c: None if v is None else str(v) for c, v in values.items()}),
-                "num_records": table.num_rows,
-                "stats": json.dumps(file_stats(data)),
-                "modification_time": int(time.time() * 1000),
-                "counts": json.dumps(partition_counts(table)),
-            }
+            return _ParquetFile(location, f"{rel_dir}/{name}" if rel_dir else name, values, schema)
 
         out = []
-        for batch in batches:
-            batch = batch.select(schema.names).cast(schema)
-            if not batch.num_rows:
-                continue
-            for key, rows in group_rows(batch, partition_by):
-                part = batch if rows is None else batch.take(rows)
-                pending.setdefault(key, []).append(part)
-                sizes[key] = sizes.get(key, 0) + part.nbytes
-                if sizes[key] >= target_bytes:
-                    out.append(flush(key))
-        for key in list(pending):
-            out.append(flush(key))
+        try:
+            for batch in batches:
+                batch = batch.select(schema.names).cast(schema)
+                if not batch.num_rows:
+                    continue
+                for key, rows in group_rows(batch, partition_by):
+                    f = open_files.get(key) or open_files.setdefault(key, new_file(key))
+                    f.add(batch if rows is None else batch.take(rows))
+                    if f.bytes_in >= target_bytes:
+                        out.append(open_files.pop(key).close())
+            while open_files:
+                out.append(open_files.popitem()[1].close())
+        finally:
+            for f in open_files.values():  # a failed task: its files are never committed (orphans, removed later)
+                f.abandon()
         if out:
             yield pa.RecordBatch.from_pylist(out)
 
     return write
+
+
+class _ParquetFile:
+    """One Parquet file being written: rows are buffered up to ROW_GROUP_BYTES, then written as a row group; its
+    Delta statistics and per-partition counts are summed over the row groups."""
+
+    def __init__(self, location: TableLocation, rel: str, values: dict, schema: pa.Schema):
+        self.location, self.rel, self.values = location, rel, values
+        self.data_schema = pa.schema([f for f in schema if f.name not in values])
+        self.writer: Any = None
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.bytes_in = 0  # rows added, in memory
+        self.stats = FileStats()
+        self.counts: dict[str, list] = {}
+
+    def add(self, part: pa.RecordBatch) -> None:
+        self.pending.append(part)
+        self.pending_bytes += part.nbytes
+        self.bytes_in += part.nbytes
+        if self.pending_bytes >= ROW_GROUP_BYTES:
+            self._write_group()
+
+    def _write_group(self) -> None:
+        table = pa.Table.from_batches(self.pending)
+        self.pending, self.pending_bytes = [], 0
+        merge_counts(self.counts, partition_counts(table))
+        data = table.drop_columns(list(self.values))
+        self.stats.add(data)
+        if self.writer is None:
+            self.writer = self.location.open_parquet(self.rel, self.data_schema)
+        self.writer.write_table(data, row_group_size=data.num_rows)
+
+    def close(self) -> dict:
+        if self.pending or self.writer is None:
+            self._write_group()
+        self.writer.close()
+        return {
+            "path": self.rel,
+            "size": self.location.size(self.rel),
+            "partition_values": json.dumps({c: None if v is None else str(v) for c, v in self.values.items()}),
+            "num_records": self.stats.rows,
+            "stats": json.dumps(self.stats.to_dict()),
+            "modification_time": int(time.time() * 1000),
+            "counts": json.dumps(self.counts),
+        }
+
+    def abandon(self) -> None:
+        if self.writer is not None:
+            with contextlib.suppress(Exception):
+                self.writer.close()
 
 
 def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str):
@@ -138,27 +185,57 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
 
 
 def file_stats(table: pa.Table) -> dict:
-    """Delta per-file statistics: numRecords, min/max of numeric and timestamp columns, null counts."""
-    import pyarrow.compute as pc
+    """Delta per-file statistics of a whole table (`FileStats`)."""
+    stats = FileStats()
+    stats.add(table)
+    return stats.to_dict()
 
-    mins, maxs, nulls = {}, {}, {}
-    for name, col in zip(table.column_names, table.columns, strict=True):
-        nulls[name] = col.null_count
-        t = col.type
-        if not (
-            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
-        ) or col.null_count == len(col):
-            continue
-        mm = pc.min_max(col)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if pa.types.is_timestamp(t):
-            lo, hi = (v.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") for v in (lo, hi))
-        elif pa.types.is_date(t):
-            lo, hi = lo.isoformat(), hi.isoformat()
-        elif pa.types.is_floating(t) and any(isinstance(v, float) and v != v for v in (lo, hi)):
-            continue
-        mins[name], maxs[name] = lo, hi
-    return {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+class FileStats:
+    """Delta per-file statistics, summed over a file's row groups: numRecords, min/max of numeric, timestamp and date
+    columns (none for a column holding NaN), null counts."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.mins: dict[str, Any] = {}
+        self.maxs: dict[str, Any] = {}
+        self.nulls: dict[str, int] = {}
+        self.types: dict[str, pa.DataType] = {}
+        self.no_bounds: set[str] = set()
+
+    def add(self, table: pa.Table) -> None:
+        import pyarrow.compute as pc
+
+        self.rows += table.num_rows
+        for name, col in zip(table.column_names, table.columns, strict=True):
+            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
+            t = self.types.setdefault(name, col.type)
+            if not (
+                pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
+            ) or col.null_count == len(col):
+                continue
+            mm = pc.min_max(col)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if pa.types.is_floating(t) and any(isinstance(v, float) and v != v for v in (lo, hi)):
+                self.no_bounds.add(name)
+                continue
+            self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
+            self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
+
+    def to_dict(self) -> dict:
+        mins, maxs = {}, {}
+        for name, lo in self.mins.items():
+            if name in self.no_bounds:
+                continue
+            hi, t = self.maxs[name], self.types[name]
+            if pa.types.is_timestamp(t):
+                lo, hi = (
+                    v.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z") for v in (lo, hi)
+                )
+            elif pa.types.is_date(t):
+                lo, hi = lo.isoformat(), hi.isoformat()
+            mins[name], maxs[name] = lo, hi
+        return {"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls}
 
 
 @dataclass
@@ -191,6 +268,16 @@ def count_files(files: list[dict]) -> dict[tuple[str, int], WrittenCounts]:
             c = WrittenCounts(rows, bad, lo, hi, 1, f["size"])
             out.setdefault(parse_partition_key(key), WrittenCounts()).add(c)
     return out
+
+
+def merge_counts(into: dict[str, list], more: dict[str, list]) -> None:
+    """Add one row group's `partition_counts` to a file's."""
+    for key, (n, lo, hi, e) in more.items():
+        if key in into:
+            a = into[key]
+            into[key] = [a[0] + n, min(a[1], lo), max(a[2], hi), a[3] + e]
+        else:
+            into[key] = [n, lo, hi, e]
 
 
 def partition_counts(table: pa.Table) -> dict:

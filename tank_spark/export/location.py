@@ -109,13 +109,23 @@ class TableLocation:
 
     def write_parquet(self, rel: str, table: Any) -> int:
         """Write `table` as Parquet at `rel` under the table; its size in bytes."""
+        with self.open_parquet(rel, table.schema) as writer:
+            writer.write_table(table)
+        return self.size(rel)
+
+    def open_parquet(self, rel: str, schema: Any) -> Any:
+        """A `pyarrow.parquet.ParquetWriter` writing a Parquet file at `rel` under the table (close it to finish)."""
         import pyarrow.parquet as pq
 
         filesystem, root = self.filesystem()
         path = f"{root}/{rel}"
         filesystem.create_dir(path.rpartition("/")[0], recursive=True)
-        pq.write_table(table, path, compression="snappy", filesystem=filesystem)
-        size: int = filesystem.get_file_info(path).size
+        return pq.ParquetWriter(path, schema, filesystem=filesystem, compression="snappy")
+
+    def size(self, rel: str) -> int:
+        """The size in bytes of the file at `rel` under the table."""
+        filesystem, root = self.filesystem()
+        size: int = filesystem.get_file_info(f"{root}/{rel}").size
         return size
 
     def data_files(self) -> list[StoredFile]:

@@ -283,3 +283,60 @@ def test_an_export_tasks_modules_do_not_load_the_job_config():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+
+
+def test_a_file_is_written_a_row_group_at_a_time_with_the_statistics_of_the_whole(tmp_path, monkeypatch):
+    """The task writes each file as its rows arrive (a row group per ROW_GROUP_BYTES, so an object store uploads
+    while later rows decode); its rows, Delta statistics and per-partition counts are those of all its rows, and a
+    file closes at the target size."""
+    import json
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from tank_spark.export import files
+    from tank_spark.export.location import TableLocation
+
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("score", pa.float64()),
+            ("value", pa.binary()),
+        ]
+    )
+    rng = np.random.default_rng(7)
+
+    def batch(lo: int, n: int, partition: int) -> pa.RecordBatch:
+        seq = np.arange(lo, lo + n)
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array(["t"] * n),
+                pa.array([partition] * n, pa.int32()),
+                pa.array(seq),
+                pa.array(rng.integers(0, 2**40, n), pa.timestamp("us", tz="UTC")),
+                pa.array([None if s % 7 == 0 else float(rng.normal()) for s in seq]),
+                pa.array([b"v" * 100] * n),
+            ],
+            schema=schema,
+        )
+
+    batches = [batch(1 + i * 1000, 1000, i % 2) for i in range(12)]
+    monkeypatch.setattr(files, "ROW_GROUP_BYTES", 150_000)  # ~1.2 batches per row group
+    location = TableLocation.of(str(tmp_path / "table"))
+    write = files.make_file_writer(location, schema, ("topic",), 700_000, "run1")
+    metas = [m for out in write(iter(batches)) for m in out.to_pylist()]
+    assert len(metas) == 2  # 12 batches of ~125 kB: a file closes past 700 kB
+    got = [pq.read_table(tmp_path / "table" / m["path"]) for m in metas]
+    assert all(pq.ParquetFile(tmp_path / "table" / m["path"]).num_row_groups > 2 for m in metas)
+    rows_at = 0
+    for m, table in zip(metas, got, strict=True):
+        whole = pa.Table.from_batches(batches).slice(rows_at, table.num_rows)
+        rows_at += table.num_rows
+        assert table.equals(whole.drop_columns(["topic"]))
+        assert json.loads(m["stats"]) == files.file_stats(whole.drop_columns(["topic"]))
+        assert json.loads(m["counts"]) == files.partition_counts(whole)
+        assert m["num_records"] == table.num_rows and m["size"] == (tmp_path / "table" / m["path"]).stat().st_size
+    assert rows_at == 12_000
