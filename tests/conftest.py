@@ -190,22 +190,15 @@ def pytest_collection_finish(session):
     """Spark tests selected: every driver maps the class-data archive (built here if this installation has none)."""
     if session.config.option.collectonly or not any(i.get_closest_marker("spark") for i in session.items):
         return
-    archive = class_archive_path()
-    if not os.path.exists(archive):
-        from tank_spark.class_archive import build
+    from tank_spark.class_archive import build, default_path
 
+    archive = default_path()  # the one the jobs map by themselves
+    if not os.path.exists(archive):
         t0 = time.monotonic()
         build(archive)
         print(f"\nbuilt the Spark driver class archive {archive} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
     opts = os.environ["SPARK_SUBMIT_OPTS"]
     os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -XX:SharedArchiveFile={archive} -Dspark.ui.enabled=false"
-
-
-def class_archive_path() -> str:
-    """The archive for this Spark installation and JDK: the one the jobs map by themselves (`class_archive`)."""
-    from tank_spark.class_archive import default_path
-
-    return default_path()
 
 
 def many_small_partitions(base, n: int) -> str:

@@ -103,26 +103,31 @@ def _writing(base: str, run_id: str) -> Iterator[None]:
         os.close(fd)
 
 
-def _stop_writers(root: str, wait_s: float) -> int | None:
-    """Wait for the run's writers to stop and bar new ones: the lock held exclusively and unlinked (its fd, to close
-    once the staging directory is done with; None if there was no lock)."""
+@contextlib.contextmanager
+def _writers_stopped(root: str, wait_s: float) -> Iterator[None]:
+    """Wait for the run's writers to stop (at most `wait_s`) and bar new ones, for the commit or the abort: the lock
+    held exclusively and unlinked, and held until the staging directory is done with (no lock: nothing to wait for)."""
     path = os.path.join(root, WRITERS_LOCK)
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return None
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                log.warning("%s: writers still running after %.0f s; going on without them", root, wait_s)
+        yield
+        return
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            time.sleep(0.05)
-    os.unlink(path)
-    return fd
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    log.warning("%s: writers still running after %.0f s; going on without them", root, wait_s)
+                    break
+                time.sleep(0.05)
+        os.unlink(path)
+        yield
+    finally:
+        os.close(fd)
 
 
 def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None:
@@ -273,26 +278,18 @@ def commit_import(base: str, run_id: str, staged: list[StagedPartition], wait_s:
     for s in staged:
         if s.seal is None and os.path.exists(s.target_dir) and os.listdir(s.target_dir):
             raise ImportRefused(f"{s.target_dir}: appeared while importing; nothing was moved")
-    lock = _stop_writers(root, wait_s)  # e.g. a failed attempt's writer still running
-    try:
+    with _writers_stopped(root, wait_s):  # e.g. a failed attempt's writer still running
         atomic_write(os.path.join(root, MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
         fsync_dir(root)
         _roll_forward(base, root)
-    finally:
-        if lock is not None:
-            os.close(lock)
 
 
 def abort_import(base: str, run_id: str, wait_s: float = WRITERS_WAIT_S) -> None:
     """Remove the staging directory of a run that did not commit, once its running writers have stopped (waiting at
     most `wait_s`; a writer that outlives that leaves a directory the next `recover_imports` removes)."""
     root = stage_root(base, run_id)
-    lock = _stop_writers(root, wait_s)
-    try:
+    with _writers_stopped(root, wait_s):
         shutil.rmtree(root, ignore_errors=True)
-    finally:
-        if lock is not None:
-            os.close(lock)
 
 
 def recover_imports(base: str, *, dry_run: bool = False) -> list[str]:

@@ -64,7 +64,9 @@ def make_file_writer(
                 if not batch.num_rows:
                     continue
                 for key, rows in group_rows(batch, partition_by):
-                    f = open_files.get(key) or open_files.setdefault(key, new_file(key))
+                    if key not in open_files:
+                        open_files[key] = new_file(key)
+                    f = open_files[key]
                     f.add(batch if rows is None else batch.take(rows))
                     if f.bytes_in >= target_bytes:
                         out.append(open_files.pop(key).close())

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import class_archive_path
+from tank_spark.class_archive import default_path
 
 DRIVER = """
 from pyspark import SparkContext
@@ -16,7 +16,7 @@ sc.stop()
 
 
 def test_a_driver_loads_its_classes_from_the_archive(tmp_path):
-    archive = class_archive_path()
+    archive = default_path()
     assert os.path.getsize(archive) > 10 << 20
     log = tmp_path / "classes.log"
     opts = f"{os.environ['SPARK_SUBMIT_OPTS']} -Xlog:class+load=info:file={log}"
@@ -42,7 +42,7 @@ sc.stop()
 
 
 def test_a_job_driver_maps_the_hosts_archive_by_itself_unless_turned_off(tmp_path):
-    archive = class_archive_path()
+    archive = default_path()
     opts = " ".join(o for o in os.environ["SPARK_SUBMIT_OPTS"].split() if "SharedArchiveFile" not in o)
     env = dict(os.environ, SPARK_SUBMIT_OPTS=opts, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     for setting, want in (("", "mapped"), ("off", "not mapped")):
