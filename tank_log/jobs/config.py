@@ -185,7 +185,10 @@ class ExportConfig:
     on_corruption: str = "prefix"  # prefix | skip: what a partition with malformed data exports
     storage_options: dict[str, str] = field(default_factory=dict, repr=False)  # delta-rs names; may hold secrets
     orphan_horizon_ms: int = 12 * 3600 * 1000  # files of runs that never committed, older than this, are removed
-    in_driver_max_bytes: int = 0  # an export of at most this many new segment bytes runs in the driver, without Spark
+    # An export of at most this many new segment bytes runs in the driver, without Spark (0: always on executors).
+    # Below ~400 MB of segment data the driver alone is faster than Spark's start plus any number of cores; 128 MiB
+    # leaves room for data that compresses well (bench/RESULTS.md, stop 21).
+    in_driver_max_bytes: int = 128 << 20
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,7 @@ class ExportSettings:
     trigger_interval_ms: int = 30_000
     checkpoint: str | None = None
     on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
-    in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process, without Spark
+    in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process (ExportConfig's default)
 
     @property
     def location(self) -> TableLocation:
@@ -151,8 +151,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--in-driver-max-bytes",
         metavar="SIZE",
-        help="an export reading at most this much new segment data (e.g. 256mb) runs in the driver process without "
-        "starting Spark (binary/utf8 values, engine deltalake); 0, the default: always on executors",
+        help="an export reading at most this much new segment data runs in the driver process without starting "
+        "Spark (binary/utf8 values, engine deltalake); default 128mb; 0: always on executors",
     )
     p.add_argument(
         "--on-data-loss",

@@ -134,9 +134,14 @@ def test_export_on_the_cluster_equals_local_mode(cluster, py_files, tmp_path):
     url, _ = cluster
     base = write_demo(str(tmp_path / "demo"))
     tables = {}
-    for name, master in (("cluster", url), ("local", "local[2]")):
-        tables[name] = str(tmp_path / f"t-{name}")
-        submit(master, py_files, "export_delta", "--data-dir", base, "--table", tables[name], cwd=tmp_path)
+    # on the cluster's executors; under spark-submit --master local[2] with the export's default: this small export
+    # runs in the driver, as it does when the job starts itself
+    for name, master, where in (("cluster", url, ["--in-driver-max-bytes=0"]), ("local", "local[2]", [])):
+        tables[name], report = str(tmp_path / f"t-{name}"), tmp_path / f"{name}.json"
+        args = ["--data-dir", base, "--table", tables[name], *where, "--report", str(report)]
+        submit(master, py_files, "export_delta", *args, cwd=tmp_path)
+        executed_on = json.load(open(report))["summary"]["executed_on"]
+        assert executed_on == ("executors" if name == "cluster" else "driver")
     rows = {
         name: sorted(
             zip(

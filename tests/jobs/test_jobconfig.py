@@ -88,7 +88,8 @@ def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
 
 
 def test_the_in_driver_export_limit_is_a_size():
-    assert parse_job_config({}).export.in_driver_max_bytes == 0  # default: always on executors
+    assert parse_job_config({}).export.in_driver_max_bytes == 128 << 20  # default: small exports in the driver
+    assert parse_job_config({"export": {"in_driver_max_bytes": 0}}).export.in_driver_max_bytes == 0  # executors
     assert parse_job_config({"export": {"in_driver_max_bytes": "256mb"}}).export.in_driver_max_bytes == 256 << 20
     with pytest.raises(JobConfigError, match="in_driver_max_bytes"):
         parse_job_config({"export": {"in_driver_max_bytes": "lots"}})
