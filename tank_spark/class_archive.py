@@ -12,20 +12,24 @@ Drivers the jobs launch themselves (local mode, a `--master` URL) map the archiv
 `-XX:SharedArchiveFile=<path>` in SPARK_SUBMIT_OPTS or `spark-submit --driver-java-options`. The default path is keyed
 by the JDK and every Spark jar (path, size, mtime): the JVM ignores an archive whose jars differ ("Unable to use
 shared archive") and starts as before, so an upgrade or reinstall simply finds no archive until it is rebuilt.
-Executors are unaffected.
+Executors are unaffected. Building, or checking with `--if-missing`, removes the archives of installations that are
+gone or changed (`prune`).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 ENV = "TANK_LOG_CLASS_ARCHIVE"  # another archive for self-launched drivers, or "off"
 _OPTION = "-XX:SharedArchiveFile="
+_PREFIX = "spark-driver-"
 
 # What a job's driver loads: a SparkSession, a DataFrame through Arrow, an RDD job. Then the JVM is told to exit
 # (the archive is written at a normal exit) and this process waits until it has.
@@ -49,16 +53,68 @@ gateway.proc.wait(timeout=600)
 def default_path() -> str:
     """Where this host's archive for this JDK and Spark installation lives: `$XDG_CACHE_HOME/tank-log/` (or
     `~/.cache/tank-log/`), named by a digest of the java binary and every Spark jar (path, size, mtime)."""
+    jars, java = _installation()
+    return os.path.join(_cache_dir(), f"{_PREFIX}{installation_key(jars, java)}.jsa")
+
+
+def _installation() -> tuple[str, str]:
+    """This process's Spark jars directory and java binary."""
     import pyspark
 
-    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
-    stats = [
-        (n, st.st_size, st.st_mtime_ns) for n in sorted(os.listdir(jars)) for st in [os.stat(os.path.join(jars, n))]
-    ]
-    java = os.path.realpath(shutil.which("java") or "java")
-    key = hashlib.sha256(repr((jars, stats, java, os.stat(java).st_mtime_ns)).encode()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(pyspark.__file__), "jars"), os.path.realpath(shutil.which("java") or "java")
+
+
+def installation_key(jars: str, java: str) -> str | None:
+    """The digest naming the archive of a Spark installation (its jars directory) and JDK (its java binary); None
+    when either is gone."""
+    try:
+        names = sorted(os.listdir(jars))
+        stats = [(n, st.st_size, st.st_mtime_ns) for n in names for st in [os.stat(os.path.join(jars, n))]]
+        java_mtime = os.stat(java).st_mtime_ns
+    except OSError:
+        return None
+    return hashlib.sha256(repr((jars, stats, java, java_mtime)).encode()).hexdigest()[:16]
+
+
+def _cache_dir() -> str:
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "tank-log", f"spark-driver-{key}.jsa")
+    return os.path.join(cache, "tank-log")
+
+
+def prune(keep: str, unrecorded_after_s: float = 7 * 86400) -> list[str]:
+    """Remove the archives beside `keep` whose installation is gone or changed (each archive's `.json` names its jars
+    directory and java binary, `build`), and those without a record older than `unrecorded_after_s`; the paths
+    removed. Every clone with its own virtualenv gets its own archive (~150 MB), so without this a host that runs CI
+    on fresh clones fills its cache. A driver that has mapped a removed archive keeps it; later drivers of that
+    installation start without one until it is built again."""
+    directory = os.path.dirname(os.path.abspath(keep))
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        if not (name.startswith(_PREFIX) and name.endswith(".jsa")) or path == os.path.abspath(keep):
+            continue
+        record = path.removesuffix(".jsa") + ".json"
+        try:
+            with open(record) as fh:
+                installation = json.load(fh)
+            stale = installation_key(installation["jars"], installation["java"]) != name[len(_PREFIX) : -len(".jsa")]
+        except (OSError, ValueError, KeyError, TypeError):
+            try:
+                stale = time.time() - os.stat(path).st_mtime > unrecorded_after_s
+            except FileNotFoundError:
+                continue
+        if stale:
+            for p in (path, record):
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            removed.append(path)
+    return removed
 
 
 def use_default(conf) -> str | None:
@@ -99,10 +155,15 @@ def build(path: str, timeout: float = 900) -> None:
         )
         if run.returncode != 0 or not os.path.exists(tmp):
             raise RuntimeError(f"no class archive written (exit {run.returncode}): {run.stderr[-2000:]}")
+        jars, java = _installation()
+        with open(f"{tmp}.json", "w") as fh:  # what `prune` checks the archive against
+            json.dump({"jars": jars, "java": java}, fh)
+        os.replace(f"{tmp}.json", path.removesuffix(".jsa") + ".json")
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, f"{tmp}.json"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--if-missing", action="store_true", help="do nothing when the archive exists")
     args = parser.parse_args(argv)
     args.path = args.path or default_path()
+    for stale in prune(args.path):
+        print(f"removed {stale} (its Spark installation or JDK is gone or changed)")
     if args.if_missing and os.path.isfile(args.path):
         print(f"{args.path} exists")
         return 0

@@ -1,11 +1,14 @@
-"""tank_spark/class_archive.py: the archive the test session built (conftest) is one a Spark driver maps, and a
-driver a job launches itself maps it without being told."""
+"""tank_spark/class_archive.py: the archive the test session built (conftest) is one a Spark driver maps, a driver
+a job launches itself maps it without being told, and stale archives are removed."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 
-from tank_spark.class_archive import default_path
+from tank_spark.class_archive import default_path, installation_key, prune
 
 DRIVER = """
 from pyspark import SparkContext
@@ -55,3 +58,40 @@ def test_a_job_driver_maps_the_hosts_archive_by_itself_unless_turned_off(tmp_pat
         )
         assert run.returncode == 0, run.stderr[-2000:]
         assert run.stdout.strip().splitlines()[-1] == want, (setting, run.stdout)
+
+
+def test_prune_removes_the_archives_of_installations_that_are_gone_or_changed(tmp_path):
+    """Every clone with its own virtualenv gets its own ~150 MB archive: `prune` (run by `--if-missing`, so by
+    setup.sh) removes those whose Spark jars or JDK no longer match the archive's name, and unrecorded ones after a
+    week; the archive asked for, current ones, young unrecorded ones and other files stay."""
+    java = tmp_path / "java"
+    java.write_bytes(b"jdk")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+
+    def archive(name: str, record: bool = True):
+        jars = tmp_path / f"jars-{name}"
+        jars.mkdir()
+        (jars / "spark-core.jar").write_bytes(b"classes")
+        path = cache / f"spark-driver-{installation_key(str(jars), str(java))}.jsa"
+        path.write_bytes(b"archive")
+        if record:
+            path.with_suffix(".json").write_text(json.dumps({"jars": str(jars), "java": str(java)}))
+        return jars, path
+
+    _, current = archive("current")
+    changed_jars, changed = archive("changed")
+    (changed_jars / "spark-core.jar").write_bytes(b"other classes")  # a reinstalled Spark
+    gone_jars, gone = archive("gone")
+    shutil.rmtree(gone_jars)  # a deleted clone's virtualenv
+    _, young = archive("young", record=False)
+    _, old = archive("old", record=False)
+    week_ago = time.time() - 8 * 86400
+    os.utime(old, (week_ago, week_ago))
+    _, asked = archive("asked", record=False)
+    os.utime(asked, (week_ago, week_ago))
+    (cache / "notes.txt").write_text("mine")
+
+    assert sorted(prune(str(asked))) == sorted(str(p) for p in (changed, gone, old))
+    left = sorted(p.name for p in cache.iterdir())
+    assert left == sorted([current.name, current.with_suffix(".json").name, young.name, asked.name, "notes.txt"])
