@@ -7,7 +7,9 @@ round-robin so that neighbouring items (often of similar size) land in different
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 TASKS_PER_CORE = 4
@@ -25,7 +27,29 @@ Task = Callable[[Iterator[tuple[int, Any]]], Iterator[Any]]
 
 def map_dealt(sc: Any | None, items: list[Any], task: Task) -> list[Any]:
     """`task` over the (index, item) pairs dealt to Spark tasks, collected; with no SparkContext (work small enough
-    for the driver, e.g. `export.in_driver_max_bytes`), over all of them in this process."""
+    for the driver, e.g. `export.in_driver_max_bytes`), over each of them in this process's threads."""
     if sc is None:
-        return list(task(iter(enumerate(items))))
+        return in_threads(items, task)
     return list(deal(sc, items).mapPartitions(task).collect())
+
+
+def in_threads(items: list[Any], task: Task) -> list[Any]:
+    """`task` over each (index, item) pair on its own, in a pool of one thread per CPU this process may use, collected
+    in order. The compiled decoder's walk, Parquet encoding and object-store uploads release the GIL: an export of
+    1M messages in the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server
+    (bench/RESULTS.md, stop 21). On an error the items not started are cancelled and the running ones finish."""
+    workers = max(1, min(len(items), len(os.sched_getaffinity(0))))
+    if workers == 1:
+        return list(task(iter(enumerate(items))))
+
+    def one(pair: tuple[int, Any]) -> list[Any]:
+        return list(task(iter([pair])))
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="tank-task") as pool:
+        futures = [pool.submit(one, pair) for pair in enumerate(items)]
+        try:
+            return [x for f in futures for x in f.result()]
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import itertools
 import json
 import time
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ def make_file_writer(
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
     `location`), return their metadata. A file is written a row group at a time as its rows arrive (an object
     store uploads its parts meanwhile) and closed at `target_bytes` of rows."""
-    n = [0]  # the task's files so far: each task gets its own copy of this function, called once per range or once
+    n = itertools.count()  # numbers the task's files: each Spark task gets its own copy of this function (called once
+    # per range, or once by mapInArrow); in the driver, threads share it (`tasks.in_threads`: `next` is atomic)
 
     def write(batches):
         from pyspark import TaskContext
@@ -53,8 +55,7 @@ def make_file_writer(
             rel_dir = "/".join(
                 f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
             )
-            name = file_name(run_id, task, n[0])
-            n[0] += 1
+            name = file_name(run_id, task, next(n))
             return _ParquetFile(location, f"{rel_dir}/{name}" if rel_dir else name, values, schema)
 
         out = []

@@ -1,0 +1,46 @@
+"""tank_spark/tasks.py: work run in the driver's threads when no Spark starts (`in_threads`)."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from tank_spark.tasks import in_threads
+
+CPUS = len(os.sched_getaffinity(0))
+
+
+def test_items_run_at_once_one_thread_per_cpu_and_come_back_in_order():
+    parties = min(CPUS, 4)
+    barrier = threading.Barrier(parties, timeout=10)  # sequential runs would break it: BrokenBarrierError
+    threads = set()
+
+    def task(it):
+        for i, item in it:
+            threads.add(threading.current_thread().name)
+            if i < parties:
+                barrier.wait()
+            yield (i, item * 2)
+
+    assert in_threads(list(range(9)), task) == [(i, i * 2) for i in range(9)]
+    if CPUS > 1:
+        assert len(threads) == parties and all(t.startswith("tank-task") for t in threads)
+
+
+def test_an_error_cancels_the_items_not_started_and_waits_for_the_running_ones():
+    started, finished = [], []
+
+    def task(it):
+        for i, _ in it:
+            started.append(i)
+            if i == 0:
+                raise ValueError("bad range 0")
+            time.sleep(0.2)
+            finished.append(i)
+            yield i
+
+    with pytest.raises(ValueError, match="bad range 0"):
+        in_threads(list(range(50)), task)
+    assert sorted(finished) == sorted(i for i in started if i != 0)  # nothing left running
+    assert len(started) < 50  # the rest never started
