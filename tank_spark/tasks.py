@@ -33,12 +33,19 @@ def map_dealt(sc: Any | None, items: list[Any], task: Task) -> list[Any]:
     return list(deal(sc, items).mapPartitions(task).collect())
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def in_threads(items: list[Any], task: Task) -> list[Any]:
     """`task` over each (index, item) pair on its own, in a pool of one thread per CPU this process may use, collected
     in order. The compiled decoder's walk, Parquet encoding and object-store uploads release the GIL: an export of
     1M messages in the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server
     (bench/RESULTS.md, stop 21). On an error the items not started are cancelled and the running ones finish."""
-    workers = max(1, min(len(items), len(os.sched_getaffinity(0))))
+    workers = max(1, min(len(items), usable_cpus()))
     if workers == 1:
         return list(task(iter(enumerate(items))))
 

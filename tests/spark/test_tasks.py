@@ -1,14 +1,13 @@
 """tank_spark/tasks.py: work run in the driver's threads when no Spark starts (`in_threads`)."""
 
-import os
 import threading
 import time
 
 import pytest
 
-from tank_spark.tasks import in_threads
+from tank_spark.tasks import in_threads, usable_cpus
 
-CPUS = len(os.sched_getaffinity(0))
+CPUS = usable_cpus()
 
 
 def test_items_run_at_once_one_thread_per_cpu_and_come_back_in_order():
