@@ -19,6 +19,7 @@ gone or changed (`prune`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -95,6 +96,10 @@ def prune(keep: str, unrecorded_after_s: float = 7 * 86400) -> list[str]:
         return removed
     for name in names:
         path = os.path.join(directory, name)
+        if name.startswith(_PREFIX) and name.endswith(".json") and name.removesuffix(".json") + ".jsa" not in names:
+            with contextlib.suppress(FileNotFoundError):  # a record whose archive is gone
+                os.unlink(path)
+            continue
         if not (name.startswith(_PREFIX) and name.endswith(".jsa")) or path == os.path.abspath(keep):
             continue
         record = path.removesuffix(".jsa") + ".json"
@@ -109,10 +114,8 @@ def prune(keep: str, unrecorded_after_s: float = 7 * 86400) -> list[str]:
                 continue
         if stale:
             for p in (path, record):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
-                except FileNotFoundError:
-                    pass
             removed.append(path)
     return removed
 

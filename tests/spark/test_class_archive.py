@@ -63,7 +63,8 @@ def test_a_job_driver_maps_the_hosts_archive_by_itself_unless_turned_off(tmp_pat
 def test_prune_removes_the_archives_of_installations_that_are_gone_or_changed(tmp_path):
     """Every clone with its own virtualenv gets its own ~150 MB archive: `prune` (run by `--if-missing`, so by
     setup.sh) removes those whose Spark jars or JDK no longer match the archive's name, and unrecorded ones after a
-    week; the archive asked for, current ones, young unrecorded ones and other files stay."""
+    week, and records without an archive; the archive asked for, current ones, young unrecorded ones and other files
+    stay."""
     java = tmp_path / "java"
     java.write_bytes(b"jdk")
     cache = tmp_path / "cache"
@@ -91,6 +92,7 @@ def test_prune_removes_the_archives_of_installations_that_are_gone_or_changed(tm
     _, asked = archive("asked", record=False)
     os.utime(asked, (week_ago, week_ago))
     (cache / "notes.txt").write_text("mine")
+    (cache / "spark-driver-0123456789abcdef.json").write_text("{}")  # a record whose archive is gone
 
     assert sorted(prune(str(asked))) == sorted(str(p) for p in (changed, gone, old))
     left = sorted(p.name for p in cache.iterdir())
