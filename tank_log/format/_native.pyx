@@ -101,6 +101,102 @@ cdef extern from *:
         }
         return n == 0 || (a[0] == b[0] && a[n >> 1] == b[n >> 1] && a[n - 1] == b[n - 1]);
     }
+    static inline void tl_copy8(uint8_t *d, const uint8_t *s) {
+        uint64_t v;
+        memcpy(&v, s, 8);
+        memcpy(d, &v, 8);
+    }
+    static inline void tl_copy16(uint8_t *d, const uint8_t *s) {
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, s + 8, 8);
+        memcpy(d, &a, 8);
+        memcpy(d + 8, &b, 8);
+    }
+    /* A raw Snappy block (§3.4) into dst[0:dlen]: 0, or -1 when it is malformed or does not make exactly dlen bytes
+       (the blocks cramjam rejects too: the pure walk then names the error). Every read is checked against the end
+       of the block and every write against dlen. Away from the end of dst, literals of up to 16 bytes move as 16
+       and copies in words of 8 or 16, overshooting by less than 16 bytes into what the next elements overwrite; a
+       copy from fewer than 8 bytes back (a repeated short pattern) first doubles its distance, as Snappy's own
+       decoder does. Near the end of dst everything is copied exactly. */
+    static int tl_snappy_raw(const uint8_t *ip, size_t n, uint8_t *dst, size_t dlen) {
+        const uint8_t *ie = ip + n, *from;
+        uint8_t *op = dst, *oe = dst + dlen, *end, c;
+        uint64_t claim = 0;
+        size_t len, off, nb, i;
+        int shift = 0;
+        do {  /* the uncompressed length: the walk has read it as dlen */
+            if (ip >= ie || shift > 35) return -1;
+            c = *ip++;
+            claim |= (uint64_t)(c & 0x7f) << shift;
+            shift += 7;
+        } while (c & 0x80);
+        if (claim != dlen) return -1;
+        while (ip < ie) {
+            c = *ip++;
+            switch (c & 3) {
+            case 0:
+                len = (size_t)(c >> 2) + 1;
+                if (len <= 16 && ie - ip >= 16 && oe - op >= 16) {  /* the common short literal */
+                    tl_copy16(op, ip);
+                    ip += len;
+                    op += len;
+                    continue;
+                }
+                if (len > 60) {  /* 1 to 4 bytes of length - 1 follow */
+                    nb = len - 60;
+                    if ((size_t)(ie - ip) < nb) return -1;
+                    for (len = 0, i = 0; i < nb; i++) len |= (size_t)ip[i] << (8 * i);
+                    ip += nb;
+                    len += 1;
+                }
+                if ((size_t)(ie - ip) < len || (size_t)(oe - op) < len) return -1;
+                memcpy(op, ip, len);
+                ip += len;
+                op += len;
+                continue;
+            case 1:
+                if (ip >= ie) return -1;
+                len = 4 + ((c >> 2) & 7);
+                off = ((size_t)(c >> 5) << 8) | *ip++;
+                break;
+            case 2:
+                if (ie - ip < 2) return -1;
+                len = 1 + (size_t)(c >> 2);
+                off = (size_t)ip[0] | ((size_t)ip[1] << 8);
+                ip += 2;
+                break;
+            default:
+                if (ie - ip < 4) return -1;
+                len = 1 + (size_t)(c >> 2);
+                off = (size_t)ip[0] | ((size_t)ip[1] << 8) | ((size_t)ip[2] << 16) | ((size_t)ip[3] << 24);
+                ip += 4;
+            }
+            if (off == 0 || off > (size_t)(op - dst) || len > (size_t)(oe - op)) return -1;
+            from = op - off;
+            if (len <= 16 && off >= 8 && oe - op >= 16) {  /* the common short copy: the second word may read the
+                                                              first one's bytes, which are already right */
+                tl_copy8(op, from);
+                tl_copy8(op + 8, from + 8);
+                op += len;
+                continue;
+            }
+            end = op + len;
+            if ((size_t)(oe - op) >= len + 16) {
+                while ((size_t)(op - from) < 8 && op < end) op += (tl_copy8(op, from), (size_t)(op - from));
+                if ((size_t)(op - from) >= 16)
+                    for (; op < end; op += 16, from += 16) tl_copy16(op, from);
+                else
+                    for (; op < end; op += 8, from += 8) tl_copy8(op, from);
+            } else if (off >= len) {
+                memcpy(op, from, len);
+            } else {
+                for (i = 0; i < len; i++) op[i] = from[i];
+            }
+            op = end;
+        }
+        return op == oe ? 0 : -1;
+    }
     """
     ctypedef unsigned long long tl_u128  # really unsigned __int128: never converted to a Python int implicitly
     tl_u128 tl_pow64() noexcept nogil
@@ -109,6 +205,7 @@ cdef extern from *:
     uint64_t tl_hash(const uint8_t *k, size_t n) noexcept nogil
     bint tl_key_eq(const uint8_t *a, const uint8_t *b, size_t n) noexcept nogil
     void tl_prefetch(const void *p) noexcept nogil
+    int tl_snappy_raw(const uint8_t *ip, size_t n, uint8_t *dst, size_t dlen) noexcept nogil
 
 cdef enum:
     # walk stop reasons, in the order of decode.REASONS
@@ -128,6 +225,10 @@ cdef enum:
     UNKNOWN_MESSAGE_FLAGS = 0xF8
     MIN_MESSAGE_BYTES = 2
     PAD = 512  # decode.py's padding after the last message set
+    # Raw Snappy blocks of up to this many bytes are decoded by tl_snappy_raw (codecs.BlockCodec.raw_snappy), larger
+    # ones by the codec's decompress_into: a call costs ~1 µs, more than decoding a one-message set, while on sets
+    # of ~12 KB cramjam's decoder is faster than this one (bench/RESULTS.md, stop 21)
+    SNAPPY_HERE_MAX = 4096
 
 cdef uint64_t U32_MAX = 0xFFFFFFFF
 cdef enum:
@@ -199,8 +300,8 @@ cdef inline bint _bad_claim(const uint8_t *b, Py_ssize_t q, Py_ssize_t end, uint
 
 def walk(object data, Py_ssize_t start, object next_seq, bint collect, object max_bytes, object stop_seq,
          Py_ssize_t max_messages, tuple codecs):
-    """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress_into, max_expansion)
-    for codec id i. Returns (columns, gathered, stop, next_seq, reason, need), `gathered` being (data, set_starts,
+    """Walk framed bundles from `start` like decode._walk. `codecs[i]` is None or (decompress_into, max_expansion,
+    raw_snappy) for codec id i (`tl_snappy_raw` decodes raw Snappy blocks without calling decompress_into). Returns (columns, gathered, stop, next_seq, reason, need), `gathered` being (data, set_starts,
     set_ends) with `collect`; with R_ERROR, `stop` and `next_seq` are the bad bundle's offset and the counter before
     it. With `collect`, the message sets are written straight into one buffer: Snappy blocks (the only codec, §3.4)
     are sized from their length header, then decompressed into their place."""
@@ -352,6 +453,7 @@ cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, t
     decompress to its claimed length; *nrows is then that row's index."""
     cdef Py_ssize_t i, n = nrows[0], total = 0, at = 0, ln, lo
     cdef uint8_t codec
+    cdef int rc
     cdef bint packed = False
     for i in range(n):
         total += rows[i].set_len
@@ -380,6 +482,12 @@ cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, t
         st[i] = at
         if codec == 0:
             memcpy(o + at, b + rows[i].set_off, ln)
+        elif codecs[codec][2] and ln <= SNAPPY_HERE_MAX:  # a small raw Snappy block: decoded here
+            with nogil:
+                rc = tl_snappy_raw(b + rows[i].set_off, rows[i].end - rows[i].set_off, <uint8_t *>o + at, ln)
+            if rc:
+                nrows[0] = i
+                return None
         else:
             try:
                 written = codecs[codec][0](mv[rows[i].set_off:rows[i].end], dst[at:at + ln])
@@ -391,6 +499,22 @@ cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, t
         at += ln
         en[i] = at
     return out, starts, ends
+
+
+def snappy_raw_into(const uint8_t[::1] block, uint8_t[::1] out) -> bool:
+    """Decode one raw Snappy block into all of `out` with the walk's decoder (`tl_snappy_raw`); True when the block
+    is well formed and makes exactly len(out) bytes. For tests against cramjam."""
+    cdef Py_ssize_t n = block.shape[0], m = out.shape[0]
+    cdef const uint8_t *src = &block[0] if n else NULL
+    cdef uint8_t *dst = &out[0] if m else NULL
+    cdef uint8_t empty = 0
+    if src == NULL:
+        src = &empty
+    if dst == NULL:
+        dst = &empty
+    with nogil:
+        rc = tl_snappy_raw(src, n, dst, m)
+    return rc == 0
 
 
 cdef bint _all_continued(const uint8_t *b, Py_ssize_t p, Py_ssize_t n) noexcept nogil:

@@ -179,8 +179,12 @@ def walk_bundles(
 # reason, need
 _RawWalk = tuple[tuple[np.ndarray, ...], tuple[bytes, np.ndarray, np.ndarray] | None, int, int, int, int]
 
-# the codec table as the compiled walk takes it: (decompress_into, max_expansion) per codec id 0..3, None if unknown
-_NATIVE_CODECS = tuple((CODECS[i].decompress_into, CODECS[i].max_expansion) if i in CODECS else None for i in range(4))
+# the codec table as the compiled walk takes it: (decompress_into, max_expansion, raw_snappy) per codec id 0..3, None
+# if unknown
+_NATIVE_CODECS = tuple(
+    (CODECS[i].decompress_into, CODECS[i].max_expansion, CODECS[i].raw_snappy) if i in CODECS else None
+    for i in range(4)
+)
 _COLUMN_TYPES = (np.int64, np.int64, np.int64, np.uint8, np.int64, np.uint64, np.uint64)
 
 

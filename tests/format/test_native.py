@@ -145,6 +145,20 @@ def test_seqs_up_to_two_to_the_64():
     assert result[0] == "error" and result[2] == len(ok)
 
 
+def test_snappy_sets_on_both_sides_of_the_compiled_decoders_limit():
+    """Small Snappy sets are decoded by the walk's own decoder, large ones by cramjam (_native.pyx SNAPPY_HERE_MAX,
+    4096 bytes): sets of every size around the limit, valid and damaged, read the same on both cores."""
+    rng = random.Random(7)
+    for size in range(4070, 4130, 3):
+        msgs = [Message(1, 5, b"k", bytes(rng.choice(b"abcd") for _ in range(size - 20)))]
+        bundle = frame(encode_bundle(msgs, sparse=False, codec=Codec.SNAPPY))
+        assert both(bundle)[0] == "ok"
+        for _ in range(5):
+            damaged = bytearray(bundle)
+            damaged[rng.randrange(8, len(damaged))] ^= 1 << rng.randrange(8)
+            both(bytes(damaged))
+
+
 @settings(max_examples=300, deadline=None)
 @given(message_runs(), st.booleans())
 def test_encoding_is_identical(msgs, sparse):
@@ -364,3 +378,70 @@ def test_arrow_batches_are_identical_on_both_cores(groups, codecs, data):
             batches.append(batch)
         assert batches[0].equals(batches[1])
         assert batches[0].column("key").null_count == int(((cols.key_off < 0) & (True if mask is None else mask)).sum())
+
+
+def _snappy_outcome(block: bytes, size: int) -> tuple[bool, bytes]:
+    """cramjam's verdict on a raw Snappy block decoded into `size` bytes, and the compiled walk's."""
+    import cramjam
+
+    out = bytearray(size)
+    try:
+        ok = cramjam.snappy.decompress_raw_into(block, out) == size  # the walk: anything else is an error
+    except Exception:
+        ok = False
+    theirs = (ok, bytes(out) if ok else b"")
+    mine = bytearray(size)
+    from tank_log.format import _native
+
+    ok = _native.snappy_raw_into(block, mine)
+    return theirs, (ok, bytes(mine) if ok else b"")
+
+
+def _claim(block: bytes) -> int | None:
+    from tank_log.format.varint import decode_varint
+
+    try:
+        return decode_varint(block, 0)[0]
+    except TankFormatError:
+        return None
+
+
+texts = st.one_of(
+    st.binary(max_size=3000),
+    st.lists(st.sampled_from([b"a", b"ab", b"key-", b"value=12345;", bytes(range(40)), b"\0" * 70]), max_size=300).map(
+        b"".join
+    ),
+)
+
+
+@given(texts)
+def test_the_compiled_snappy_decoder_reads_what_snappy_wrote(data):
+    """The walk's own Snappy decoder (`tl_snappy_raw`) against python-snappy's compressor: every literal length
+    form, copies of every offset size, overlapping runs."""
+    from tank_log.format.codecs.snappy import compress
+
+    block = compress(data)
+    assert _snappy_outcome(block, len(data)) == ((True, data), (True, data))
+
+
+@given(texts, st.integers(0, 10**6), st.integers(-3, 3))
+def test_the_compiled_snappy_decoder_accepts_and_rejects_what_cramjam_does(data, seed, size_change):
+    """Mutated blocks (bytes replaced, cut, grown) and wrong output sizes: the compiled decoder agrees with cramjam,
+    the decoder of the pure walk, on every block, and writes the same bytes when both accept."""
+    from tank_log.format.codecs.snappy import MAX_EXPANSION, compress
+
+    rng = random.Random(seed)
+    block = bytearray(compress(data))
+    for _ in range(rng.randint(0, 3)):
+        what = rng.random()
+        if what < 0.6 and block:
+            block[rng.randrange(len(block))] = rng.randrange(256)
+        elif what < 0.8:
+            del block[rng.randrange(len(block) + 1) :]
+        else:
+            block += bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+    claim = _claim(bytes(block))
+    if claim is None or claim > MAX_EXPANSION * len(block) + 64:  # the walk refuses these before decoding
+        return
+    theirs, mine = _snappy_outcome(bytes(block), max(0, claim + size_change))
+    assert mine == theirs

@@ -27,7 +27,8 @@ class BlockCodec:
     `decompress` raises TankFormatError (without offset; the walker adds it) for a corrupt block and must bound
     what it allocates; `decompress_into` writes into a buffer sized from the block's length header (the compiled
     walk reads Snappy's, §3.4) and returns the bytes written; `max_expansion` bounds the uncompressed size per
-    compressed byte (count plausibility).
+    compressed byte (count plausibility). `raw_snappy`: the blocks are raw Snappy, which the compiled walk decodes
+    itself (no Python call per message set) and must accept and reject exactly as `decompress_into` does.
     """
 
     codec: Codec
@@ -35,11 +36,12 @@ class BlockCodec:
     decompress: Callable[[memoryview | bytes], bytes]
     decompress_into: Callable[[memoryview | bytes, memoryview], int]
     max_expansion: int
+    raw_snappy: bool = False
 
 
 CODECS: dict[int, BlockCodec] = {
     Codec.SNAPPY: BlockCodec(
-        Codec.SNAPPY, snappy.compress, snappy.decompress, snappy.decompress_into, snappy.MAX_EXPANSION
+        Codec.SNAPPY, snappy.compress, snappy.decompress, snappy.decompress_into, snappy.MAX_EXPANSION, True
     ),
 }
 
