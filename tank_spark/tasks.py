@@ -42,8 +42,8 @@ def usable_cpus() -> int:
 
 def in_threads(items: list[Any], task: Task) -> list[Any]:
     """`task` over each (index, item) pair on its own, in a pool of one thread per CPU this process may use, collected
-    in order. The compiled decoder's walk, Parquet encoding and object-store uploads release the GIL: an export of
-    1M messages in the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server
+    in order. Parquet encoding and object-store uploads release the GIL, so the threads overlap: an export of 1M
+    messages in the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server
     (bench/RESULTS.md, stop 21). On an error the items not started are cancelled and the running ones finish."""
     workers = max(1, min(len(items), usable_cpus()))
     if workers == 1:
