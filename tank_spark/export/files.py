@@ -187,13 +187,6 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
     return out
 
 
-def file_stats(table: pa.Table) -> dict:
-    """Delta per-file statistics of a whole table (`FileStats`)."""
-    stats = FileStats()
-    stats.add(table)
-    return stats.to_dict()
-
-
 class FileStats:
     """Delta per-file statistics, summed over a file's row groups: numRecords, min/max of numeric, timestamp and date
     columns (none for a column holding NaN), null counts."""

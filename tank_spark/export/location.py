@@ -107,12 +107,6 @@ class TableLocation:
             out["scheme"] = parsed.scheme
         return out
 
-    def write_parquet(self, rel: str, table: Any) -> int:
-        """Write `table` as Parquet at `rel` under the table; its size in bytes."""
-        with self.open_parquet(rel, table.schema) as writer:
-            writer.write_table(table)
-        return self.size(rel)
-
     def open_parquet(self, rel: str, schema: Any) -> Any:
         """A `pyarrow.parquet.ParquetWriter` writing a Parquet file at `rel` under the table (close it to finish)."""
         import pyarrow.parquet as pq
