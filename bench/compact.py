@@ -111,40 +111,58 @@ print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_b
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_compaction(data_dir: str, master: str) -> dict:
-    """Process wall time, the job's own duration (report: after Spark start) and Σ per-partition durations."""
+def run_compaction(data_dir: str, master: str, *options: str) -> dict:
+    """Process wall time, the job's own duration (its report's: from after the imports to the report) and
+    Σ per-partition durations."""
     report = os.path.join(os.path.dirname(data_dir), f"report-{master}.json")
-    wall, rep = run_job("compact", "--data-dir", data_dir, "--broker-stopped", "--force", master=master, report=report)
+    args = ("--data-dir", data_dir, "--broker-stopped", "--force", *options)
+    wall, rep = run_job("compact", *args, master=master, report=report)
     return {
-        "process_wall_s": round(wall, 1),
-        "job_duration_s": round(rep["duration_s"], 1),
-        "sum_partition_s": round(sum(p["duration_s"] for p in rep["partitions"]), 1),
+        "executed_on": rep["executed_on"],
+        "process_wall_s": round(wall, 2),
+        "job_duration_s": round(rep["duration_s"], 2),
+        "timings": rep["timings"],
+        "sum_partition_s": round(sum(p["duration_s"] for p in rep["partitions"]), 2),
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workdir")
-    ap.add_argument("--skip-scaling", action="store_true")
-    ap.add_argument("--scaling-bundles", type=int, default=INPUT_BUNDLES, help="bundles per partition (scaling)")
-    args = ap.parse_args()
-    work = args.workdir or tempfile.mkdtemp(prefix="tank-compact-")
-    out: dict = {"machine": machine()}
+SCALING_VARIANTS = {"default": (), "executors": ("--in-driver-max-bytes", "0")}  # as operators run it; Spark forced
 
-    base = os.path.join(work, "bench-data")
-    pdir = os.path.join(base, "bench", "0")
-    shutil.rmtree(base, ignore_errors=True)
-    t0 = time.perf_counter()
-    generate(pdir)
-    out["generate_s"] = round(time.perf_counter() - t0, 1)
-    ro = [f for f in os.listdir(pdir) if f.endswith(".ilog")]
-    in_bytes = sum(os.path.getsize(os.path.join(pdir, f)) for f in ro)
-    out["input"] = {
-        "ro_segments": len(ro),
-        "bytes": in_bytes,
-        "messages": INPUT_BUNDLES * BUNDLE,
-        "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
-    }
+
+def scaling(work: str, small: str, rounds: int) -> dict:
+    """jobs/compact.py over 8 copies of the partition `small`, on local[1] and local[2], as operators run it (this
+    size runs in the driver's processes) and forced onto Spark's executors; alternating, `rounds` times."""
+    runs: dict[str, dict[str, list[dict]]] = {v: {"local[1]": [], "local[2]": []} for v in SCALING_VARIANTS}
+    for _ in range(rounds):
+        for variant, options in SCALING_VARIANTS.items():
+            for master in ("local[1]", "local[2]"):
+                data = os.path.join(work, f"scaling-{master}")
+                shutil.rmtree(data, ignore_errors=True)
+                for p in range(8):
+                    shutil.copytree(small, os.path.join(data, "bench", str(p)))
+                with open(os.path.join(data, "bench", "config"), "w") as fh:
+                    fh.write("log.cleanup.policy=cleanup\n")
+                os.sync()
+                runs[variant][master].append(run_compaction(data, master, *options))
+                shutil.rmtree(data, ignore_errors=True)
+    out: dict = {"partitions": 8}
+    for variant, by_master in runs.items():
+        ratios = [
+            round(two["job_duration_s"] / one["job_duration_s"], 2)
+            for one, two in zip(by_master["local[1]"], by_master["local[2]"], strict=True)
+        ]
+        process_ratios = [
+            round(two["process_wall_s"] / one["process_wall_s"], 2)
+            for one, two in zip(by_master["local[1]"], by_master["local[2]"], strict=True)
+        ]
+        out[variant] = {**by_master, "local[2]/local[1]": ratios, "local[2]/local[1], process": process_ratios}
+    return out
+
+
+def library_compaction(work: str, base: str, pdir: str, in_bytes: int) -> dict:
+    """The partition compacted by the library in fresh processes (compiled core, pure Python, glibc's default
+    allocator), alternating with a raw Snappy pass over its message sets."""
+    out: dict = {}
     runs, pure_runs, snappy_runs, plain_alloc_runs = [], [], [], []
     # alternating: the compiled core, a raw Snappy pass, the pure-Python core, the compiled core without the jobs'
     # allocator setting
@@ -198,7 +216,37 @@ def main() -> None:
         "minor_faults": plain["minor_faults"],
         "peak_rss_mib": round(plain["peak_rss_mib"]),
     }
-    print(json.dumps(out, indent=2), flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir")
+    ap.add_argument("--skip-scaling", action="store_true")
+    ap.add_argument("--scaling-bundles", type=int, default=INPUT_BUNDLES, help="bundles per partition (scaling)")
+    ap.add_argument("--scaling-only", action="store_true", help="only the jobs over 8 partitions")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the scaling runs")
+    args = ap.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-compact-")
+    out: dict = {"machine": machine()}
+
+    base = os.path.join(work, "bench-data")
+    pdir = os.path.join(base, "bench", "0")
+    shutil.rmtree(base, ignore_errors=True)
+    t0 = time.perf_counter()
+    generate(pdir)
+    out["generate_s"] = round(time.perf_counter() - t0, 1)
+    ro = [f for f in os.listdir(pdir) if f.endswith(".ilog")]
+    in_bytes = sum(os.path.getsize(os.path.join(pdir, f)) for f in ro)
+    out["input"] = {
+        "ro_segments": len(ro),
+        "bytes": in_bytes,
+        "messages": INPUT_BUNDLES * BUNDLE,
+        "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
+    }
+    if not args.scaling_only:
+        out.update(library_compaction(work, base, pdir, in_bytes))
+        print(json.dumps(out, indent=2), flush=True)
 
     if not args.skip_scaling:
         small = pdir
@@ -206,25 +254,7 @@ def main() -> None:
             small = os.path.join(work, "scaling-src", "bench", "0")
             shutil.rmtree(os.path.dirname(os.path.dirname(small)), ignore_errors=True)
             generate(small, args.scaling_bundles)
-        scaling = {}
-        for master in ("local[1]", "local[2]"):
-            data = os.path.join(work, f"scaling-{master}")
-            shutil.rmtree(data, ignore_errors=True)
-            for p in range(8):
-                shutil.copytree(small, os.path.join(data, "bench", str(p)))
-            with open(os.path.join(data, "bench", "config"), "w") as fh:
-                fh.write("log.cleanup.policy=cleanup\n")
-            scaling[master] = run_compaction(data, master)
-            shutil.rmtree(data, ignore_errors=True)
-        msgs = 8 * args.scaling_bundles * BUNDLE
-        one, two = scaling["local[1]"]["job_duration_s"], scaling["local[2]"]["job_duration_s"]
-        out["scaling"] = {
-            "partitions": 8,
-            "messages_per_partition": args.scaling_bundles * BUNDLE,
-            **scaling,
-            "speedup_job_duration": round(one / two, 2),
-            "msgs_per_s_job_duration": {"local[1]": round(msgs / one), "local[2]": round(msgs / two)},
-        }
+        out["scaling"] = {"messages_per_partition": args.scaling_bundles * BUNDLE, **scaling(work, small, args.rounds)}
     print(json.dumps(out, indent=2))
     with open(os.path.join(work, "compact-results.json"), "w") as fh:
         json.dump(out, fh, indent=2)

@@ -12,8 +12,10 @@ export SPARK_LOCAL_IP=${SPARK_LOCAL_IP:-127.0.0.1}
 .venv/bin/tank-log demo "$DIR"
 echo "== before compaction"
 .venv/bin/tank-log stats "$DIR"
-# the demo data is not served by a broker, hence --broker-stopped (docs/FORMAT.md §9: mutations need it stopped)
-.venv/bin/python jobs/compact.py --data-dir "$DIR" --broker-stopped --report reports/compact-demo.json
+# the demo data is not served by a broker, hence --broker-stopped (docs/FORMAT.md §9: mutations need it stopped);
+# --in-driver-max-bytes 0: on Spark's executors, although data this small runs in the driver's processes by default
+.venv/bin/python jobs/compact.py --data-dir "$DIR" --broker-stopped --in-driver-max-bytes 0 \
+    --report reports/compact-demo.json
 echo "== after compaction (report: reports/compact-demo.json)"
 .venv/bin/tank-log stats "$DIR"
 .venv/bin/tank-log verify "$DIR"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
-from tank_spark.runner import add_broker_stopped, add_force, count_by, has_tasks, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_force, count_by, needs_executors, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -51,5 +51,5 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         sql=False,
-        needs_spark=has_tasks,
+        needs_spark=needs_executors,
     )

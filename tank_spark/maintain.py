@@ -1,5 +1,6 @@
-"""The maintenance job: per partition, in one Spark task, repair → retention → compaction → index verify/rebuild →
-final verify (`tank_log/jobs/maintain.py`); one Spark start-up and one report for the nightly run."""
+"""The maintenance job: per partition, in one task (a Spark task, or a process of the driver's for a small run),
+repair → retention → compaction → index verify/rebuild → final verify (`tank_log/jobs/maintain.py`); at most one
+Spark start-up and one report for the nightly run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tank_spark.runner import (
     add_salvage,
     add_time_basis,
     count_by,
-    has_tasks,
+    needs_executors,
     run_job,
     run_plan,
 )
@@ -48,5 +49,5 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         sql=False,
-        needs_spark=has_tasks,
+        needs_spark=needs_executors,
     )

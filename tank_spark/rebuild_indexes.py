@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.indexes import plan_index_run
-from tank_spark.runner import add_broker_stopped, add_salvage, count_by, has_tasks, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_salvage, count_by, needs_executors, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -42,6 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         sql=False,
-        needs_spark=has_tasks,
+        needs_spark=needs_executors,
     )
     return code

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
-from tank_spark.runner import add_broker_stopped, add_time_basis, count_by, has_tasks, run_job, run_plan
+from tank_spark.runner import add_broker_stopped, add_time_basis, count_by, needs_executors, run_job, run_plan
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -42,5 +42,5 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         sql=False,
-        needs_spark=has_tasks,
+        needs_spark=needs_executors,
     )

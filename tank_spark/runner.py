@@ -1,5 +1,6 @@
 """What every job shares: the command line, config merging, the Spark session, running one task per partition on
-the executors, the JSON run report and exit codes an orchestrator can trust.
+the executors (or, for a small run, in the driver's processes: `in_driver`), the JSON run report and exit codes an
+orchestrator can trust.
 
     spark-submit jobs/<job>.py --data-dir PATH [--data-dir PATH ...] [--config conf/FILE] [--topics t1,t2]
                                [--dry-run] [--report FILE.json] [job options]
@@ -24,18 +25,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pyspark.accumulators import AccumulatorParam
-
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
-from tank_log.jobs.config import JobConfig, load_job_config
+from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.maintenance.outcome import FAILING
 from tank_spark import class_archive, worker_daemon
+from tank_spark.in_driver import driver_processes, run_in_driver, segment_bytes
+from tank_spark.stopping import Interrupted, drain, on_sigterm, sigint_raises
 from tank_spark.tasks import deal
 
 log = logging.getLogger("tank_log.job")
@@ -62,6 +63,13 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
     p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
+    p.add_argument(
+        "--in-driver-max-bytes",
+        metavar="SIZE",
+        help="a run reading at most this much segment data runs in the driver's processes without starting Spark "
+        "(default: the config's in_driver_max_bytes, 1gb; the export's: export.in_driver_max_bytes, 128mb, with "
+        "binary/utf8 values and engine deltalake); 0: always on executors",
+    )
     p.add_argument(
         "--spark-log-level",
         default="WARN",
@@ -110,6 +118,7 @@ class JobContext:
     report_path: str | None
     master: str | None
     spark_log_level: str = "WARN"
+    in_driver_max_bytes: int = 0  # the partition jobs' (`needs_executors`); the export has its own
 
 
 def build_context(job: str, args: argparse.Namespace) -> JobContext:
@@ -132,6 +141,11 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
         args.report,
         args.master,
         args.spark_log_level,
+        (
+            parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
+            if args.in_driver_max_bytes is not None
+            else config.in_driver_max_bytes
+        ),
     )
 
 
@@ -148,7 +162,7 @@ def spark_context(ctx: JobContext):
         SparkContext._ensure_initialized()  # connect to its JVM, whose properties carry its --master
     conf = SparkConf()  # under spark-submit: loaded from its JVM's properties
     if not conf.contains("spark.master"):
-        conf.setMaster(ctx.master or ctx.config.spark.master or "local[*]")
+        conf.setMaster(job_master(ctx))
     conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
     conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():
@@ -165,6 +179,19 @@ def spark_context(ctx: JobContext):
     sc = SparkContext.getOrCreate(conf)
     sc.setLogLevel(ctx.spark_log_level)
     return sc
+
+
+def job_master(ctx: JobContext) -> str:
+    """The Spark master of this run: spark-submit's (from its JVM's properties), else --master, the config's,
+    local[*]."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit started this driver
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()
+        master = SparkConf().get("spark.master")
+        if master:
+            return master
+    return ctx.master or ctx.config.spark.master or "local[*]"
 
 
 def spark_session(ctx: JobContext):
@@ -204,33 +231,16 @@ def _launch_jvm(conf, under_spark_submit: bool) -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
-class Interrupted(Exception):
-    """The run was stopped (SIGINT, SIGTERM) while partitions ran: `results` has the report entry of every task —
-    what finished, and `interrupted` entries for the rest."""
+class _ListParam:
+    """The accumulator of finished tasks' entries: an `AccumulatorParam` by its two methods (PySpark calls only
+    these), so that the driver imports PySpark only when it starts Spark."""
 
-    def __init__(self, results: list[dict]):
-        super().__init__(f"interrupted with {sum(r['status'] != 'interrupted' for r in results)} partitions done")
-        self.results = results
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (an orchestrator stopping the run), handled like Ctrl-C."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated()
-
-
-class _ListParam(AccumulatorParam):
     def zero(self, value):
         return []
 
     def addInPlace(self, a, b):
         a.extend(b)
         return a
-
-
-STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
 
 
 def run_on_executors(
@@ -277,7 +287,7 @@ def run_on_executors(
             done.set()
 
     seen: dict[int, dict] = {}
-    with Progress(what, len(tasks)) as progress, _sigint_raises():
+    with Progress(what, len(tasks)) as progress, sigint_raises():
 
         def report_new(entries) -> None:
             for i, r in list(entries):
@@ -302,39 +312,12 @@ def run_on_executors(
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
 
 
-@contextlib.contextmanager
-def _sigint_raises() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt (and the run drains) instead of PySpark's SIGINT handler, which cancels every
-    job at once — killing partitions mid-write."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _drain(sc, done: threading.Event, stop_flag: str) -> None:
-    """Stop an interrupted run: no new partition starts, running ones finish within the grace period.
-
-    Waits on an Event, not `Thread.join`: in Python 3.11 a join interrupted by a signal handler's exception marks the
-    still-running thread stopped (`_wait_for_tstate_lock`, bpo-45274's fix), so the drain would end at once and Spark
-    would be stopped under a partition mid-swap (CI at f4671da)."""
+    """Stop an interrupted Spark run (`stopping.drain`): the stop flag keeps new partitions from starting; tasks
+    still running after the grace period are cancelled."""
     open(stop_flag, "w").close()
-    log.warning(
-        "interrupted: finishing the running partitions and starting no new ones (up to %.0f s; Ctrl-C again to "
-        "cancel them now: crash-safe, the next run repairs them)",
-        STOP_GRACE_S,
-    )
     t0 = time.monotonic()
-    try:
-        done.wait(STOP_GRACE_S)
-    except KeyboardInterrupt:
-        pass
-    if not done.is_set():
-        log.warning("cancelling the partitions still running")
+    if not drain(done.wait):
         sc.cancelAllJobs()
         done.wait(120)
     log.info("the running partitions stopped after %.1f s", time.monotonic() - t0)
@@ -351,7 +334,12 @@ def run_plan(
     interruption."""
     tasks, left_out = plan
     try:
-        results = run_on_executors(sc, tasks)
+        if sc is None:  # `needs_executors` said no
+            processes = driver_processes(job_master(ctx))
+            log.info("%s: %d partition(s) in %d process(es) of the driver's", ctx.job, len(tasks), processes)
+            results = run_in_driver(tasks, processes)
+        else:
+            results = run_on_executors(sc, tasks)
     except Interrupted as stop:
         if bookkeeping and not ctx.dry_run:
             bookkeeping(stop.results)
@@ -362,9 +350,21 @@ def run_plan(
     return results + left_out
 
 
-def has_tasks(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool:
-    """`needs_spark` of the planned jobs: a plan without tasks (nothing selected needs the job) starts no Spark."""
-    return bool(plan[0])
+def needs_executors(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool:
+    """`needs_spark` of the partition jobs: a plan without tasks (nothing selected needs the job) starts no Spark,
+    nor does one whose partitions hold at most `ctx.in_driver_max_bytes` of segment data (`in_driver`)."""
+    tasks = plan[0]
+    if not tasks:
+        return False
+    if not ctx.in_driver_max_bytes:
+        return True
+    total = segment_bytes(tasks, ctx.in_driver_max_bytes)
+    limit = f"{ctx.in_driver_max_bytes:,} bytes"
+    if total is None:
+        log.info("%s: more than in_driver_max_bytes (%s) of segment data: on Spark's executors", ctx.job, limit)
+        return True
+    log.info("%s: %s bytes of segment data, within in_driver_max_bytes (%s)", ctx.job, f"{total:,}", limit)
+    return False
 
 
 def write_report(path: str | None, report: dict) -> None:
@@ -428,7 +428,7 @@ def run_job(
         return EXIT_USAGE
     report.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark = None
-    signal.signal(signal.SIGTERM, _on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
+    signal.signal(signal.SIGTERM, on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         if needs_spark is None or needs_spark(ctx, prepared):
             spark = spark_session(ctx) if sql else spark_context(ctx)
@@ -436,9 +436,10 @@ def run_job(
             sc = spark.sparkContext if sql else spark
             report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
         else:
-            log.info("%s: nothing to run on executors; Spark is not started", job)
+            log.info("%s: Spark is not started", job)
         results, summary = execute(ctx, prepared, spark)
         phase_done("execute_s")
+        report["executed_on"] = "executors" if spark is not None else "driver"
     except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist
         print(f"{job}: {err}", file=sys.stderr)
         report.update(status="usage-error", error=str(err), finished=_now())

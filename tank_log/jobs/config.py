@@ -6,6 +6,7 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
     data_dirs: [/var/lib/tank]          # one or several broker base paths
     broker_stopped: false               # mutations need the broker stopped (docs/FORMAT.md §9)
     live_window: 5min                   # a partition changed this recently looks live and is refused
+    in_driver_max_bytes: 1gb            # compact/retention/rebuild/maintain reading at most this: no Spark (0: never)
     spark:
       master: local[2]                  # used when not given by spark-submit
       app_name: tank-log
@@ -228,6 +229,11 @@ class JobConfig:
     data_dirs: tuple[str, ...] = ()
     broker_stopped: bool = False
     live_window_s: int = 300
+    # A partition job (compact, retention, rebuild_indexes, maintain) whose partitions hold at most this many bytes of
+    # segment data runs in the driver's processes, without Spark (0: always on executors). Spark's start, first job
+    # and stop cost 5-7 s; one core compacts ~200 MB/s, so below ~1 GB the driver's cores beat any cluster
+    # (bench/RESULTS.md, stop 22). The export has its own, `export.in_driver_max_bytes`.
+    in_driver_max_bytes: int = 1 << 30
     spark: SparkSettings = SparkSettings()
     compaction: CompactionSettings = CompactionSettings()
     retention: RetentionSettings = RetentionSettings()
@@ -506,6 +512,7 @@ TOP_LEVEL_KEYS = {
     "data_dirs",
     "broker_stopped",
     "live_window",
+    "in_driver_max_bytes",
     "spark",
     "compaction",
     "retention",
@@ -543,6 +550,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
         data_dirs=_paths(v.get("data_dirs", []), "data_dirs", allow_empty=True),
         broker_stopped=_bool(v.get("broker_stopped", False), "broker_stopped"),
         live_window_s=_duration_ms(v.get("live_window", 300), "live_window") // 1000,
+        in_driver_max_bytes=_size(v.get("in_driver_max_bytes", 1 << 30), "in_driver_max_bytes"),
         spark=_spark(v.get("spark")),
         compaction=_compaction(v.get("compaction")),
         retention=_retention(v.get("retention")),

@@ -149,12 +149,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "--checkpoint", metavar="PATH", help="with --continuous: the query's checkpoint directory (required)"
     )
     p.add_argument(
-        "--in-driver-max-bytes",
-        metavar="SIZE",
-        help="an export reading at most this much new segment data runs in the driver process without starting "
-        "Spark (binary/utf8 values, engine deltalake); default 128mb; 0: always on executors",
-    )
-    p.add_argument(
         "--on-data-loss",
         choices=("fail", "skip"),
         help="with --continuous: messages retention deleted before they were exported fail the query (fail, "

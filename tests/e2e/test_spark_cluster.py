@@ -120,11 +120,15 @@ def test_mutating_jobs_on_the_cluster_equal_local_mode(cluster, py_files, tmp_pa
     on_cluster = write_demo(str(tmp_path / "cluster"), now_ms=1_790_000_000_000)
     local = shutil.copytree(on_cluster, str(tmp_path / "local"))
     report = tmp_path / "r.json"
-    submit(url, py_files, job, "--data-dir", on_cluster, "--broker-stopped", "--report", str(report), cwd=tmp_path)
+    args = ["--broker-stopped", "--report", str(report)]
+    submit(url, py_files, job, "--data-dir", on_cluster, "--in-driver-max-bytes=0", *args, cwd=tmp_path)
     rep = json.load(open(report))
-    assert rep["status"] == "ok" and rep["spark"]["master"] == url
+    assert rep["status"] == "ok" and rep["spark"]["master"] == url and rep["executed_on"] == "executors"
     assert not [p for p in rep["partitions"] if p["status"] == "skipped" and "held by" in p.get("reason", "")]
-    submit("local[2]", py_files, job, "--data-dir", local, "--broker-stopped", cwd=tmp_path)
+    # under spark-submit --master local[2], with the default: data this small runs in 2 processes of the driver's
+    r = submit("local[2]", py_files, job, "--data-dir", local, *args, cwd=tmp_path)
+    assert json.load(open(report))["executed_on"] == "driver"
+    assert "in 2 process(es) of the driver's" in r.stdout  # spark-submit passes the driver's stderr to its stdout
     assert tree_digest(on_cluster) == tree_digest(local) and read_cleanup_log(on_cluster) == read_cleanup_log(local)
 
 

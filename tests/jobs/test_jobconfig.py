@@ -95,6 +95,14 @@ def test_the_in_driver_export_limit_is_a_size():
         parse_job_config({"export": {"in_driver_max_bytes": "lots"}})
 
 
+def test_the_partition_jobs_in_driver_limit_is_a_size():
+    assert parse_job_config({}).in_driver_max_bytes == 1 << 30  # default: runs up to 1gb in the driver's processes
+    assert parse_job_config({"in_driver_max_bytes": 0}).in_driver_max_bytes == 0  # always Spark's executors
+    assert parse_job_config({"in_driver_max_bytes": "2gb"}).in_driver_max_bytes == 2 << 30
+    with pytest.raises(JobConfigError, match="in_driver_max_bytes"):
+        parse_job_config({"in_driver_max_bytes": -1})
+
+
 BROKER = {
     "name": "a",
     "data_dirs": ["/srv/a"],

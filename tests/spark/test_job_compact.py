@@ -15,11 +15,13 @@ from tank_log.tools.demo import write_demo
 JOB = os.path.join(ROOT, "jobs", "compact.py")
 
 
-def run_job(*args, timeout=600):
+ON = {"executors": ["--in-driver-max-bytes=0"], "driver": []}  # forced onto Spark; the default for small data
+
+
+def run_job(*args, timeout=600, where="executors", master="local[2]"):
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    return subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", *args], capture_output=True, text=True, timeout=timeout, env=env
-    )
+    cmd = [sys.executable, JOB, "--master", master, *ON[where], *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def by_key(report):
@@ -28,9 +30,12 @@ def by_key(report):
 
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory):
+    return make_scenario(tmp_path_factory.mktemp("job"))
+
+
+def make_scenario(root):
     """demo data + E_before (a `delete` topic compacted through a job-config override) + a B2 copy with one
     corrupt RO segment."""
-    root = tmp_path_factory.mktemp("job")
     demo = write_demo(str(root / "demo"))
     e = copy_tree(data_dir("E_before"), str(root / "e"))
     b2 = copy_tree(data_dir("B2_compaction_live"), str(root / "b2"))
@@ -89,6 +94,44 @@ def test_mixed_run_reports_partial_failure(scenario):
     assert parts[("kv", 0)]["messages_after"] == len(survivors)
 
 
+def test_a_small_run_goes_to_the_driver_processes_and_equals_the_executors(tmp_path):
+    """Below `in_driver_max_bytes` (the default 1gb) the job starts no Spark: the driver runs the partitions in one
+    process per core of the master. Same data, same marks, same report entries as on Spark's executors, including
+    the corrupt partition's failure."""
+    runs = {}
+    source = make_scenario(tmp_path / "source")[0]
+    for where in ("executors", "driver"):
+        root = copy_tree(str(source), str(tmp_path / where))
+        demo, e, b2, conf = (os.path.join(root, name) for name in ("demo", "e", "b2", "job.yaml"))
+        report_path = os.path.join(root, "r.json")
+        dirs = ["--data-dir", demo, "--data-dir", e, "--data-dir", b2, "--config", conf]
+        r = run_job(*dirs, "--broker-stopped", "--report", report_path, where=where)
+        assert r.returncode == 1, r.stderr[-3000:]
+        report = json.load(open(report_path))
+        assert report["executed_on"] == where and ("spark" in report) == (where == "executors")
+        entries = {  # where the copy lives and how long it took aside
+            k: {f: str(v).replace(root, "ROOT") for f, v in p.items() if f != "duration_s"}
+            for k, p in by_key(report).items()
+        }
+        runs[where] = (entries, [tree_digest(d) for d in (demo, e, b2)], [read_cleanup_log(d) for d in (demo, e)], r)
+    assert runs["driver"][0] == runs["executors"][0]
+    assert runs["driver"][1] == runs["executors"][1] and runs["driver"][2] == runs["executors"][2]
+    err = runs["driver"][3].stderr
+    assert "in 2 process(es) of the driver's" in err and "tank_log.progress: [1/" in err
+    report = json.load(open(report_path))
+    assert set(report["timings"]) == {"prepare_s", "execute_s", "spark_stop_s"}
+    # local[1]: one process; over the limit: Spark
+    demo = write_demo(str(tmp_path / "one"))
+    r = run_job("--data-dir", demo, "--broker-stopped", where="driver", master="local[1]")
+    assert r.returncode == 0 and "in 1 process(es) of the driver's" in r.stderr, r.stderr[-3000:]
+    demo = write_demo(str(tmp_path / "over"))
+    report_path = str(tmp_path / "over.json")
+    r = run_job(
+        "--data-dir", demo, "--broker-stopped", "--in-driver-max-bytes=100kb", "--report", report_path, where="driver"
+    )
+    assert r.returncode == 0 and json.load(open(report_path))["executed_on"] == "executors", r.stderr[-3000:]
+
+
 def test_second_run_has_nothing_to_do(scenario):
     root, demo, e, b2, conf = scenario
     before = tree_digest(demo)
@@ -144,8 +187,9 @@ def test_usage_errors_exit_2_with_a_report(tmp_path, args, config, needle):
     assert report["status"] == "usage-error" and needle in report["error"]
 
 
+@pytest.mark.parametrize("where", ["executors", "driver"])
 @pytest.mark.parametrize("stop", ["sigterm-to-the-main-thread", "ctrl-c-to-the-process-group"])
-def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tmp_path, stop):
+def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tmp_path, stop, where):
     """#13: Ctrl-C/SIGTERM: running partitions finish, no new one starts; the report lists what finished and what
     was interrupted; the data stays consistent. Stopped by SIGTERM to the driver's main thread, waiting for the job
     (CI found a partition left mid-swap when a signal interrupted the driver's Thread.join, which then marks the
@@ -160,7 +204,7 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     before = {p: sorted(os.listdir(os.path.join(kv, p))) for p in os.listdir(kv) if p.isdigit()}
     report_path = str(tmp_path / "r.json")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = [sys.executable, JOB, "--master", "local[1]", "--data-dir", base, "--broker-stopped"]
+    cmd = [sys.executable, JOB, "--master", "local[1]", *ON[where], "--data-dir", base, "--broker-stopped"]
     proc = subprocess.Popen(
         [*cmd, "--report", report_path], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
@@ -196,7 +240,8 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     assert len(parts) == 300
 
 
-def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broker_stopped(tmp_path):
+@pytest.mark.parametrize("where", ["executors", "driver"])
+def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broker_stopped(tmp_path, where):
     """#10.1: a process whose command line names the base path (the broker runs as `tank -p BASE`) holds every
     partition: the job skips them, naming it, and changes nothing."""
     from conftest import Detached
@@ -208,7 +253,7 @@ def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broke
     )
     try:
         report_path = str(tmp_path / "r.json")
-        r = run_job("--data-dir", demo, "--broker-stopped", "--report", report_path)
+        r = run_job("--data-dir", demo, "--broker-stopped", "--report", report_path, where=where)
         assert r.returncode == 0, r.stderr[-3000:]
         parts = [p for p in json.load(open(report_path))["partitions"] if p["topic"] == "profiles"]
         assert parts and all(p["status"] == "skipped" and f"pid {broker.pid}" in p["reason"] for p in parts)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT, tree_digest
 
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -15,13 +16,16 @@ from tank_log.tools.demo import write_demo
 JOB = os.path.join(ROOT, "jobs", "maintain.py")
 
 
-def test_maintain_job_runs_every_step_and_equals_the_cli(tmp_path):
+@pytest.mark.parametrize("where", ["executors", "driver"])
+def test_maintain_job_runs_every_step_and_equals_the_cli(tmp_path, where):
+    """On Spark's executors (forced) and in the driver's processes (the default for data this small)."""
     base = write_demo(str(tmp_path / "a"), now_ms=1_790_000_000_000)
     copy = shutil.copytree(base, str(tmp_path / "b"))
     report_path = str(tmp_path / "r.json")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     r = subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", "--data-dir", base, "--broker-stopped", "--report", report_path],
+        [sys.executable, JOB, "--master", "local[2]", "--data-dir", base, "--broker-stopped", "--report", report_path]
+        + (["--in-driver-max-bytes=0"] if where == "executors" else []),
         capture_output=True,
         text=True,
         timeout=600,
@@ -29,7 +33,7 @@ def test_maintain_job_runs_every_step_and_equals_the_cli(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(report_path))
-    assert report["job"] == "maintain" and report["status"] == "ok"
+    assert report["job"] == "maintain" and report["status"] == "ok" and report["executed_on"] == where
     assert report["summary"]["by_status"] == {"maintained": 6} and report["summary"]["steps"]["verify"] == {"clean": 6}
     steps = {(p["topic"], p["partition"]): p["steps"] for p in report["partitions"]}
     assert steps[("profiles", 1)]["compaction"]["status"] == "compacted"

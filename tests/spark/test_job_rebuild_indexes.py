@@ -13,7 +13,11 @@ JOB = os.path.join(ROOT, "jobs", "rebuild_indexes.py")
 def run_job(*args):
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     return subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", *args], capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, JOB, "--master", "local[2]", "--in-driver-max-bytes=0", *args],  # on Spark's executors
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
 
 

@@ -1,0 +1,68 @@
+"""How a job's run stops when it is told to (Ctrl-C, an orchestrator's SIGTERM): it drains. No new partition starts,
+the running ones finish within `STOP_GRACE_S` (a second Ctrl-C cuts that short; cut partitions are crash-safe and
+the next run repairs them), and `Interrupted` carries the report entry of every task. The same whether the tasks run
+on Spark's executors (`runner.run_on_executors`) or in the driver's processes (`in_driver.run_in_driver`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Callable, Iterator
+
+log = logging.getLogger("tank_log.job")
+
+STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
+
+
+class Interrupted(Exception):
+    """The run was stopped (SIGINT, SIGTERM) while partitions ran: `results` has the report entry of every task —
+    what finished, and `interrupted` entries for the rest."""
+
+    def __init__(self, results: list[dict]):
+        super().__init__(f"interrupted with {sum(r['status'] != 'interrupted' for r in results)} partitions done")
+        self.results = results
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (an orchestrator stopping the run), handled like Ctrl-C."""
+
+
+def on_sigterm(signum, frame):
+    """The driver's SIGTERM handler: raise `Terminated` in the main thread, where the run waits for its tasks."""
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigint_raises() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt (and the run drains) instead of PySpark's SIGINT handler, which cancels every
+    job at once — killing partitions mid-write."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def drain(wait: Callable[[float], bool]) -> bool:
+    """After a stop: log it, then `wait(timeout)` up to `STOP_GRACE_S` (or until a second Ctrl-C) for the running
+    partitions; `wait` returns whether they have finished. True when they did; otherwise the caller cancels them.
+
+    `wait` must wait on an Event (or futures), not `Thread.join`: in Python 3.11 a join interrupted by a signal
+    handler's exception marks the still-running thread stopped (`_wait_for_tstate_lock`, bpo-45274's fix), so the
+    drain would end at once and the run would be torn down under a partition mid-swap (CI at f4671da)."""
+    log.warning(
+        "interrupted: finishing the running partitions and starting no new ones (up to %.0f s; Ctrl-C again to "
+        "cancel them now: crash-safe, the next run repairs them)",
+        STOP_GRACE_S,
+    )
+    finished = False
+    with contextlib.suppress(KeyboardInterrupt):
+        finished = wait(STOP_GRACE_S)
+    if not finished:
+        log.warning("cancelling the partitions still running")
+    return finished

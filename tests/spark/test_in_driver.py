@@ -1,0 +1,106 @@
+"""tank_spark/in_driver.py: a partition job's tasks in the driver's own (forked, real) processes, without Spark."""
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+from conftest import signal_thread
+
+from tank_log.errors import RunFailed
+from tank_spark.in_driver import driver_processes, run_in_driver
+from tank_spark.stopping import Interrupted
+from tank_spark.tasks import usable_cpus
+
+
+@dataclass(frozen=True)
+class Item:
+    """Stands for a PartitionTask (what `interrupted_entry` reads)."""
+
+    partition: int
+    topic: str = "t"
+    path: str = "/nowhere"
+    base_path: str = "/"
+
+
+def where_it_ran(item: Item) -> dict:
+    time.sleep(0.05)
+    return {"partition": item.partition, "status": "ok", "pid": os.getpid(), "ignores": _ignored_signals()}
+
+
+def _ignored_signals() -> list[str]:
+    return [s.name for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is signal.SIG_IGN]
+
+
+def fails_on_3(item: Item) -> dict:
+    if item.partition == 3:
+        raise ValueError("bad partition 3")
+    return where_it_ran(item)
+
+
+def dies_on_2(item: Item) -> dict:
+    if item.partition == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return where_it_ran(item)
+
+
+def slow(item: Item) -> dict:
+    time.sleep(0.4)
+    return where_it_ran(item)
+
+
+@pytest.mark.parametrize(
+    "master, processes",
+    [
+        ("local", 1),
+        ("local[1]", 1),
+        ("local[3]", 3),
+        ("local[3,2]", 3),
+        ("local[*]", usable_cpus()),
+        ("local[*,4]", usable_cpus()),
+        ("spark://127.0.0.1:7077", usable_cpus()),
+        ("yarn", usable_cpus()),
+    ],
+)
+def test_the_master_says_how_many_processes(master, processes):
+    assert driver_processes(master) == processes
+
+
+def test_results_come_back_in_order_from_as_many_worker_processes_as_asked():
+    items = [Item(i) for i in range(9)]
+    results = run_in_driver(items, 2, where_it_ran)
+    assert [r["partition"] for r in results] == list(range(9))
+    pids = {r["pid"] for r in results}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert all(r["ignores"] == ["SIGINT", "SIGTERM"] for r in results)  # only the driver decides when to stop
+    assert run_in_driver([], 2, where_it_ran) == []
+
+
+def test_a_task_error_fails_the_run():
+    with pytest.raises(ValueError, match="bad partition 3"):
+        run_in_driver([Item(i) for i in range(6)], 2, fails_on_3)
+
+
+def test_a_worker_that_dies_fails_the_run_with_a_clear_error_and_no_hang():
+    t0 = time.monotonic()
+    with pytest.raises(RunFailed, match="a process of the driver's pool died while running partitions"):
+        run_in_driver([Item(i) for i in range(6)], 2, dies_on_2)
+    assert time.monotonic() - t0 < 30
+
+
+def test_ctrl_c_drains_the_running_partition_and_starts_no_new_one():
+    """SIGINT to the driver's main thread while the first partition runs: it finishes, the others are reported
+    interrupted, none of them started (each would take 0.4 s)."""
+    timer = threading.Timer(0.6, signal_thread, (os.getpid(), os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(Interrupted) as stop:
+        run_in_driver([Item(i) for i in range(8)], 1, slow)
+    elapsed = time.monotonic() - t0
+    timer.join()
+    statuses = [r["status"] for r in stop.value.results]
+    assert statuses[0] == "ok" and statuses.count("ok") <= 2, statuses  # the one running at the signal finished
+    assert statuses[-1] == "interrupted" and statuses.count("interrupted") >= 6
+    assert elapsed < 0.45 * 4, elapsed  # the queued partitions did not run
