@@ -1,6 +1,6 @@
 """What every job shares: the command line, config merging, the Spark session, running one task per partition on
-the executors (or, for a small run, in the driver's processes: `in_driver`), the JSON run report and exit codes an
-orchestrator can trust.
+the executors (or, for a small run, in the driver's processes: `needs_executors`), the JSON run report and exit
+codes an orchestrator can trust.
 
     spark-submit jobs/<job>.py --data-dir PATH [--data-dir PATH ...] [--config conf/FILE] [--topics t1,t2]
                                [--dry-run] [--report FILE.json] [job options]
@@ -31,13 +31,13 @@ from typing import Any
 
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
-from tank_log.jobs.planning import run_task
+from tank_log.jobs.planning import run_task, segment_data_bytes
+from tank_log.jobs.processes import run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
+from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
 from tank_spark import class_archive, worker_daemon
-from tank_spark.in_driver import driver_processes, run_in_driver, segment_bytes
-from tank_spark.stopping import Interrupted, drain, on_sigterm, sigint_raises
-from tank_spark.tasks import deal
+from tank_spark.tasks import deal, driver_processes
 
 log = logging.getLogger("tank_log.job")
 
@@ -337,7 +337,7 @@ def run_plan(
         if sc is None:  # `needs_executors` said no
             processes = driver_processes(job_master(ctx))
             log.info("%s: %d partition(s) in %d process(es) of the driver's", ctx.job, len(tasks), processes)
-            results = run_in_driver(tasks, processes)
+            results = run_in_processes(tasks, processes)
         else:
             results = run_on_executors(sc, tasks)
     except Interrupted as stop:
@@ -352,13 +352,15 @@ def run_plan(
 
 def needs_executors(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool:
     """`needs_spark` of the partition jobs: a plan without tasks (nothing selected needs the job) starts no Spark,
-    nor does one whose partitions hold at most `ctx.in_driver_max_bytes` of segment data (`in_driver`)."""
+    nor does one whose partitions hold at most `ctx.in_driver_max_bytes` of segment data: it runs in the
+    driver's processes (`processes.run_in_processes`; the data of these jobs is on the driver's host). Spark's start,
+    first job and stop cost 5-7 s of a run (bench/RESULTS.md, stop 22)."""
     tasks = plan[0]
     if not tasks:
         return False
     if not ctx.in_driver_max_bytes:
         return True
-    total = segment_bytes(tasks, ctx.in_driver_max_bytes)
+    total = segment_data_bytes(tasks, ctx.in_driver_max_bytes)
     limit = f"{ctx.in_driver_max_bytes:,} bytes"
     if total is None:
         log.info("%s: more than in_driver_max_bytes (%s) of segment data: on Spark's executors", ctx.job, limit)

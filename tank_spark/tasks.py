@@ -7,10 +7,12 @@ round-robin so that neighbouring items (often of similar size) land in different
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from tank_log.jobs.processes import usable_cpus
 
 TASKS_PER_CORE = 4
 
@@ -33,11 +35,18 @@ def map_dealt(sc: Any | None, items: list[Any], task: Task) -> list[Any]:
     return list(deal(sc, items).mapPartitions(task).collect())
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+_LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")  # local, local[N], local[*], local[N,F], local[*,F]
+
+
+def driver_processes(master: str) -> int:
+    """How many processes run a small job in the driver (`processes.run_in_processes`): the cores of a local
+    master, else the CPUs the driver may use."""
+    m = _LOCAL.match(master.strip())
+    if m and m.group(1) and m.group(1) != "*":
+        return max(1, int(m.group(1)))
+    if m and not m.group(1):  # plain `local`: one core
+        return 1
+    return usable_cpus()
 
 
 def in_threads(items: list[Any], task: Task) -> list[Any]:

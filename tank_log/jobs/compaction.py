@@ -1,7 +1,7 @@
 """Which partitions a compaction run takes, with which options, and the `.cleanup.log` bookkeeping afterwards.
 
 Shared by the Spark job (`jobs/compact.py`: the driver plans, executors run `CompactionTask.run`) and by
-`tank-log compact` (the same, sequentially, without Spark).
+`tank-log compact` (the same in local processes, without Spark: `processes.run_in_processes`).
 """
 
 from __future__ import annotations

@@ -131,6 +131,17 @@ class PartitionTask:
         return result
 
 
+def segment_data_bytes(tasks: Iterable[PartitionTask], limit: int) -> int | None:
+    """The segment data (RO and active logs) of the tasks' partitions, or None once it passes `limit`."""
+    total = 0
+    for task in tasks:
+        for part in partitions_at(task.path):
+            total += sum(s.size for s in part.segments)
+        if total > limit:
+            return None
+    return total
+
+
 def run_task(task: PartitionTask) -> dict[str, Any]:
     """What executors call (a module-level function pickles by reference)."""
     return task.run()

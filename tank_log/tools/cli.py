@@ -117,7 +117,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
-    return _run_tasks("compact", tasks, skipped, record_cleanup_marks, dry_run=args.dry_run)
+    return _run_tasks("compact", tasks, skipped, record_cleanup_marks, dry_run=args.dry_run, processes=args.processes)
 
 
 def _cmd_maintain(args: argparse.Namespace) -> int:
@@ -130,7 +130,9 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     tasks, left_out = plan_maintenance(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run, salvage=args.salvage
     )
-    return _run_tasks("maintain", tasks, left_out, record_maintenance_marks, dry_run=args.dry_run)
+    return _run_tasks(
+        "maintain", tasks, left_out, record_maintenance_marks, dry_run=args.dry_run, processes=args.processes
+    )
 
 
 def _require_base_path(path: str) -> None:
@@ -147,23 +149,26 @@ def _run_tasks(
     bookkeeping: Callable[[list[dict[str, Any]]], None],
     *,
     dry_run: bool,
+    processes: int | None,
 ) -> int:
-    """Run tasks one after the other: a JSON line per partition as it finishes (and a progress bar on a terminal);
-    the driver's bookkeeping for what finished, also on Ctrl-C/SIGTERM (exit 130, listing what finished)."""
-    from tank_log.jobs.progress import Progress, interrupted_message
+    """Run tasks in worker processes (one per CPU unless `processes`): a JSON line per partition as it finishes (and a
+    progress bar on a terminal); the bookkeeping for what finished, also on Ctrl-C/SIGTERM, which drains the run
+    (exit 130, listing what finished)."""
+    from tank_log.jobs.processes import run_in_processes, usable_cpus
+    from tank_log.jobs.progress import interrupted_message
+    from tank_log.jobs.stopping import Interrupted
     from tank_log.maintenance.outcome import Status
 
-    results: list[dict[str, Any]] = []
+    def print_entry(r: dict[str, Any]) -> None:
+        if r["status"] != Status.INTERRUPTED:  # queued when the run was stopped: listed by the message below
+            print(json.dumps(r), flush=True)
+
     try:
-        with Progress(what, len(tasks)) as progress:
-            for t in tasks:
-                results.append(t.run())
-                print(json.dumps(results[-1]), flush=True)
-                progress.finished(results[-1])
-    except KeyboardInterrupt:  # what finished keeps its bookkeeping; the rest is crash-safe
+        results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
+    except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
         if not dry_run:
-            bookkeeping(results)
-        print(interrupted_message(f"tank-log {what}", results), file=sys.stderr)
+            bookkeeping(stop.results)
+        print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
         return EXIT_INTERRUPTED
     if not dry_run:
         bookkeeping(results)
@@ -206,6 +211,22 @@ def _cmd_job_path(args: argparse.Namespace) -> int:
 
     print(job_path(args.job))
     return 0
+
+
+def _add_processes(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--processes",
+        type=_positive,
+        metavar="N",
+        help="partitions run at once, each in its own process (default: one per CPU this process may use)",
+    )
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return n
 
 
 def _topics(value: str) -> list[str]:
@@ -259,6 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop tombstones older than this (by message ts), e.g. 7days — beyond the broker's rules",
     )
     p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
+    _add_processes(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser(
@@ -271,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-stopped", action="store_true", help="the broker is stopped (§9 rule 1; still checked)")
     p.add_argument("--salvage", action="store_true", help="cut torn tails (cut bytes kept in a side file)")
     p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    _add_processes(p)
     p.set_defaults(func=_cmd_maintain)
 
     p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from tank_spark.tasks import in_threads, usable_cpus
+from tank_log.jobs.processes import usable_cpus
+from tank_spark.tasks import driver_processes, in_threads
 
 CPUS = usable_cpus()
 
@@ -43,3 +44,20 @@ def test_an_error_cancels_the_items_not_started_and_waits_for_the_running_ones()
         in_threads(list(range(50)), task)
     assert sorted(finished) == sorted(i for i in started if i != 0)  # nothing left running
     assert len(started) < 50  # the rest never started
+
+
+@pytest.mark.parametrize(
+    "master, processes",
+    [
+        ("local", 1),
+        ("local[1]", 1),
+        ("local[3]", 3),
+        ("local[3,2]", 3),
+        ("local[*]", usable_cpus()),
+        ("local[*,4]", usable_cpus()),
+        ("spark://127.0.0.1:7077", usable_cpus()),
+        ("yarn", usable_cpus()),
+    ],
+)
+def test_the_master_says_how_many_processes(master, processes):
+    assert driver_processes(master) == processes

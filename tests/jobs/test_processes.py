@@ -1,4 +1,4 @@
-"""tank_spark/in_driver.py: a partition job's tasks in the driver's own (forked, real) processes, without Spark."""
+"""tank_log/jobs/processes.py: a plan's tasks in local (forked, real) worker processes."""
 
 import os
 import signal
@@ -10,9 +10,8 @@ import pytest
 from conftest import signal_thread
 
 from tank_log.errors import RunFailed
-from tank_spark.in_driver import driver_processes, run_in_driver
-from tank_spark.stopping import Interrupted
-from tank_spark.tasks import usable_cpus
+from tank_log.jobs.processes import run_in_processes
+from tank_log.jobs.stopping import Interrupted
 
 
 @dataclass(frozen=True)
@@ -51,42 +50,27 @@ def slow(item: Item) -> dict:
     return where_it_ran(item)
 
 
-@pytest.mark.parametrize(
-    "master, processes",
-    [
-        ("local", 1),
-        ("local[1]", 1),
-        ("local[3]", 3),
-        ("local[3,2]", 3),
-        ("local[*]", usable_cpus()),
-        ("local[*,4]", usable_cpus()),
-        ("spark://127.0.0.1:7077", usable_cpus()),
-        ("yarn", usable_cpus()),
-    ],
-)
-def test_the_master_says_how_many_processes(master, processes):
-    assert driver_processes(master) == processes
-
-
 def test_results_come_back_in_order_from_as_many_worker_processes_as_asked():
     items = [Item(i) for i in range(9)]
-    results = run_in_driver(items, 2, where_it_ran)
+    seen = []
+    results = run_in_processes(items, 2, where_it_ran, on_finished=seen.append)
+    assert sorted(r["partition"] for r in seen) == list(range(9))  # each as it finished
     assert [r["partition"] for r in results] == list(range(9))
     pids = {r["pid"] for r in results}
     assert len(pids) == 2 and os.getpid() not in pids
     assert all(r["ignores"] == ["SIGINT", "SIGTERM"] for r in results)  # only the driver decides when to stop
-    assert run_in_driver([], 2, where_it_ran) == []
+    assert run_in_processes([], 2, where_it_ran) == []
 
 
 def test_a_task_error_fails_the_run():
     with pytest.raises(ValueError, match="bad partition 3"):
-        run_in_driver([Item(i) for i in range(6)], 2, fails_on_3)
+        run_in_processes([Item(i) for i in range(6)], 2, fails_on_3)
 
 
 def test_a_worker_that_dies_fails_the_run_with_a_clear_error_and_no_hang():
     t0 = time.monotonic()
     with pytest.raises(RunFailed, match="a process of the driver's pool died while running partitions"):
-        run_in_driver([Item(i) for i in range(6)], 2, dies_on_2)
+        run_in_processes([Item(i) for i in range(6)], 2, dies_on_2)
     assert time.monotonic() - t0 < 30
 
 
@@ -97,7 +81,7 @@ def test_ctrl_c_drains_the_running_partition_and_starts_no_new_one():
     timer.start()
     t0 = time.monotonic()
     with pytest.raises(Interrupted) as stop:
-        run_in_driver([Item(i) for i in range(8)], 1, slow)
+        run_in_processes([Item(i) for i in range(8)], 1, slow)
     elapsed = time.monotonic() - t0
     timer.join()
     statuses = [r["status"] for r in stop.value.results]

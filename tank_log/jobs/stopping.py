@@ -1,7 +1,8 @@
 """How a job's run stops when it is told to (Ctrl-C, an orchestrator's SIGTERM): it drains. No new partition starts,
 the running ones finish within `STOP_GRACE_S` (a second Ctrl-C cuts that short; cut partitions are crash-safe and
 the next run repairs them), and `Interrupted` carries the report entry of every task. The same whether the tasks run
-on Spark's executors (`runner.run_on_executors`) or in the driver's processes (`in_driver.run_in_driver`)."""
+on Spark's executors (tank_spark's `runner.run_on_executors`) or in local processes (`processes.run_in_processes`: a
+Spark job's small run, the CLI)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 log = logging.getLogger("tank_log.job")
 
@@ -20,7 +22,7 @@ class Interrupted(Exception):
     """The run was stopped (SIGINT, SIGTERM) while partitions ran: `results` has the report entry of every task —
     what finished, and `interrupted` entries for the rest."""
 
-    def __init__(self, results: list[dict]):
+    def __init__(self, results: list[dict[str, Any]]):
         super().__init__(f"interrupted with {sum(r['status'] != 'interrupted' for r in results)} partitions done")
         self.results = results
 
@@ -29,7 +31,7 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM (an orchestrator stopping the run), handled like Ctrl-C."""
 
 
-def on_sigterm(signum, frame):
+def on_sigterm(signum: int, frame: Any) -> None:
     """The driver's SIGTERM handler: raise `Terminated` in the main thread, where the run waits for its tasks."""
     raise Terminated()
 
