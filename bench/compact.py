@@ -159,6 +159,27 @@ def scaling(work: str, small: str, rounds: int) -> dict:
     return out
 
 
+def cli(work: str, small: str, rounds: int) -> dict:
+    """`tank-log compact` over the same 8 partitions: one process, and one per CPU (the default), alternating."""
+    variants = {"one process": ["--processes", "1"], "default": []}
+    runs: dict[str, list[float]] = {v: [] for v in variants}
+    for _ in range(rounds):
+        for variant, options in variants.items():
+            data = os.path.join(work, "cli")
+            shutil.rmtree(data, ignore_errors=True)
+            for p in range(8):
+                shutil.copytree(small, os.path.join(data, "bench", str(p)))
+            with open(os.path.join(data, "bench", "config"), "w") as fh:
+                fh.write("log.cleanup.policy=cleanup\n")
+            os.sync()
+            cmd = [sys.executable, "-m", "tank_log.tools.cli", "compact", data, "--broker-stopped", "--force"]
+            t0 = time.perf_counter()
+            subprocess.run([*cmd, *options], capture_output=True, check=True)
+            runs[variant].append(round(time.perf_counter() - t0, 2))
+            shutil.rmtree(data, ignore_errors=True)
+    return {"process_wall_s": runs}
+
+
 def library_compaction(work: str, base: str, pdir: str, in_bytes: int) -> dict:
     """The partition compacted by the library in fresh processes (compiled core, pure Python, glibc's default
     allocator), alternating with a raw Snappy pass over its message sets."""
@@ -255,6 +276,7 @@ def main() -> None:
             shutil.rmtree(os.path.dirname(os.path.dirname(small)), ignore_errors=True)
             generate(small, args.scaling_bundles)
         out["scaling"] = {"messages_per_partition": args.scaling_bundles * BUNDLE, **scaling(work, small, args.rounds)}
+        out["cli_8_partitions"] = cli(work, small, args.rounds)
     print(json.dumps(out, indent=2))
     with open(os.path.join(work, "compact-results.json"), "w") as fh:
         json.dump(out, fh, indent=2)
