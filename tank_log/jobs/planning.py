@@ -11,7 +11,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tank_log.errors import NothingMatched
+from tank_log.errors import NothingMatched, TankFormatError
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
@@ -132,11 +132,14 @@ class PartitionTask:
 
 
 def segment_data_bytes(tasks: Iterable[PartitionTask], limit: int) -> int | None:
-    """The segment data (RO and active logs) of the tasks' partitions, or None once it passes `limit`."""
+    """The segment data (RO and active logs) of the tasks' partitions, or None once it passes `limit`, or when a
+    partition cannot be listed now (the task itself will report why)."""
     total = 0
     for task in tasks:
-        for part in partitions_at(task.path):
-            total += sum(s.size for s in part.segments)
+        try:
+            total += sum(s.size for part in partitions_at(task.path) for s in part.segments)
+        except (OSError, TankFormatError):
+            return None
         if total > limit:
             return None
     return total

@@ -11,7 +11,7 @@ from tank_log.errors import NothingMatched
 from tank_log.jobs.compaction import cleanup_mark_of, plan_compaction, record_cleanup_marks
 from tank_log.jobs.config import JobConfig, parse_job_config
 from tank_log.jobs.indexes import plan_index_run
-from tank_log.jobs.planning import left_out, select_partitions
+from tank_log.jobs.planning import left_out, segment_data_bytes, select_partitions
 from tank_log.jobs.retention import plan_retention_run
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -74,6 +74,24 @@ def test_compaction_tasks_pickle_run_and_record_marks(fixture_copy):
     # a second run finds nothing to drop, and still records the mark (from the status and range, not the reason)
     again = plan_compaction([base], None, config, dry_run=False)[0][0].run()
     assert again["status"] == "nothing-to-do" and cleanup_mark_of(again) == result["range_last"]
+
+
+def test_segment_data_bytes_sums_the_logs_up_to_a_limit(fixture_copy):
+    import os
+    import shutil
+
+    base = fixture_copy("E_before")
+    tasks = plan_index_run([base], None, STOPPED, dry_run=True, salvage=False)[0]
+    logs = sum(
+        os.path.getsize(os.path.join(t.path, f))
+        for t in tasks
+        for f in os.listdir(t.path)
+        if f.endswith((".ilog", ".log"))
+    )
+    assert logs > 0 and segment_data_bytes(tasks, logs) == logs  # indexes and other files do not count
+    assert segment_data_bytes(tasks, logs - 1) is None  # more than the limit
+    shutil.rmtree(tasks[0].path)  # gone since the plan: not sized here, the task reports it
+    assert segment_data_bytes(tasks, 1 << 40) is None
 
 
 def test_no_mark_for_dry_runs_failures_or_untouched_ranges():
