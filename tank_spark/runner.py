@@ -335,7 +335,7 @@ def run_plan(
     tasks, left_out = plan
     try:
         if sc is None:  # `needs_executors` said no
-            processes = driver_processes(job_master(ctx))
+            processes = min(driver_processes(job_master(ctx)), len(tasks)) or 1
             log.info("%s: %d partition(s) in %d process(es) of the driver's", ctx.job, len(tasks), processes)
             results = run_in_processes(tasks, processes)
         else:
