@@ -126,6 +126,17 @@ def run_compaction(data_dir: str, master: str, *options: str) -> dict:
     }
 
 
+def eight_copies(small: str, data: str) -> str:
+    """`data`, made afresh: a base path whose cleanup topic `bench` holds 8 copies of the partition `small`."""
+    shutil.rmtree(data, ignore_errors=True)
+    for p in range(8):
+        shutil.copytree(small, os.path.join(data, "bench", str(p)))
+    with open(os.path.join(data, "bench", "config"), "w") as fh:
+        fh.write("log.cleanup.policy=cleanup\n")
+    os.sync()  # the copies' writeback does not run during the job
+    return data
+
+
 SCALING_VARIANTS = {"default": (), "executors": ("--in-driver-max-bytes", "0")}  # as operators run it; Spark forced
 
 
@@ -136,13 +147,7 @@ def scaling(work: str, small: str, rounds: int) -> dict:
     for _ in range(rounds):
         for variant, options in SCALING_VARIANTS.items():
             for master in ("local[1]", "local[2]"):
-                data = os.path.join(work, f"scaling-{master}")
-                shutil.rmtree(data, ignore_errors=True)
-                for p in range(8):
-                    shutil.copytree(small, os.path.join(data, "bench", str(p)))
-                with open(os.path.join(data, "bench", "config"), "w") as fh:
-                    fh.write("log.cleanup.policy=cleanup\n")
-                os.sync()
+                data = eight_copies(small, os.path.join(work, f"scaling-{master}"))
                 runs[variant][master].append(run_compaction(data, master, *options))
                 shutil.rmtree(data, ignore_errors=True)
     out: dict = {"partitions": 8}
@@ -165,13 +170,7 @@ def cli(work: str, small: str, rounds: int) -> dict:
     runs: dict[str, list[float]] = {v: [] for v in variants}
     for _ in range(rounds):
         for variant, options in variants.items():
-            data = os.path.join(work, "cli")
-            shutil.rmtree(data, ignore_errors=True)
-            for p in range(8):
-                shutil.copytree(small, os.path.join(data, "bench", str(p)))
-            with open(os.path.join(data, "bench", "config"), "w") as fh:
-                fh.write("log.cleanup.policy=cleanup\n")
-            os.sync()
+            data = eight_copies(small, os.path.join(work, "cli"))
             cmd = [sys.executable, "-m", "tank_log.tools.cli", "compact", data, "--broker-stopped", "--force"]
             t0 = time.perf_counter()
             subprocess.run([*cmd, *options], capture_output=True, check=True)

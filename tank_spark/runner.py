@@ -334,12 +334,14 @@ def run_plan(
     interruption."""
     tasks, left_out = plan
     try:
-        if sc is None:  # `needs_executors` said no
-            processes = min(driver_processes(job_master(ctx)), len(tasks)) or 1
+        if sc is not None:
+            results = run_on_executors(sc, tasks)
+        elif tasks:  # `needs_executors` said no: the driver's processes
+            processes = min(driver_processes(job_master(ctx)), len(tasks))
             log.info("%s: %d partition(s) in %d process(es) of the driver's", ctx.job, len(tasks), processes)
             results = run_in_processes(tasks, processes)
-        else:
-            results = run_on_executors(sc, tasks)
+        else:  # nothing to run: no master to look up (under spark-submit that connects to its JVM)
+            results = []
     except Interrupted as stop:
         if bookkeeping and not ctx.dry_run:
             bookkeeping(stop.results)
