@@ -135,12 +135,13 @@ def test_ctrl_c_prints_what_finished_and_leaves_consistent_data(tmp_path):
     from tank_log.maintenance.verify import verify_path
 
     base = many_small_partitions(tmp_path / "many", 300)
+    # unbuffered: `readline` takes one line only (a buffered reader keeps more, which `communicate` never sees)
     proc = subprocess.Popen(
-        [*CLI, "compact", base, "--broker-stopped"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*CLI, "compact", base, "--broker-stopped"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
     )
-    first = proc.stdout.readline()  # one partition done
+    first = proc.stdout.readline().decode()  # one partition done
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    out, err = (b.decode() for b in proc.communicate(timeout=120))
     assert proc.returncode == 130, err[-2000:]
     assert "Traceback" not in err and "tank-log compact: interrupted;" in err
     done = [json.loads(line) for line in [first, *out.splitlines()] if line.startswith("{")]
