@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -151,7 +152,7 @@ class TankPushdownReader(TankReader):
         b = self.bounds
         for f in filters:
             col = f.attribute[0] if len(f.attribute) == 1 else None
-            value = getattr(f, "value", None)
+            value: Any = getattr(f, "value", None)  # EqualTo and the comparisons: a scalar; In: a tuple
             if col == "topic" and isinstance(f, EqualTo):
                 b.topics = {value} if b.topics is None else b.topics & {value}
             elif col == "topic" and isinstance(f, In):

@@ -114,7 +114,9 @@ class TrackedRead:
     def __init__(self, index: int, r, read_range):
         self.index, self.range, self._read_range = index, r, read_range
         self.stopped: list = []
-        self.rows, self.lo, self.hi = 0, None, None
+        self.rows = 0
+        self.lo: int | None = None
+        self.hi: int | None = None
 
     def __iter__(self):
         for b in self._read_range(self.range, self.stopped):
