@@ -5,5 +5,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/mypy  # type-checks tank_log and tank_spark ([tool.mypy] in pyproject.toml)
+.venv/bin/mypy  # type-checks tank_log and tank_spark, strictly ([tool.mypy] in pyproject.toml)
 .venv/bin/python -m pytest "$@"

@@ -27,6 +27,10 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark import SparkConf
 
 ENV = "TANK_LOG_CLASS_ARCHIVE"  # another archive for self-launched drivers, or "off"
 _OPTION = "-XX:SharedArchiveFile="
@@ -120,7 +124,7 @@ def prune(keep: str, unrecorded_after_s: float = 7 * 86400) -> list[str]:
     return removed
 
 
-def use_default(conf) -> str | None:
+def use_default(conf: SparkConf) -> str | None:
     """Point a self-launched driver's JVM at the archive (`spark.driver.extraJavaOptions`) unless one is named
     already or `TANK_LOG_CLASS_ARCHIVE=off`; the archive used, or None (none built yet: the driver starts as before)."""
     chosen = os.environ.get(ENV) or ""

@@ -4,9 +4,23 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
-from tank_spark.runner import add_broker_stopped, add_force, count_by, needs_executors, run_job, run_plan
+from tank_log.jobs.planning import Plan
+from tank_spark.runner import (
+    JobContext,
+    JobResult,
+    add_broker_stopped,
+    add_force,
+    count_by,
+    needs_executors,
+    run_job,
+    run_plan,
+)
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -20,7 +34,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
 
 
-def prepare(ctx, args):
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     """Flags over the config file, then the plan (before Spark starts: a run that matches nothing fails fast)."""
     config = apply_flags(
         ctx.config, force=args.force, tombstone_retention=args.tombstone_retention, drop_keyless=args.drop_keyless
@@ -28,7 +42,7 @@ def prepare(ctx, args):
     return plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
 
 
-def execute(ctx, plan, sc):
+def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
     results = run_plan(sc, ctx, plan, record_cleanup_marks)  # finished partitions get their marks
     done = [r for r in results if r.get("status") == "compacted"]
     summary = {

@@ -17,8 +17,9 @@ import argparse
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,10 +37,15 @@ from tank_log.storage.staging import (
     recover_imports,
 )
 from tank_spark.export.location import TableLocation
-from tank_spark.runner import count_by, run_job
+from tank_spark.runner import JobContext, JobResult, count_by, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
 from tank_spark.sink import REQUIRED, commit_staged, stage_rows
 from tank_spark.tasks import deal
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+    from pyspark import SparkContext
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,9 @@ class ImportSettings:
     value_is_text: bool
 
 
+Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
+
+
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", help="the Delta table to import: a path or URI (default export.table)")
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="as for the export")
@@ -74,7 +83,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment-bytes", metavar="SIZE", help="roll segments at this size (default: log.segment.bytes)")
 
 
-def prepare(ctx, args) -> tuple[ImportSettings, list[ImportPlan]]:
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     from tank_log.jobs.config import parse_size_arg
     from tank_spark.export.plan import storage_options
 
@@ -117,7 +126,7 @@ def prepare(ctx, args) -> tuple[ImportSettings, list[ImportPlan]]:
     return settings, plan_import(ctx, settings, delta)
 
 
-def plan_import(ctx, settings: ImportSettings, delta) -> list[ImportPlan]:
+def plan_import(ctx: JobContext, settings: ImportSettings, delta: DeltaTable) -> list[ImportPlan]:
     """Per (topic, partition) of the table: what would be imported (one pass over the table's key columns)."""
     keys = delta.to_pyarrow_dataset().to_table(columns=["topic", "partition", "seq"])
     if ctx.topics is not None:
@@ -153,20 +162,20 @@ def _has_work(settings: ImportSettings, p: ImportPlan) -> bool:
     return bool(p.rows) and (p.existing_last is None or settings.append)
 
 
-def needs_spark(ctx, prepared) -> bool:
+def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
     """Spark starts only to write rows: a dry run, or a run that finds nothing to import (every partition refused or
     up to date), is decided on the driver."""
     settings, plans = prepared
     return not ctx.dry_run and any(_has_work(settings, p) for p in plans)
 
 
-def execute(ctx, prepared, sc):
+def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> JobResult:
     settings, plans = prepared
     t0 = time.monotonic()
-    results = []
+    results: list[dict[str, Any]] = []
     work = []
     for p in plans:
-        r = {
+        r: dict[str, Any] = {
             "topic": p.topic,
             "partition": p.partition,
             "rows": p.rows,
@@ -184,6 +193,7 @@ def execute(ctx, prepared, sc):
         results.append(r)
     if work and not ctx.dry_run:
         log.info("import: writing %d partitions (%d rows) into %s", len(work), sum(p.rows for p in work), settings.base)
+        assert sc is not None  # `needs_spark`: rows to write start Spark
         staged = {(s.topic, s.partition): s for s in _stage(sc, settings, work)}
         for r in results:
             s = staged.get((r["topic"], r["partition"]))
@@ -203,7 +213,7 @@ def execute(ctx, prepared, sc):
     return [{**r, "status": str(r["status"])} for r in results], summary
 
 
-def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
+def _stage(sc: SparkContext, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
     """Executors read each partition's rows from the table and stage it (`sink.stage_rows`: Arrow straight into the
     segment encoder, rows never pass through the JVM); the driver commits them all at once (`sink.commit_staged`).
     A failed task fails the run and leaves nothing: the abort waits for the tasks still running (`staging`'s writers'
@@ -212,12 +222,12 @@ def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedP
     base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
     open_import(base, run_id)
 
-    def task(items):
+    def task(items: Iterable[tuple[int, ImportPlan]]) -> Iterator[StagedPartition]:
         skip_pandas_detection()  # pyarrow would import pandas for its first filter scalar (format/arrow.py)
         dataset = None  # the table is opened once per task (its log read once), not per partition
         for _, p in items:
             if dataset is None:
-                dataset = settings.location.open().to_pyarrow_dataset()
+                dataset = settings.location.existing().to_pyarrow_dataset()
             yield from stage_rows(base, run_id, _read(dataset, settings.value_is_text, p), append, segment_bytes)
 
     try:
@@ -229,7 +239,7 @@ def _stage(sc, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedP
     return staged
 
 
-def _read(dataset, value_is_text: bool, p: ImportPlan) -> Iterator[pa.RecordBatch]:
+def _read(dataset: ds.Dataset, value_is_text: bool, p: ImportPlan) -> Iterator[pa.RecordBatch]:
     """One partition's rows from the table's dataset (above its existing last seq), sorted by seq, as the writer's
     rows."""
     import pyarrow.dataset as ds

@@ -5,10 +5,14 @@ Spark start-up and one report for the nightly run."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from tank_log.jobs.compaction import apply_flags
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
+from tank_log.jobs.planning import Plan
 from tank_spark.runner import (
+    JobContext,
+    JobResult,
     add_broker_stopped,
     add_force,
     add_salvage,
@@ -19,6 +23,9 @@ from tank_spark.runner import (
     run_plan,
 )
 
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
 
 def add_options(p: argparse.ArgumentParser) -> None:
     add_broker_stopped(p)
@@ -27,7 +34,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     add_time_basis(p)
 
 
-def prepare(ctx, args):
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     """The plan, before Spark starts (a run that matches nothing fails fast)."""
     config = apply_flags(ctx.config, force=args.force)
     return plan_maintenance(
@@ -35,7 +42,7 @@ def prepare(ctx, args):
     )
 
 
-def execute(ctx, plan, sc):
+def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
     results = run_plan(sc, ctx, plan, record_maintenance_marks)
     return results, {"partitions": len(results), "by_status": count_by(results), **summarize(results)}
 

@@ -170,7 +170,7 @@ def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, sp
     return out
 
 
-def segment_ranges(topic: str, pid: int, sf, b: Bounds, split_bytes: int) -> list[SegmentRange]:
+def segment_ranges(topic: str, pid: int, sf: Segment, b: Bounds, split_bytes: int) -> list[SegmentRange]:
     """Split a segment at index entries into ranges of about split_bytes; start at the entry for min_seq."""
     entries = usable_entries(sf.index_path, sf.size) or [(0, 0)]  # no usable index: the whole segment
     if b.min_seq is not None and b.min_seq > sf.base:  # §4.4 step 3: greatest entry with rel <= target

@@ -5,9 +5,23 @@ salvage torn tails with --salvage, and report what needs a human."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from tank_log.jobs.indexes import plan_index_run
-from tank_spark.runner import add_broker_stopped, add_salvage, count_by, needs_executors, run_job, run_plan
+from tank_log.jobs.planning import Plan
+from tank_spark.runner import (
+    JobContext,
+    JobResult,
+    add_broker_stopped,
+    add_salvage,
+    count_by,
+    needs_executors,
+    run_job,
+    run_plan,
+)
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -15,12 +29,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     add_broker_stopped(p)
 
 
-def prepare(ctx, args):
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     """The plan, before Spark starts (a run that matches nothing fails fast)."""
     return plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=args.salvage)
 
 
-def execute(ctx, plan, sc):
+def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
     results = run_plan(sc, ctx, plan)
     summary = {
         "partitions": len(results),

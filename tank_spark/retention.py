@@ -5,9 +5,23 @@ delete each partition's expired prefix (`RetentionTask.run`), the driver keeps
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
+from tank_log.jobs.planning import Plan
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
-from tank_spark.runner import add_broker_stopped, add_time_basis, count_by, needs_executors, run_job, run_plan
+from tank_spark.runner import (
+    JobContext,
+    JobResult,
+    add_broker_stopped,
+    add_time_basis,
+    count_by,
+    needs_executors,
+    run_job,
+    run_plan,
+)
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -15,12 +29,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
     add_broker_stopped(p)
 
 
-def prepare(ctx, args):
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     """The plan, before Spark starts (a run that matches nothing fails fast)."""
     return plan_retention_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, time_basis=args.time_basis)
 
 
-def execute(ctx, plan, sc):
+def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
     results = run_plan(sc, ctx, plan, clamp_cleanup_marks)  # marks stay consistent with what was deleted
     summary = {
         "partitions": len(results),

@@ -25,13 +25,13 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
-from tank_log.jobs.planning import run_task, segment_data_bytes
+from tank_log.jobs.planning import Plan, run_task, segment_data_bytes
 from tank_log.jobs.processes import run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
@@ -39,13 +39,20 @@ from tank_log.maintenance.outcome import FAILING
 from tank_spark import class_archive, worker_daemon
 from tank_spark.tasks import deal, driver_processes
 
+if TYPE_CHECKING:
+    from pyspark import AccumulatorParam, SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
 log = logging.getLogger("tank_log.job")
 
 EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
+JobResult: TypeAlias = tuple[list[dict[str, Any]], dict[str, Any]]
+"""What a job's `execute` returns: every partition's report entry, and the run's summary."""
+
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse exits 2 itself; keep that but through our report path
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 itself; keep that but through our report path
         raise UsageError(message)
 
 
@@ -149,7 +156,7 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
     )
 
 
-def spark_context(ctx: JobContext):
+def spark_context(ctx: JobContext) -> SparkContext:
     """A SparkContext; the master comes from spark-submit when present, else --master, the config, local[*]. The
     jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
     more per run (bench/RESULTS.md)."""
@@ -194,7 +201,7 @@ def job_master(ctx: JobContext) -> str:
     return ctx.master or ctx.config.spark.master or "local[*]"
 
 
-def spark_session(ctx: JobContext):
+def spark_session(ctx: JobContext) -> SparkSession:
     """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
     from pyspark.sql import SparkSession
 
@@ -202,19 +209,19 @@ def spark_session(ctx: JobContext):
     return SparkSession.builder.getOrCreate()
 
 
-def stop_spark(spark) -> None:
+def stop_spark(spark: SparkSession | SparkContext) -> None:
     """`spark.stop()` without its ~1 s wait: PySpark's accumulator server (pyspark/accumulators.py) answers a
     connection the JVM keeps open and looks at its shutdown flag once a second, and `SparkContext.stop` waits for it.
     The JVM side stops here; the server shuts down in a background (daemon) thread."""
-    sc = getattr(spark, "sparkContext", spark)
+    sc = cast("SparkContext", getattr(spark, "sparkContext", spark))
     server = getattr(sc, "_accumulatorServer", None)
     if server is not None:
-        sc._accumulatorServer = None  # SparkContext.stop skips it
+        sc._accumulatorServer = None  # type: ignore[assignment]  # SparkContext.stop skips it
         threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
     spark.stop()
 
 
-def _launch_jvm(conf, under_spark_submit: bool) -> None:
+def _launch_jvm(conf: SparkConf, under_spark_submit: bool) -> None:
     """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
     and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
     systemd, `timeout`) then reaches the driver, which stops the run cleanly, not the JVM, whose shutdown hook would
@@ -235,17 +242,17 @@ class _ListParam:
     """The accumulator of finished tasks' entries: an `AccumulatorParam` by its two methods (PySpark calls only
     these), so that the driver imports PySpark only when it starts Spark."""
 
-    def zero(self, value):
+    def zero(self, value: list[Any]) -> list[Any]:
         return []
 
-    def addInPlace(self, a, b):
+    def addInPlace(self, a: list[Any], b: list[Any]) -> list[Any]:
         a.extend(b)
         return a
 
 
 def run_on_executors(
-    sc, tasks: list[Any], fn: Callable[[Any], dict] = run_task, what: str = "partitions"
-) -> list[dict]:
+    sc: SparkContext, tasks: Sequence[Any], fn: Callable[[Any], dict[str, Any]] = run_task, what: str = "partitions"
+) -> list[dict[str, Any]]:
     """Run `fn` on every item (one per partition; by default `PartitionTask.run`) in a few Spark tasks per core
     (`tasks.deal`); results come back in order.
 
@@ -258,11 +265,11 @@ def run_on_executors(
     """
     if not tasks:
         return []
-    finished = sc.accumulator([], _ListParam())
+    finished = sc.accumulator([], cast("AccumulatorParam[list[Any]]", _ListParam()))
     driver = (socket.gethostname(), os.getpid())  # on its host, the driver's process family is not a holder
     stop_flag = os.path.join(tempfile.gettempdir(), f".tank-log-stop-{os.getpid()}-{uuid.uuid4().hex}")
 
-    def run(items):
+    def run(items: Iterable[tuple[int, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
         from tank_log.storage.holders import also_ours
 
         for i, task in items:
@@ -286,10 +293,10 @@ def run_on_executors(
         finally:
             done.set()
 
-    seen: dict[int, dict] = {}
+    seen: dict[int, dict[str, Any]] = {}
     with Progress(what, len(tasks)) as progress, sigint_raises():
 
-        def report_new(entries) -> None:
+        def report_new(entries: Iterable[tuple[int, dict[str, Any]]]) -> None:
             for i, r in list(entries):
                 if i not in seen:
                     seen[i] = r
@@ -312,7 +319,7 @@ def run_on_executors(
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
 
 
-def _drain(sc, done: threading.Event, stop_flag: str) -> None:
+def _drain(sc: SparkContext, done: threading.Event, stop_flag: str) -> None:
     """Stop an interrupted Spark run (`stopping.drain`): the stop flag keeps new partitions from starting; tasks
     still running after the grace period are cancelled."""
     open(stop_flag, "w").close()
@@ -324,11 +331,11 @@ def _drain(sc, done: threading.Event, stop_flag: str) -> None:
 
 
 def run_plan(
-    sc,
+    sc: SparkContext | None,
     ctx: JobContext,
-    plan: tuple[list[Any], list[dict]],
-    bookkeeping: Callable[[list[dict]], None] | None = None,
-) -> list[dict]:
+    plan: Plan,
+    bookkeeping: Callable[[list[dict[str, Any]]], None] | None = None,
+) -> list[dict[str, Any]]:
     """Run a job's planned tasks (`plan` = tasks, report entries of what was left out) and return every entry.
     `bookkeeping(results)` — the driver's `.cleanup.log` update — runs unless dry, also on what finished before an
     interruption."""
@@ -352,7 +359,7 @@ def run_plan(
     return results + left_out
 
 
-def needs_executors(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool:
+def needs_executors(ctx: JobContext, plan: Plan) -> bool:
     """`needs_spark` of the partition jobs: a plan without tasks (nothing selected needs the job) starts no Spark,
     nor does one whose partitions hold at most `ctx.in_driver_max_bytes` of segment data: it runs in the
     driver's processes (`processes.run_in_processes`; the data of these jobs is on the driver's host). Spark's start,
@@ -371,7 +378,7 @@ def needs_executors(ctx: JobContext, plan: tuple[list[Any], list[dict]]) -> bool
     return False
 
 
-def write_report(path: str | None, report: dict) -> None:
+def write_report(path: str | None, report: dict[str, Any]) -> None:
     if not path:
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -391,7 +398,7 @@ def run_job(
     description: str,
     add_options: Callable[[argparse.ArgumentParser], None],
     prepare: Callable[[JobContext, argparse.Namespace], Any],
-    execute: Callable[[JobContext, Any, Any], tuple[list[dict], dict]],
+    execute: Callable[[JobContext, Any, Any], JobResult],
     argv: list[str] | None = None,
     *,
     sql: bool = True,
@@ -431,13 +438,16 @@ def run_job(
         write_report(getattr(args, "report", None) or _report_arg(argv), report)
         return EXIT_USAGE
     report.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
-    spark = None
+    spark: SparkSession | SparkContext | None = None
     signal.signal(signal.SIGTERM, on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         if needs_spark is None or needs_spark(ctx, prepared):
-            spark = spark_session(ctx) if sql else spark_context(ctx)
+            if sql:
+                spark = spark_session(ctx)
+                sc = spark.sparkContext
+            else:
+                spark = sc = spark_context(ctx)
             phase_done("spark_start_s")
-            sc = spark.sparkContext if sql else spark
             report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
         else:
             log.info("%s: Spark is not started", job)
@@ -514,7 +524,7 @@ def _report_arg(argv: list[str] | None) -> str | None:
     return None
 
 
-def count_by(results: list[dict], key: str = "status") -> dict[str, int]:
+def count_by(results: list[dict[str, Any]], key: str = "status") -> dict[str, int]:
     out: dict[str, int] = {}
     for r in results:
         value = str(r.get(key))

@@ -26,14 +26,17 @@ planning is read under its new name; one retention deleted is skipped.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
     EqualTo,
+    Filter,
     GreaterThan,
     GreaterThanOrEqual,
     In,
@@ -54,8 +57,11 @@ from tank_spark.ranges import (
 )
 from tank_spark.schema import ROW_STRUCT
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
-def register(spark) -> None:
+
+def register(spark: SparkSession) -> None:
     """Register the "tank" format on a session (and enable Python data source filter pushdown)."""
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(TankDataSource)
@@ -69,12 +75,12 @@ class TankDataSource(DataSource):
     def schema(self) -> StructType:
         return ROW_STRUCT
 
-    def writer(self, schema, overwrite: bool):
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from tank_spark.sink import TankWriter
 
         return TankWriter(self.options, overwrite)
 
-    def streamReader(self, schema):
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from tank_spark.stream import TankStreamReader
 
         options = self.options
@@ -84,7 +90,7 @@ class TankDataSource(DataSource):
         split = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
         return TankStreamReader(base_paths(options), bounds, split, options)
 
-    def reader(self, schema) -> DataSourceReader:
+    def reader(self, schema: StructType) -> DataSourceReader:
         if str(self.options.get("pushdown", "false")).lower() == "true":
             return TankPushdownReader(self.options)
         return TankReader(self.options)
@@ -129,7 +135,7 @@ class TankReader(DataSourceReader):
         self.include_active = str(options.get("include_active", "true")).lower() != "false"
         self.split_bytes = int(options.get("split_bytes", DEFAULT_SPLIT_BYTES))
 
-    def partitions(self):
+    def partitions(self) -> Sequence[InputPartition]:
         return plan_ranges(self.paths, self.bounds, self.include_active, self.split_bytes)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -146,12 +152,13 @@ class TankPushdownReader(TankReader):
     filters of one query would then restrict the next one (observed). Use a fresh DataFrame per query with it.
     """
 
-    def pushFilters(self, filters):
+    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
         """Take AND-ed comparisons on topic, partition, seq and ts; Spark still re-checks everything it is given
         back, and we return the ts filters too (applied per batch, not exactly pruned)."""
         b = self.bounds
         for f in filters:
-            col = f.attribute[0] if len(f.attribute) == 1 else None
+            attribute: tuple[str, ...] = getattr(f, "attribute", ())  # the comparisons' column (not Not, And...)
+            col = attribute[0] if len(attribute) == 1 else None
             value: Any = getattr(f, "value", None)  # EqualTo and the comparisons: a scalar; In: a tuple
             if col == "topic" and isinstance(f, EqualTo):
                 b.topics = {value} if b.topics is None else b.topics & {value}

@@ -27,6 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -167,9 +168,9 @@ def describe_lost(lost: Iterable[LostRange]) -> str:
     return ", ".join(f"{partition_key(t, p)} seqs {lo}..{hi}" for t, p, lo, hi in lost)
 
 
-def read_data_loss_log(path: str) -> list[dict]:
+def read_data_loss_log(path: str) -> list[dict[str, Any]]:
     """The distinct lost ranges of a `dataLossLog` (a batch planned again after a restart reports its loss again)."""
-    seen: dict[tuple, dict] = {}
+    seen: dict[tuple[str, int, int, int], dict[str, Any]] = {}
     try:
         with open(path) as fh:
             for line in fh:

@@ -25,6 +25,10 @@ from __future__ import annotations
 import os
 import sys
 import zipimport
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark import SparkConf
 
 MODULE = "tank_spark.worker_daemon"
 _CONF = "spark.python.daemon.module"
@@ -45,7 +49,7 @@ def installed_pyspark_path(path: list[str]) -> list[str]:
     return out
 
 
-def configure(conf) -> bool:
+def configure(conf: SparkConf) -> bool:
     """Use this daemon in a local-mode run unless the configuration names a daemon; True if it was set. The daemon
     must import this module before any task: its root goes on the workers' PYTHONPATH (`spark.executorEnv`)."""
     if conf.contains(_CONF) or not (conf.get("spark.master") or "").startswith("local"):

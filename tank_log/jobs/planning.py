@@ -7,9 +7,9 @@ its task does and which partitions it leaves out, and why.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from tank_log.errors import NothingMatched, TankFormatError
 from tank_log.jobs.allocator import reuse_freed_buffers
@@ -143,6 +143,10 @@ def segment_data_bytes(tasks: Iterable[PartitionTask], limit: int) -> int | None
         if total > limit:
             return None
     return total
+
+
+Plan: TypeAlias = tuple[Sequence[PartitionTask], list[dict[str, Any]]]
+"""A job's plan: the partitions' tasks, and the report entries of the partitions it leaves out."""
 
 
 def run_task(task: PartitionTask) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -17,10 +18,15 @@ from tank_spark.export.plan import (
 from tank_spark.export.run_id import COMMIT_KEY
 from tank_spark.schema import TS_RAW
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from deltalake import Schema as DeltaSchema
+    from pyspark.sql import DataFrame, SparkSession
+
 log = logging.getLogger(__name__)
 
 
-def create_table(settings: ExportSettings, schema: pa.Schema):
+def create_table(settings: ExportSettings, schema: pa.Schema) -> DeltaTable:
     from deltalake import DeltaTable
 
     loc = settings.location
@@ -33,7 +39,7 @@ def create_table(settings: ExportSettings, schema: pa.Schema):
     )
 
 
-def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool:
+def check_compatible(settings: ExportSettings, schema: pa.Schema, table: DeltaTable) -> bool:
     """Refuse an existing table whose columns (names, order, types, nullability) or partitioning differ from what
     this export writes — before anything is written (a table written with other types can become unreadable);
     return whether it only lacks `ts_raw` (a table made before that column: `add_ts_raw` evolves it)."""
@@ -58,7 +64,7 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table) -> bool
 Column = tuple[str, str, bool]  # name, Delta type (JSON), nullable
 
 
-def _columns(delta_schema) -> list[Column]:
+def _columns(delta_schema: DeltaSchema) -> list[Column]:
     return [
         (f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"], sort_keys=True), f["nullable"])
         for f in json.loads(delta_schema.to_json())["fields"]
@@ -67,7 +73,10 @@ def _columns(delta_schema) -> list[Column]:
 
 def _schema_diff(have: list[Column], want: list[Column]) -> list[str]:
     """Human-readable differences: `column: table has X, this export writes Y`."""
-    show = lambda c: f"{c[1]}{'' if c[2] else ' not null'}"  # noqa: E731
+
+    def show(c: Column) -> str:
+        return f"{c[1]}{'' if c[2] else ' not null'}"
+
     by_name = {c[0]: c for c in have}
     out = []
     for c in want:
@@ -84,7 +93,7 @@ def _schema_diff(have: list[Column], want: list[Column]) -> list[str]:
     return out
 
 
-def add_ts_raw(table) -> None:
+def add_ts_raw(table: DeltaTable) -> None:
     """Schema evolution of a table made before `ts_raw`: add the nullable column (old rows read it as null)."""
     from deltalake import Field
     from deltalake.schema import PrimitiveType
@@ -97,7 +106,7 @@ class ConcurrentExport(Exception):
 
 
 def commit(
-    settings: ExportSettings, schema: pa.Schema, files: list[dict], plans: list[PartitionPlan], run_id: str
+    settings: ExportSettings, schema: pa.Schema, files: list[dict[str, Any]], plans: list[PartitionPlan], run_id: str
 ) -> int:
     """Commit the written files with each partition's new version, against the table's latest version.
 
@@ -107,9 +116,9 @@ def commit(
     """
     from deltalake import CommitProperties, Transaction
     from deltalake.exceptions import CommitFailedError
-    from deltalake.transaction import AddAction
+    from deltalake.transaction import AddAction, RemoveAction
 
-    table = settings.location.open()  # the latest version: a snapshot from planning cannot see other runs
+    table = settings.location.existing()  # the latest version: a snapshot from planning cannot see other runs
     for p in plans:  # delta-rs does not skip an already-recorded version by itself
         _, now = recorded_version(table, settings.table, p.topic, p.partition)
         if now != p.previous:
@@ -117,7 +126,7 @@ def commit(
                 f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
                 f"since this run planned (a concurrent export)"
             )
-    actions = [
+    actions: list[AddAction | RemoveAction] = [  # what create_write_transaction takes
         AddAction(f["path"], f["size"], json.loads(f["partition_values"]), f["modification_time"], True, f["stats"])
         for f in files
     ]
@@ -132,17 +141,19 @@ def commit(
         )
     except CommitFailedError as err:
         raise ConcurrentExport(f"commit conflict: {err}") from None
-    return settings.location.open().version()
+    return settings.location.existing().version()
 
 
-def remove_uncommitted(settings: ExportSettings, files: list[dict]) -> None:
+def remove_uncommitted(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
     """Delete files this run wrote but did not commit (after a concurrent export)."""
     settings.location.delete([f["path"] for f in files])
 
 
-def check_delta_spark(spark) -> None:
+def check_delta_spark(spark: SparkSession) -> None:
+    jvm = spark._jvm
+    assert jvm is not None  # a started session's
     try:
-        spark._jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
+        jvm.java.lang.Class.forName("io.delta.tables.DeltaTable")
     except Exception:
         raise JobConfigError(
             "engine spark needs Delta Lake's jars on the Spark classpath (e.g. spark-submit --packages "
@@ -152,11 +163,11 @@ def check_delta_spark(spark) -> None:
         ) from None
 
 
-def table_version(table) -> int | None:
+def table_version(table: DeltaTable | None) -> int | None:
     return None if table is None else table.version()
 
 
-def write_with_delta_spark(df, settings: ExportSettings, work: list[PartitionPlan]) -> int | None:
+def write_with_delta_spark(df: DataFrame, settings: ExportSettings, work: list[PartitionPlan]) -> int | None:
     """engine=spark: one idempotent Delta commit per partition (txnAppId/txnVersion)."""
     from pyspark.sql import functions as F
 

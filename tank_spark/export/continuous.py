@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -41,11 +42,17 @@ from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitte
 from tank_spark.export.files import FILE_META_SCHEMA, WrittenCounts, count_files, make_file_writer
 from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
 from tank_spark.export.orphans import check_run_age
-from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_versions
+from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_versions, table_id
 from tank_spark.export.rows import table_frame
 from tank_spark.export.run_id import new_run_id
 from tank_spark.ranges import partition_key
 from tank_spark.stream import DataLost, describe_lost
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame, SparkSession
+
+    from tank_spark.runner import JobContext, JobResult
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +76,11 @@ class StreamTotals:
     bytes: int = 0
     table_version: int | None = None
     partitions: dict[tuple[str, int], WrittenCounts] = field(default_factory=dict)
-    data_loss: list[dict] = field(default_factory=list)
+    data_loss: list[dict[str, Any]] = field(default_factory=list)
 
-    def add_batch(self, files: list[dict], counts: dict[tuple[str, int], WrittenCounts], version: int) -> None:
+    def add_batch(
+        self, files: list[dict[str, Any]], counts: dict[tuple[str, int], WrittenCounts], version: int
+    ) -> None:
         """Count a committed batch."""
         self.batches += 1
         self.files += len(files)
@@ -81,7 +90,7 @@ class StreamTotals:
             self.rows += c.rows
         self.table_version = version
 
-    def results(self) -> list[dict]:
+    def results(self) -> list[dict[str, Any]]:
         """The report's per-partition entries."""
         return [
             {"topic": t, "partition": p, "status": "exported", **asdict(c)}
@@ -92,7 +101,9 @@ class StreamTotals:
 class BatchExporter:
     """The `foreachBatch` function: one micro-batch → one Delta commit (see the module docstring)."""
 
-    def __init__(self, ctx, settings: ExportSettings, schema: pa.Schema, detected: str, loss_file: str | None):
+    def __init__(
+        self, ctx: JobContext, settings: ExportSettings, schema: pa.Schema, detected: str, loss_file: str | None
+    ):
         self.ctx, self.settings, self.schema = ctx, settings, schema
         self.lock = threading.Lock()  # held while a batch is written: a stop waits for it
         self.stopping = threading.Event()
@@ -100,7 +111,7 @@ class BatchExporter:
         self.detected, self.loss_file = detected, loss_file
         self._detected_at = os.path.getsize(detected) if os.path.exists(detected) else 0
 
-    def __call__(self, batch_df, batch_id: int) -> None:
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.lock:
             if self.stopping.is_set():
                 raise StopRequested(f"batch {batch_id} began after the stop was asked for: replayed at the next start")
@@ -114,11 +125,11 @@ class BatchExporter:
                         raise
                     log.warning("continuous export: batch %d: %s; writing it again", batch_id, conflict)
 
-    def _export(self, batch_df, batch_id: int, t0: float) -> None:
+    def _export(self, batch_df: DataFrame, batch_id: int, t0: float) -> None:
         from pyspark.sql import functions as F
 
         settings, spark = self.settings, batch_df.sparkSession
-        table = settings.location.open()
+        table = settings.location.existing()  # made before the query started
         versions = recorded_versions(table, settings, self.ctx.data_dirs, self.ctx.topics)
         done = [(t, p, v) for (t, p), v in versions.items() if v is not None]
         rows = batch_df
@@ -135,7 +146,7 @@ class BatchExporter:
         )
         # a micro-batch is many small ranges (a piece of each active segment): one task per core, not per range,
         # so a batch makes a few files, not one per range
-        frame = table_frame(spark, settings, rows.coalesce(spark.sparkContext.defaultParallelism))
+        frame = table_frame(settings, rows.coalesce(spark.sparkContext.defaultParallelism))
         files = [r.asDict() for r in frame.mapInArrow(writer, FILE_META_SCHEMA).collect()]
         lost = self._lost_since(versions)
         if lost and settings.on_data_loss == "fail":
@@ -150,9 +161,9 @@ class BatchExporter:
             log.info("continuous export: batch %d: nothing above the recorded versions", batch_id)
             return
         counts = count_files(files)
-        table_id = table.metadata().id
+        tid = table_id(table)
         plans = [
-            PartitionPlan("", t, p, app_id(table_id, t, p), versions.get((t, p)), c.last_row_seq)
+            PartitionPlan("", t, p, app_id(tid, t, p), versions.get((t, p)), c.last_row_seq)
             for (t, p), c in counts.items()
         ]
         hold(HOLD_BEFORE_COMMIT)
@@ -174,7 +185,7 @@ class BatchExporter:
             time.monotonic() - t0,
         )
 
-    def _lost_since(self, versions: dict[tuple[str, int], int | None]) -> list[dict]:
+    def _lost_since(self, versions: dict[tuple[str, int], int | None]) -> list[dict[str, Any]]:
         """Ranges the source reported lost since the last look, less the seqs the table already holds."""
         try:
             with open(self.detected) as fh:
@@ -200,7 +211,7 @@ class BatchExporter:
                 )
         return out
 
-    def _record_loss(self, lost: list[dict]) -> None:
+    def _record_loss(self, lost: list[dict[str, Any]]) -> None:
         if not lost:
             return
         log.warning("continuous export: skipping messages deleted before they were read: %s", _ranges_text(lost))
@@ -210,11 +221,11 @@ class BatchExporter:
                 fh.writelines(json.dumps(r) + "\n" for r in lost)
 
 
-def _ranges_text(lost: list[dict]) -> str:
+def _ranges_text(lost: list[dict[str, Any]]) -> str:
     return describe_lost((r["topic"], r["partition"], r["from_seq"], r["to_seq"]) for r in lost)
 
 
-def starting_offsets(ctx, settings: ExportSettings, table) -> dict[str, int]:
+def starting_offsets(ctx: JobContext, settings: ExportSettings, table: DeltaTable) -> dict[str, int]:
     """Where a query without a checkpoint starts: after each partition's recorded version (else its first seq)."""
     versions = recorded_versions(table, settings, ctx.data_dirs, ctx.topics)
     return {partition_key(t, p): v + 1 for (t, p), v in versions.items() if v is not None}
@@ -230,7 +241,9 @@ def local_checkpoint(settings: ExportSettings) -> str | None:
     return path
 
 
-def run_continuous(ctx, settings: ExportSettings, table, schema: pa.Schema, spark) -> tuple[list[dict], dict]:
+def run_continuous(
+    ctx: JobContext, settings: ExportSettings, table: DeltaTable, schema: pa.Schema, spark: SparkSession
+) -> JobResult:
     """Start the query and run it until a stop signal (clean: exit 0) or a failure (`RunFailed`)."""
     from pyspark.errors import StreamingQueryException
 

@@ -10,11 +10,22 @@ reported `failed` with the file and byte offset, and the run exits 1. `--on-corr
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_spark.export.plan import PartitionPlan
 from tank_spark.tasks import map_dealt
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from tank_log.errors import TankFormatError
+    from tank_spark.ranges import SegmentRange
+
+ReadRange: TypeAlias = "Callable[[SegmentRange, list[TankFormatError]], Iterator[pa.RecordBatch]]"
+"""`ranges.read_range`: a range's row batches; the error that stopped it goes into the list."""
 
 ON_CORRUPTION = ("prefix", "skip")
 
@@ -86,21 +97,21 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
     return Cut(cut_plans, kept, failures)
 
 
-def scan_ranges(spark, ranges) -> list[RangeOutcome]:
+def scan_ranges(spark: SparkSession | None, ranges: Sequence[SegmentRange]) -> list[RangeOutcome]:
     """Read every range on the executors (in this process when `spark` is None), writing nothing: rows, seq bounds
     and the error that stopped it (the dry run, and the pre-pass of exports that decode through Spark SQL, whose
     reader cannot report per range)."""
 
-    def task(it):
+    def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[RangeOutcome]:
         from tank_spark.ranges import read_range
 
         for i, r in it:
             yield outcome_of(i, r, read_range)
 
-    return map_dealt(spark and spark.sparkContext, ranges, task)
+    return map_dealt(spark.sparkContext if spark is not None else None, ranges, task)
 
 
-def outcome_of(index: int, r, read_range) -> RangeOutcome:
+def outcome_of(index: int, r: SegmentRange, read_range: ReadRange) -> RangeOutcome:
     """Read one range to its end or its first malformed chunk."""
     read = TrackedRead(index, r, read_range)
     for _ in read:
@@ -111,14 +122,14 @@ def outcome_of(index: int, r, read_range) -> RangeOutcome:
 class TrackedRead:
     """The row batches of one range (`read_range`), stopping at its first malformed chunk, and what was read."""
 
-    def __init__(self, index: int, r, read_range):
+    def __init__(self, index: int, r: SegmentRange, read_range: ReadRange):
         self.index, self.range, self._read_range = index, r, read_range
-        self.stopped: list = []
+        self.stopped: list[TankFormatError] = []
         self.rows = 0
         self.lo: int | None = None
         self.hi: int | None = None
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
         for b in self._read_range(self.range, self.stopped):
             seqs = b.column("seq").to_numpy()
             if len(seqs):

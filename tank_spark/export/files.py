@@ -8,8 +8,9 @@ import datetime as dt
 import itertools
 import json
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pyarrow as pa
@@ -21,6 +22,15 @@ from tank_spark.export.run_id import file_name
 from tank_spark.ranges import parse_partition_key, partition_key
 from tank_spark.schema import TS_RAW
 from tank_spark.tasks import map_dealt
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from tank_spark.export.corruption import RangeOutcome
+    from tank_spark.ranges import SegmentRange
+
+FileWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""mapInArrow's function: row batches in, a batch of the written files' metadata (`FILE_META_SCHEMA`) per file out."""
 
 FILE_META_SCHEMA = (
     "path string, size long, partition_values string, num_records long, stats string, "
@@ -36,21 +46,21 @@ ROW_GROUP_BYTES = 32 << 20  # rows (in memory) per Parquet row group: each goes 
 
 def make_file_writer(
     location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str
-):
+) -> FileWriter:
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
     `location`), return their metadata. A file is written a row group at a time as its rows arrive (an object
     store uploads its parts meanwhile) and closed at `target_bytes` of rows."""
     n = itertools.count()  # numbers the task's files: each Spark task gets its own copy of this function (called once
     # per range, or once by mapInArrow); in the driver, threads share it (`tasks.in_threads`: `next` is atomic)
 
-    def write(batches):
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
         task = f"{ctx.partitionId():05d}-{ctx.attemptNumber()}" if ctx else "00000-0"
-        open_files: dict[tuple, _ParquetFile] = {}
+        open_files: dict[tuple[str | None, ...], _ParquetFile] = {}
 
-        def new_file(key) -> _ParquetFile:
+        def new_file(key: tuple[str | None, ...]) -> _ParquetFile:
             values = dict(zip(partition_by, key, strict=True))
             rel_dir = "/".join(
                 f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
@@ -86,7 +96,7 @@ class _ParquetFile:
     """One Parquet file being written: rows are buffered up to ROW_GROUP_BYTES, then written as a row group; its
     Delta statistics and per-partition counts are summed over the row groups."""
 
-    def __init__(self, location: TableLocation, rel: str, values: dict, schema: pa.Schema):
+    def __init__(self, location: TableLocation, rel: str, values: dict[str, Any], schema: pa.Schema):
         self.location, self.rel, self.values = location, rel, values
         self.data_schema = pa.schema([f for f in schema if f.name not in values])
         self.writer: Any = None
@@ -94,7 +104,7 @@ class _ParquetFile:
         self.pending_bytes = 0
         self.bytes_in = 0  # rows added, in memory
         self.stats = FileStats()
-        self.counts: dict[str, list] = {}
+        self.counts: dict[str, list[Any]] = {}
 
     def add(self, part: pa.RecordBatch) -> None:
         self.pending.append(part)
@@ -113,7 +123,7 @@ class _ParquetFile:
             self.writer = self.location.open_parquet(self.rel, self.data_schema)
         self.writer.write_table(data, row_group_size=data.num_rows)
 
-    def close(self) -> dict:
+    def close(self) -> dict[str, Any]:
         if self.pending or self.writer is None:
             self._write_group()
         self.writer.close()
@@ -133,7 +143,9 @@ class _ParquetFile:
                 self.writer.close()
 
 
-def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run_id: str):
+def write_direct(
+    spark: SparkSession | None, ranges: Sequence[SegmentRange], settings: ExportSettings, schema: pa.Schema, run_id: str
+) -> tuple[list[dict[str, Any]], list[RangeOutcome]]:
     """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`; in this process when
     `spark` is None). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
     malformed chunk stops that range, not the run)."""
@@ -141,7 +153,7 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
 
     writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
 
-    def task(it):
+    def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[tuple[str, Any]]:
         from tank_spark.ranges import read_range
 
         for i, r in it:
@@ -151,11 +163,11 @@ def write_direct(spark, ranges, settings: ExportSettings, schema: pa.Schema, run
                     yield ("file", {**m, "range": i})
             yield ("outcome", read.outcome())
 
-    out = map_dealt(spark and spark.sparkContext, ranges, task)
+    out = map_dealt(spark.sparkContext if spark is not None else None, ranges, task)
     return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
 
 
-def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
+def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[tuple[tuple[str | None, ...], pa.Array | None]]:
     """(partition values as strings — None for null —, row indices or None for all rows) per distinct value
     combination."""
     import numpy as np
@@ -171,15 +183,16 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]):
         indices = pc.fill_null(enc.indices, len(enc.dictionary))  # null → the extra slot
         codes = codes * (len(enc.dictionary) + 1) + indices.to_numpy(zero_copy_only=False)
     uniq, inverse = np.unique(codes, return_inverse=True)
+    rows_of: list[pa.Array | None]
     if len(uniq) == 1:
         rows_of = [None]
     else:
         order = np.argsort(inverse, kind="stable")
         bounds = np.searchsorted(inverse[order], np.arange(len(uniq) + 1))
         rows_of = [pa.array(order[bounds[i] : bounds[i + 1]]) for i in range(len(uniq))]
-    out = []
+    out: list[tuple[tuple[str | None, ...], pa.Array | None]] = []
     for i, code in enumerate(uniq.tolist()):
-        key = []
+        key: list[str | None] = []
         for d in reversed(dictionaries):
             code, idx = divmod(code, len(d) + 1)
             key.append(None if idx == len(d) else str(d[idx]))
@@ -218,7 +231,7 @@ class FileStats:
             self.mins[name] = lo if name not in self.mins else min(self.mins[name], lo)
             self.maxs[name] = hi if name not in self.maxs else max(self.maxs[name], hi)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         mins, maxs = {}, {}
         for name, lo in self.mins.items():
             if name in self.no_bounds:
@@ -256,7 +269,7 @@ class WrittenCounts:
         self.bytes += other.bytes
 
 
-def count_files(files: list[dict]) -> dict[tuple[str, int], WrittenCounts]:
+def count_files(files: list[dict[str, Any]]) -> dict[tuple[str, int], WrittenCounts]:
     """Per TANK partition, what the written files (their metadata, FILE_META_SCHEMA) hold."""
     out: dict[tuple[str, int], WrittenCounts] = {}
     for f in files:
@@ -266,7 +279,7 @@ def count_files(files: list[dict]) -> dict[tuple[str, int], WrittenCounts]:
     return out
 
 
-def merge_counts(into: dict[str, list], more: dict[str, list]) -> None:
+def merge_counts(into: dict[str, list[Any]], more: dict[str, list[Any]]) -> None:
     """Add one row group's `partition_counts` to a file's."""
     for key, (n, lo, hi, e) in more.items():
         if key in into:
@@ -276,7 +289,7 @@ def merge_counts(into: dict[str, list], more: dict[str, list]) -> None:
             into[key] = [n, lo, hi, e]
 
 
-def partition_counts(table: pa.Table) -> dict:
+def partition_counts(table: pa.Table) -> dict[str, Any]:
     """Per TANK partition in a file: [rows, min seq, max seq, decode errors] (for the run report)."""
     aggs = [("seq", "count"), ("seq", "min"), ("seq", "max")]
     for quarantine in ("decode_error", TS_RAW.name):

@@ -27,6 +27,9 @@ import logging
 import os
 import time
 from dataclasses import asdict, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from tank_log.jobs.progress import describe
 from tank_spark.export.commit import (
@@ -53,17 +56,23 @@ from tank_spark.export.orphans import RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import (
     ExportSettings,
     PartitionPlan,
+    Prepared,
     add_options,
     app_id,
     plan_export,
     prepare,
+    table_id,
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
 from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
-from tank_spark.runner import count_by, run_job
+from tank_spark.runner import JobContext, JobResult, count_by, run_job
 from tank_spark.schema import TS_RAW
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +80,7 @@ log = logging.getLogger(__name__)
 COMMIT_ATTEMPTS = 3  # re-plans after a concurrent commit before the run fails
 
 
-def execute(ctx, prepared, spark):
+def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> JobResult:
     """Sweep orphans of crashed runs, then export once (and optimize/vacuum as asked) or continuously."""
     settings, plans, table = prepared
     sweep = (
@@ -80,6 +89,7 @@ def execute(ctx, prepared, spark):
         else sweep_orphans(settings.location, table, settings.orphan_horizon_ms, dry_run=ctx.dry_run)
     )
     if settings.continuous:
+        assert spark is not None  # `needs_spark`: a stream runs on Spark
         results, summary = _continuous(ctx, spark, settings, table)
     else:
         results, summary = _export(ctx, spark, settings, plans, table)
@@ -91,9 +101,9 @@ def execute(ctx, prepared, spark):
     return results, summary
 
 
-def _continuous(ctx, spark, settings: ExportSettings, table):
+def _continuous(ctx: JobContext, spark: SparkSession, settings: ExportSettings, table: DeltaTable | None) -> JobResult:
     """Make sure the table exists (and has `ts_raw`), then stream until stopped (`continuous.py`)."""
-    schema = table_schema(settings, spark)
+    schema = table_schema(settings)
     if table is None:
         table = create_table(settings, schema)
     elif check_compatible(settings, schema, table):
@@ -115,7 +125,7 @@ def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
     return steps
 
 
-def needs_spark(ctx, prepared) -> bool:
+def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
     """Spark starts only for work on executors: an up-to-date run or an upkeep-only task (orphans, optimize, vacuum:
     delta-rs on the driver) runs without a JVM, and so does an export small enough for the driver (`in_driver`). A
     JSON value schema is parsed by Spark, so it checks the table."""
@@ -126,7 +136,7 @@ def needs_spark(ctx, prepared) -> bool:
     return any(p.has_work for p in plans) and not in_driver(ctx, settings, plans)
 
 
-def in_driver(ctx, settings: ExportSettings, plans: list[PartitionPlan]) -> bool:
+def in_driver(ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]) -> bool:
     """Whether this export reads at most `in_driver_max_bytes` of segment data (binary or utf8 values, delta-rs): then
     the driver reads and writes it itself. Starting Spark and its first job's Python workers costs seconds
     (bench/RESULTS.md), more than such an export takes on one core."""
@@ -140,19 +150,26 @@ def in_driver(ctx, settings: ExportSettings, plans: list[PartitionPlan]) -> bool
     return True
 
 
-def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], table):
+def _export(
+    ctx: JobContext,
+    spark: SparkSession | None,
+    settings: ExportSettings,
+    plans: list[PartitionPlan],
+    table: DeltaTable | None,
+) -> JobResult:
     t0 = time.monotonic()
     work = [p for p in plans if p.has_work]
     results = _results(plans)
     summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
-        schema = table_schema(settings, spark)
+        schema = table_schema(settings)
         evolve = table is not None and check_compatible(settings, schema, table)
     if not work:
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
         return list(results.values()), summary
     summary["executed_on"] = "executors" if spark is not None else "driver"  # the driver: `in_driver`
     if settings.engine == "spark":
+        assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
         check_delta_spark(spark)
     sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
@@ -171,14 +188,15 @@ def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], ta
         return list(results.values()), summary
     if table is None:  # the table's id names the partitions' app transactions (`plan.app_id`)
         table = create_table(settings, schema)
-        plans = [replace(p, app_id=app_id(table.metadata().id, p.topic, p.partition)) for p in plans]
+        plans = [replace(p, app_id=app_id(table_id(table), p.topic, p.partition)) for p in plans]
         results = _results(plans)
     if settings.engine == "spark":
+        assert spark is not None
         _, cut = _pre_pass(spark, ctx, settings, plans)
         version = write_with_delta_spark(
             decoded_frame(spark, ctx, settings, cut.plans), settings, [p for p in cut.plans if p.has_work]
         )
-        files: list[dict] = []
+        files: list[dict[str, Any]] = []
     else:
         if evolve:
             log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
@@ -240,7 +258,7 @@ def _export(ctx, spark, settings: ExportSettings, plans: list[PartitionPlan], ta
     return list(results.values()), summary
 
 
-def _count(r: dict, rows: int, lo: int | None, hi: int | None) -> None:
+def _count(r: dict[str, Any], rows: int, lo: int | None, hi: int | None) -> None:
     r["rows"] += rows
     if lo is not None:
         r["first_row_seq"] = min(lo, r.get("first_row_seq") or lo)
@@ -248,13 +266,13 @@ def _count(r: dict, rows: int, lo: int | None, hi: int | None) -> None:
         r["last_row_seq"] = max(hi, r.get("last_row_seq") or hi)
 
 
-def _record_failures(results: dict[tuple[str, int], dict], cut: Cut) -> None:
+def _record_failures(results: dict[tuple[str, int], dict[str, Any]], cut: Cut) -> None:
     for key, fields in cut.failures.items():
         results[key].update(fields)
         log.error("export: %s/%s failed: %s (%s)", key[0], key[1], fields["error"], fields["reason"])
 
 
-def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
+def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict[str, Any]]:
     """The report row of each partition, before anything is written."""
     return {
         (p.topic, p.partition): {
@@ -275,7 +293,9 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict]:
     }
 
 
-def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> tuple[list[RangeOutcome], Cut]:
+def _pre_pass(
+    spark: SparkSession | None, ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]
+) -> tuple[list[RangeOutcome], Cut]:
     """Read every range once, writing nothing, and cut the plans at malformed data (`corruption.py`): the dry run,
     and the first pass of exports that decode through Spark SQL (the data source cannot report per range)."""
     outcomes = scan_ranges(spark, direct_ranges(ctx, settings, plans))
@@ -283,12 +303,20 @@ def _pre_pass(spark, ctx, settings, plans: list[PartitionPlan]) -> tuple[list[Ra
 
 
 def _write_files(
-    ctx, spark, settings, schema, plans: list[PartitionPlan], sql_path: bool, t0: float, run_id: str
-) -> tuple[list[dict], Cut]:
+    ctx: JobContext,
+    spark: SparkSession | None,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    sql_path: bool,
+    t0: float,
+    run_id: str,
+) -> tuple[list[dict[str, Any]], Cut]:
     """Write every partition's range as Parquet files under the table (not committed), named by `run_id`; return the
     metadata of the files to commit and the run's plans after malformed ranges (files past a corruption are
     removed)."""
     if sql_path:
+        assert spark is not None  # `in_driver`: JSON values are decoded by Spark SQL
         _, cut = _pre_pass(spark, ctx, settings, plans)
         writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
         df = decoded_frame(spark, ctx, settings, cut.plans)

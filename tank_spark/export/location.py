@@ -13,8 +13,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
+
+from tank_log.errors import RunFailed
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
 
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
 
@@ -107,7 +114,7 @@ class TableLocation:
             out["scheme"] = parsed.scheme
         return out
 
-    def open_parquet(self, rel: str, schema: Any) -> Any:
+    def open_parquet(self, rel: str, schema: pa.Schema) -> pq.ParquetWriter:
         """A `pyarrow.parquet.ParquetWriter` writing a Parquet file at `rel` under the table (close it to finish)."""
         import pyarrow.parquet as pq
 
@@ -146,7 +153,7 @@ class TableLocation:
             if filesystem.get_file_info(path).type != fs.FileType.NotFound:
                 filesystem.delete_file(path)
 
-    def open(self) -> Any:
+    def open(self) -> DeltaTable | None:
         """The Delta table at its latest version; None if there is none."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
@@ -155,3 +162,14 @@ class TableLocation:
             return DeltaTable(self.uri, storage_options=self.options or None)
         except TableNotFoundError:
             return None
+
+    def existing(self) -> DeltaTable:
+        """The Delta table at its latest version, which this run created or planned against.
+
+        Raises:
+            RunFailed: there is none any more (removed while the run worked).
+        """
+        table = self.open()
+        if table is None:
+            raise RunFailed(f"the Delta table {self} is gone (removed while this run worked)")
+        return table

@@ -15,10 +15,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tank_spark.export.location import StoredFile, TableLocation
 from tank_spark.export.run_id import COMMIT_KEY, is_run_id, run_of, started_ms
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,7 @@ def check_run_age(run_id: str, horizon_ms: int, now_ms: int | None = None) -> No
 
 
 def sweep_orphans(
-    location: TableLocation, table, horizon_ms: int, *, dry_run: bool = False, now_ms: int | None = None
+    location: TableLocation, table: DeltaTable, horizon_ms: int, *, dry_run: bool = False, now_ms: int | None = None
 ) -> OrphanSweep:
     """Remove the files of runs that never committed and are older than `horizon_ms` (see the module doc)."""
     now = now_ms if now_ms is not None else _now_ms()
@@ -92,7 +96,7 @@ def sweep_orphans(
     return OrphanSweep(len(orphans), sum(f.size for f in orphans), runs, recent, dry_run)
 
 
-def _known_since(history: list[dict]) -> int:
+def _known_since(history: list[dict[str, Any]]) -> int:
     """The time after which every run's commit is visible in `history` with its run id: the oldest readable commit
     once older log entries were cleaned up (none when version 0 is readable), and the last commit made before
     commits recorded the files' run id (tables exported by earlier versions)."""

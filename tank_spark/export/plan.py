@@ -7,20 +7,32 @@ import argparse
 import hashlib
 import logging
 import os
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
 from tank_spark.export.location import TableLocation
 from tank_spark.export.upkeep import check_vacuum_retention
 
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
+    from tank_spark.runner import JobContext
+
 log = logging.getLogger(__name__)
 
 
-def app_id(table_id: str, topic: str, partition: int) -> str:
-    """Application transaction id of one partition in one table. `table_id` is the Delta table's own id (its
-    metaData id, kept when the table is moved, copied or reached through another path or a symlink), so exactly-once
+def table_id(table: DeltaTable) -> str:
+    """The Delta table's own id: its metaData id, a UUID string (deltalake annotates it `int`)."""
+    return str(table.metadata().id)
+
+
+def app_id(table_uuid: str, topic: str, partition: int) -> str:
+    """Application transaction id of one partition in one table. `table_uuid` is the Delta table's own id (`table_id`,
+    kept when the table is moved, copied or reached through another path or a symlink), so exactly-once
     belongs to the table, not to the path used to reach it."""
-    return f"tank-log:{table_id}:{topic}:{partition}"
+    return f"tank-log:{table_uuid}:{topic}:{partition}"
 
 
 def legacy_app_id(table: str, topic: str, partition: int) -> str:
@@ -29,16 +41,18 @@ def legacy_app_id(table: str, topic: str, partition: int) -> str:
     return f"tank-log:{digest}:{topic}:{partition}"
 
 
-def recorded_version(table, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
+def recorded_version(table: DeltaTable, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
     """(app id, last exported seq recorded in the table for the partition, None if never)."""
-    aid = app_id(table.metadata().id, topic, partition)
+    aid = app_id(table_id(table), topic, partition)
     version = table.transaction_version(aid)
     if version is None:
         version = table.transaction_version(legacy_app_id(table_path, topic, partition))
     return aid, version
 
 
-def recorded_versions(table, settings: ExportSettings, data_dirs, topics) -> dict[tuple[str, int], int | None]:
+def recorded_versions(
+    table: DeltaTable, settings: ExportSettings, data_dirs: Iterable[str], topics: Collection[str] | None
+) -> dict[tuple[str, int], int | None]:
     """`recorded_version` of every partition of the data dirs (only `topics` when given)."""
     from tank_log.jobs.planning import select_partitions
 
@@ -161,7 +175,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def prepare(ctx, args):
+def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     """Flags over the `export` config section; then plan (before Spark starts, so bad input fails fast)."""
     # The parsers are imported here, on the driver: tasks unpickle this module, and jobs.config would load the
     # compaction package into every Python worker (~0.1-0.2 s, bench/RESULTS.md, stop 19).
@@ -235,7 +249,7 @@ def prepare(ctx, args):
     return settings, plans, delta_table
 
 
-def _continuous_settings(ctx, args, settings: ExportSettings) -> dict:
+def _continuous_settings(ctx: JobContext, args: argparse.Namespace, settings: ExportSettings) -> dict[str, Any]:
     """The --continuous flags, checked against the rest.
 
     Raises:
@@ -276,6 +290,10 @@ def _continuous_settings(ctx, args, settings: ExportSettings) -> dict:
     }
 
 
+Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], DeltaTable | None]"
+"""What `prepare` hands the job: the settings, every partition's plan, the table (None before the first export)."""
+
+
 def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, str]:
     """`export.storage_options` with `--storage-option KEY=VALUE` flags over them.
 
@@ -291,7 +309,7 @@ def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, s
     return options
 
 
-def plan_export(ctx, settings: ExportSettings) -> tuple[list[PartitionPlan], object | None]:
+def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], DeltaTable | None]:
     """Per partition: the range to export, against the table's latest version (also used to re-plan after a
     concurrent commit)."""
     from deltalake import DeltaTable

@@ -3,6 +3,9 @@ Spark SQL for JSON values (typed columns, quarantine columns)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 
 from tank_spark.export.plan import (
@@ -12,8 +15,16 @@ from tank_spark.export.plan import (
 from tank_spark.export.schema import BASE_COLUMNS, json_fields
 from tank_spark.schema import TS_RAW
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
-def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPlan]):
+    from tank_spark.ranges import SegmentRange
+    from tank_spark.runner import JobContext
+
+
+def decoded_frame(
+    spark: SparkSession, ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]
+) -> DataFrame:
     """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date)."""
     from tank_spark.ranges import format_seq_ranges
     from tank_spark.source import register
@@ -25,10 +36,10 @@ def decoded_frame(spark, ctx, settings: ExportSettings, plans: list[PartitionPla
     reader = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges))
     if settings.since_ms is not None:
         reader = reader.option("min_ts", str(settings.since_ms))
-    return table_frame(spark, settings, reader.load(",".join(ctx.data_dirs)))
+    return table_frame(settings, reader.load(",".join(ctx.data_dirs)))
 
 
-def table_frame(spark, settings: ExportSettings, df):
+def table_frame(settings: ExportSettings, df: DataFrame) -> DataFrame:
     """Rows of the tank source (batch or stream) → the table's columns."""
     from pyspark.sql import functions as F
 
@@ -51,7 +62,7 @@ def table_frame(spark, settings: ExportSettings, df):
                 ~empty & (F.col("_parsed").isNull() | F.col("_parsed._corrupt_record").isNotNull()),
                 F.lit("not valid JSON for the value schema"),
             )
-            for f in json_fields(settings.value_schema, spark):
+            for f in json_fields(settings.value_schema):
                 cols.append(F.when(error.isNull(), F.col(f"_parsed.`{f.name}`")).alias(f.name))
         cols += [error.alias("decode_error"), F.when(error.isNotNull(), F.col("value")).alias("raw_value")]
     cols.append(F.to_date(F.col("ts")).alias("date"))
@@ -59,7 +70,7 @@ def table_frame(spark, settings: ExportSettings, df):
     return df.select(*cols)
 
 
-def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
+def direct_ranges(ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]) -> list[SegmentRange]:
     """Read tasks (segment ranges, docs/FORMAT.md §4.4) covering every partition's (previous, end] range."""
     from tank_spark.ranges import DEFAULT_SPLIT_BYTES, Bounds, plan_ranges
 
@@ -69,7 +80,9 @@ def direct_ranges(ctx, settings: ExportSettings, plans: list[PartitionPlan]):
     return [r for r in plan_ranges(list(ctx.data_dirs), bounds, True, DEFAULT_SPLIT_BYTES) if r.path]
 
 
-def table_batches(row_batches, settings: ExportSettings, schema: pa.Schema):
+def table_batches(
+    row_batches: Iterable[pa.RecordBatch], settings: ExportSettings, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
     """Batches of the table's schema for binary/utf8 values from row batches of segment ranges (executor side)."""
     import pyarrow.compute as pc
 

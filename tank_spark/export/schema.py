@@ -16,7 +16,7 @@ QUARANTINE_FIELDS = [pa.field("decode_error", pa.string()), pa.field("raw_value"
 DERIVED_FIELDS = [pa.field("date", pa.date32())]  # the UTC date of ts (a partition column by default)
 
 
-def table_schema(settings: ExportSettings, spark) -> pa.Schema:
+def table_schema(settings: ExportSettings) -> pa.Schema:
     """The Arrow schema of the Delta table for these settings (partition columns included).
 
     Adding a column: declare it here and compute it in `rows.py` (both row pipelines).
@@ -25,20 +25,22 @@ def table_schema(settings: ExportSettings, spark) -> pa.Schema:
     if settings.value_format in VALUE_FIELDS:
         fields.append(VALUE_FIELDS[settings.value_format])
     else:
-        fields += json_fields(settings.value_schema, spark)
+        fields += json_fields(settings.value_schema)
     if settings.value_format != "binary":
         fields += QUARANTINE_FIELDS
     return pa.schema(fields + DERIVED_FIELDS + [TS_RAW])  # ts_raw last: tables made before it gain it by evolution
 
 
-def json_fields(ddl: str | None, spark) -> list[pa.Field]:
+def json_fields(ddl: str | None) -> list[pa.Field]:
+    """The table columns of a JSON value schema (DDL). Parsed by the active Spark session: an export of JSON values
+    always starts Spark (`job.needs_spark`)."""
     from pyspark.sql.pandas.types import to_arrow_type
     from pyspark.sql.types import StructType
 
     if ddl is None:
         raise JobConfigError("--value-format json needs --value-schema DDL")
     try:
-        struct = StructType.fromDDL(ddl) if hasattr(StructType, "fromDDL") else spark.createDataFrame([], ddl).schema
+        struct = StructType.fromDDL(ddl)
     except Exception as err:
         raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
     if not isinstance(struct, StructType):

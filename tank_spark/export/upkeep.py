@@ -7,9 +7,13 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tank_log.errors import JobConfigError
 from tank_spark.export.location import TableLocation
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +32,13 @@ class UpkeepStep:
     dry_run: bool = False
 
 
-def live_files(table) -> tuple[int, int]:
+def live_files(table: DeltaTable) -> tuple[int, int]:
     """(files, bytes) of the table's current snapshot."""
     sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
     return len(sizes), sum(sizes)
 
 
-def optimize(table, target_bytes: int, *, dry_run: bool = False) -> UpkeepStep:
+def optimize(table: DeltaTable, target_bytes: int, *, dry_run: bool = False) -> UpkeepStep:
     """Rewrite small live files into files of about `target_bytes` (one commit; readers and app transactions are
     unaffected)."""
     files, size = live_files(table)
@@ -54,7 +58,7 @@ def optimize(table, target_bytes: int, *, dry_run: bool = False) -> UpkeepStep:
     return UpkeepStep("optimize", files, size, *after)
 
 
-def vacuum(location: TableLocation, table, retention_ms: int, *, dry_run: bool = False) -> UpkeepStep:
+def vacuum(location: TableLocation, table: DeltaTable, retention_ms: int, *, dry_run: bool = False) -> UpkeepStep:
     """Delete data files no version within `retention_ms` references (removed by optimize or an overwrite)."""
     stored = {f.rel: f.size for f in location.data_files()}
     before = (len(stored), sum(stored.values()))
@@ -74,7 +78,7 @@ def vacuum(location: TableLocation, table, retention_ms: int, *, dry_run: bool =
     return UpkeepStep("vacuum", *before, *after, dry_run=dry_run)
 
 
-def check_vacuum_retention(table, retention_ms: int) -> None:
+def check_vacuum_retention(table: DeltaTable | None, retention_ms: int) -> None:
     """Refuse a retention below the table's `delta.deletedFileRetentionDuration` (default 7 days; a table this run
     will create has the default): readers of versions within it would lose files. A table that allows less says so
     in that property.

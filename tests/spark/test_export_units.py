@@ -37,7 +37,7 @@ def test_utf8_decoding_quarantines_invalid_rows():
 
 def test_table_batches_from_segment_ranges():
     settings = ExportSettings("t", "deltalake", "utf8", None, ("topic", "date"), 1 << 20)
-    schema = table_schema(settings, None)
+    schema = table_schema(settings)
     ranges = plan_ranges([data_dir("C_misc")], Bounds(seq_ranges={("bigmsg", 0): (2, None)}), True, 1 << 20)
     row_batches = (b for r in ranges for b in read_range(r))
     rows = [r for b in table_batches(row_batches, settings, schema) for r in b.to_pylist()]
