@@ -311,8 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
-    jobs = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")
-    p.add_argument("job", choices=jobs, help="job")
+    from tank_spark.jobs import NAMES  # no Spark in it: the entry points' names and paths
+
+    p.add_argument("job", choices=NAMES, help="job")
     p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("demo", help="write a demo data directory")

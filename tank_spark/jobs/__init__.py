@@ -8,7 +8,7 @@
 
 import os
 
-NAMES = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta")
+NAMES = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")  # the modules here
 
 
 def job_path(name: str) -> str:

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import data_dir
+from conftest import ROOT, data_dir
 
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 
@@ -147,3 +147,21 @@ def test_ctrl_c_prints_what_finished_and_leaves_consistent_data(tmp_path):
     done = [json.loads(line) for line in [first, *out.splitlines()] if line.startswith("{")]
     assert 1 <= len(done) < 300 and f"{len(done)} partition(s) finished" in err
     assert not [p for p in verify_path(base) if p.severity == "error"]
+
+
+def test_job_path_names_every_job_entry_point():
+    """`tank-log job-path NAME` knows every module of tank_spark/jobs (import_delta was missing), and a checkout's
+    jobs/ has the same entry points; an unknown name is a usage error (exit 2)."""
+    from tank_spark.jobs import NAMES
+
+    def entry_points(folder: str) -> set[str]:
+        return {f.removesuffix(".py") for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_")}
+
+    package_dir = os.path.join(ROOT, "tank_spark", "jobs")
+    modules, checkout = entry_points(package_dir), entry_points(os.path.join(ROOT, "jobs"))
+    assert set(NAMES) == modules == checkout
+    for name in NAMES:
+        r = run("job-path", name)
+        assert r.returncode == 0 and r.stdout.strip() == os.path.join(package_dir, f"{name}.py"), r.stderr
+    r = run("job-path", "vacuum")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
