@@ -4,23 +4,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
 from tank_log.jobs.planning import Plan
-from tank_spark.runner import (
-    JobContext,
-    JobResult,
-    add_broker_stopped,
-    add_force,
-    count_by,
-    needs_executors,
-    run_job,
-    run_plan,
-)
-
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from tank_spark.runner import JobContext, add_broker_stopped, add_force, run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -42,28 +30,23 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     return plan_compaction(ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run)
 
 
-def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
-    results = run_plan(sc, ctx, plan, record_cleanup_marks)  # finished partitions get their marks
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     done = [r for r in results if r.get("status") == "compacted"]
-    summary = {
-        "partitions": len(results),
-        "by_status": count_by(results),
+    return {
         "bytes_before": sum(r.get("bytes_before") or 0 for r in done),
         "bytes_after": sum(r.get("bytes_after") or 0 for r in done),
         "messages_before": sum(r.get("messages_before") or 0 for r in done),
         "messages_after": sum(r.get("messages_after") or 0 for r in done),
     }
-    return results, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(
+    return run_partition_job(
         "compact",
         "Compact keyed (log.cleanup.policy=cleanup) partitions into sparse bundles.",
         add_options,
         prepare,
-        execute,
+        summarize,
+        record_cleanup_marks,  # finished partitions get their marks
         argv,
-        sql=False,
-        needs_spark=needs_executors,
     )

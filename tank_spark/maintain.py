@@ -5,26 +5,18 @@ Spark start-up and one report for the nightly run."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from tank_log.jobs.compaction import apply_flags
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
 from tank_log.jobs.planning import Plan
 from tank_spark.runner import (
     JobContext,
-    JobResult,
     add_broker_stopped,
     add_force,
     add_salvage,
     add_time_basis,
-    count_by,
-    needs_executors,
-    run_job,
-    run_plan,
+    run_partition_job,
 )
-
-if TYPE_CHECKING:
-    from pyspark import SparkContext
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -42,19 +34,13 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     )
 
 
-def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
-    results = run_plan(sc, ctx, plan, record_maintenance_marks)
-    return results, {"partitions": len(results), "by_status": count_by(results), **summarize(results)}
-
-
 def main(argv: list[str] | None = None) -> int:
-    return run_job(
+    return run_partition_job(
         "maintain",
         "Nightly maintenance per partition: repair, retention, compaction, index verify/rebuild, final verify.",
         add_options,
         prepare,
-        execute,
+        summarize,
+        record_maintenance_marks,
         argv,
-        sql=False,
-        needs_spark=needs_executors,
     )

@@ -5,23 +5,11 @@ salvage torn tails with --salvage, and report what needs a human."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tank_log.jobs.indexes import plan_index_run
 from tank_log.jobs.planning import Plan
-from tank_spark.runner import (
-    JobContext,
-    JobResult,
-    add_broker_stopped,
-    add_salvage,
-    count_by,
-    needs_executors,
-    run_job,
-    run_plan,
-)
-
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from tank_spark.runner import JobContext, add_broker_stopped, add_salvage, run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -34,28 +22,22 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     return plan_index_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, salvage=args.salvage)
 
 
-def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
-    results = run_plan(sc, ctx, plan)
-    summary = {
-        "partitions": len(results),
-        "by_status": count_by(results),
-        "indexes_rebuilt": sum(1 for r in results for a in r.get("actions", []) if a["action"] == "rebuilt-index"),
-        "segments_salvaged": sum(1 for r in results for a in r.get("actions", []) if a["action"] == "salvaged"),
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    actions = [a["action"] for r in results for a in r.get("actions", [])]
+    return {
+        "indexes_rebuilt": actions.count("rebuilt-index"),
+        "segments_salvaged": actions.count("salvaged"),
         "problems_found": sum(len(r.get("found", [])) for r in results),
         "problems_unfixed": sum(len(r.get("unfixed", [])) for r in results),
     }
-    return results, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    code = run_job(
+    return run_partition_job(
         "rebuild_indexes",
         "Verify and rebuild indexes, repair interrupted compactions, salvage tails.",
         add_options,
         prepare,
-        execute,
-        argv,
-        sql=False,
-        needs_spark=needs_executors,
+        summarize,
+        argv=argv,
     )
-    return code

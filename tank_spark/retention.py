@@ -5,23 +5,11 @@ delete each partition's expired prefix (`RetentionTask.run`), the driver keeps
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import Any
 
 from tank_log.jobs.planning import Plan
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
-from tank_spark.runner import (
-    JobContext,
-    JobResult,
-    add_broker_stopped,
-    add_time_basis,
-    count_by,
-    needs_executors,
-    run_job,
-    run_plan,
-)
-
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+from tank_spark.runner import JobContext, add_broker_stopped, add_time_basis, run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -34,27 +22,23 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     return plan_retention_run(ctx.data_dirs, ctx.topics, ctx.config, dry_run=ctx.dry_run, time_basis=args.time_basis)
 
 
-def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
-    results = run_plan(sc, ctx, plan, clamp_cleanup_marks)  # marks stay consistent with what was deleted
-    summary = {
-        "partitions": len(results),
-        "by_status": count_by(results),
-        "segments_deleted": sum(r.get("segments_deleted") or 0 for r in results if r["status"] == "deleted"),
-        "bytes_deleted": sum(r.get("bytes_deleted") or 0 for r in results if r["status"] == "deleted"),
-        "messages_deleted": sum(r.get("messages_deleted") or 0 for r in results if r["status"] == "deleted"),
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    deleted = [r for r in results if r["status"] == "deleted"]
+    return {
+        "segments_deleted": sum(r.get("segments_deleted") or 0 for r in deleted),
+        "bytes_deleted": sum(r.get("bytes_deleted") or 0 for r in deleted),
+        "messages_deleted": sum(r.get("messages_deleted") or 0 for r in deleted),
         "would_delete_segments": sum(r.get("segments_deleted") or 0 for r in results if r["status"] == "dry-run"),
     }
-    return results, summary
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(
+    return run_partition_job(
         "retention",
         "Delete expired RO segments (count, size, age) of delete-policy topics.",
         add_options,
         prepare,
-        execute,
+        summarize,
+        clamp_cleanup_marks,  # marks stay consistent with what was deleted
         argv,
-        sql=False,
-        needs_spark=needs_executors,
     )

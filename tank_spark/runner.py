@@ -378,6 +378,27 @@ def needs_executors(ctx: JobContext, plan: Plan) -> bool:
     return False
 
 
+def run_partition_job(
+    job: str,
+    description: str,
+    add_options: Callable[[argparse.ArgumentParser], None],
+    prepare: Callable[[JobContext, argparse.Namespace], Plan],
+    summarize: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    bookkeeping: Callable[[list[dict[str, Any]]], None] | None = None,
+    argv: list[str] | None = None,
+) -> int:
+    """`run_job` for a job of one task per partition (compact, retention, rebuild_indexes, maintain): `prepare`
+    plans before Spark starts; the tasks run on the executors, or in the driver's processes when the partitions are
+    small (`needs_executors`); then `bookkeeping` on the driver (`run_plan`). The summary: partitions, their count by
+    status, and `summarize(results)`."""
+
+    def execute(ctx: JobContext, plan: Plan, sc: SparkContext | None) -> JobResult:
+        results = run_plan(sc, ctx, plan, bookkeeping)
+        return results, {"partitions": len(results), "by_status": count_by(results), **summarize(results)}
+
+    return run_job(job, description, add_options, prepare, execute, argv, sql=False, needs_spark=needs_executors)
+
+
 def write_report(path: str | None, report: dict[str, Any]) -> None:
     if not path:
         return
