@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
-from tank_log.jobs.planning import Plan, run_task, segment_data_bytes
+from tank_log.jobs.planning import Plan, run_task
 from tank_log.jobs.processes import run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
@@ -369,13 +369,17 @@ def needs_executors(ctx: JobContext, plan: Plan) -> bool:
         return False
     if not ctx.in_driver_max_bytes:
         return True
-    total = segment_data_bytes(tasks, ctx.in_driver_max_bytes)
-    limit = f"{ctx.in_driver_max_bytes:,} bytes"
-    if total is None:
-        log.info("%s: more than in_driver_max_bytes (%s) of segment data: on Spark's executors", ctx.job, limit)
-        return True
-    log.info("%s: %s bytes of segment data, within in_driver_max_bytes (%s)", ctx.job, f"{total:,}", limit)
-    return False
+    total = sum(t.data_bytes for t in tasks)  # as the planner's scan listed them
+    within = total <= ctx.in_driver_max_bytes
+    log.info(
+        "%s: %s bytes of segment data, %s in_driver_max_bytes (%s bytes)%s",
+        ctx.job,
+        f"{total:,}",
+        "within" if within else "more than",
+        f"{ctx.in_driver_max_bytes:,}",
+        "" if within else ": on Spark's executors",
+    )
+    return not within
 
 
 def run_partition_job(

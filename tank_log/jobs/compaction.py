@@ -94,7 +94,7 @@ def compaction_task_for(sel: Selected, config: JobConfig, *, dry_run: bool) -> C
     )
     log.info("plan %s/%d: %s", part.topic, part.id, why)
     options = options_for(part.topic, settings, config, dry_run=dry_run)
-    return CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why)
+    return CompactionTask(sel.base_path, part.topic, part.id, part.path, mark, options, why, data_bytes=sel.data_bytes)
 
 
 def plan_compaction(

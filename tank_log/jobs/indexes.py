@@ -47,5 +47,5 @@ def plan_index_run(
             )
     for sel in select_partitions(data_dirs, topics):
         part = sel.partition
-        tasks.append(IndexTask(sel.base_path, part.topic, part.id, part.path, options))
+        tasks.append(IndexTask(sel.base_path, part.topic, part.id, part.path, options, data_bytes=sel.data_bytes))
     return tasks, extra

@@ -107,6 +107,7 @@ def plan_maintenance(
             retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis),
             compaction_task_for(sel, config, dry_run=dry_run),
             indexes,
+            data_bytes=sel.data_bytes,
         )
         for sel in select_partitions(data_dirs, topics, named_in_config=named)
     ]

@@ -8,10 +8,10 @@ its task does and which partitions it leaves out, and why.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
-from tank_log.errors import NothingMatched, TankFormatError
+from tank_log.errors import NothingMatched
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
@@ -26,6 +26,11 @@ class Selected:
     base_path: str
     data_dir: DataDir
     partition: Partition
+
+    @property
+    def data_bytes(self) -> int:
+        """The partition's segment data (RO and active logs), as the scan listed it."""
+        return sum(s.size for s in self.partition.segments)
 
 
 def select_partitions(
@@ -114,6 +119,7 @@ class PartitionTask:
     topic: str
     partition: int
     path: str
+    data_bytes: int = field(default=0, kw_only=True)  # its segment data when planned (`Selected.data_bytes`)
 
     def load(self) -> Partition:
         """The partition as it is now, with its topic's and its own config (executor side)."""
@@ -129,20 +135,6 @@ class PartitionTask:
         result = self.apply(self.load())
         result["base_path"] = self.base_path
         return result
-
-
-def segment_data_bytes(tasks: Iterable[PartitionTask], limit: int) -> int | None:
-    """The segment data (RO and active logs) of the tasks' partitions, or None once it passes `limit`, or when a
-    partition cannot be listed now (the task itself will report why)."""
-    total = 0
-    for task in tasks:
-        try:
-            total += sum(s.size for part in partitions_at(task.path) for s in part.segments)
-        except (OSError, TankFormatError):
-            return None
-        if total > limit:
-            return None
-    return total
 
 
 Plan: TypeAlias = tuple[Sequence[PartitionTask], list[dict[str, Any]]]

@@ -57,7 +57,7 @@ def retention_task_for(
         broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
     rules = rules_for(part, settings, time_basis)
-    return RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options)
+    return RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options, data_bytes=sel.data_bytes)
 
 
 def plan_retention_run(

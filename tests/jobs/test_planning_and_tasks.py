@@ -11,7 +11,8 @@ from tank_log.errors import NothingMatched
 from tank_log.jobs.compaction import cleanup_mark_of, plan_compaction, record_cleanup_marks
 from tank_log.jobs.config import JobConfig, parse_job_config
 from tank_log.jobs.indexes import plan_index_run
-from tank_log.jobs.planning import left_out, segment_data_bytes, select_partitions
+from tank_log.jobs.maintain import plan_maintenance
+from tank_log.jobs.planning import left_out, select_partitions
 from tank_log.jobs.retention import plan_retention_run
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -76,22 +77,28 @@ def test_compaction_tasks_pickle_run_and_record_marks(fixture_copy):
     assert again["status"] == "nothing-to-do" and cleanup_mark_of(again) == result["range_last"]
 
 
-def test_segment_data_bytes_sums_the_logs_up_to_a_limit(fixture_copy):
+def test_every_planner_sizes_its_tasks_by_their_segment_logs(fixture_copy):
+    """`data_bytes` (what `needs_executors` sums against `in_driver_max_bytes`) is each partition's .log/.ilog
+    bytes as the plan's scan listed them: indexes and other files do not count, and nothing is listed again."""
     import os
-    import shutil
 
     base = fixture_copy("E_before")
-    tasks = plan_index_run([base], None, STOPPED, dry_run=True, salvage=False)[0]
-    logs = sum(
-        os.path.getsize(os.path.join(t.path, f))
-        for t in tasks
-        for f in os.listdir(t.path)
-        if f.endswith((".ilog", ".log"))
-    )
-    assert logs > 0 and segment_data_bytes(tasks, logs) == logs  # indexes and other files do not count
-    assert segment_data_bytes(tasks, logs - 1) is None  # more than the limit
-    shutil.rmtree(tasks[0].path)  # gone since the plan: not sized here, the task reports it
-    assert segment_data_bytes(tasks, 1 << 40) is None
+
+    def log_bytes(path: str) -> int:
+        return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith((".ilog", ".log")))
+
+    compact_kv = parse_job_config({"broker_stopped": True, "compaction": {"topics": {"kv": {"policy": "cleanup"}}}})
+    plans = {
+        "indexes": plan_index_run([base], None, STOPPED, dry_run=True, salvage=False),
+        "compaction": plan_compaction([base], None, compact_kv, dry_run=True),
+        "retention": plan_retention_run([base], None, STOPPED, dry_run=True),  # kv is a `delete` topic
+        "maintenance": plan_maintenance([base], None, STOPPED, dry_run=True),
+    }
+    for what, (tasks, _) in plans.items():
+        assert tasks, what
+        for t in tasks:
+            assert t.data_bytes == log_bytes(t.path) > 0, (what, t.path)
+            assert pickle.loads(pickle.dumps(t)).data_bytes == t.data_bytes  # it travels to the executors
 
 
 def test_no_mark_for_dry_runs_failures_or_untouched_ranges():
