@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.jobs.processes import usable_cpus
 
@@ -29,21 +29,25 @@ def deal(sc: SparkContext, items: Sequence[Any]) -> RDD[tuple[int, Any]]:
 
 Task = Callable[[Iterable[tuple[int, Any]]], Iterable[Any]]
 
+Workers: TypeAlias = "SparkContext | int"
+"""Where dealt work runs: Spark's executors, or (work small enough for the driver, e.g. `export.in_driver_max_bytes`)
+that many threads of the driver (`driver_processes` of the run's master)."""
 
-def map_dealt(sc: SparkContext | None, items: Sequence[Any], task: Task) -> list[Any]:
-    """`task` over the (index, item) pairs dealt to Spark tasks, collected; with no SparkContext (work small enough
-    for the driver, e.g. `export.in_driver_max_bytes`), over each of them in this process's threads."""
-    if sc is None:
-        return in_threads(items, task)
-    return list(deal(sc, items).mapPartitions(task).collect())
+
+def map_dealt(workers: Workers, items: Sequence[Any], task: Task) -> list[Any]:
+    """`task` over the (index, item) pairs dealt to Spark tasks, or over each of them in the driver's threads;
+    collected in order."""
+    if isinstance(workers, int):
+        return in_threads(items, task, workers)
+    return list(deal(workers, items).mapPartitions(task).collect())
 
 
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")  # local, local[N], local[*], local[N,F], local[*,F]
 
 
 def driver_processes(master: str) -> int:
-    """How many processes run a small job in the driver (`processes.run_in_processes`): the cores of a local
-    master, else the CPUs the driver may use."""
+    """How many processes (`processes.run_in_processes`) or threads (`in_threads`) run a small job in the driver:
+    the cores of a local master, else the CPUs the driver may use."""
     m = _LOCAL.match(master.strip())
     if m and m.group(1) and m.group(1) != "*":
         return max(1, int(m.group(1)))
@@ -52,12 +56,12 @@ def driver_processes(master: str) -> int:
     return usable_cpus()
 
 
-def in_threads(items: Sequence[Any], task: Task) -> list[Any]:
-    """`task` over each (index, item) pair on its own, in a pool of one thread per CPU this process may use, collected
-    in order. Parquet encoding and object-store uploads release the GIL, so the threads overlap: an export of 1M
-    messages in the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server
-    (bench/RESULTS.md, stop 21). On an error the items not started are cancelled and the running ones finish."""
-    workers = max(1, min(len(items), usable_cpus()))
+def in_threads(items: Sequence[Any], task: Task, threads: int) -> list[Any]:
+    """`task` over each (index, item) pair on its own, in a pool of up to `threads` threads, collected in order.
+    Parquet encoding and object-store uploads release the GIL, so the threads overlap: an export of 1M messages in
+    the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server (bench/RESULTS.md,
+    stop 21). On an error the items not started are cancelled and the running ones finish."""
+    workers = max(1, min(len(items), threads))
     if workers == 1:
         return list(task(iter(enumerate(items))))
 

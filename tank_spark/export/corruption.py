@@ -15,11 +15,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_spark.export.plan import PartitionPlan
-from tank_spark.tasks import map_dealt
+from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
 
     from tank_log.errors import TankFormatError
     from tank_spark.ranges import SegmentRange
@@ -97,8 +96,8 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
     return Cut(cut_plans, kept, failures)
 
 
-def scan_ranges(spark: SparkSession | None, ranges: Sequence[SegmentRange]) -> list[RangeOutcome]:
-    """Read every range on the executors (in this process when `spark` is None), writing nothing: rows, seq bounds
+def scan_ranges(workers: Workers, ranges: Sequence[SegmentRange]) -> list[RangeOutcome]:
+    """Read every range on the executors or the driver's threads (`workers`), writing nothing: rows, seq bounds
     and the error that stopped it (the dry run, and the pre-pass of exports that decode through Spark SQL, whose
     reader cannot report per range)."""
 
@@ -108,7 +107,7 @@ def scan_ranges(spark: SparkSession | None, ranges: Sequence[SegmentRange]) -> l
         for i, r in it:
             yield outcome_of(i, r, read_range)
 
-    return map_dealt(spark.sparkContext if spark is not None else None, ranges, task)
+    return map_dealt(workers, ranges, task)
 
 
 def outcome_of(index: int, r: SegmentRange, read_range: ReadRange) -> RangeOutcome:

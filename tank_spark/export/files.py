@@ -21,11 +21,9 @@ from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name
 from tank_spark.ranges import parse_partition_key, partition_key
 from tank_spark.schema import TS_RAW
-from tank_spark.tasks import map_dealt
+from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
     from tank_spark.export.corruption import RangeOutcome
     from tank_spark.ranges import SegmentRange
 
@@ -144,10 +142,10 @@ class _ParquetFile:
 
 
 def write_direct(
-    spark: SparkSession | None, ranges: Sequence[SegmentRange], settings: ExportSettings, schema: pa.Schema, run_id: str
+    workers: Workers, ranges: Sequence[SegmentRange], settings: ExportSettings, schema: pa.Schema, run_id: str
 ) -> tuple[list[dict[str, Any]], list[RangeOutcome]]:
-    """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`; in this process when
-    `spark` is None). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
+    """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`, or the driver's
+    threads: `workers`). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
     malformed chunk stops that range, not the run)."""
     from tank_spark.export.corruption import TrackedRead
 
@@ -163,7 +161,7 @@ def write_direct(
                     yield ("file", {**m, "range": i})
             yield ("outcome", read.outcome())
 
-    out = map_dealt(spark.sparkContext if spark is not None else None, ranges, task)
+    out = map_dealt(workers, ranges, task)
     return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
 
 

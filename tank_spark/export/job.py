@@ -67,8 +67,9 @@ from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
 from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
-from tank_spark.runner import JobContext, JobResult, count_by, run_job
+from tank_spark.runner import JobContext, JobResult, count_by, job_master, run_job
 from tank_spark.schema import TS_RAW
+from tank_spark.tasks import Workers, driver_processes
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -168,12 +169,13 @@ def _export(
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
         return list(results.values()), summary
     summary["executed_on"] = "executors" if spark is not None else "driver"  # the driver: `in_driver`
+    workers = _workers(ctx, spark)
     if settings.engine == "spark":
         assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
         check_delta_spark(spark)
     sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
-        outcomes, cut = _pre_pass(spark, ctx, settings, plans)
+        outcomes, cut = _pre_pass(workers, ctx, settings, plans)
         for o in outcomes:
             if o.index in cut.kept and o.rows:
                 _count(results[o.key], o.rows, o.min_seq, o.max_seq)
@@ -192,7 +194,7 @@ def _export(
         results = _results(plans)
     if settings.engine == "spark":
         assert spark is not None
-        _, cut = _pre_pass(spark, ctx, settings, plans)
+        _, cut = _pre_pass(workers, ctx, settings, plans)
         version = write_with_delta_spark(
             decoded_frame(spark, ctx, settings, cut.plans), settings, [p for p in cut.plans if p.has_work]
         )
@@ -203,7 +205,7 @@ def _export(
             add_ts_raw(table)
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             run_id = new_run_id()
-            files, cut = _write_files(ctx, spark, settings, schema, plans, sql_path, t0, run_id)
+            files, cut = _write_files(ctx, spark, workers, settings, schema, plans, sql_path, t0, run_id)
             if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
                 version = table_version(settings.location.open())
                 break
@@ -293,18 +295,29 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict[str, Any]
     }
 
 
+def _workers(ctx: JobContext, spark: SparkSession | None) -> Workers:
+    """Spark's executors, or for an export small enough for the driver (`in_driver`) as many of its threads as the
+    master has cores (`tasks.driver_processes`: local[1] gives one), as the partition jobs' processes."""
+    if spark is not None:
+        return spark.sparkContext
+    threads = driver_processes(job_master(ctx))
+    log.info("export: in %d thread(s) of the driver's", threads)
+    return threads
+
+
 def _pre_pass(
-    spark: SparkSession | None, ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]
+    workers: Workers, ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]
 ) -> tuple[list[RangeOutcome], Cut]:
     """Read every range once, writing nothing, and cut the plans at malformed data (`corruption.py`): the dry run,
     and the first pass of exports that decode through Spark SQL (the data source cannot report per range)."""
-    outcomes = scan_ranges(spark, direct_ranges(ctx, settings, plans))
+    outcomes = scan_ranges(workers, direct_ranges(ctx, settings, plans))
     return outcomes, cut_at_corruption(plans, outcomes, settings.on_corruption)
 
 
 def _write_files(
     ctx: JobContext,
     spark: SparkSession | None,
+    workers: Workers,
     settings: ExportSettings,
     schema: pa.Schema,
     plans: list[PartitionPlan],
@@ -317,14 +330,14 @@ def _write_files(
     removed)."""
     if sql_path:
         assert spark is not None  # `in_driver`: JSON values are decoded by Spark SQL
-        _, cut = _pre_pass(spark, ctx, settings, plans)
+        _, cut = _pre_pass(workers, ctx, settings, plans)
         writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
         df = decoded_frame(spark, ctx, settings, cut.plans)
         files = [r.asDict() for r in df.mapInArrow(writer, FILE_META_SCHEMA).collect()]
     else:
         ranges = direct_ranges(ctx, settings, plans)
         log.info("export: %d partitions with new messages, %d read tasks", sum(p.has_work for p in plans), len(ranges))
-        written, outcomes = write_direct(spark, ranges, settings, schema, run_id)
+        written, outcomes = write_direct(workers, ranges, settings, schema, run_id)
         cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
         files = [f for f in written if f["range"] in cut.kept]
         remove_uncommitted(settings, [f for f in written if f["range"] not in cut.kept])

@@ -157,7 +157,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
 
 def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, lake):
     """By default an export reading at most `export.in_driver_max_bytes` (128 MiB) of segment data is read and
-    written by the driver itself (no JVM); it commits the same way, so a crash before the commit and a rerun still
+    written by the driver itself (no JVM), in as many threads as the master has cores; it commits the same way, so a crash before the commit and a rerun still
     export every message once, locally and on object storage. Above the limit, executors do the work."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     args = ["--data-dir", base, "--table", lake.uri, "--topics", "events,seqgap", *lake.flags]
@@ -168,8 +168,9 @@ def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, 
     def run(*more, env=None):
         return run_job(*args, *more, env_extra={**lake.env, **(env or {})}, executors=False)
 
-    r = run("--dry-run", "--report", str(tmp_path / "0.json"))
+    r = run("--dry-run", "--master", "local[1]", "--report", str(tmp_path / "0.json"))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "export: in 1 thread(s) of the driver's" in r.stderr  # as many threads as the master has cores
     rep = report("0.json")
     expected = dump_rows("A_multi", {"events", "seqgap"})
     assert rep["summary"]["executed_on"] == "driver" and rep["summary"]["rows"] == len(expected)
@@ -177,6 +178,7 @@ def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, 
 
     r = run("--report", str(tmp_path / "1.json"))
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "export: in 2 thread(s) of the driver's" in r.stderr  # local[2]
     rep = report("1.json")
     assert rep["summary"]["executed_on"] == "driver" and "spark" not in rep and "spark_start_s" not in rep["timings"]
     assert table_rows(lake) == expected and rep["summary"]["rows"] == len(expected)

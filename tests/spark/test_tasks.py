@@ -23,9 +23,22 @@ def test_items_run_at_once_one_thread_per_cpu_and_come_back_in_order():
                 barrier.wait()
             yield (i, item * 2)
 
-    assert in_threads(list(range(9)), task) == [(i, i * 2) for i in range(9)]
+    assert in_threads(list(range(9)), task, CPUS) == [(i, i * 2) for i in range(9)]
     if CPUS > 1:
         assert len(threads) == parties and all(t.startswith("tank-task") for t in threads)
+
+
+def test_one_thread_runs_the_items_in_order_in_the_callers_thread():
+    """`threads` = 1 (e.g. --master local[1]): no pool, the items one after another."""
+    seen = []
+
+    def task(it):
+        for i, item in it:
+            seen.append((i, threading.current_thread()))
+            yield item
+
+    assert in_threads(list("abc"), task, 1) == ["a", "b", "c"]
+    assert seen == [(0, threading.current_thread()), (1, threading.current_thread()), (2, threading.current_thread())]
 
 
 def test_an_error_cancels_the_items_not_started_and_waits_for_the_running_ones():
@@ -41,7 +54,7 @@ def test_an_error_cancels_the_items_not_started_and_waits_for_the_running_ones()
             yield i
 
     with pytest.raises(ValueError, match="bad range 0"):
-        in_threads(list(range(50)), task)
+        in_threads(list(range(50)), task, CPUS)
     assert sorted(finished) == sorted(i for i in started if i != 0)  # nothing left running
     assert len(started) < 50  # the rest never started
 
