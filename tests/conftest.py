@@ -99,6 +99,25 @@ def tree_digest(path: str, *, include_lock: bool = False) -> dict[str, bytes]:
 CRASHED = 17  # the exit status of a process `crash_after_step` killed
 
 
+WHERE = {"executors": ["--in-driver-max-bytes=0"], "driver": []}  # forced onto Spark; the default for small data
+
+
+def run_job_script(
+    job: str,
+    *args: str,
+    master: str = "local[2]",
+    where: str = "executors",
+    env_extra: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> subprocess.CompletedProcess[str]:
+    """`python jobs/<job>.py` as an operator runs it (a real process, local Spark on `master`). On Spark's executors
+    unless `where="driver"`: these fixtures are far below `in_driver_max_bytes`, the size under which a job runs in
+    the driver's processes or threads by default. Later flags in `args` override these."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **(env_extra or {}))
+    cmd = [sys.executable, os.path.join(ROOT, "jobs", f"{job}.py"), "--master", master, *WHERE[where], *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
 def crash_after_step(k: int, run) -> int:
     """Fork; in the child call `run(hook)`, where `hook` (a StepHook) kills the child with os._exit — no cleanup,
     like kill -9 — right after file operation number k; return the child's exit status (CRASHED if it got there)."""

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, copy_tree, data_dir, load_dump, many_small_partitions, tree_digest
+from conftest import ROOT, WHERE, copy_tree, data_dir, load_dump, many_small_partitions, run_job_script, tree_digest
 
 from tank_log.maintenance.verify import verify_path
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -15,13 +15,8 @@ from tank_log.tools.demo import write_demo
 JOB = os.path.join(ROOT, "jobs", "compact.py")
 
 
-ON = {"executors": ["--in-driver-max-bytes=0"], "driver": []}  # forced onto Spark; the default for small data
-
-
-def run_job(*args, timeout=600, where="executors", master="local[2]"):
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = [sys.executable, JOB, "--master", master, *ON[where], *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+def run_job(*args, **kw):
+    return run_job_script("compact", *args, **kw)
 
 
 def by_key(report):
@@ -204,7 +199,7 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     before = {p: sorted(os.listdir(os.path.join(kv, p))) for p in os.listdir(kv) if p.isdigit()}
     report_path = str(tmp_path / "r.json")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = [sys.executable, JOB, "--master", "local[1]", *ON[where], "--data-dir", base, "--broker-stopped"]
+    cmd = [sys.executable, JOB, "--master", "local[1]", *WHERE[where], "--data-dir", base, "--broker-stopped"]
     proc = subprocess.Popen(
         [*cmd, "--report", report_path], stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )

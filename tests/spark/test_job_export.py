@@ -7,7 +7,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, copy_tree, data_dir, load_dump
+from conftest import ROOT, copy_tree, data_dir, load_dump, run_job_script
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
@@ -18,17 +18,8 @@ JOB = os.path.join(ROOT, "jobs", "export_delta.py")
 
 
 def run_job(*args, env_extra=None, executors=True):
-    """The export job on local[2]; on its executors unless `executors` is False (these fixtures are far below the
-    size that the job by default exports from the driver alone: test_a_small_export_runs_in_the_driver_...)."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **(env_extra or {}))
-    where = ["--in-driver-max-bytes=0"] if executors else []
-    return subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", *where, *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    """The export job on local[2]; on its executors unless `executors` is False (test_a_small_export_runs_in_...)."""
+    return run_job_script("export_delta", *args, env_extra=env_extra, where="executors" if executors else "driver")
 
 
 class Lake:
@@ -157,8 +148,9 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
 
 def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, lake):
     """By default an export reading at most `export.in_driver_max_bytes` (128 MiB) of segment data is read and
-    written by the driver itself (no JVM), in as many threads as the master has cores; it commits the same way, so a crash before the commit and a rerun still
-    export every message once, locally and on object storage. Above the limit, executors do the work."""
+    written by the driver itself (no JVM), in as many threads as the master has cores; it commits the same way, so a
+    crash before the commit and a rerun still export every message once, locally and on object storage. Above the
+    limit, executors do the work."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     args = ["--data-dir", base, "--table", lake.uri, "--topics", "events,seqgap", *lake.flags]
 

@@ -2,23 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
-from conftest import FIXTURES, ROOT, copy_tree, data_dir, tree_digest
-
-JOB = os.path.join(ROOT, "jobs", "rebuild_indexes.py")
+from conftest import FIXTURES, copy_tree, data_dir, run_job_script, tree_digest
 
 
 def run_job(*args):
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    return subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", "--in-driver-max-bytes=0", *args],  # on Spark's executors
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return run_job_script("rebuild_indexes", *args)
 
 
 def test_verify_rebuild_salvage(tmp_path):

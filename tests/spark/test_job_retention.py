@@ -2,30 +2,20 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, tree_digest
+from conftest import run_job_script, tree_digest
 
 from tank_log.format.bundle import Message
 from tank_log.storage.datadir import scan_data_dir
 from tank_log.storage.writer import write_segment
 
-JOB = os.path.join(ROOT, "jobs", "retention.py")
 DAY = 86400
 OLD = 1_700_000_000  # 2023: older than every limit below
 
 
 def run_job(*args):
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    return subprocess.run(
-        [sys.executable, JOB, "--master", "local[2]", "--in-driver-max-bytes=0", *args],  # on Spark's executors
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
+    return run_job_script("retention", *args)
 
 
 def write_part(pdir, n_ro=4, per=20):
