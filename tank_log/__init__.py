@@ -4,4 +4,4 @@ The format reference is docs/FORMAT.md (shared with the project); modules cite i
 This package never imports Spark.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the package's version (pyproject.toml reads it); job reports record it

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
+from tank_log import __version__
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.planning import Plan, run_task
@@ -58,6 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"{job}.py", description=description)
+    p.add_argument("--version", action="version", version=f"{job} (tank-log {__version__})")
     p.add_argument(
         "--data-dir",
         action="append",
@@ -439,7 +441,7 @@ def run_job(
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
     add_options(parser)
-    report: dict[str, Any] = {"job": job, "started": _now()}
+    report: dict[str, Any] = {"job": job, "tank_log_version": __version__, "started": _now()}
     t0 = time.monotonic()
     args = None
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options

@@ -234,7 +234,10 @@ def _topics(value: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tank_log import __version__
+
     parser = argparse.ArgumentParser(prog="tank-log", description="Inspect and maintain TANK broker data files.")
+    parser.add_argument("--version", action="version", version=f"tank-log {__version__}")
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging; repair also prints clean partitions"
     )

@@ -6,6 +6,7 @@ import subprocess
 
 from conftest import ROOT
 
+import tank_log
 from tank_log.maintenance.verify import verify_path
 
 
@@ -23,6 +24,7 @@ def test_the_demo_command_compacts_the_demo_data_on_spark_and_verifies_it(tmp_pa
     assert "0 error(s), 0 warning(s)" in r.stderr  # `tank-log verify` of the result
     report = json.loads(report_path.read_text())
     assert report["status"] == "ok" and report["executed_on"] == "executors"
+    assert report["tank_log_version"] == tank_log.__version__  # which version changed the data
     assert report["spark"]["master"].startswith("local")
     summary = report["summary"]
     compacted = summary["by_status"]["compacted"]

@@ -165,3 +165,21 @@ def test_job_path_names_every_job_entry_point():
         assert r.returncode == 0 and r.stdout.strip() == os.path.join(package_dir, f"{name}.py"), r.stderr
     r = run("job-path", "vacuum")
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_the_cli_and_every_job_tell_their_version():
+    """`--version` (what an operator quotes in a bug report) is the installed package's version, from the one place
+    it is written (`tank_log.__version__`, which pyproject.toml reads); job reports record it (tests/e2e/test_demo)."""
+    import importlib.metadata
+
+    import tank_log
+    from tank_spark.jobs import NAMES
+
+    assert importlib.metadata.version("tank-log") == tank_log.__version__
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tank-log {tank_log.__version__}"
+    for name in NAMES:
+        r = subprocess.run(
+            [sys.executable, "-m", f"tank_spark.jobs.{name}", "--version"], capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0 and r.stdout.strip() == f"{name} (tank-log {tank_log.__version__})", r.stderr
