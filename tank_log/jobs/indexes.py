@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tank_log.jobs.config import JobConfig
-from tank_log.jobs.planning import PartitionTask, select_partitions
+from tank_log.jobs.planning import PartitionTask, select_scanned
 from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import Partition, scan_data_dir
@@ -29,8 +29,8 @@ def plan_index_run(
         salvage=salvage, broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
     tasks, extra = [], []
-    for base in data_dirs:
-        dd = scan_data_dir(base)
+    scans = [scan_data_dir(base) for base in data_dirs]  # once: for their own problems and their partitions
+    for dd in scans:
         base_problems = dd.problems + [p for t in dd.topics for p in t.problems]
         errors = [p.to_dict() for p in base_problems if p.severity == "error"]
         if errors:
@@ -38,14 +38,14 @@ def plan_index_run(
                 {
                     "topic": None,
                     "partition": None,
-                    "path": base,
+                    "path": dd.path,
                     "status": str(Status.NEEDS_ATTENTION),
                     "found": [p.to_dict() for p in base_problems],
                     "unfixed": errors,
                     "reason": "data-directory level problems (cannot be fixed automatically)",
                 }
             )
-    for sel in select_partitions(data_dirs, topics):
+    for sel in select_scanned(scans, topics):
         part = sel.partition
         tasks.append(IndexTask(sel.base_path, part.topic, part.id, part.path, options, data_bytes=sel.data_bytes))
     return tasks, extra

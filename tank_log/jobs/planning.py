@@ -48,9 +48,22 @@ def select_partitions(
             misconfigured nightly run fails (exit 2) instead of succeeding with nothing done. Not raised with
             `require_match=False` (the data source: an empty read is a valid answer).
     """
-    scans = [scan_data_dir(base) for base in data_dirs]
+    return select_scanned([scan_data_dir(base) for base in data_dirs], topics, named_in_config, require_match)
+
+
+def select_scanned(
+    scans: list[DataDir],
+    topics: Collection[str] | None = None,
+    named_in_config: Collection[str] = (),
+    require_match: bool = True,
+) -> list[Selected]:
+    """`select_partitions` over data dirs already scanned (a planner that also looks at the data dir itself).
+
+    Raises:
+        NothingMatched: see `select_partitions`.
+    """
     if require_match:
-        check_selection(scans, topics, named_in_config)
+        _check_selection(scans, topics, named_in_config)
     return [
         Selected(dd.path, dd, part)
         for dd in scans
@@ -60,8 +73,8 @@ def select_partitions(
     ]
 
 
-def check_selection(scans: list[DataDir], topics: Collection[str] | None, named_in_config: Collection[str]) -> None:
-    """The checks of `select_partitions` on data dirs already scanned (the export plans with its own loop).
+def _check_selection(scans: list[DataDir], topics: Collection[str] | None, named_in_config: Collection[str]) -> None:
+    """The checks of `select_partitions` on data dirs already scanned.
 
     Raises:
         NothingMatched: see `select_partitions`.

@@ -312,31 +312,19 @@ def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, s
 def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], DeltaTable | None]:
     """Per partition: the range to export, against the table's latest version (also used to re-plan after a
     concurrent commit)."""
-    from deltalake import DeltaTable
-
-    from tank_log.jobs.planning import check_selection
-    from tank_log.storage.datadir import last_complete_seq, scan_data_dir
+    from tank_log.jobs.planning import select_partitions
+    from tank_log.storage.datadir import last_complete_seq
 
     table = settings.location.open()
     plans: list[PartitionPlan] = []
     seen: dict[tuple[str, int], str] = {}
-    scans = [scan_data_dir(base) for base in ctx.data_dirs]
-    check_selection(scans, ctx.topics, ())
-    for dd in scans:
-        base = dd.path
-        for topic in dd.topics:
-            if ctx.topics is not None and topic.name not in ctx.topics:
-                continue
-            for part in topic.partitions:
-                if part.key in seen:
-                    raise JobConfigError(
-                        f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
-                    )
-                seen[part.key] = base
-                aid, previous = (
-                    recorded_version(table, settings.table, part.topic, part.id)
-                    if isinstance(table, DeltaTable)
-                    else (None, None)
-                )
-                plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
+    for sel in select_partitions(ctx.data_dirs, ctx.topics):
+        part, base = sel.partition, sel.base_path
+        if part.key in seen:
+            raise JobConfigError(
+                f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
+            )
+        seen[part.key] = base
+        aid, previous = (None, None) if table is None else recorded_version(table, settings.table, part.topic, part.id)
+        plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
     return plans, table
