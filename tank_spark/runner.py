@@ -441,30 +441,19 @@ def run_job(
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
     add_options(parser)
-    report: dict[str, Any] = {"job": job, "tank_log_version": __version__, "started": _now()}
-    t0 = time.monotonic()
+    report = RunReport(job)
     args = None
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options
-    timings: dict[str, float] = {}
-    phase = time.monotonic()
-
-    def phase_done(name: str) -> None:
-        nonlocal phase
-        now = time.monotonic()
-        timings[name] = round(now - phase, 3)
-        phase = now
-
     try:
         args = parser.parse_args(argv)
         ctx = build_context(job, args)
         prepared = prepare(ctx, args)
-        phase_done("prepare_s")
+        report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:
         print(f"{job}: {err}", file=sys.stderr)
-        report.update(status="usage-error", error=str(err), finished=_now())
-        write_report(getattr(args, "report", None) or _report_arg(argv), report)
+        report.end(getattr(args, "report", None) or _report_arg(argv), "usage-error", error=str(err))
         return EXIT_USAGE
-    report.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
+    report.doc.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark: SparkSession | SparkContext | None = None
     signal.signal(signal.SIGTERM, on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
@@ -474,61 +463,31 @@ def run_job(
                 sc = spark.sparkContext
             else:
                 spark = sc = spark_context(ctx)
-            phase_done("spark_start_s")
-            report["spark"] = {"master": sc.master, "app_id": sc.applicationId}
+            report.phase_done("spark_start_s")
+            report.doc["spark"] = {"master": sc.master, "app_id": sc.applicationId}
         else:
             log.info("%s: Spark is not started", job)
         results, summary = execute(ctx, prepared, spark)
-        phase_done("execute_s")
-        report["executed_on"] = "executors" if spark is not None else "driver"
+        report.phase_done("execute_s")
+        report.doc["executed_on"] = "executors" if spark is not None else "driver"
     except UsageError as err:  # e.g. NothingMatched: what was asked for does not exist
         print(f"{job}: {err}", file=sys.stderr)
-        report.update(status="usage-error", error=str(err), finished=_now())
-        write_report(ctx.report_path, report)
+        report.end(ctx.report_path, "usage-error", error=str(err))
         return EXIT_USAGE
     except Interrupted as stop:
-        report.update(
-            status="interrupted",
-            finished=_now(),
-            duration_s=round(time.monotonic() - t0, 3),
-            summary={"partitions": len(stop.results), "by_status": count_by(stop.results)},
-            partitions=stop.results,
-        )
-        write_report(ctx.report_path, report)
+        summary = {"partitions": len(stop.results), "by_status": count_by(stop.results)}
+        report.end(ctx.report_path, "interrupted", summary=summary, partitions=stop.results)
         print(interrupted_message(job, stop.results), file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:
-        if isinstance(err, OSError):  # the environment (a full disk, a read-only mount): one line, errno and file
-            error = describe_error(err)
-            log.error("%s failed: %s", job, error)
-        elif isinstance(err, RunFailed):  # a reason, not a bug: no traceback
-            error = str(err)
-            log.error("%s failed: %s", job, error)
-        else:  # a bug: the traceback goes to the log
-            error = f"internal error: {type(err).__name__}: {err}"
-            log.exception("%s failed", job)
-        report.update(
-            status="failed",
-            error=error,
-            finished=_now(),
-            duration_s=round(time.monotonic() - t0, 3),
-        )
-        write_report(ctx.report_path, report)
+        report.end(ctx.report_path, "failed", error=_logged_failure(job, err))
         return EXIT_PARTIAL
     finally:
         if spark is not None:
             stop_spark(spark)
-    phase_done("spark_stop_s")
+    report.phase_done("spark_stop_s")
     failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
-    report.update(
-        status="partial-failure" if failed else "ok",
-        finished=_now(),
-        duration_s=round(time.monotonic() - t0, 3),
-        timings=timings,
-        summary=summary,
-        partitions=results,
-    )
-    write_report(ctx.report_path, report)
+    report.end(ctx.report_path, "partial-failure" if failed else "ok", summary=summary, partitions=results)
     for r in failed:
         log.error(
             "%s/%s %s: %s",
@@ -539,6 +498,42 @@ def run_job(
         )
     log.info("%s: %s", job, json.dumps(summary))
     return EXIT_PARTIAL if failed else EXIT_OK
+
+
+class RunReport:
+    """One run's JSON report (`--report`): what was asked, where the time went (`timings`, phase by phase), how it
+    ended. Every exit path ends it with `end`, so every report has `status`, `finished`, `duration_s` and
+    `timings` (the phases it got through)."""
+
+    def __init__(self, job: str) -> None:
+        self.doc: dict[str, Any] = {"job": job, "tank_log_version": __version__, "started": _now()}
+        self.timings: dict[str, float] = {}
+        self._t0 = self._phase = time.monotonic()
+
+    def phase_done(self, name: str) -> None:
+        now = time.monotonic()
+        self.timings[name] = round(now - self._phase, 3)
+        self._phase = now
+
+    def end(self, path: str | None, status: str, **fields: Any) -> None:
+        """Set how the run ended (and `fields`: summary, partitions, error) and write the report to `path`."""
+        duration = round(time.monotonic() - self._t0, 3)
+        self.doc.update(status=status, finished=_now(), duration_s=duration, timings=self.timings, **fields)
+        write_report(path, self.doc)
+
+
+def _logged_failure(job: str, err: Exception) -> str:
+    """Log a run's failure and return the report's `error`: the environment (a full disk, a read-only mount) and
+    stated reasons (`RunFailed`) in one line; anything else is a bug, with its traceback in the log."""
+    if isinstance(err, OSError):
+        error = describe_error(err)  # errno and file
+    elif isinstance(err, RunFailed):
+        error = str(err)
+    else:
+        log.exception("%s failed", job)
+        return f"internal error: {type(err).__name__}: {err}"
+    log.error("%s failed: %s", job, error)
+    return error
 
 
 def _report_arg(argv: list[str] | None) -> str | None:

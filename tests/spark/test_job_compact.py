@@ -180,6 +180,7 @@ def test_usage_errors_exit_2_with_a_report(tmp_path, args, config, needle):
     assert needle in r.stderr
     report = json.load(open(report_path))
     assert report["status"] == "usage-error" and needle in report["error"]
+    assert report["duration_s"] >= 0 and isinstance(report["timings"], dict)  # every report ends the same way
 
 
 @pytest.mark.parametrize("where", ["executors", "driver"])
@@ -220,6 +221,7 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     report = json.load(open(report_path))
     by_status = report["summary"]["by_status"]
     assert report["status"] == "interrupted" and sum(by_status.values()) == 300
+    assert report["duration_s"] > 0 and "prepare_s" in report["timings"]
     finished = sum(n for status, n in by_status.items() if status != "interrupted")
     assert finished >= 1 and by_status.get("interrupted", 0) >= 1, by_status
     assert f"{finished} partition(s) finished" in err
