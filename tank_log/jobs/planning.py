@@ -7,14 +7,17 @@ its task does and which partitions it leaves out, and why.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
-from tank_log.errors import NothingMatched
+from tank_log.errors import NothingMatched, TankFormatError, UsageError, describe_error
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T", bound="PartitionTask")
 
@@ -143,11 +146,25 @@ class PartitionTask:
         raise NotImplementedError
 
     def run(self) -> dict[str, Any]:
-        """The report entry of this partition."""
+        """The report entry of this partition. One that is gone since the plan (deleted, e.g. with its topic) is
+        skipped; one that cannot be listed any more (permissions, no longer a partition) failed; neither stops the
+        run's other partitions."""
         reuse_freed_buffers()  # in the CLI's process or a Spark worker: either way a maintenance process
-        result = self.apply(self.load())
+        try:
+            part = self.load()
+        except FileNotFoundError:
+            log.warning("%s/%d: gone since the run was planned", self.topic, self.partition)
+            result = self._entry(Status.SKIPPED, reason="gone since the run was planned (deleted)")
+        except (OSError, TankFormatError, UsageError) as err:
+            result = self._entry(Status.FAILED, error=describe_error(err), reason="cannot be listed any more")
+            log.error("%s/%d: %s", self.topic, self.partition, result["error"])
+        else:
+            result = self.apply(part)
         result["base_path"] = self.base_path
         return result
+
+    def _entry(self, status: Status, **fields: Any) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "path": self.path, "status": str(status), **fields}
 
 
 Plan: TypeAlias = tuple[Sequence[PartitionTask], list[dict[str, Any]]]

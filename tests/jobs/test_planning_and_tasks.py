@@ -123,3 +123,28 @@ def test_no_compactable_topic_is_not_an_error_but_is_said(caplog):
     tasks, skipped = plan_compaction([data_dir("A_multi")], None, STOPPED, dry_run=True)
     assert tasks == [] and skipped and all(s["status"] == "skipped" for s in skipped)
     assert "nothing to compact" in caplog.text
+
+
+def test_a_partition_gone_or_unlistable_since_the_plan_is_reported_and_the_others_run(tmp_path):
+    """A partition deleted between planning and its task (the broker dropped its topic mid-run) is skipped, one that
+    cannot be listed any more is failed with the reason; neither raises, so the run's other partitions are done
+    and the driver's bookkeeping takes every entry (this used to fail the whole run, in the driver's processes and
+    on Spark's executors alike)."""
+    import shutil
+
+    from conftest import many_small_partitions
+
+    from tank_log.jobs.processes import run_in_processes
+
+    base = many_small_partitions(tmp_path / "many", 4)
+    tasks, _ = plan_compaction([base], None, STOPPED, dry_run=False)
+    shutil.rmtree(tasks[1].path)
+    shutil.rmtree(tasks[2].path)
+    with open(tasks[2].path, "w") as fh:  # no longer a partition directory
+        fh.write("x")
+    results = run_in_processes(tasks, 2)
+    assert [r["status"] for r in results] == ["compacted", "skipped", "failed", "compacted"]
+    assert results[1]["reason"] == "gone since the run was planned (deleted)"
+    assert "is a file, not a directory" in results[2]["error"] and results[2]["base_path"] == base
+    record_cleanup_marks(results)
+    assert set(read_cleanup_log(base)) == {("kv", 0), ("kv", 3)}
