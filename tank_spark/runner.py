@@ -35,7 +35,7 @@ from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.planning import Plan, run_task
 from tank_log.jobs.processes import run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
-from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
+from tank_log.jobs.stopping import Interrupted, drain, handling, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
 from tank_spark import class_archive, worker_daemon
 from tank_spark.tasks import deal, driver_processes
@@ -230,14 +230,8 @@ def _launch_jvm(conf: SparkConf, under_spark_submit: bool) -> None:
     kill the run mid-write. The JVM still exits with the driver (PySpark's gateway ends when its stdin closes)."""
     from pyspark import SparkContext
 
-    if under_spark_submit or threading.current_thread() is not threading.main_thread():
+    with contextlib.nullcontext() if under_spark_submit else handling(signal.SIG_IGN, signal.SIGTERM):
         SparkContext._ensure_initialized(conf=conf)
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        SparkContext._ensure_initialized(conf=conf)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _ListParam:

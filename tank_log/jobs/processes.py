@@ -16,9 +16,8 @@ import multiprocessing
 import os
 import signal
 import socket
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -26,7 +25,7 @@ from typing import Any
 from tank_log.errors import RunFailed
 from tank_log.jobs.planning import run_task
 from tank_log.jobs.progress import Progress, interrupted_entry
-from tank_log.jobs.stopping import Interrupted, drain
+from tank_log.jobs.stopping import Interrupted, drain, handling
 from tank_log.storage.holders import also_ours
 
 
@@ -109,17 +108,8 @@ class _StopSignals:
     def _handler(self, signum: int, frame: Any) -> None:
         self.count += 1
 
-    @contextlib.contextmanager
-    def counted(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-            yield
-            return
-        previous = {sig: signal.signal(sig, self._handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def counted(self) -> contextlib.AbstractContextManager[None]:
+        return handling(self._handler, signal.SIGINT, signal.SIGTERM)
 
     def finished_within(self, fs: list[Future[dict[str, Any]]], timeout: float) -> bool:
         """Whether `fs` finish within `timeout`; False at once when another signal comes (cancel them now)."""

@@ -11,6 +11,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 log = logging.getLogger("tank_log.job")
@@ -37,17 +38,24 @@ def on_sigterm(signum: int, frame: Any) -> None:
 
 
 @contextlib.contextmanager
-def sigint_raises() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt (and the run drains) instead of PySpark's SIGINT handler, which cancels every
-    job at once — killing partitions mid-write."""
+def handling(handler: Callable[[int, FrameType | None], Any] | signal.Handlers, *signums: int) -> Iterator[None]:
+    """`handler` for the signals `signums` while the block runs, then their previous handlers again. Only the main
+    thread may set handlers (and Python runs them there), so in another thread this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = {s: signal.signal(s, handler) for s in signums}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def sigint_raises() -> contextlib.AbstractContextManager[None]:
+    """Ctrl-C raises KeyboardInterrupt (and the run drains) instead of PySpark's SIGINT handler, which cancels every
+    job at once — killing partitions mid-write."""
+    return handling(signal.default_int_handler, signal.SIGINT)
 
 
 def drain(wait: Callable[[float], bool]) -> bool:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.errors import RunFailed
+from tank_log.jobs.stopping import handling
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
 from tank_spark.export.files import FILE_META_SCHEMA, WrittenCounts, count_files, make_file_writer
 from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
@@ -279,9 +280,8 @@ def run_continuous(
         settings.checkpoint,
     )
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda signum, frame: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     failure: Exception | None = None
-    try:
+    with handling(lambda signum, frame: stop.set(), signal.SIGTERM, signal.SIGINT):
         while query.isActive and not stop.is_set():
             try:
                 query.awaitTermination(1)
@@ -297,9 +297,6 @@ def run_continuous(
             ended = query.exception()
             if ended is not None and "StopRequested" not in str(ended):
                 failure = ended
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
     if failure is not None:
         raise RunFailed(f"continuous export stopped: {_reason(failure)}")
     totals = exporter.totals
