@@ -14,6 +14,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from tank_log.errors import NothingMatched, TankFormatError, UsageError, describe_error
 from tank_log.jobs.allocator import reuse_freed_buffers
+from tank_log.jobs.progress import task_entry
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
 
@@ -154,17 +155,14 @@ class PartitionTask:
             part = self.load()
         except FileNotFoundError:
             log.warning("%s/%d: gone since the run was planned", self.topic, self.partition)
-            result = self._entry(Status.SKIPPED, reason="gone since the run was planned (deleted)")
+            result = task_entry(self, Status.SKIPPED, reason="gone since the run was planned (deleted)")
         except (OSError, TankFormatError, UsageError) as err:
-            result = self._entry(Status.FAILED, error=describe_error(err), reason="cannot be listed any more")
+            result = task_entry(self, Status.FAILED, error=describe_error(err), reason="cannot be listed any more")
             log.error("%s/%d: %s", self.topic, self.partition, result["error"])
         else:
             result = self.apply(part)
-        result["base_path"] = self.base_path
+            result["base_path"] = self.base_path
         return result
-
-    def _entry(self, status: Status, **fields: Any) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "path": self.path, "status": str(status), **fields}
 
 
 Plan: TypeAlias = tuple[Sequence[PartitionTask], list[dict[str, Any]]]

@@ -93,13 +93,18 @@ INTERRUPTED_REASON = (
 )
 
 
-def interrupted_entry(task: Any) -> dict[str, Any]:
-    """The report entry of a partition a run did not finish (a `PartitionTask`)."""
+def task_entry(task: Any, status: Status, **fields: Any) -> dict[str, Any]:
+    """The report entry of a task's partition (a `PartitionTask`) that its operation did not produce."""
     return {
         "topic": task.topic,
         "partition": task.partition,
         "path": task.path,
         "base_path": task.base_path,
-        "status": str(Status.INTERRUPTED),
-        "reason": INTERRUPTED_REASON,
+        "status": str(status),
+        **fields,
     }
+
+
+def interrupted_entry(task: Any) -> dict[str, Any]:
+    """The report entry of a partition a run did not finish (a `PartitionTask`)."""
+    return task_entry(task, Status.INTERRUPTED, reason=INTERRUPTED_REASON)
