@@ -203,6 +203,12 @@ def job_master(ctx: JobContext) -> str:
     return ctx.master or ctx.config.spark.master or "local[*]"
 
 
+def driver_cores(ctx: JobContext) -> int:
+    """How many processes or threads a run without Spark uses in the driver: the cores of its master
+    (`tasks.driver_processes`: local[N] gives N)."""
+    return driver_processes(job_master(ctx))
+
+
 def spark_session(ctx: JobContext) -> SparkSession:
     """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
     from pyspark.sql import SparkSession
@@ -340,7 +346,7 @@ def run_plan(
         if sc is not None:
             results = run_on_executors(sc, tasks)
         elif tasks:  # `needs_executors` said no: the driver's processes
-            processes = min(driver_processes(job_master(ctx)), len(tasks))
+            processes = min(driver_cores(ctx), len(tasks))
             log.info("%s: %d partition(s) in %d process(es) of the driver's", ctx.job, len(tasks), processes)
             results = run_in_processes(tasks, processes)
         else:  # nothing to run: no master to look up (under spark-submit that connects to its JVM)

@@ -67,9 +67,9 @@ from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
 from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
-from tank_spark.runner import JobContext, JobResult, count_by, job_master, run_job
+from tank_spark.runner import JobContext, JobResult, count_by, driver_cores, run_job
 from tank_spark.schema import TS_RAW
-from tank_spark.tasks import Workers, driver_processes
+from tank_spark.tasks import Workers
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -297,10 +297,10 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict[str, Any]
 
 def _workers(ctx: JobContext, spark: SparkSession | None) -> Workers:
     """Spark's executors, or for an export small enough for the driver (`in_driver`) as many of its threads as the
-    master has cores (`tasks.driver_processes`: local[1] gives one), as the partition jobs' processes."""
+    master has cores (`runner.driver_cores`: local[1] gives one), as the partition jobs' processes."""
     if spark is not None:
         return spark.sparkContext
-    threads = driver_processes(job_master(ctx))
+    threads = driver_cores(ctx)
     log.info("export: in %d thread(s) of the driver's", threads)
     return threads
 
