@@ -22,6 +22,22 @@ MOVE_RETRIES = 3  # re-scans of a partition whose segment keeps vanishing under 
 NOT_A_FILE = "not-a-file"  # Problem code: a non-regular file where a segment, index or temporary should be
 
 
+@dataclass(frozen=True)
+class Unread:
+    """Data found on disk that a reader leaves out, and why: a whole directory or file, or `size` bytes from
+    `offset` of a file."""
+
+    path: str
+    reason: str
+    offset: int | None = None
+    size: int | None = None
+
+    def __str__(self) -> str:
+        where = self.path if self.offset is None else f"{self.path} @{self.offset}"
+        what = "not read" if self.size is None else f"{self.size} bytes not read"
+        return f"{where}: {what} ({self.reason})"
+
+
 @dataclass
 class Partition:
     topic: str
@@ -33,6 +49,7 @@ class Partition:
     leftovers: list[tuple[str, CompactionTemp]] = field(default_factory=list)  # interrupted compaction files
     index_files: dict[int, str] = field(default_factory=dict)  # base → path of <base>.index
     problems: list[Problem] = field(default_factory=list)
+    unread: list[Unread] = field(default_factory=list)  # segment files a reader leaves out (bad names, extra .log)
 
     @property
     def segments(self) -> list[Segment]:
@@ -51,6 +68,7 @@ class Topic:
     config: PartitionConfig
     partitions: list[Partition] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    unread: list[Unread] = field(default_factory=list)  # partition directories a reader leaves out
 
 
 @dataclass
@@ -84,6 +102,8 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             parsed = parse_name(entry)
         except TankFormatError as err:
             part.problems.append(Problem(full, None, "bad-name", err.message))
+            if is_regular_file(full):
+                part.unread.append(Unread(full, f"not read: {err.message}"))
             continue
         if (parsed is not None or _job_touches_unparsed(entry)) and _not_regular(full):
             part.problems.append(_not_a_file(full))
@@ -134,6 +154,7 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
                     "more than one .log in the partition (the broker keeps one, §2.6)",
                 )
             )
+            part.unread.append(Unread(other.path, "a second active segment: the broker keeps one (§2.6)"))
     if part.active is not None and part.active.size == 0:
         part.problems.append(
             Problem(
@@ -184,6 +205,7 @@ def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> T
                     full, None, "partition-name", f"non-canonical partition directory name (the broker opens {pid!s}/)"
                 )
             )
+            topic.unread.append(Unread(full, f"non-canonical partition directory name (the broker opens {pid!s}/)"))
             continue
         if not os.path.isdir(full):
             topic.problems.append(
@@ -192,8 +214,9 @@ def scan_topic(path: str, name: str, config: PartitionConfig | None = None) -> T
                 )
             )
             continue
-        if pid >= count:
-            continue  # reported above; the broker never opens it
+        if pid >= count:  # reported above; the broker never opens it
+            topic.unread.append(Unread(full, f"partition {pid} of a topic with {count} partition directories (§1.4)"))
+            continue
         topic.partitions.append(scan_partition(full, name, pid, config))
     return topic
 
@@ -316,6 +339,18 @@ def partitions_at(path: str | os.PathLike[str], topics: list[str] | None = None)
     Raises:
         UsageError: a path that is no partition, topic or base path.
     """
+    return scan_partitions(path, topics)[0]
+
+
+def scan_partitions(
+    path: str | os.PathLike[str], topics: list[str] | None = None
+) -> tuple[list[Partition], list[Unread]]:
+    """Partitions under a partition, topic or base path, and the data found there that a reader of them leaves out
+    (partition directories the broker never opens, segment files under names it cannot parse, a second `.log`).
+
+    Raises:
+        UsageError: a path that is no partition, topic or base path.
+    """
     path = os.fspath(path).rstrip("/") or "/"
     kind = classify_path(path)
     if kind == "partition":
@@ -323,13 +358,16 @@ def partitions_at(path: str | os.PathLike[str], topics: list[str] | None = None)
             raise UsageError(f"{path}: a directory of segment files must be a partition directory named 0, 1, ...")
         topic_dir = os.path.dirname(path)
         topic_cfg, _ = load_config(os.path.join(topic_dir, "config"))
-        return [scan_partition(path, os.path.basename(topic_dir), int(os.path.basename(path)), topic_cfg)]
+        part = scan_partition(path, os.path.basename(topic_dir), int(os.path.basename(path)), topic_cfg)
+        return [part], list(part.unread)
     if kind == "topic":
-        return scan_topic(path, os.path.basename(path)).partitions
-    if kind == "base":
-        dd = scan_data_dir(path)
-        return [p for t in dd.topics if topics is None or t.name in topics for p in t.partitions]
-    raise UsageError(f"{path} is a file, not a directory")
+        chosen = [scan_topic(path, os.path.basename(path))]
+    elif kind == "base":
+        chosen = [t for t in scan_data_dir(path).topics if topics is None or t.name in topics]
+    else:
+        raise UsageError(f"{path} is a file, not a directory")
+    parts = [p for t in chosen for p in t.partitions]
+    return parts, [u for t in chosen for u in t.unread] + [u for p in parts for u in p.unread]
 
 
 def last_complete_seq(part: Partition) -> int | None:

@@ -20,12 +20,26 @@ if TYPE_CHECKING:
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
+    from tank_log.storage.datadir import Unread
     from tank_log.tools.dump import dump_path
 
     out = sys.stdout
-    for lines in dump_path(args.path, bundles=args.bundles, topics=args.topics):
+    unread: list[Unread] = []
+    for lines in dump_path(args.path, bundles=args.bundles, topics=args.topics, unread=unread):
         out.write(lines)
-    return 0
+    out.flush()
+    return _incomplete("dump", unread)
+
+
+def _incomplete(command: str, unread: Sequence[object]) -> int:
+    """Exit 1 when a read-only command left out data it found on disk (each item was logged as it was found): a
+    pipeline that checks the exit code never takes a partial output for a whole one."""
+    if not unread:
+        return 0
+    print(f"tank-log {command}: incomplete: {len(unread)} file(s) or directories not read in full:", file=sys.stderr)
+    for u in unread:
+        print(f"  {u}", file=sys.stderr)
+    return 1
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -45,9 +59,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    from tank_log.storage.datadir import Unread
     from tank_log.tools.stats import format_table, stats_path
 
-    rows = stats_path(args.path, args.topics)
+    unread: list[Unread] = []
+    rows = stats_path(args.path, args.topics, unread=unread)
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
     else:
@@ -55,7 +71,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     for r in rows:
         if r.error:
             print(f"tank-log stats: {r.topic}/{r.partition}: {r.error}", file=sys.stderr)
-    return 1 if any(r.error for r in rows) else 0
+    sys.stdout.flush()
+    return _incomplete("stats", unread) or (1 if any(r.error for r in rows) else 0)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -10,7 +11,10 @@ import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import CODEC_MASK, SPARSE
-from tank_log.storage.datadir import Partition, partitions_at
+from tank_log.storage.datadir import Partition, Unread, scan_partitions
+from tank_log.tools.dump import tail_loss
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,7 +44,11 @@ class PartitionStats:
         return asdict(self)
 
 
-def partition_stats(part: Partition, *, distinct_keys: bool = True) -> PartitionStats:
+def partition_stats(
+    part: Partition, *, distinct_keys: bool = True, unread: list[Unread] | None = None
+) -> PartitionStats:
+    """The figures of one partition; the torn tails of its segments that lose data (RO segments, or data after
+    corrupt bytes) are appended to `unread`."""
     st = PartitionStats(part.topic, part.id, segments=len(part.segments), ro_segments=len(part.ro))
     keys: set[bytes] = set()
     for sf in part.segments:
@@ -70,16 +78,28 @@ def partition_stats(part: Partition, *, distinct_keys: bool = True) -> Partition
                 for i in np.flatnonzero(keyed).tolist():
                     keys.add(c.key(i))  # type: ignore[arg-type]
         st.torn_bytes += walk.tail.torn_bytes if walk.tail else 0
+        loss = tail_loss(sf, walk.tail)
+        if loss is not None and unread is not None:
+            unread.append(loss)
     st.distinct_keys = len(keys)
     return st
 
 
-def stats_path(path: str | os.PathLike[str], topics: list[str] | None = None) -> list[PartitionStats]:
-    """Figures of every partition; one malformed partition gets its `error`, the others are still counted."""
+def stats_path(
+    path: str | os.PathLike[str], topics: list[str] | None = None, *, unread: list[Unread] | None = None
+) -> list[PartitionStats]:
+    """Figures of every partition; one malformed partition gets its `error`, the others are still counted. What the
+    figures leave out (partition directories and segment files the broker never reads, data lost in torn tails of RO
+    segments) is appended to `unread`."""
     out = []
-    for p in partitions_at(path, topics):
+    parts, left_out = scan_partitions(path, topics)
+    for u in left_out:
+        log.warning("%s", u)
+    if unread is not None:
+        unread += left_out
+    for p in parts:
         try:
-            out.append(partition_stats(p))
+            out.append(partition_stats(p, unread=unread))
         except (TankFormatError, OSError) as err:
             out.append(PartitionStats(p.topic, p.id, segments=len(p.segments), error=str(err)))
     return out

@@ -98,6 +98,45 @@ def test_dump_fails_on_mid_file_corruption_and_warns_on_torn_tails(fixture_copy)
     assert len(res.stdout.splitlines()) > 7000
 
 
+def test_dump_and_stats_exit_1_when_an_ro_segment_lost_its_tail(fixture_copy):
+    """A torn tail of an RO segment is data lost: dump prints every complete bundle, says which file lost how many
+    bytes from which offset, and exits 1, so `tank-log dump ... | load` cannot take a partial dump for a whole one."""
+    base = fixture_copy("A_multi")
+    part_dir = os.path.join(base, "small", "0")
+    ro = sorted(n for n in os.listdir(part_dir) if n.endswith(".ilog"))[0]
+    path = os.path.join(part_dir, ro)
+    whole = run("dump", part_dir)
+    assert whole.returncode == 0, whole.stderr
+    size = os.path.getsize(path)
+    os.truncate(path, size - 37)
+    res = run("dump", part_dir)
+    assert res.returncode == 1, res.stderr
+    lost = len(whole.stdout.splitlines()) - len(res.stdout.splitlines())
+    assert lost > 0 and res.stdout.splitlines() == [
+        x for x in whole.stdout.splitlines() if x in set(res.stdout.splitlines())
+    ]
+    assert f"{path} @" in res.stderr and "bytes not read" in res.stderr and "RO segment" in res.stderr
+    assert "incomplete" in res.stderr.splitlines()[-2] and "Traceback" not in res.stderr
+    st = run("stats", part_dir, "--json")
+    assert st.returncode == 1 and f"{path} @" in st.stderr
+    assert json.loads(st.stdout)[0]["torn_bytes"] > 0
+
+
+def test_dump_and_stats_exit_1_when_they_leave_a_partition_out(fixture_copy):
+    """Partition directories 0 and 2 (no 1): the broker serves 0..1 by count and never opens 2 (§1.4); a dump or
+    stats of the base path leaves 2 out, says so on stderr and exits 1."""
+    import shutil
+
+    base = fixture_copy("A_multi")
+    shutil.rmtree(os.path.join(base, "events", "1"))
+    for cmd in (("dump", base), ("stats", base), ("dump", os.path.join(base, "events"))):
+        res = run(*cmd)
+        assert res.returncode == 1, (cmd, res.stderr)
+        assert os.path.join(base, "events", "2") in res.stderr and "not read" in res.stderr
+    res = run("dump", base, "--topics", "small")  # the topic left out is not asked for: complete
+    assert res.returncode == 0, res.stderr
+
+
 def _options_without_help(parser):
     import argparse
 
