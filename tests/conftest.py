@@ -352,3 +352,38 @@ def signal_thread(pid: int, tid: int, sig: int) -> None:
     if libc.tgkill(pid, tid, sig) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def session_processes(sid: int) -> list[str]:
+    """The live processes of session `sid` (a run started with `start_new_session=True` has its pid as sid), as
+    `pid command line`; zombies hold nothing and are left out (init reaps them when it gets to it)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            if fields[0] == "Z" or int(fields[4]) != sid:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            out.append(f"{pid} {command}")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return out
+
+
+def wait_session_gone(sid: int, timeout: float) -> tuple[float, list[str]]:
+    """Wait up to `timeout` for every process of session `sid` to end: (seconds waited, what is still alive)."""
+    start = time.monotonic()
+    while (left := session_processes(sid)) and time.monotonic() - start < timeout:
+        time.sleep(0.05)
+    return time.monotonic() - start, left
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process left of session `sid` (a test's cleanup, pass or fail)."""
+    for line in session_processes(sid):
+        try:
+            os.kill(int(line.split()[0]), 9)
+        except ProcessLookupError:
+            pass

@@ -6,16 +6,21 @@ back in plan order; `on_finished` sees each one as it arrives (progress lines, t
 Spark run does: the caller's process family counts as ours in the holder check, and on Ctrl-C/SIGTERM the run
 drains (`stopping`). The workers ignore both signals (a terminal's Ctrl-C reaches the whole process group), so only
 the caller decides: no new partition starts, the running ones finish, and are killed after the grace period
-(crash-safe). A task's exception, or a worker that dies, fails the run as a failed Spark task does.
+(crash-safe). A task's exception, or a worker that dies, fails the run as a failed Spark task does. A worker never
+outlives the process that started the pool: when that one dies, even by SIGKILL (an orchestrator's timeout, the OOM
+killer), its workers are killed too (`exit_with_parent`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -57,7 +62,7 @@ def run_in_processes(
         max(1, min(processes, len(tasks))),
         mp_context=context,
         initializer=_start_worker,
-        initargs=(stop, (socket.gethostname(), os.getpid())),
+        initargs=(stop, (socket.gethostname(), os.getpid()), os.getpid()),
     )
     results: dict[int, dict[str, Any]] = {}
     signals = _StopSignals()
@@ -147,9 +152,38 @@ _stop: Any = None  # the run's stop Event, in each worker
 _driver: tuple[str, int] = ("", 0)
 
 
-def _start_worker(stop: Any, driver: tuple[str, int]) -> None:
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread that forked it exits
+PARENT_POLL_S = 0.5  # where the OS has no parent-death signal, how often a worker checks that its parent lives
+
+
+def exit_with_parent(parent: int) -> None:
+    """Make this (forked) process die when `parent` dies, whatever kills it: SIGKILL on Linux (`PR_SET_PDEATHSIG`;
+    the pool forks its workers from the thread that runs it, which outlives them), elsewhere a thread polling the
+    parent pid. A parent already gone before this call is caught too. A worker killed mid-partition is crash-safe:
+    the next run repairs the partition."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            _watch_parent(parent)  # prctl refused (a sandbox): poll instead
+    else:
+        _watch_parent(parent)
+    if os.getppid() != parent:  # the parent died between the fork and the prctl
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def _start_worker(stop: Any, driver: tuple[str, int], parent: int) -> None:
     global _stop, _driver
     _stop, _driver = stop, driver
+    exit_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver drains; a worker never dies mid-partition on a signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

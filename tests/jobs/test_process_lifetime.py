@@ -1,0 +1,87 @@
+"""No process of a run outlives its driver: SIGKILL the CLI or a job's driver (an orchestrator's timeout, the OOM
+killer) at several points of a multi-partition run, and within 2 s no process of the run is left; `tank-log repair`
+then brings every partition to before-or-after, and an immediate rerun is not refused as held."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, kill_session, many_small_partitions, wait_session_gone
+
+from tank_log.maintenance.verify import verify_path
+
+CLI = [sys.executable, "-m", "tank_log.tools.cli"]
+GONE_WITHIN_S = 2.0
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(x) for x in fh.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _kill_while_workers_run(cmd: list[str], delay: float, env: dict | None = None) -> tuple[float, list[str]]:
+    """Start `cmd` in its own session, wait until its worker processes run, then `delay` s more, SIGKILL it: how
+    long its session took to be gone, and what was still alive then."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not [c for c in _children(proc.pid) if _is_python(c)]:  # the pool's forked workers
+            assert proc.poll() is None, f"{cmd} ended before its workers started"
+            assert time.monotonic() < deadline, "no workers"
+            time.sleep(0.01)
+        time.sleep(delay)
+        assert proc.poll() is None, "the run finished before the kill: give it more partitions"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return wait_session_gone(proc.pid, 10)
+    finally:
+        kill_session(proc.pid)
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith("python")
+    except OSError:
+        return False
+
+
+def _repaired_and_rerun(base: str) -> None:
+    r = subprocess.run([*CLI, "repair", base], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not [p for p in verify_path(base) if p.severity == "error"]
+    r = subprocess.run([*CLI, "compact", base, "--broker-stopped"], capture_output=True, text=True, timeout=300)
+    entries = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    held = [e for e in entries if e.get("held_by") or e["status"] == "skipped"]
+    assert r.returncode == 0 and not held, (r.stderr[-2000:], held[:3])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.0, 0.15, 0.4, 0.9])
+def test_cli_killed_mid_run_leaves_no_process(tmp_path, delay):
+    base = many_small_partitions(tmp_path / "many", 400)
+    took, left = _kill_while_workers_run([*CLI, "compact", base, "--broker-stopped", "--processes", "2"], delay)
+    assert left == [], f"alive {took:.1f} s after the kill: {left}"
+    assert took < GONE_WITHIN_S
+    _repaired_and_rerun(base)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_job_in_the_drivers_processes_killed_mid_run_leaves_no_process(tmp_path):
+    """The maintain job as an operator runs it (its small run in the driver's forked processes): the driver, its
+    workers and its JVM are gone within 2 s of the driver's SIGKILL."""
+    base = many_small_partitions(tmp_path / "many", 400)
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [sys.executable, os.path.join(ROOT, "jobs", "maintain.py"), "--master", "local[2]", "--data-dir", base]
+    took, left = _kill_while_workers_run([*cmd, "--broker-stopped"], random.Random(5).uniform(0.1, 0.6), env)
+    assert left == [], f"alive {took:.1f} s after the kill: {left}"
+    assert took < GONE_WITHIN_S
+    _repaired_and_rerun(base)
