@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from tank_log.errors import JobConfigError
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.maintenance.outcome import Status
+from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.holders import held_reason, holders
 from tank_log.storage.staging import (
     StagedPartition,
@@ -110,7 +111,14 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             f"table {location}: value is {value_type}; only binary and utf8 exports keep the producer's bytes "
             "(a json export holds decoded columns)"
         )
-    held = holders([base])
+    if not os.path.isdir(base):  # a new base path (`build_context` checked its parent): seeding a new cluster
+        if ctx.dry_run:
+            log.info("import: would create the base path %s", base)
+        else:
+            os.mkdir(base)
+            fsync_dir(os.path.dirname(base))
+            log.info("import: created the base path %s", base)
+    held = holders([base]) if os.path.isdir(base) else []
     if held and not ctx.dry_run:
         raise JobConfigError(f"{base}: {held_reason(held)}")
     if not ctx.dry_run:
@@ -267,4 +275,5 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         sql=False,
         needs_spark=needs_spark,
+        new_data_dir=True,
     )

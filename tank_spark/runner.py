@@ -130,7 +130,13 @@ class JobContext:
     in_driver_max_bytes: int = 0  # the partition jobs' (`needs_executors`); the export has its own
 
 
-def build_context(job: str, args: argparse.Namespace) -> JobContext:
+def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = False) -> JobContext:
+    """The run's settings from its flags and configuration. Each data directory must exist, except with
+    `new_data_dir` (a job that creates its base path): then a missing one needs only its parent.
+
+    Raises:
+        JobConfigError: no data directory, or one that does not exist (or, with `new_data_dir`, cannot be created).
+    """
     config = load_job_config(args.config)
     if getattr(args, "broker_stopped", False):
         config = replace(config, broker_stopped=True)
@@ -138,8 +144,13 @@ def build_context(job: str, args: argparse.Namespace) -> JobContext:
     if not data_dirs:
         raise JobConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
     for d in data_dirs:
-        if not os.path.isdir(d):
-            raise JobConfigError(f"data directory not found: {d}")
+        if os.path.isdir(d):
+            continue
+        if not new_data_dir or os.path.lexists(d):
+            raise JobConfigError(f"data directory not found: {d}" if not os.path.lexists(d) else f"not a directory: {d}")
+        parent = os.path.dirname(os.path.abspath(d))
+        if not os.path.isdir(parent):
+            raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
     topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
     return JobContext(
         job,
@@ -430,13 +441,14 @@ def run_job(
     *,
     sql: bool = True,
     needs_spark: Callable[[JobContext, Any], bool] | None = None,
+    new_data_dir: bool = False,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. `spark` is a
     SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext; when `needs_spark(ctx, prepared)` says
     no (nothing to run on executors), Spark is not started and `spark` is None. The report's `timings` split the
     run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the tasks and the driver's
-    bookkeeping) and `spark_stop_s`."""
+    bookkeeping) and `spark_stop_s`. With `new_data_dir` the data directory may not exist yet (`build_context`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     parser = job_parser(job, description)
@@ -446,7 +458,7 @@ def run_job(
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options
     try:
         args = parser.parse_args(argv)
-        ctx = build_context(job, args)
+        ctx = build_context(job, args, new_data_dir=new_data_dir)
         prepared = prepare(ctx, args)
         report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:

@@ -89,16 +89,15 @@ def lake(request, tmp_path):
 
 
 def test_every_fixture_round_trips_through_delta(tmp_path, lake):
-    """Every fixture → export to Delta → import into an empty base path: `tank-log dump` gives the fixture's dump
-    line for line, verify is clean, the broker's layout rules hold; a second import refuses the existing partitions
-    (or, with --append, finds nothing new) and changes nothing."""
+    """Every fixture → export to Delta → import into a base path that does not exist yet (seeding a new cluster):
+    `tank-log dump` gives the fixture's dump line for line, verify is clean, the broker's layout rules hold; a second
+    import refuses the existing partitions (or, with --append, finds nothing new) and changes nothing."""
     src = str(tmp_path / "src")
     names = all_fixtures(src)
     r = run_export("--data-dir", src, "--table", lake.uri, *lake.flags, env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]
 
-    dst = str(tmp_path / "dst")
-    os.makedirs(dst)
+    dst = str(tmp_path / "dst")  # created by the import
     args = ["--data-dir", dst, "--table", lake.uri, *lake.flags]
     r = run_import(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -128,6 +127,23 @@ def test_every_fixture_round_trips_through_delta(tmp_path, lake):
     rep = json.load(open(tmp_path / "3.json"))
     assert {p["status"] for p in rep["partitions"]} == {"up-to-date"} and "spark" not in rep
     assert tree(dst) == before
+
+
+def test_import_creates_only_the_base_path_itself(tmp_path):
+    """A new base path is created, but only it: a missing parent, or a path that is a file, is a usage error (exit
+    2, nothing created); a dry run creates nothing."""
+    lake = Lake(tmp_path)
+    src = copy_tree(data_dir("A_multi"), str(tmp_path / "src"))
+    assert run_export("--data-dir", src, "--table", lake.uri, "--topics", "small").returncode == 0
+    deep = tmp_path / "no" / "such" / "base"
+    r = run_import("--data-dir", str(deep), "--table", lake.uri)
+    assert r.returncode == 2 and "parent" in r.stderr and not (tmp_path / "no").exists()
+    (tmp_path / "file").write_text("x")
+    r = run_import("--data-dir", str(tmp_path / "file"), "--table", lake.uri)
+    assert r.returncode == 2 and "not a directory" in r.stderr
+    r = run_import("--data-dir", str(tmp_path / "new"), "--table", lake.uri, "--dry-run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not (tmp_path / "new").exists()
 
 
 def test_append_continues_partitions_also_across_a_seq_gap(tmp_path):
