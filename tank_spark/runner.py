@@ -32,6 +32,15 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 from tank_log import __version__
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
+from tank_log.jobs.exits import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_PARTIAL,
+    EXIT_USAGE,
+    exit_code,
+    missed,
+    missed_message,
+)
 from tank_log.jobs.planning import Plan, run_task
 from tank_log.jobs.processes import run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
@@ -46,7 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tank_log.job")
 
-EXIT_OK, EXIT_PARTIAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 JobResult: TypeAlias = tuple[list[dict[str, Any]], dict[str, Any]]
 """What a job's `execute` returns: every partition's report entry, and the run's summary."""
@@ -147,7 +155,9 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
         if os.path.isdir(d):
             continue
         if not new_data_dir or os.path.lexists(d):
-            raise JobConfigError(f"data directory not found: {d}" if not os.path.lexists(d) else f"not a directory: {d}")
+            raise JobConfigError(
+                f"data directory not found: {d}" if not os.path.lexists(d) else f"not a directory: {d}"
+            )
         parent = os.path.dirname(os.path.abspath(d))
         if not os.path.isdir(parent):
             raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
@@ -493,13 +503,19 @@ def run_job(
         return EXIT_INTERRUPTED
     except Exception as err:
         report.end(ctx.report_path, "failed", error=_logged_failure(job, err))
-        return EXIT_PARTIAL
+        return EXIT_FAILED
     finally:
         if spark is not None:
             stop_spark(spark)
     report.phase_done("spark_stop_s")
     failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
-    report.end(ctx.report_path, "partial-failure" if failed else "ok", summary=summary, partitions=results)
+    code = exit_code(results)
+    ending = {EXIT_FAILED: "partial-failure", EXIT_PARTIAL: "partial"}.get(code, "ok")
+    extra: dict[str, Any] = {}
+    if code == EXIT_PARTIAL:
+        summary["skipped_needing_work"] = [f"{r.get('topic')}/{r.get('partition')}" for r in missed(results)]
+        extra["error"] = missed_message(job, results)
+    report.end(ctx.report_path, ending, summary=summary, partitions=results, **extra)
     for r in failed:
         log.error(
             "%s/%s %s: %s",
@@ -509,7 +525,9 @@ def run_job(
             r.get("error") or r.get("unfixed") or r.get("reason"),
         )
     log.info("%s: %s", job, json.dumps(summary))
-    return EXIT_PARTIAL if failed else EXIT_OK
+    if code == EXIT_PARTIAL:
+        log.error("%s", missed_message(job, results))
+    return code
 
 
 class RunReport:

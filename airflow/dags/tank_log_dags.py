@@ -8,7 +8,8 @@
                                upkeep: --upkeep-only --optimize --vacuum (Variable tank_log_vacuum_retention [168h]).
 
 Each DAG runs the job with SparkSubmitOperator (the job's exit code decides the task state: 0 done, 1 some
-partitions failed, 2 usage/config error) and then `publish_report`, which runs even when the job failed: it logs
+partitions failed, 2 usage/config error, 3 done partially: partitions that needed work were skipped because the
+broker holds them) and then `publish_report`, which runs even when the job failed: it logs
 the JSON report, pushes its summary to XCom and fails unless the report says `ok`.
 
 Airflow Variables (read when a task runs; defaults in brackets):
@@ -88,7 +89,8 @@ def _spark_submit(
         name=f"tank-log-{job}",
         execution_timeout=timeout,
         env_vars={"PYTHONPATH": HOME},
-        doc_md=f"spark-submit jobs/{job}.py; exit 0 = done, 1 = partitions failed (see the report), 2 = usage error.",
+        doc_md=f"spark-submit jobs/{job}.py; exit 0 = done, 1 = partitions failed (see the report), 2 = usage error, "
+        "3 = partitions needing work skipped because the broker holds them.",
         **kwargs,
     )
 
@@ -105,7 +107,7 @@ def publish_report(report_path: str) -> dict:
     for p in report.get("partitions", []):
         if p.get("status") in ("failed", "needs-attention"):
             print(f"{p.get('topic')}/{p.get('partition')}: {p.get('status')}: {p.get('error') or p.get('unfixed')}")
-    if report.get("status") != "ok":
+    if report.get("status") != "ok":  # e.g. partial: the error names the partitions skipped and who holds them
         raise RuntimeError(f"{report.get('job')} finished with status {report.get('status')}: {report.get('error')}")
     return {"status": report["status"], "summary": report.get("summary")}
 
@@ -327,8 +329,8 @@ def maintain(broker: str, ts_nodash: str | None = None) -> dict:
     print(json.dumps(summary, indent=2))
     get_current_context()["ti"].xcom_push(key="job_report", value=summary)  # for the window's report, also on failure
     if code != 0:
-        status = report.get("status")
-        raise RuntimeError(f"broker {broker}: maintain: exit code {code}, status {status} ({report_path})")
+        status, error = report.get("status"), report.get("error")
+        raise RuntimeError(f"broker {broker}: maintain: exit code {code}, status {status}: {error} ({report_path})")
     return summary
 
 

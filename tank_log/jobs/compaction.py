@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 from tank_log.format.bundle import SnappyPolicy
 from tank_log.jobs.config import CompactionSettings, JobConfig, parse_duration_ms
@@ -34,6 +34,9 @@ class CompactionTask(PartitionTask):
         result = compact_partition(part, self.options, cleanup_mark=self.cleanup_mark).to_dict()
         result["plan"] = self.why
         return result
+
+    def as_dry_run(self) -> Self:
+        return replace(self, options=replace(self.options, dry_run=True))
 
 
 def pick(override: Any, default: Any) -> Any:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
 from tank_log.jobs.config import JobConfig
 from tank_log.jobs.planning import PartitionTask, select_scanned
@@ -19,6 +19,9 @@ class IndexTask(PartitionTask):
 
     def apply(self, part: Partition) -> dict[str, Any]:
         return maintain_partition(part, self.options).to_dict()
+
+    def as_dry_run(self) -> Self:
+        return replace(self, options=replace(self.options, dry_run=True))
 
 
 def plan_index_run(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Self
 
 from tank_log.jobs.compaction import CompactionTask, compaction_task_for, record_cleanup_marks
 from tank_log.jobs.config import JobConfig
@@ -50,6 +50,15 @@ class MaintainTask(PartitionTask):
             "status": str(overall(steps, dry_run=self.indexes.dry_run)),
             "steps": steps,
         }
+
+    def as_dry_run(self) -> Self:
+        retention, compaction = self.retention, self.compaction
+        return replace(
+            self,
+            retention=retention.as_dry_run() if isinstance(retention, RetentionTask) else retention,
+            compaction=compaction.as_dry_run() if isinstance(compaction, CompactionTask) else compaction,
+            indexes=replace(self.indexes, dry_run=True),
+        )
 
 
 def overall(steps: dict[str, dict[str, Any]], *, dry_run: bool) -> Status:

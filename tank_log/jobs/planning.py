@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Self, TypeAlias, TypeVar
 
 from tank_log.errors import NothingMatched, TankFormatError, UsageError, describe_error
 from tank_log.jobs.allocator import reuse_freed_buffers
+from tank_log.jobs.exits import held_by
 from tank_log.jobs.progress import task_entry
-from tank_log.maintenance.outcome import Status
+from tank_log.maintenance.outcome import FAILING, Status
 from tank_log.storage.datadir import DataDir, Partition, partitions_at, scan_data_dir
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,22 @@ class PartitionTask:
     def apply(self, part: Partition) -> dict[str, Any]:
         raise NotImplementedError
 
+    def as_dry_run(self) -> Self | None:
+        """The same task as a dry run (read-only), or None when it has none."""
+        return None
+
+    def needs_work(self, part: Partition) -> bool:
+        """Whether the partition would be changed: its dry run does something (True when the task has no dry run).
+        Asked of a partition skipped because a live process holds it: a run that missed work is not a success."""
+        dry = self.as_dry_run()
+        if dry is None:
+            return True
+        r = dry.apply(part)
+        statuses = [r.get("status")] + [s.get("status") for s in (r.get("steps") or {}).values()]
+        if "steps" in r:
+            statuses = statuses[1:]  # maintenance: its overall status is dry-run whatever its steps do
+        return Status.DRY_RUN in statuses or any(s in FAILING for s in statuses)
+
     def run(self) -> dict[str, Any]:
         """The report entry of this partition. One that is gone since the plan (deleted, e.g. with its topic) is
         skipped; one that cannot be listed any more (permissions, no longer a partition) failed; neither stops the
@@ -162,6 +179,8 @@ class PartitionTask:
         else:
             result = self.apply(part)
             result["base_path"] = self.base_path
+            if held_by(result):
+                result["needs_work"] = self.needs_work(part)
         return result
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 from tank_log.jobs.config import JobConfig, RetentionSettings
 from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions, split_plan
@@ -25,6 +25,9 @@ class RetentionTask(PartitionTask):
 
     def apply(self, part: Partition) -> dict[str, Any]:
         return apply_retention(part, self.rules, self.options).to_dict()
+
+    def as_dry_run(self) -> Self:
+        return replace(self, options=replace(self.options, dry_run=True))
 
 
 def rules_for(part: Partition, settings: RetentionSettings, time_basis: str | None) -> RetentionRules:

@@ -170,7 +170,9 @@ def _run_tasks(
 ) -> int:
     """Run tasks in worker processes (one per CPU unless `processes`): a JSON line per partition as it finishes (and a
     progress bar on a terminal); the bookkeeping for what finished, also on Ctrl-C/SIGTERM, which drains the run
-    (exit 130, listing what finished)."""
+    (exit 130, listing what finished). Exit codes as a job's (`jobs/exits.py`): 3 when a partition needing work was
+    skipped because the broker holds it."""
+    from tank_log.jobs.exits import EXIT_PARTIAL, exit_code, missed_message
     from tank_log.jobs.processes import run_in_processes, usable_cpus
     from tank_log.jobs.progress import interrupted_message
     from tank_log.jobs.stopping import Interrupted
@@ -191,7 +193,10 @@ def _run_tasks(
         bookkeeping(results)
     for r in left_out:
         print(json.dumps(r))
-    return 1 if any(Status(r["status"]).failing for r in results) else 0
+    code = exit_code(results)
+    if code == EXIT_PARTIAL:
+        print(missed_message(f"tank-log {what}", results), file=sys.stderr)
+    return code
 
 
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:

@@ -1,0 +1,63 @@
+"""A run that skipped work because the broker holds the partitions is not a success: exit 3 (done partially), with
+the partitions and their holders in the report and the last line; a held partition that needed nothing, or one
+locked by another run of ours, keeps exit 0 (jobs/exits.py)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import many_small_partitions, run_job_script, standin_broker, start_standin
+
+CLI = [sys.executable, "-m", "tank_log.tools.cli"]
+
+
+@pytest.fixture
+def held_base(tmp_path):
+    """Four compactable partitions, and a stand-in broker holding every file of the base path."""
+    base = many_small_partitions(tmp_path / "base", 4)
+    entry = standin_broker(str(tmp_path), "b", base)
+    holder = {"pid": start_standin(entry)}
+    yield base, holder
+    os.kill(holder["pid"], signal.SIGINT)
+
+
+def _compact(base, *flags):
+    return subprocess.run([*CLI, "compact", base, *flags], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_compaction_skipping_work_held_by_the_broker_exits_3(held_base, tmp_path):
+    base, holder = held_base
+    for flags in ((), ("--broker-stopped",)):
+        r = _compact(base, *flags)
+        assert r.returncode == 3, r.stderr[-2000:]
+        entries = [json.loads(x) for x in r.stdout.splitlines()]
+        assert [e["status"] for e in entries] == ["skipped"] * 4 and all(e["needs_work"] for e in entries)
+        last = r.stderr.strip().splitlines()[-1]
+        assert "done partially (exit 3): 4 partition(s) needed work" in last and f"pid {holder['pid']}" in last
+    os.kill(holder["pid"], signal.SIGINT)  # the broker stops: the work is done
+    subprocess.run(["sh", "-c", f"while kill -0 {holder['pid']} 2>/dev/null; do sleep 0.05; done"], timeout=30)
+    r = _compact(base, "--broker-stopped")
+    assert r.returncode == 0 and {json.loads(x)["status"] for x in r.stdout.splitlines()} == {"compacted"}
+    holder["pid"] = start_standin(standin_broker(str(tmp_path), "b2", base))  # held again, but nothing to do
+    r = _compact(base, "--broker-stopped")
+    entries = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {e["status"] for e in entries} == {"skipped"} and not any(e["needs_work"] for e in entries)
+
+
+@pytest.mark.spark
+def test_jobs_and_maintain_skipping_work_held_by_the_broker_exit_3(held_base, tmp_path):
+    base, _ = held_base
+    for job in ("compact", "maintain"):
+        report = tmp_path / f"{job}.json"
+        r = run_job_script(job, "--data-dir", base, "--broker-stopped", "--report", str(report), where="driver")
+        assert r.returncode == 3, r.stderr[-3000:]
+        rep = json.loads(report.read_text())
+        assert rep["status"] == "partial" and len(rep["summary"]["skipped_needing_work"]) == 4
+        assert "done partially" in rep["error"]  # what the DAGs' publish_report fails with
+        assert "done partially" in r.stderr.strip().splitlines()[-1]
+    r = subprocess.run([*CLI, "maintain", base, "--broker-stopped"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3 and "done partially" in r.stderr
