@@ -1,7 +1,8 @@
 """PySpark's Python worker daemon, importing pyspark from its installed package rather than from `pyspark.zip`.
 
 Spark starts the daemon that forks its Python workers with `$SPARK_HOME/python/lib/pyspark.zip` first on PYTHONPATH.
-Under Python 3.11 that costs a job about a second before its first task runs (bench/RESULTS.md, stop 19):
+Under Python 3.11 that costs a job about a second before its first task runs (bench/RESULTS.md, "Spark's Python
+workers"):
 
 - zipimport keeps no bytecode, so the daemon compiles pyspark's sources at every start: 0.75 s, against 0.34 s
   importing the same modules from an installed package;

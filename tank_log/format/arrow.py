@@ -43,10 +43,10 @@ def skip_pandas_detection() -> bool:
 
     The first time pyarrow converts a Python or NumPy object (`pa.array`, `pa.scalar`, a Python scalar in a compute
     call), it checks whether that object is a pandas one and, to know, imports pandas when it is installed (its
-    `_PandasAPIShim`): 0.25-0.4 s of a job's task or a CLI command (bench/RESULTS.md, stop 19). That check runs here
-    once with pandas hidden, so pyarrow records it as absent; conversions that need pandas (`to_pandas`,
-    `from_pandas`) still import it when called, after which pyarrow recognises pandas objects again. A process that
-    already imported pandas is left alone."""
+    `_PandasAPIShim`): 0.25-0.4 s of a job's task or a CLI command (bench/RESULTS.md, "Spark's Python workers").
+    That check runs here once with pandas hidden, so pyarrow records it as absent; conversions that need pandas
+    (`to_pandas`, `from_pandas`) still import it when called, after which pyarrow recognises pandas objects again. A
+    process that already imported pandas is left alone."""
     if "pandas" in sys.modules:
         return False
     sys.meta_path.insert(0, _HidePandas)

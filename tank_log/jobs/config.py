@@ -188,7 +188,7 @@ class ExportConfig:
     orphan_horizon_ms: int = 12 * 3600 * 1000  # files of runs that never committed, older than this, are removed
     # An export of at most this many new segment bytes runs in the driver, without Spark (0: always on executors).
     # Below ~400 MB of segment data the driver alone is faster than Spark's start plus any number of cores; 128 MiB
-    # leaves room for data that compresses well (bench/RESULTS.md, stop 21).
+    # leaves room for data that compresses well (bench/RESULTS.md, "Small exports in the driver by default").
     in_driver_max_bytes: int = 128 << 20
 
 
@@ -232,7 +232,8 @@ class JobConfig:
     # A partition job (compact, retention, rebuild_indexes, maintain) whose partitions hold at most this many bytes of
     # segment data runs in the driver's processes, without Spark (0: always on executors). Spark's start, first job
     # and stop cost 5-7 s; one core compacts ~200 MB/s, so below ~1 GB the driver's cores beat any cluster
-    # (bench/RESULTS.md, stop 22). The export has its own, `export.in_driver_max_bytes`.
+    # (bench/RESULTS.md, "Small partition runs in the driver's processes"). The export has its own,
+    # `export.in_driver_max_bytes`.
     in_driver_max_bytes: int = 1 << 30
     spark: SparkSettings = SparkSettings()
     compaction: CompactionSettings = CompactionSettings()

@@ -178,7 +178,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     """Flags over the `export` config section; then plan (before Spark starts, so bad input fails fast)."""
     # The parsers are imported here, on the driver: tasks unpickle this module, and jobs.config would load the
-    # compaction package into every Python worker (~0.1-0.2 s, bench/RESULTS.md, stop 19).
+    # compaction package into every Python worker (~0.1-0.2 s, bench/RESULTS.md, "Spark's Python workers").
     from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
 
     cfg = ctx.config.export

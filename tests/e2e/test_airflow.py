@@ -150,7 +150,7 @@ def test_retention_dag_end_to_end_and_failure(airflow_env, tmp_path):
 
 
 def test_a_missing_spark_connection_fails_fast_and_says_so(airflow_env, tmp_path):
-    """#13: without `spark_default` the provider silently fell back to master yarn and failed obscurely."""
+    """Without `spark_default` the provider silently fell back to master yarn and failed obscurely."""
     base = _retention_data(str(tmp_path))
     conf = tmp_path / "job.yaml"
     conf.write_text(f"data_dirs: [{base}]\nbroker_stopped: true\n")
@@ -163,7 +163,7 @@ def test_a_missing_spark_connection_fails_fast_and_says_so(airflow_env, tmp_path
 
 
 def test_the_airflow_demo_command_sets_up_airflow_and_runs_the_nightly_dag(tmp_path):
-    """#13: one command sets up a local Airflow (connection, variables, dags folder, reserialize) and runs a DAG."""
+    """One command sets up a local Airflow (connection, variables, dags folder, reserialize) and runs a DAG."""
     env = dict(os.environ, TANK_LOG_AIRFLOW_DIR=str(tmp_path / "af"))
     r = subprocess.run(
         ["bash", os.path.join(ROOT, "scripts", "airflow-demo.sh")], env=env, capture_output=True, text=True, timeout=900
@@ -204,7 +204,7 @@ def _serves(entry: dict) -> bool:
 
 
 def test_maintenance_window_rolling_over_two_brokers(airflow_env, tmp_path):
-    """#10.3: per broker host, in order: stop → wait until released → maintain → start → ready → verify → report;
+    """Per broker host, in order: stop → wait until released → maintain → start → ready → verify → report;
     rolling: broker b goes down only once broker a serves again."""
     from conftest import events, standin_broker, start_standin, tree_digest
 
@@ -242,7 +242,7 @@ def test_maintenance_window_rolling_over_two_brokers(airflow_env, tmp_path):
 
 
 def test_maintenance_window_failures_restart_what_was_stopped_and_leave_a_stubborn_broker_alone(airflow_env, tmp_path):
-    """#10.3: broker a's job fails (a corrupt segment): a is started again anyway; broker b will not stop: its data
+    """Broker a's job fails (a corrupt segment): a is started again anyway; broker b will not stop: its data
     is not touched and no second broker is started; the run fails naming broker and step. Both brokers are on the
     default queue: one task group mapped over two brokers."""
     from conftest import events, standin_broker, start_standin, tree_digest
@@ -283,7 +283,7 @@ def test_maintenance_window_failures_restart_what_was_stopped_and_leave_a_stubbo
 
 
 def test_export_dag_to_an_s3_destination(airflow_env, tmp_path, s3_server):
-    """#11.1: the ad hoc export DAG takes an s3:// destination (endpoint in the job config's storage_options,
+    """The ad hoc export DAG takes an s3:// destination (endpoint in the job config's storage_options,
     credentials in the workers' environment); the table read back equals the fixture's dump."""
     from conftest import copy_tree, data_dir, load_dump, new_bucket
     from deltalake import DeltaTable
@@ -306,7 +306,7 @@ def test_export_dag_to_an_s3_destination(airflow_env, tmp_path, s3_server):
 
 
 def test_nightly_export_then_upkeep(airflow_env, tmp_path):
-    """#11.4: the nightly export DAG exports, then optimizes and vacuums the table; both reports are published."""
+    """The nightly export DAG exports, then optimizes and vacuums the table; both reports are published."""
     from conftest import copy_tree, data_dir, load_dump
     from deltalake import DeltaTable
 

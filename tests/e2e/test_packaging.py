@@ -63,7 +63,7 @@ def test_zip_ships_the_packages_and_spark_submit_runs_a_job(tmp_path):
 
 
 def test_installed_package_runs_the_jobs_without_the_checkout(tmp_path):
-    """#13: `jobs/` was not installed, so jobs needed the repository; `python -m tank_spark.compact` did nothing."""
+    """`jobs/` was not installed, so jobs needed the repository; `python -m tank_spark.compact` did nothing."""
     import shutil
 
     src, site = tmp_path / "src", tmp_path / "site"  # build from a copy: the checkout gets no build/ directory

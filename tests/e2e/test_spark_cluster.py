@@ -1,4 +1,4 @@
-"""#10.4: the jobs on a real Spark standalone cluster on loopback — a master and two workers as separate JVMs
+"""The jobs on a real Spark standalone cluster on loopback — a master and two workers as separate JVMs
 started from the pyspark installation, executors in their own JVMs and Python workers, the code shipped with
 --py-files — leave the same results as local mode."""
 

@@ -111,7 +111,7 @@ def test_bad_snappy_length_claim_does_not_allocate(tmp_path):
 
 
 def _hostile_segment(path, megabytes, counts):
-    """Real Snappy bundles whose counts are raised (`counts(message set, compressed set)`) — #15.5's crafted input."""
+    """Real Snappy bundles whose counts are raised (`counts(message set, compressed set)`): a crafted input."""
     from tank_log.format.bundle import Message, encode_message_set, frame
     from tank_log.format.codecs import Codec, block_codec
     from tank_log.format.varint import encode_varint
@@ -133,7 +133,7 @@ def _hostile_segment(path, megabytes, counts):
     ids=["decoder-maximum", "what-the-set-could-hold"],
 )
 def test_memory_stays_bounded_on_hostile_counts(tmp_path, counts):
-    """#15.5: 4 MB of bundles claiming far more messages than they hold: a typed error naming the file and offset,
+    """4 MB of bundles claiming far more messages than they hold: a typed error naming the file and offset,
     with peak memory bounded (it was about 1.1 GB per MB of input before the count checks and the decode budget)."""
     import subprocess
     import sys

@@ -74,7 +74,7 @@ def test_file_errors(tmp_path):
 
 
 def test_relative_paths_are_relative_to_the_config_file(tmp_path, monkeypatch):
-    """#13: `data_dirs: [demo-data]` broke unless the worker ran from the repository."""
+    """`data_dirs: [demo-data]` broke unless the worker ran from the repository."""
     conf = tmp_path / "etc" / "job.yaml"
     conf.parent.mkdir()
     conf.write_text("data_dirs: [../data, /abs/tank, ~/tank]\nexport: {table: lake/t}\n")
@@ -113,7 +113,7 @@ BROKER = {
 
 
 def test_brokers_of_the_maintenance_window():
-    """#10.3: the window's broker list and options, validated at load."""
+    """The window's broker list and options, validated at load."""
     cfg = parse_job_config(
         {
             "maintenance_window": {"rolling": True},

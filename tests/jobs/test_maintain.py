@@ -1,4 +1,4 @@
-"""#10.2: one maintenance task per partition — repair → retention → compaction → indexes → final verify — leaves the
+"""One maintenance task per partition — repair → retention → compaction → indexes → final verify — leaves the
 same files as the single-purpose jobs run one after the other, with one report entry naming each step."""
 
 import os

@@ -33,7 +33,7 @@ def test_select_partitions_covers_every_partition_and_filters_topics():
 
 
 def test_nothing_matched_names_what_was_asked_and_what_exists(tmp_path):
-    """#13: an empty dir, a non-TANK dir (a copy of /etc), a topic typo or a config topic that does not exist is an
+    """An empty dir, a non-TANK dir (a copy of /etc), a topic typo or a config topic that does not exist is an
     error, not a green run with 0 partitions."""
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -119,7 +119,7 @@ def test_retention_and_index_tasks_plan_every_partition():
 
 
 def test_no_compactable_topic_is_not_an_error_but_is_said(caplog):
-    """#13: an installation without cleanup-policy topics plans nothing and says so (the job exits 0)."""
+    """An installation without cleanup-policy topics plans nothing and says so (the job exits 0)."""
     tasks, skipped = plan_compaction([data_dir("A_multi")], None, STOPPED, dry_run=True)
     assert tasks == [] and skipped and all(s["status"] == "skipped" for s in skipped)
     assert "nothing to compact" in caplog.text

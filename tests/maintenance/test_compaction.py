@@ -253,7 +253,7 @@ def test_crash_at_every_step_then_repair(tmp_path):
 
 
 def test_legacy_names_with_microsecond_timestamps(tmp_path):
-    """#15.6: inputs with ts-less (legacy) names whose messages carry µs timestamps (beyond u32 seconds when read as
+    """Inputs with ts-less (legacy) names whose messages carry µs timestamps (beyond u32 seconds when read as
     ms): the output name ts must fit u32 and be truthful enough for age retention (§9 rule 6), never fail."""
     d = str(tmp_path / "t" / "0")
     os.makedirs(d)
@@ -276,7 +276,7 @@ def test_legacy_names_with_microsecond_timestamps(tmp_path):
 
 
 def test_outputs_roll_before_a_relative_seq_beyond_2_31(tmp_path):
-    """#13 sweep: an input whose seqs jump past base + 2**31 (sparse bundles may) made compaction fail with an
+    """An input whose seqs jump past base + 2**31 (sparse bundles may) made compaction fail with an
     internal ValueError; outputs roll instead, so no output needs the unimplemented _64 index (§4.6)."""
     from tank_log.format.bundle import encode_bundle, frame
 

@@ -1,4 +1,4 @@
-"""Compaction's memory stays within `key_state_budget` at any key count (issue #12): keys that need 4x the budget
+"""Compaction's memory stays within `key_state_budget` at any key count: keys that need 4x the budget
 compact in rounds to exactly what an unlimited run leaves, with peak RSS within the budget plus the baseline."""
 
 import json

@@ -1,4 +1,4 @@
-"""#13: a directory (any non-regular file) where a segment or index should be. Before: verify showed only that entry,
+"""A directory (any non-regular file) where a segment or index should be. Before: verify showed only that entry,
 compaction failed mid-swap leaving `.old` files, repair crashed, retention deleted a log and then failed with a
 report claiming a deletion that did not happen, stats printed no table."""
 

@@ -98,7 +98,7 @@ def test_cut_at_corruption_keeps_a_contiguous_prefix_or_nothing():
 
 
 def test_a_seq_beyond_spark_long_is_a_typed_error_with_file_and_offset(tmp_path):
-    """#13 sweep: a u64 seq ≥ 2**63 (valid TANK, §3.6) failed reads with ArrowInvalid from a cast."""
+    """A u64 seq ≥ 2**63 (valid TANK, §3.6) failed reads with ArrowInvalid from a cast."""
     import pytest
 
     from tank_log.errors import TankFormatError, UnrepresentableData
@@ -119,7 +119,7 @@ def test_a_seq_beyond_spark_long_is_a_typed_error_with_file_and_offset(tmp_path)
 
 
 def test_planning_reports_a_segment_whose_index_contradicts_its_data(tmp_path):
-    """#13 sweep: the data source and the export read from index entries; a contradicting segment is an error of
+    """The data source and the export read from index entries; a contradicting segment is an error of
     that segment (file and offset), not rows numbered differently from a full scan."""
     import pytest
 
@@ -144,7 +144,7 @@ def test_planning_reports_a_segment_whose_index_contradicts_its_data(tmp_path):
 
 
 def test_s3_commits_never_overwrite_another_writers_log_entry(s3_server):
-    """#11.1: the commit mechanism the export relies on (delta-rs >= 1.0: a conditional PUT of each log entry, no
+    """The commit mechanism the export relies on (delta-rs >= 1.0: a conditional PUT of each log entry, no
     locking provider): a writer behind the log never replaces a concurrent writer's entry, it commits after it."""
     import boto3
     import pyarrow as pa
@@ -185,7 +185,7 @@ def test_table_locations():
 
 @pytest.fixture(params=["local", "s3"])
 def location(request, tmp_path):
-    """#11.2: an empty table location on a local path or on the loopback S3 server."""
+    """An empty table location on a local path or on the loopback S3 server."""
     from tank_spark.export.location import TableLocation
 
     if request.param == "local":
@@ -201,7 +201,7 @@ def location(request, tmp_path):
 
 
 def test_the_orphan_sweep_removes_only_old_files_of_runs_that_never_committed(location):
-    """#11.2: of the files under the table, only those named by a run that never committed, older than the
+    """Of the files under the table, only those named by a run that never committed, older than the
     horizon, go; committed runs (even files no longer in the snapshot), other writers' files and in-flight runs stay.
     A dry run removes nothing and reports the same."""
     import time
@@ -249,7 +249,7 @@ def test_the_orphan_sweep_removes_only_old_files_of_runs_that_never_committed(lo
 
 
 def test_the_orphan_sweep_leaves_runs_it_cannot_prove_uncommitted(tmp_path):
-    """#11.2: a table exported by an earlier version recorded another id in its commits: files of runs that started
+    """A table exported by an earlier version recorded another id in its commits: files of runs that started
     before that commit are left to vacuum."""
     from deltalake import CommitProperties, write_deltalake
 
@@ -286,7 +286,7 @@ def test_a_run_older_than_the_orphan_horizon_does_not_commit():
 
 def test_an_export_tasks_modules_do_not_load_the_job_config():
     """plan.py imports the config parsers on the driver only: tasks unpickle plan.py, and tank_log.jobs.config would
-    load the compaction package into every Python worker (bench/RESULTS.md, stop 19)."""
+    load the compaction package into every Python worker (bench/RESULTS.md, "Spark's Python workers")."""
     import subprocess
     import sys
 

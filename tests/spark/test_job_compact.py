@@ -63,7 +63,7 @@ def test_mixed_run_reports_partial_failure(scenario):
         report_path,
     )
     assert r.returncode == 1, r.stderr[-3000:]
-    assert " INFO SparkContext" not in r.stderr  # #13: Spark's start-up INFO lines are quiet by default
+    assert " INFO SparkContext" not in r.stderr  # Spark's start-up INFO lines are quiet by default
     assert "tank_log.progress: [1/" in r.stderr  # a line per partition as it finishes
     report = json.load(open(report_path))
     parts = by_key(report)
@@ -159,7 +159,7 @@ def test_dry_run_changes_nothing(tmp_path):
         (["--data-dir", "."], "compaction:\n  colour: red\n", "unknown key"),
         (["--data-dir", ".", "--tombstone-retention", "5m"], None, "--tombstone-retention"),
         (["--data-dir", ".", "--no-such-flag"], None, "unrecognized arguments"),
-        # #13: nothing matched is an error, not a green run with 0 partitions
+        # nothing matched is an error, not a green run with 0 partitions
         (["--data-dir", "{empty}"], None, "not a TANK base path: it is empty"),
         (["--data-dir", "{etc}"], None, "directories ssh hold no partition directories"),
         (["--data-dir", "{demo}", "--topics", "profils"], None, "unknown topic(s) profils"),
@@ -186,7 +186,7 @@ def test_usage_errors_exit_2_with_a_report(tmp_path, args, config, needle):
 @pytest.mark.parametrize("where", ["executors", "driver"])
 @pytest.mark.parametrize("stop", ["sigterm-to-the-main-thread", "ctrl-c-to-the-process-group"])
 def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tmp_path, stop, where):
-    """#13: Ctrl-C/SIGTERM: running partitions finish, no new one starts; the report lists what finished and what
+    """Ctrl-C/SIGTERM: running partitions finish, no new one starts; the report lists what finished and what
     was interrupted; the data stays consistent. Stopped by SIGTERM to the driver's main thread, waiting for the job
     (CI found a partition left mid-swap when a signal interrupted the driver's Thread.join, which then marks the
     thread stopped), and by Ctrl-C in a terminal (SIGINT to the whole process group: the driver and Spark's JVM)."""
@@ -239,7 +239,7 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
 
 @pytest.mark.parametrize("where", ["executors", "driver"])
 def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broker_stopped(tmp_path, where):
-    """#10.1: a process whose command line names the base path (the broker runs as `tank -p BASE`) holds every
+    """A process whose command line names the base path (the broker runs as `tank -p BASE`) holds every
     partition: the job skips them, naming it, and changes nothing."""
     from conftest import Detached
 

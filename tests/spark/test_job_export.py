@@ -87,7 +87,7 @@ def roll_and_append(base, topic, n):
 
 
 def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
-    """#11.1: the same on a local path and on S3 (a real S3-API server on loopback)."""
+    """The same on a local path and on S3 (a real S3-API server on loopback)."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events,seqgap"]
     r = run_job(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env)
@@ -125,7 +125,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     assert table_rows(lake) == sorted(expected)  # every message exactly once, no gap
     rep = json.load(open(tmp_path / "3.json"))
     assert rep["summary"]["rows"] == 150 and rep["summary"]["table_version"] == 2
-    # #11.2: the crashed run's files are younger than the horizon (12 h): left alone, as a run in flight would be
+    # the crashed run's files are younger than the horizon (12 h): left alone, as a run in flight would be
     assert rep["summary"]["orphans"] == {
         "files": 0,
         "bytes": 0,
@@ -192,9 +192,9 @@ def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, 
 
 
 def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, s3_server):
-    """#11.4: --optimize compacts the small files of incremental runs, --vacuum deletes what no version within the
+    """--optimize compacts the small files of incremental runs, --vacuum deletes what no version within the
     retention needs; both report files/bytes before and after and keep every row and every partition's version.
-    #11.2: a run going longer than the orphan horizon does not commit (its files could be swept). On the S3 server
+    A run going longer than the orphan horizon does not commit (its files could be swept). On the S3 server
     (the local table's upkeep runs in the Airflow test of tank_export_nightly)."""
     from tank_spark.export.location import TableLocation
 
@@ -306,7 +306,7 @@ def test_json_values_typed_and_quarantined(tmp_path, json_data):
     r = run_job("--data-dir", json_data, "--table", table, "--value-format", "binary", "--partition-by", "topic")
     assert r.returncode == 2 and "does not match this export" in r.stderr
     assert "value: missing in the table (this export writes binary)" in r.stderr
-    # #13: the same column names with other types was accepted and left a table delta-rs could not read
+    # the same column names with other types was accepted and left a table delta-rs could not read
     version = DeltaTable(table).version()
     r = run_job(
         "--data-dir",
@@ -358,7 +358,7 @@ def test_engine_spark_without_jars_is_a_clear_error(tmp_path):
 
 
 def test_timestamps_out_of_range_are_quarantined_and_old_tables_evolve(tmp_path):
-    """#15.3: a ts beyond 9999-12-31 is stored as null ts + exact ts_raw and counted quarantined, never wrapped; a
+    """A ts beyond 9999-12-31 is stored as null ts + exact ts_raw and counted quarantined, never wrapped; a
     table made before ts_raw existed gains the column (schema evolution) and keeps its rows."""
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -402,7 +402,7 @@ def _rows_of_report(path):
 
 
 def test_exactly_once_belongs_to_the_table_not_its_path(tmp_path):
-    """#15.2: the app ids come from the table's own id: reaching the table through a symlink, or copying it to a
+    """The app ids come from the table's own id: reaching the table through a symlink, or copying it to a
     new place, exports nothing twice."""
     import shutil
 
@@ -428,7 +428,7 @@ def test_exactly_once_belongs_to_the_table_not_its_path(tmp_path):
 
 
 def test_a_concurrent_export_that_already_committed_makes_the_other_replan(tmp_path):
-    """#15.2: run A plans and writes, then waits; run B exports the same ranges and commits; A re-reads the table
+    """Run A plans and writes, then waits; run B exports the same ranges and commits; A re-reads the table
     before committing, sees B's versions, re-plans, finds nothing left, removes its files and exits 0."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     table = str(tmp_path / "t")
@@ -481,7 +481,7 @@ def _corrupt_first_bundle(path):
 
 
 def test_a_corrupt_partition_fails_alone_and_the_others_are_exported(tmp_path):
-    """#13: one corrupt segment failed the whole export (no partition exported, a 190-line traceback)."""
+    """One corrupt segment failed the whole export (no partition exported, a 190-line traceback)."""
     from tank_log.tools.demo import write_demo
 
     demo = write_demo(str(tmp_path / "demo"))

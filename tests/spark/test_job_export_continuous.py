@@ -1,4 +1,4 @@
-"""#11.3: jobs/export_delta.py --continuous while a writer appends and rolls segments and retention deletes old ones:
+"""Jobs/export_delta.py --continuous while a writer appends and rolls segments and retention deletes old ones:
 kill -9 after a commit and before one, restart from the checkpoint, stop with SIGTERM. The table then holds every
 message that still existed exactly once, and the ranges retention deleted before they were read are reported."""
 

@@ -1,4 +1,4 @@
-"""#11.5: the way back — jobs/import_delta.py and the `tank` data source writer: Delta → TANK partitions."""
+"""The way back — jobs/import_delta.py and the `tank` data source writer: Delta → TANK partitions."""
 
 import json
 import os

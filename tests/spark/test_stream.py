@@ -1,4 +1,4 @@
-"""#11.3: `spark.readStream.format("tank")` — appends, rolls, new partitions and topics, compacted data, and data
+"""`spark.readStream.format("tank")` — appends, rolls, new partitions and topics, compacted data, and data
 deleted by retention before it was read (TANK_FORMAT.md §2.4–§2.5, §5, §9 rule 2)."""
 
 import json

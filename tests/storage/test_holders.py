@@ -1,4 +1,4 @@
-"""#10.1: "the broker is stopped" is verified, not trusted — with real processes holding a partition: a file open,
+""" "the broker is stopped" is verified, not trusted — with real processes holding a partition: a file open,
 an index mapped, a command line naming the base path. Each makes the mutation skip the partition (even with
 --broker-stopped) and leave every byte; dry runs report it and proceed; once the process exits, the job proceeds."""
 

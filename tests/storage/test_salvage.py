@@ -124,7 +124,7 @@ def test_crash_at_every_salvage_step_then_repair(fixture_copy, tmp_path, scenari
 
 
 def test_the_reported_kill_state_is_repaired(fixture_copy):
-    """#14: killed after the active log was cut at a bundle start that the index still holds (entry == size):
+    """Killed after the active log was cut at a bundle start that the index still holds (entry == size):
     `verify` reports index-past-eof (the broker aborts at open); `repair` now drops the entry."""
     base = fixture_copy("A_multi")
     part = _partition(base)
@@ -140,7 +140,7 @@ def test_the_reported_kill_state_is_repaired(fixture_copy):
 
 
 def test_an_ro_segment_cut_but_not_renamed_is_renamed_by_repair(fixture_copy):
-    """#15.7: a salvage killed between the cut and the rename of an RO segment is finished by repair."""
+    """A salvage killed between the cut and the rename of an RO segment is finished by repair."""
     base, pdir, path = _torn(fixture_copy, "middle-ro")
     part = scan_partition(pdir, "events", 2)
     seg = next(s for s in part.segments if s.path == path)
@@ -161,7 +161,7 @@ def test_an_ro_segment_cut_but_not_renamed_is_renamed_by_repair(fixture_copy):
 
 
 def test_mid_file_corruption_is_never_cut(fixture_copy):
-    """#15.1: one bit flip in the length varint of the 2nd bundle of events/1's active segment (byte 776)."""
+    """One bit flip in the length varint of the 2nd bundle of events/1's active segment (byte 776)."""
     base = fixture_copy("A_multi")
     part = _partition(base, ("events", 1))
     path = part.active.path
@@ -180,7 +180,7 @@ def test_mid_file_corruption_is_never_cut(fixture_copy):
 
 
 def test_torn_first_bundle_of_an_active_only_partition(fixture_copy):
-    """#15.8: a torn tail inside the first bundle: salvaged to an empty active segment (legal without RO data)."""
+    """A torn tail inside the first bundle: salvaged to an empty active segment (legal without RO data)."""
     base = fixture_copy("A_multi")
     part = _partition(base)
     for s in part.ro:
@@ -219,7 +219,7 @@ def test_an_ro_segment_torn_in_its_first_bundle_is_removed(fixture_copy):
 
 
 def test_our_temporaries_in_the_base_directory_are_reported_and_removed(fixture_copy):
-    """#15.9: a `.cleanup.log` rewrite killed midway leaves `..cleanup.log.tank-log-*.tmp` in the base."""
+    """A `.cleanup.log` rewrite killed midway leaves `..cleanup.log.tank-log-*.tmp` in the base."""
     base = fixture_copy("A_multi")
     temp = os.path.join(base, "..cleanup.log.tank-log-0123456789ab.tmp")
     open(temp, "wb").write(b"partial")

@@ -1,4 +1,4 @@
-"""#11.5: importing partitions through a staging directory — crash at any point, then recovery, leaves either the
+"""Importing partitions through a staging directory — crash at any point, then recovery, leaves either the
 whole import or nothing (TANK_FORMAT.md §9 rules 3, 4, 8)."""
 
 import json

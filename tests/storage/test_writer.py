@@ -104,7 +104,7 @@ def test_copy_encoded_bundles(tmp_path):
 
 
 def test_a_seq_gap_beyond_u32_starts_a_new_bundle(tmp_path):
-    """#13 sweep: a sparse bundle's span is a u32 varint (§3.3); a gap beyond it raised ValueError mid-compaction."""
+    """A sparse bundle's span is a u32 varint (§3.3); a gap beyond it raised ValueError mid-compaction."""
     gap = (1 << 32) + 7
     msgs = [Message(1, 1, b"a", b"x"), Message(2, 1, b"b", b"y"), Message(2 + gap, 2, b"c", b"z")]
     w = SegmentWriter(tmp_path, policy=BundlePolicy(max_messages=100))
@@ -126,7 +126,7 @@ def _segment_with_index(tmp_path, sparse: bool):
 
 @pytest.mark.parametrize("sparse", [True, False])
 def test_an_index_entry_that_contradicts_the_data_is_an_error_not_other_seqs(tmp_path, sparse):
-    """#13 sweep: a read from an index entry numbered messages differently from a full scan, silently."""
+    """A read from an index entry numbered messages differently from a full scan, silently."""
     from tank_log.format.index import read_index
 
     seg, seqs = _segment_with_index(tmp_path, sparse)

@@ -80,7 +80,7 @@ def test_a_reader_closing_the_pipe_is_not_an_error():
 
 
 def test_dump_fails_on_mid_file_corruption_and_warns_on_torn_tails(fixture_copy):
-    """#15.1: `dump` no longer stops silently at a corrupt length varint with intact bundles after it."""
+    """`dump` no longer stops silently at a corrupt length varint with intact bundles after it."""
     base = fixture_copy("A_multi")
     part_dir = os.path.join(base, "events", "1")
     (active,) = [n for n in os.listdir(part_dir) if n.endswith(".log")]
@@ -151,7 +151,7 @@ def _options_without_help(parser):
 
 
 def test_every_option_of_the_cli_and_the_jobs_has_a_help_text():
-    """#13: `tank-log compact --help` listed --force, --topics, --dry-run with no description."""
+    """`tank-log compact --help` listed --force, --topics, --dry-run with no description."""
     from tank_log.tools.cli import build_parser
 
     assert _options_without_help(build_parser()) == []
@@ -166,7 +166,7 @@ def test_every_option_of_the_cli_and_the_jobs_has_a_help_text():
 
 
 def test_ctrl_c_prints_what_finished_and_leaves_consistent_data(tmp_path):
-    """#13: Ctrl-C: the CLI prints the partitions already done (exit 130, no traceback)."""
+    """Ctrl-C: the CLI prints the partitions already done (exit 130, no traceback)."""
     import signal
 
     from conftest import many_small_partitions

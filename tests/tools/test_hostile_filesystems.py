@@ -1,4 +1,4 @@
-"""#13: a full disk and a read-only mount, for real (a tmpfs in a private mount namespace, `unshare -rm`): one line
+"""A full disk and a read-only mount, for real (a tmpfs in a private mount namespace, `unshare -rm`): one line
 per partition naming the errno and the file, no traceback, no temporary left behind, no byte changed."""
 
 import json
