@@ -29,7 +29,7 @@ def session_processes(sid: int) -> list[str]:
         try:
             with open(f"/proc/{pid}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            if fields[0] != "Z" and int(fields[4]) == sid:
+            if fields[0] != "Z" and int(fields[3]) == sid:
                 out.append(pid)
         except (OSError, IndexError):
             continue

@@ -42,7 +42,7 @@ from tank_log.jobs.exits import (
     missed_message,
 )
 from tank_log.jobs.planning import Plan, run_task
-from tank_log.jobs.processes import run_in_processes
+from tank_log.jobs.processes import exit_with_parent, run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.jobs.stopping import Interrupted, drain, handling, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
@@ -461,6 +461,8 @@ def run_job(
     bookkeeping) and `spark_stop_s`. With `new_data_dir` the data directory may not exist yet (`build_context`)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit: die with it (a scheduler kills spark-submit)
+        exit_with_parent(os.getppid())
     parser = job_parser(job, description)
     add_options(parser)
     report = RunReport(job)

@@ -362,7 +362,7 @@ def session_processes(sid: int) -> list[str]:
         try:
             with open(f"/proc/{pid}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-            if fields[0] == "Z" or int(fields[4]) != sid:
+            if fields[0] == "Z" or int(fields[3]) != sid:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as fh:
                 command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()

@@ -21,13 +21,21 @@ Airflow Variables (read when a task runs; defaults in brackets):
 Connection: `spark_default` (conn type spark; host = the master, e.g. local[2], yarn, spark://host:7077).
 Environment (read when the DAG file is parsed): TANK_LOG_DAG_RETRIES (default 2) and TANK_LOG_DAG_RETRY_DELAY_S
 (default 600) set the tasks' retries; `airflow dags test` waits out the retry delay of a failed task, so the demo
-(scripts/airflow-demo.sh) sets retries to 0. A missing Spark connection fails the task at once, saying so.
+(scripts/airflow-demo.sh) sets retries to 0. Per DAG, `<DAG ID>_SCHEDULE` (a cron expression, a preset such as
+@hourly, or `none`: by hand only), `<DAG ID>_RETRIES` and `<DAG ID>_TIMEOUT_S` (its job task's execution_timeout)
+override the defaults, e.g. TANK_COMPACTION_NIGHTLY_SCHEDULE="0 1 * * *" for a site whose window starts at 01:00.
+A missing Spark connection fails the task at once, saying so.
+
+Runs triggered by hand (UI, CLI, REST API) have no logical date in Airflow 3: everything a run names (reports) is
+named from its run_id (`RUN_TAG`), never from `ts_nodash`, `ts` or `ds`. When Airflow kills a job task (its
+execution_timeout, a manual stop), it kills spark-submit, and the job's driver and its processes die with it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import datetime, timedelta
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -40,6 +48,24 @@ START = datetime(2026, 1, 1)
 RETRIES = int(os.environ.get("TANK_LOG_DAG_RETRIES", "2"))  # environment, not a Variable: read at parse time
 RETRY_DELAY = timedelta(seconds=int(os.environ.get("TANK_LOG_DAG_RETRY_DELAY_S", "600")))
 
+
+def _schedule(dag_id: str, default: str) -> str | None:
+    """The DAG's schedule: `<DAG ID>_SCHEDULE` from the environment (`none`: triggered by hand only), else `default`."""
+    value = os.environ.get(f"{dag_id.upper()}_SCHEDULE", default).strip()
+    return None if value.lower() in ("", "none") else value
+
+
+def _retries(dag_id: str, default: int) -> dict:
+    """The DAG's default_args for retries: `<DAG ID>_RETRIES` from the environment, else `default`."""
+    return {"retries": int(os.environ.get(f"{dag_id.upper()}_RETRIES", default)), "retry_delay": RETRY_DELAY}
+
+
+def _timeout(dag_id: str, default: timedelta) -> timedelta:
+    """The execution_timeout of the DAG's job task: `<DAG ID>_TIMEOUT_S` from the environment, else `default`."""
+    value = os.environ.get(f"{dag_id.upper()}_TIMEOUT_S")
+    return timedelta(seconds=float(value)) if value else default
+
+
 # Variables are read when a task runs (Jinja), never while the DAG file is parsed.
 HOME = f"{{{{ var.value.get('tank_log_home', '{DEFAULT_HOME}') }}}}"
 CONFIG = (
@@ -49,8 +75,20 @@ REPORTS = f"{{{{ var.value.get('tank_log_reports', var.value.get('tank_log_home'
 BROKER_STOPPED = "{{ '--broker-stopped' if var.value.get('tank_log_broker_stopped', 'false') == 'true' else '' }}"
 
 
+def file_name(text: str) -> str:
+    """`text` made safe as part of a file name: `manual__2026-11-24T22:26:52.306386+00:00` →
+    `manual__2026-11-24T222652.306386_0000`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text.replace(":", ""))
+
+
+# What names a run's files. Every run has a run_id; a run triggered by hand (UI, CLI, REST API) has no logical date
+# in Airflow 3, so `ts_nodash`, `ts`, `ds` and their kin are undefined there and must not be used.
+RUN_TAG = "{{ run_id | file_name }}"
+FILTERS = {"file_name": file_name}  # every DAG's user_defined_filters
+
+
 def _report_path(job: str) -> str:
-    return f"{REPORTS}/{job}-{{{{ ts_nodash }}}}.json"
+    return f"{REPORTS}/{job}-{RUN_TAG}.json"
 
 
 def _common_args(job: str, *, mutating: bool) -> list[str]:
@@ -117,15 +155,16 @@ def _maintenance_dag(
 ) -> DAG:
     with DAG(
         dag_id=dag_id,
-        schedule=schedule,
+        schedule=_schedule(dag_id, schedule),
         start_date=START,
         catchup=False,
         max_active_runs=1,  # the job mutates partitions: never two runs at once
-        default_args={"retries": RETRIES, "retry_delay": RETRY_DELAY},
+        default_args=_retries(dag_id, RETRIES),
         tags=["tank-log"],
         doc_md=doc,
+        user_defined_filters=FILTERS,
     ) as dag:
-        run = _spark_submit(job, [*_common_args(job, mutating=True), *(extra_args or [])], timeout)
+        run = _spark_submit(job, [*_common_args(job, mutating=True), *(extra_args or [])], _timeout(dag_id, timeout))
         run >> publish_report(_report_path(job))
     return dag
 
@@ -164,8 +203,9 @@ with DAG(
     start_date=START,
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": min(RETRIES, 1), "retry_delay": RETRY_DELAY},
+    default_args=_retries("tank_export_adhoc", min(RETRIES, 1)),
     tags=["tank-log"],
+    user_defined_filters=FILTERS,
     params={
         "topics": Param("", type="string", description="comma-separated topics (empty: all)"),
         "destination": Param(
@@ -183,26 +223,31 @@ with DAG(
         "{{ ('--table=' ~ params.destination) if params.destination else '' }}",
         "{{ ('--since=' ~ params.since) if params.since else '' }}",
     ]
-    _run = _spark_submit("export_delta", _args, timedelta(hours=6))
+    _run = _spark_submit("export_delta", _args, _timeout("tank_export_adhoc", timedelta(hours=6)))
     _run >> publish_report(_report_path("export_delta"))
 
 
 with DAG(
     dag_id="tank_export_nightly",
-    schedule=os.environ.get("TANK_LOG_EXPORT_SCHEDULE", "15 1 * * *"),
+    schedule=_schedule("tank_export_nightly", os.environ.get("TANK_LOG_EXPORT_SCHEDULE", "15 1 * * *")),
     start_date=START,
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": min(RETRIES, 1), "retry_delay": RETRY_DELAY},
+    default_args=_retries("tank_export_nightly", min(RETRIES, 1)),
     tags=["tank-log"],
+    user_defined_filters=FILTERS,
     doc_md="Nightly exactly-once export to the Delta table of the config (export.table), then the table's upkeep "
     "(even when the export failed): remove files of runs that died before their commit, optimize small files into "
     "files of export.target_file_size, vacuum files no version within Variable tank_log_vacuum_retention (168h) "
     "needs. Each step's report is published.",
 ) as export_nightly:
-    _export = _spark_submit("export_delta", _common_args("export_delta", mutating=False), timedelta(hours=6))
+    _export = _spark_submit(
+        "export_delta",
+        _common_args("export_delta", mutating=False),
+        _timeout("tank_export_nightly", timedelta(hours=6)),
+    )
     _export >> publish_report(_report_path("export_delta"))
-    _upkeep_report = f"{REPORTS}/export_upkeep-{{{{ ts_nodash }}}}.json"
+    _upkeep_report = f"{REPORTS}/export_upkeep-{RUN_TAG}.json"
     _upkeep = _spark_submit(
         "export_delta",
         [
@@ -300,7 +345,7 @@ def stop(broker: str) -> dict:
 
 
 @task
-def maintain(broker: str, ts_nodash: str | None = None) -> dict:
+def maintain(broker: str, run_id: str | None = None) -> dict:
     """spark-submit jobs/maintain.py --broker-stopped on this host's data dirs (master: maintenance_window.
     spark_master, local[*] by default); the report's summary is the return value."""
     import subprocess
@@ -308,18 +353,20 @@ def maintain(broker: str, ts_nodash: str | None = None) -> dict:
     from airflow.sdk import Variable, get_current_context
 
     from tank_log.jobs.config import load_job_config
+    from tank_log.jobs.processes import killed_with_parent
 
     config = load_job_config(WINDOW_CONFIG)
     b = _window_broker(broker, config)
     home = Variable.get("tank_log_home", default=DEFAULT_HOME)
-    report_path = os.path.join(_window_reports(), f"maintain-{broker}-{ts_nodash}.json")
+    report_path = os.path.join(_window_reports(), f"maintain-{broker}-{file_name(run_id or 'run')}.json")
     py_files = Variable.get("tank_log_py_files", default="")
     cmd = ["spark-submit", "--master", config.window.spark_master, *(["--py-files", py_files] if py_files else [])]
     cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", WINDOW_CONFIG, "--broker-stopped"]
     cmd += [arg for d in b.data_dirs for arg in ("--data-dir", d)] + ["--report", report_path]
     print("running:", " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")])))
-    code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, check=False).returncode
+    # killed with this task whatever kills it (its timeout, a manual stop, SIGKILL); the job's driver dies with it
+    code = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, check=False, preexec_fn=killed_with_parent).returncode
     try:
         with open(report_path) as fh:
             report = json.load(fh)
@@ -362,15 +409,15 @@ def verify(broker: str) -> dict:
 
 
 @task(trigger_rule=TriggerRule.ALL_DONE)
-def window_report(broker: str, ts_nodash: str | None = None) -> dict:
-    """The window's report of this broker (logs, XCom and `window-BROKER-TS.json` beside the job reports); fails
+def window_report(broker: str, run_id: str | None = None) -> dict:
+    """The window's report of this broker (logs, XCom and `window-BROKER-RUN.json` beside the job reports); fails
     naming the steps that did not succeed."""
     steps = {step: _same_index(step) for step in WINDOW_STEPS}
     report = {"broker": broker, "steps": steps, "job_report": _same_index("maintain", "job_report")}
     print(json.dumps(report, indent=2, default=str))
     reports = _window_reports()
     os.makedirs(reports, exist_ok=True)
-    with open(os.path.join(reports, f"window-{broker}-{ts_nodash}.json"), "w") as fh:
+    with open(os.path.join(reports, f"window-{broker}-{file_name(run_id or 'run')}.json"), "w") as fh:
         json.dump(report, fh, indent=2, default=str)
     failed = [step for step, result in steps.items() if result is None]
     if failed:
@@ -389,7 +436,9 @@ def _window_group(queue: str | None):
     def window_of(broker: str):
         steps = [
             stop.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
-            maintain.override(**on_queue, execution_timeout=timedelta(hours=6))(broker),
+            maintain.override(**on_queue, execution_timeout=_timeout("tank_maintenance_window", timedelta(hours=6)))(
+                broker
+            ),
             start.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
             ready.override(**on_queue, execution_timeout=timedelta(hours=1))(broker),
             verify.override(**on_queue, execution_timeout=timedelta(hours=2))(broker),
@@ -404,12 +453,13 @@ def _window_group(queue: str | None):
 
 with DAG(
     dag_id="tank_maintenance_window",
-    schedule="0 3 * * *",
+    schedule=_schedule("tank_maintenance_window", "0 3 * * *"),
     start_date=START,
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": RETRIES, "retry_delay": RETRY_DELAY},
+    default_args=_retries("tank_maintenance_window", RETRIES),
     tags=["tank-log"],
+    user_defined_filters=FILTERS,
     doc_md="Nightly maintenance window of every broker host (config: $TANK_LOG_WINDOW_CONFIG, `brokers:`): stop "
     "the broker → wait until nothing holds its data → jobs/maintain.py --broker-stopped → start it (always, once "
     "its stop was issued) → wait until it serves → verify → report. With `maintenance_window.rolling: true` one "

@@ -156,18 +156,24 @@ _PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when the thread tha
 PARENT_POLL_S = 0.5  # where the OS has no parent-death signal, how often a worker checks that its parent lives
 
 
+def killed_with_parent() -> bool:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux `PR_SET_PDEATHSIG`, kept across exec: also
+    a `preexec_fn` for a child such as spark-submit). The parent is the thread that forked this process: it must
+    outlive the child's useful life. False where the OS has no such signal."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0)
+
+
 def exit_with_parent(parent: int) -> None:
-    """Make this (forked) process die when `parent` dies, whatever kills it: SIGKILL on Linux (`PR_SET_PDEATHSIG`;
-    the pool forks its workers from the thread that runs it, which outlives them), elsewhere a thread polling the
-    parent pid. A parent already gone before this call is caught too. A worker killed mid-partition is crash-safe:
-    the next run repairs the partition."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            _watch_parent(parent)  # prctl refused (a sandbox): poll instead
-    else:
-        _watch_parent(parent)
-    if os.getppid() != parent:  # the parent died between the fork and the prctl
+    """Make this process die when `parent` dies, whatever kills it: SIGKILL on Linux (`killed_with_parent`; the pool
+    forks its workers from the thread that runs it, which outlives them), elsewhere a thread polling the parent pid.
+    A parent already gone before this call is caught too. A worker or driver killed mid-partition is crash-safe: the
+    next run repairs the partition."""
+    if not killed_with_parent():
+        _watch_parent(parent)  # no parent-death signal here (or a sandbox refused it): poll instead
+    if os.getppid() != parent:  # the parent died before the prctl
         os._exit(1)
 
 

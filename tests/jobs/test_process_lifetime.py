@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, kill_session, many_small_partitions, wait_session_gone
+from conftest import ROOT, kill_session, many_small_partitions, session_processes, wait_session_gone
 
 from tank_log.maintenance.verify import verify_path
 
@@ -39,6 +39,7 @@ def _kill_while_workers_run(cmd: list[str], delay: float, env: dict | None = Non
             time.sleep(0.01)
         time.sleep(delay)
         assert proc.poll() is None, "the run finished before the kill: give it more partitions"
+        assert len(session_processes(proc.pid)) >= 2  # the driver and its workers, seen by the check below
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         return wait_session_gone(proc.pid, 10)
@@ -84,4 +85,52 @@ def test_job_in_the_drivers_processes_killed_mid_run_leaves_no_process(tmp_path)
     took, left = _kill_while_workers_run([*cmd, "--broker-stopped"], random.Random(5).uniform(0.1, 0.6), env)
     assert left == [], f"alive {took:.1f} s after the kill: {left}"
     assert took < GONE_WITHIN_S
+    _repaired_and_rerun(base)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_driver_dies_with_a_killed_spark_submit(tmp_path):
+    """spark-submit's JVM killed alone (the OOM killer picks the largest process; an orchestrator that kills only the
+    process it started): the job's Python driver, its child, and the driver's workers die with it within 2 s."""
+    base = many_small_partitions(tmp_path / "many", 1500)
+    bin_dir = os.path.dirname(sys.executable)  # spark-submit finds its Spark through the venv's python
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    cmd = [
+        submit,
+        "--master",
+        "local[2]",
+        os.path.join(ROOT, "jobs", "compact.py"),
+        "--data-dir",
+        base,
+        "--broker-stopped",
+    ]
+    proc = subprocess.Popen(
+        [*cmd, "--broker-stopped"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the JVM's Python child (the driver) runs its pool
+            running = [int(line.split()[0]) for line in session_processes(proc.pid) if "compact.py" in line]
+            drivers = [p for p in running if _is_python(p) and [c for c in _children(p) if _is_python(c)]]
+            if drivers:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "the driver's pool never ran"
+            time.sleep(0.005)
+        with open(f"/proc/{drivers[0]}/stat") as fh:
+            jvm = int(fh.read().rsplit(")", 1)[1].split()[1])
+        assert "java" in os.readlink(f"/proc/{jvm}/exe")
+        os.kill(jvm, signal.SIGKILL)  # the JVM only
+        proc.wait()
+        took, left = wait_session_gone(proc.pid, 10)
+        assert left == [], f"alive {took:.1f} s after the JVM's kill: {left}"
+        assert took < GONE_WITHIN_S
+    finally:
+        kill_session(proc.pid)
     _repaired_and_rerun(base)
