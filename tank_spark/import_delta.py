@@ -86,7 +86,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     from tank_log.jobs.config import parse_size_arg
-    from tank_spark.export.plan import storage_options
+    from tank_log.lakehouse import storage_options
 
     if len(ctx.data_dirs) != 1:
         raise JobConfigError("import writes into one base path: pass one --data-dir")

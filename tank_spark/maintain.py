@@ -9,6 +9,7 @@ import argparse
 from tank_log.jobs.compaction import apply_flags
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
 from tank_log.jobs.planning import Plan
+from tank_log.jobs.retention import add_keep_unexported, apply_guard_flags
 from tank_spark.runner import (
     JobContext,
     add_broker_stopped,
@@ -24,11 +25,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
     add_salvage(p)
     add_force(p)
     add_time_basis(p)
+    add_keep_unexported(p)
 
 
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:
     """The plan, before Spark starts (a run that matches nothing fails fast)."""
     config = apply_flags(ctx.config, force=args.force)
+    config = apply_guard_flags(config, args)
     return plan_maintenance(
         ctx.data_dirs, ctx.topics, config, dry_run=ctx.dry_run, salvage=args.salvage, time_basis=args.time_basis
     )

@@ -27,8 +27,14 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
     retention:
       time_basis: name                  # name (the broker's rule: name ts) | message (newest message ts)
       include_cleanup_topics: false     # the broker applies no retention to cleanup topics
+      keep_unexported:                  # never delete what this Delta table has not received (off when absent)
+        table: export                   # a path or URI, or `export`: export.table with export.storage_options
+        storage_options: {}             # for a table other than the export's
+        max_holdback_size: 50gb         # past either bound: delete anyway, report data-loss, exit 1 (0: no bound)
+        max_holdback_age: 3days         # how far past its retention the oldest held-back segment may get
       topics:                           # per-topic overrides of the broker config (a topic TTL)
         clicks: {max_age: 3days, max_bytes: 10gb, segments_count: 50, time_basis: message, enabled: true}
+        audit: {keep_unexported: false} # or a keep_unexported mapping of its own
     export:                             # jobs/export_delta.py (flags override)
       table: /lake/tank/events          # Delta table path or URI
       engine: deltalake                 # deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)
@@ -157,6 +163,19 @@ class CompactionSettings:
     topics: dict[str, TopicCompaction] = field(default_factory=dict)
 
 
+EXPORT_TABLE = "export"  # keep_unexported.table naming the export section's table (and its storage options)
+
+
+@dataclass(frozen=True)
+class KeepUnexported:
+    """Retention keeps what this Delta table has not received (the export's app transactions), within the bounds."""
+
+    table: str  # a path or URI, or EXPORT_TABLE
+    storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    max_holdback_bytes: int = 0  # bytes held back past the limits, at most (0: no bound)
+    max_holdback_s: int = 0  # how far past its retention the oldest held-back segment may get (0: no bound)
+
+
 @dataclass(frozen=True)
 class TopicRetention:
     """Per-topic retention overrides (a messaging system's topic TTL); None = the topic's broker config."""
@@ -164,13 +183,22 @@ class TopicRetention:
     enabled: bool | None = None  # true: enforce even on a cleanup topic; false: never
     limits: dict[str, Any] = field(default_factory=dict)  # RetentionRules field → value (retention POLICIES)
     time_basis: str | None = None
+    keep_unexported: KeepUnexported | bool | None = None  # None: the global setting; False: off for the topic
 
 
 @dataclass(frozen=True)
 class RetentionSettings:
     time_basis: str = "name"  # name (the broker's rule) | message (Kafka's rule)
     include_cleanup_topics: bool = False  # the broker applies no retention to cleanup topics
+    keep_unexported: KeepUnexported | None = None  # the lakehouse guard (off when None)
     topics: dict[str, TopicRetention] = field(default_factory=dict)
+
+    def guard_of(self, topic: str) -> KeepUnexported | None:
+        """The lakehouse guard of one topic: its own, else the global one; None when off."""
+        own = self.topics[topic].keep_unexported if topic in self.topics else None
+        if own is None:
+            return self.keep_unexported
+        return own if isinstance(own, KeepUnexported) else None
 
 
 @dataclass(frozen=True)
@@ -316,10 +344,32 @@ def _limit(unit: str, value: Any, where: str) -> int:
     return count
 
 
+def _keep_unexported(value: Any, where: str) -> KeepUnexported:
+    if isinstance(value, str):
+        value = {"table": value}
+    v = _mapping(value, where)
+    _check_keys(v, {"table", "storage_options", "max_holdback_size", "max_holdback_age"}, where)
+    if not isinstance(v.get("table"), str) or not v["table"]:
+        raise JobConfigError(f"{where}.table: expected a Delta table path or URI, or `{EXPORT_TABLE}`")
+    opts = _mapping(v.get("storage_options"), f"{where}.storage_options")
+    return KeepUnexported(
+        table=v["table"],
+        storage_options={str(k): str(x) for k, x in opts.items()},
+        max_holdback_bytes=_size(v.get("max_holdback_size", 0), f"{where}.max_holdback_size"),
+        max_holdback_s=_duration_ms(v.get("max_holdback_age", 0), f"{where}.max_holdback_age") // 1000,
+    )
+
+
 def _topic_retention(value: Any, where: str) -> TopicRetention:
     v = _mapping(value, where)
-    _check_keys(v, {"enabled", "time_basis"} | {p.config_key for p in RETENTION_POLICIES}, where)
+    _check_keys(v, {"enabled", "time_basis", "keep_unexported"} | {p.config_key for p in RETENTION_POLICIES}, where)
+    keep: KeepUnexported | bool | None = None
+    if v.get("keep_unexported") is False:
+        keep = False
+    elif v.get("keep_unexported") is not None:
+        keep = _keep_unexported(v["keep_unexported"], f"{where}.keep_unexported")
     return TopicRetention(
+        keep_unexported=keep,
         enabled=_bool(v["enabled"], f"{where}.enabled") if "enabled" in v else None,
         limits={
             p.name: _limit(p.unit, v[p.config_key], f"{where}.{p.config_key}")
@@ -336,9 +386,11 @@ TIME_BASES = ("name", "message")
 def _retention(value: Any) -> RetentionSettings:
     w = "retention"
     v = _mapping(value, w)
-    _check_keys(v, {"time_basis", "include_cleanup_topics", "topics"}, w)
+    _check_keys(v, {"time_basis", "include_cleanup_topics", "keep_unexported", "topics"}, w)
     topics = _mapping(v.get("topics"), f"{w}.topics")
+    keep = v.get("keep_unexported")
     return RetentionSettings(
+        keep_unexported=None if keep is None else _keep_unexported(keep, f"{w}.keep_unexported"),
         time_basis=_choice(v.get("time_basis", "name"), f"{w}.time_basis", TIME_BASES),
         include_cleanup_topics=_bool(v.get("include_cleanup_topics", False), f"{w}.include_cleanup_topics"),
         topics={str(t): _topic_retention(o, f"{w}.topics.{t}") for t, o in topics.items()},
@@ -598,7 +650,23 @@ def relative_to(config: JobConfig, directory: str) -> JobConfig:
     if export.table is not None:
         export = replace(export, table=resolve(export.table))
     brokers = tuple(replace(b, data_dirs=tuple(resolve(d) for d in b.data_dirs)) for b in config.brokers)
-    return replace(config, data_dirs=tuple(resolve(d) for d in config.data_dirs), export=export, brokers=brokers)
+
+    def keep(k: Any) -> Any:
+        return replace(k, table=resolve(k.table)) if isinstance(k, KeepUnexported) and k.table != EXPORT_TABLE else k
+
+    retention = config.retention
+    retention = replace(
+        retention,
+        keep_unexported=keep(retention.keep_unexported),
+        topics={t: replace(o, keep_unexported=keep(o.keep_unexported)) for t, o in retention.topics.items()},
+    )
+    return replace(
+        config,
+        data_dirs=tuple(resolve(d) for d in config.data_dirs),
+        export=export,
+        brokers=brokers,
+        retention=retention,
+    )
 
 
 def parse_duration_ms(value: str, where: str) -> int:

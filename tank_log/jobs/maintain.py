@@ -13,7 +13,7 @@ from typing import Any, Self
 from tank_log.jobs.compaction import CompactionTask, compaction_task_for, record_cleanup_marks
 from tank_log.jobs.config import JobConfig
 from tank_log.jobs.planning import PartitionTask, select_partitions
-from tank_log.jobs.retention import RetentionTask, clamp_cleanup_marks, retention_task_for
+from tank_log.jobs.retention import ExportGuards, RetentionTask, clamp_cleanup_marks, retention_task_for
 from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
 from tank_log.maintenance.outcome import FAILING, PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.verify import check_partition
@@ -65,7 +65,7 @@ def overall(steps: dict[str, dict[str, Any]], *, dry_run: bool) -> Status:
     """A partition's status from its steps: the worst failing one, else skipped when repair did not run (held,
     locked), else maintained (or dry-run)."""
     statuses = [Status(s["status"]) for s in steps.values()]
-    for bad in (Status.FAILED, Status.NEEDS_ATTENTION):
+    for bad in (Status.FAILED, Status.DATA_LOSS, Status.NEEDS_ATTENTION):
         if bad in statuses:
             return bad
     if statuses[0] is Status.SKIPPED:
@@ -107,13 +107,14 @@ def plan_maintenance(
     indexes = IndexJobOptions(
         salvage=salvage, broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
+    guards = ExportGuards(config)
     tasks = [
         MaintainTask(
             sel.base_path,
             sel.partition.topic,
             sel.partition.id,
             sel.partition.path,
-            retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis),
+            retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis, guards=guards),
             compaction_task_for(sel, config, dry_run=dry_run),
             indexes,
             data_bytes=sel.data_bytes,

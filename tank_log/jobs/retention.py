@@ -3,15 +3,25 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
-from tank_log.jobs.config import JobConfig, RetentionSettings
+from tank_log.errors import JobConfigError
+from tank_log.jobs.config import (
+    EXPORT_TABLE,
+    JobConfig,
+    KeepUnexported,
+    RetentionSettings,
+    parse_duration_ms,
+    parse_size_arg,
+)
 from tank_log.jobs.planning import PartitionTask, Selected, left_out, select_partitions, split_plan
+from tank_log.lakehouse import ExportedSeqs, TableUnreadable, storage_options
 from tank_log.maintenance.outcome import Status
-from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
+from tank_log.maintenance.retention import ExportGuard, RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.cleanup_marks import read_cleanup_log, update_cleanup_log
 from tank_log.storage.datadir import Partition
 
@@ -22,9 +32,10 @@ log = logging.getLogger(__name__)
 class RetentionTask(PartitionTask):
     rules: RetentionRules
     options: RetentionOptions
+    guard: ExportGuard | None = None  # the lakehouse guard, read by the driver when it planned
 
     def apply(self, part: Partition) -> dict[str, Any]:
-        return apply_retention(part, self.rules, self.options).to_dict()
+        return apply_retention(part, self.rules, self.options, self.guard).to_dict()
 
     def as_dry_run(self) -> Self:
         return replace(self, options=replace(self.options, dry_run=True))
@@ -38,8 +49,85 @@ def rules_for(part: Partition, settings: RetentionSettings, time_basis: str | No
     return replace(rules, **o.limits) if o is not None else rules
 
 
+class ExportGuards:
+    """The lakehouse guard of each partition of a run (`retention.keep_unexported`): every table is opened once, by
+    the driver, and each partition's recorded version read from it."""
+
+    def __init__(self, config: JobConfig):
+        self._config = config
+        self._tables: dict[tuple[str, tuple[tuple[str, str], ...]], ExportedSeqs] = {}
+
+    def of(self, part: Partition) -> ExportGuard | None:
+        """Raises:
+        JobConfigError: `table: export` without an export.table.
+        """
+        keep = self._config.retention.guard_of(part.topic)
+        if keep is None:
+            return None
+        seqs = self._table(keep)
+        try:
+            last = seqs.last_seq(part.topic, part.id)
+        except TableUnreadable as err:
+            return ExportGuard(seqs.uri, error=str(err))
+        return ExportGuard(seqs.uri, last, None, keep.max_holdback_bytes, keep.max_holdback_s)
+
+    def _table(self, keep: KeepUnexported) -> ExportedSeqs:
+        uri, options = keep.table, keep.storage_options
+        if uri == EXPORT_TABLE:
+            if not self._config.export.table:
+                raise JobConfigError("retention.keep_unexported.table is `export`, but export.table is not set")
+            uri, options = self._config.export.table, {**self._config.export.storage_options, **options}
+        key = (uri, tuple(sorted(options.items())))
+        if key not in self._tables:
+            self._tables[key] = ExportedSeqs(uri, options)
+        return self._tables[key]
+
+
+def add_keep_unexported(p: argparse.ArgumentParser) -> None:
+    """The lakehouse guard of retention (over `retention.keep_unexported`)."""
+    p.add_argument(
+        "--keep-unexported",
+        metavar="TABLE",
+        help="never delete what this Delta table (a path or URI, or `export`: export.table) has not received",
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="for the --keep-unexported table, as for the export (over its storage_options)",
+    )
+    p.add_argument("--max-holdback-size", metavar="SIZE", help="past this many bytes held back: delete (data-loss)")
+    p.add_argument(
+        "--max-holdback-age", metavar="DURATION", help="past this much beyond its retention: delete (data-loss)"
+    )
+
+
+def apply_guard_flags(config: JobConfig, args: argparse.Namespace) -> JobConfig:
+    """`--keep-unexported TABLE` (or `export`), `--storage-option`, `--max-holdback-size`, `--max-holdback-age`
+    (`add_keep_unexported`) over the config."""
+    table, max_size, max_age = args.keep_unexported, args.max_holdback_size, args.max_holdback_age
+    keep = config.retention.keep_unexported
+    if table:
+        keep = replace(keep or KeepUnexported(table), table=table)
+    if keep is not None and args.storage_option:
+        keep = replace(keep, storage_options=storage_options(keep.storage_options, args.storage_option))
+    if (max_size or max_age) and keep is None:
+        raise JobConfigError("--max-holdback-size/--max-holdback-age need --keep-unexported (or the config's)")
+    if keep is not None and max_size:
+        keep = replace(keep, max_holdback_bytes=parse_size_arg(max_size, "--max-holdback-size"))
+    if keep is not None and max_age:
+        keep = replace(keep, max_holdback_s=parse_duration_ms(max_age, "--max-holdback-age") // 1000)
+    return replace(config, retention=replace(config.retention, keep_unexported=keep))
+
+
 def retention_task_for(
-    sel: Selected, config: JobConfig, *, dry_run: bool, time_basis: str | None = None
+    sel: Selected,
+    config: JobConfig,
+    *,
+    dry_run: bool,
+    time_basis: str | None = None,
+    guards: ExportGuards | None = None,
 ) -> RetentionTask | dict[str, Any]:
     """The retention task of one selected partition, or its left-out entry (retention off for its topic)."""
     settings = config.retention
@@ -60,7 +148,10 @@ def retention_task_for(
         broker_stopped=config.broker_stopped, live_window_s=config.live_window_s, dry_run=dry_run
     )
     rules = rules_for(part, settings, time_basis)
-    return RetentionTask(sel.base_path, part.topic, part.id, part.path, rules, options, data_bytes=sel.data_bytes)
+    guard = (guards or ExportGuards(config)).of(part)
+    return RetentionTask(
+        sel.base_path, part.topic, part.id, part.path, rules, options, guard, data_bytes=sel.data_bytes
+    )
 
 
 def plan_retention_run(
@@ -72,7 +163,10 @@ def plan_retention_run(
     time_basis: str | None = None,
 ) -> tuple[list[RetentionTask], list[dict[str, Any]]]:
     selected = select_partitions(data_dirs, topics, named_in_config=config.retention.topics)
-    decisions = (retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis) for sel in selected)
+    guards = ExportGuards(config)
+    decisions = (
+        retention_task_for(sel, config, dry_run=dry_run, time_basis=time_basis, guards=guards) for sel in selected
+    )
     tasks, skipped = split_plan(decisions, RetentionTask)
     if not tasks:
         log.warning("no selected topic has log.cleanup.policy=delete (nor a job override): nothing to retain")
@@ -84,7 +178,7 @@ def clamp_cleanup_marks(results: list[dict[str, Any]]) -> None:
     in memory when it loads the file, §1.6)."""
     by_base: dict[str, dict[tuple[str, int], int]] = {}
     for r in results:
-        if r.get("status") == Status.DELETED and r.get("first_seq_after"):
+        if r.get("status") in (Status.DELETED, Status.DATA_LOSS) and r.get("first_seq_after"):
             by_base.setdefault(r["base_path"], {})[(r["topic"], r["partition"])] = r["first_seq_after"] - 1
     for base, floors in by_base.items():
         marks = read_cleanup_log(base)

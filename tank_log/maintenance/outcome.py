@@ -39,6 +39,7 @@ class Status(StrEnum):
     SKIPPED = "skipped"  # not touched: locked, not selected, policy
     NEEDS_ATTENTION = "needs-attention"  # a problem no job fixes automatically
     FAILED = "failed"
+    DATA_LOSS = "data-loss"  # retention deleted data the lakehouse had not received (past its max_holdback)
     INTERRUPTED = "interrupted"  # the run was stopped (Ctrl-C, SIGTERM) before this partition finished
 
     @property
@@ -47,7 +48,7 @@ class Status(StrEnum):
         return self in FAILING
 
 
-FAILING = frozenset({Status.FAILED, Status.NEEDS_ATTENTION})
+FAILING = frozenset({Status.FAILED, Status.NEEDS_ATTENTION, Status.DATA_LOSS})
 
 
 @dataclass

@@ -13,7 +13,11 @@ Better than the broker:
   leaves the file orphaned);
 - the age of every segment of the deletable prefix is checked, not only the front one;
 - a partition without a non-empty active segment keeps everything: deleting RO data would leave either RO segments
-  without an active one (the broker then hides them, §9 rule 4) or an empty partition whose seqs restart at 1.
+  without an active one (the broker then hides them, §9 rule 4) or an empty partition whose seqs restart at 1;
+- with a lakehouse guard (`ExportGuard`), a segment goes only once the Delta table has received its last seq: the
+  prefix stops at the first segment the table lacks, and what that keeps back is reported. Past the guard's bound
+  (bytes held back, or how far past its retention the oldest held segment is) retention deletes as usual and reports
+  `data-loss` with the seq ranges the table never received; a table that cannot be read deletes nothing.
 """
 
 from __future__ import annotations
@@ -108,6 +112,18 @@ class RetentionOptions(SafetyOptions):
     now_s: float | None = None  # for tests
 
 
+@dataclass(frozen=True)
+class ExportGuard:
+    """What the lakehouse has received of one partition, read before the run (a version read earlier is never
+    higher than the table's now: the guard errs on keeping)."""
+
+    table: str  # the Delta table's URI (for messages)
+    exported_last: int | None = None  # the last seq the table holds (None: none)
+    error: str | None = None  # the table could not be read: nothing is deleted
+    max_holdback_bytes: int = 0  # 0: no bound
+    max_holdback_s: int = 0  # 0: no bound
+
+
 @dataclass
 class RetentionResult(PartitionOutcome):
     rules: dict[str, Any] = field(default_factory=dict)
@@ -120,6 +136,9 @@ class RetentionResult(PartitionOutcome):
     first_seq_after: int | None = None
     deleted: list[dict[str, Any]] = field(default_factory=list)  # name, bytes, messages, reason
     stale_indexes_removed: list[str] = field(default_factory=list)
+    exported_last: int | None = None  # with a lakehouse guard: the last seq its table holds
+    kept_unexported: dict[str, Any] | None = None  # segments past the limits kept for the table
+    deleted_unexported: list[list[int]] = field(default_factory=list)  # [first, last] seqs lost (past the bound)
 
 
 def newest_message_ts_s(sf: Segment) -> int | None:
@@ -170,14 +189,45 @@ def _count_deleted(res: RetentionResult, remaining: list[Segment]) -> None:
     res.first_seq_after = remaining[0].base if remaining else None
 
 
-def apply_retention(part: Partition, rules: RetentionRules, options: RetentionOptions | None = None) -> RetentionResult:
-    """Enforce `rules` on one partition; never raises for data problems (the result says `failed` and why)."""
+def apply_retention(
+    part: Partition,
+    rules: RetentionRules,
+    options: RetentionOptions | None = None,
+    guard: ExportGuard | None = None,
+) -> RetentionResult:
+    """Enforce `rules` on one partition, keeping what `guard`'s table lacks; never raises for data problems (the
+    result says `failed` and why)."""
     opts = options or RetentionOptions()
     res = RetentionResult(part.topic, part.id, part.path, rules=asdict(rules))
-    return run_on_partition(part.path, "retention", res, lambda r: _retain(part, rules, opts, r), dry_run=opts.dry_run)
+    return run_on_partition(
+        part.path, "retention", res, lambda r: _retain(part, rules, opts, r, guard), dry_run=opts.dry_run
+    )
 
 
-def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult) -> None:
+def held_for_the_table(
+    plan: list[tuple[Segment, str]], guard: ExportGuard, rules: RetentionRules, now_s: float
+) -> tuple[int, bool]:
+    """How many segments of the deletable prefix the table has received (a prefix: it stops at the first segment
+    whose last seq the table lacks), and whether what the rest holds back is past the guard's bound."""
+    exported = guard.exported_last if guard.exported_last is not None else 0
+    received = 0
+    for sf, _ in plan:
+        if sf.last is None or sf.last > exported:
+            break
+        received += 1
+    held = [sf for sf, _ in plan[received:]]
+    if not held:
+        return received, False
+    too_large = bool(guard.max_holdback_bytes) and sum(s.size for s in held) > guard.max_holdback_bytes
+    t, _ = segment_time_s(held[0], rules.time_basis)
+    past_s = 0.0 if t is None else now_s - t - rules.max_age_s  # past its retention (its age, without an age limit)
+    too_old = bool(guard.max_holdback_s) and past_s > guard.max_holdback_s
+    return received, too_large or too_old
+
+
+def _retain(
+    part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult, guard: ExportGuard | None
+) -> None:
     now_s = time.time() if options.now_s is None else options.now_s
     part, res.repair = preflight(part, "retention", options, now=now_s)
     res.segments_before = len(part.ro)
@@ -191,6 +241,57 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
     if not plan:
         res.status, res.reason = Status.NOTHING_TO_DO, "within every limit"
         return
+    past_bound = False
+    if guard is not None:
+        if guard.error is not None:
+            res.status = Status.NEEDS_ATTENTION
+            res.reason = (
+                f"{len(plan)} segment(s) are past the limits, but what the lakehouse holds is unknown "
+                f"({guard.error}): nothing deleted"
+            )
+            log.error("%s/%d: %s", part.topic, part.id, res.reason)
+            return
+        res.exported_last = guard.exported_last
+        received, past_bound = held_for_the_table(plan, guard, rules, now_s)
+        held = [sf for sf, _ in plan[received:]]
+        if held:
+            res.kept_unexported = {
+                "table": guard.table,
+                "segments": len(held),
+                "bytes": sum(s.size for s in held),
+                "first_seq": max(held[0].base, (guard.exported_last or 0) + 1),
+                "last_seq": held[-1].last,
+            }
+            if past_bound:
+                res.deleted_unexported = [[max(s.base, (guard.exported_last or 0) + 1), s.last or s.base] for s in held]
+                log.error(
+                    "%s/%d: %d segments (%d bytes, seqs %d..%d) not yet in %s are past max_holdback: deleting them "
+                    "(data-loss)",
+                    part.topic,
+                    part.id,
+                    len(held),
+                    res.kept_unexported["bytes"],
+                    res.kept_unexported["first_seq"],
+                    res.kept_unexported["last_seq"],
+                    guard.table,
+                )
+                res.kept_unexported = None
+            else:
+                log.warning(
+                    "%s/%d: kept %d segments (%s, seqs %d..%d) not yet in %s",
+                    part.topic,
+                    part.id,
+                    len(held),
+                    _mb(res.kept_unexported["bytes"]),
+                    res.kept_unexported["first_seq"],
+                    res.kept_unexported["last_seq"],
+                    guard.table,
+                )
+                plan = plan[:received]
+        if not plan:
+            res.status = Status.KEPT
+            res.reason = f"past the limits but not yet in {guard.table}: kept for the export"
+            return
     if part.active is None or part.active.size == 0:
         res.status = Status.KEPT
         res.reason = (
@@ -215,6 +316,8 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
         res.deleted = planned
         _count_deleted(res, remaining)
         res.status = Status.DRY_RUN
+        if past_bound:
+            res.reason = "would delete data the lakehouse has not received (past max_holdback)"
         return
     try:
         for (sf, _), entry in zip(plan, planned, strict=True):  # oldest first: a crash leaves a valid prefix deleted
@@ -234,3 +337,10 @@ def _retain(part: Partition, rules: RetentionRules, options: RetentionOptions, r
     if res.stale_indexes_removed:
         fsync_dir(part.path)
     res.status = Status.DELETED
+    if past_bound:
+        res.status = Status.DATA_LOSS
+        res.reason = f"deleted seqs {res.deleted_unexported} the lakehouse had not received (past max_holdback)"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n} bytes"

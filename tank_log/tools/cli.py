@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from tank_log.errors import PartitionHeld, TankFormatError, UsageError
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.jobs.allocator import reuse_freed_buffers
+from tank_log.jobs.retention import add_keep_unexported
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
@@ -141,9 +142,11 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags
     from tank_log.jobs.config import load_job_config
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
+    from tank_log.jobs.retention import apply_guard_flags
 
     _require_base_path(args.path)
     config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
+    config = apply_guard_flags(config, args)
     tasks, left_out = plan_maintenance(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run, salvage=args.salvage
     )
@@ -318,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-stopped", action="store_true", help="the broker is stopped (§9 rule 1; still checked)")
     p.add_argument("--salvage", action="store_true", help="cut torn tails (cut bytes kept in a side file)")
     p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    add_keep_unexported(p)
     _add_processes(p)
     p.set_defaults(func=_cmd_maintain)
 

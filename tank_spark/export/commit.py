@@ -10,11 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.errors import JobConfigError
-from tank_spark.export.plan import (
-    ExportSettings,
-    PartitionPlan,
-    recorded_version,
-)
+from tank_log.lakehouse import recorded_version
+from tank_spark.export.plan import ExportSettings, PartitionPlan
 from tank_spark.export.run_id import COMMIT_KEY
 from tank_spark.schema import TS_RAW
 

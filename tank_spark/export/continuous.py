@@ -39,11 +39,12 @@ import pyarrow as pa
 
 from tank_log.errors import RunFailed
 from tank_log.jobs.stopping import handling
+from tank_log.lakehouse import app_id, table_id
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
 from tank_spark.export.files import FILE_META_SCHEMA, WrittenCounts, count_files, make_file_writer
 from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
 from tank_spark.export.orphans import check_run_age
-from tank_spark.export.plan import ExportSettings, PartitionPlan, app_id, recorded_versions, table_id
+from tank_spark.export.plan import ExportSettings, PartitionPlan, recorded_versions
 from tank_spark.export.rows import table_frame
 from tank_spark.export.run_id import new_run_id
 from tank_spark.ranges import partition_key

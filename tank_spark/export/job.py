@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.jobs.progress import describe
+from tank_log.lakehouse import app_id, table_id
 from tank_spark.export.commit import (
     ConcurrentExport,
     add_ts_raw,
@@ -58,10 +59,8 @@ from tank_spark.export.plan import (
     PartitionPlan,
     Prepared,
     add_options,
-    app_id,
     plan_export,
     prepare,
-    table_id,
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
@@ -188,7 +187,7 @@ def _export(
             table_version=table_version(table),
         )
         return list(results.values()), summary
-    if table is None:  # the table's id names the partitions' app transactions (`plan.app_id`)
+    if table is None:  # the table's id names the partitions' app transactions (`lakehouse.app_id`)
         table = create_table(settings, schema)
         plans = [replace(p, app_id=app_id(table_id(table), p.topic, p.partition)) for p in plans]
         results = _results(plans)

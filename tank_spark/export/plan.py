@@ -4,7 +4,6 @@ it exports — from the version recorded in the table to the last complete seq n
 from __future__ import annotations
 
 import argparse
-import hashlib
 import logging
 import os
 from collections.abc import Collection, Iterable
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
+from tank_log.lakehouse import recorded_version, storage_options
 from tank_spark.export.location import TableLocation
 from tank_spark.export.upkeep import check_vacuum_retention
 
@@ -21,33 +21,6 @@ if TYPE_CHECKING:
     from tank_spark.runner import JobContext
 
 log = logging.getLogger(__name__)
-
-
-def table_id(table: DeltaTable) -> str:
-    """The Delta table's own id: its metaData id, a UUID string (deltalake annotates it `int`)."""
-    return str(table.metadata().id)
-
-
-def app_id(table_uuid: str, topic: str, partition: int) -> str:
-    """Application transaction id of one partition in one table. `table_uuid` is the Delta table's own id (`table_id`,
-    kept when the table is moved, copied or reached through another path or a symlink), so exactly-once
-    belongs to the table, not to the path used to reach it."""
-    return f"tank-log:{table_uuid}:{topic}:{partition}"
-
-
-def legacy_app_id(table: str, topic: str, partition: int) -> str:
-    """The id of tables exported before `app_id` used the table's id (a hash of the path): read, never written."""
-    digest = hashlib.sha1(table_key(table).encode()).hexdigest()[:12]
-    return f"tank-log:{digest}:{topic}:{partition}"
-
-
-def recorded_version(table: DeltaTable, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
-    """(app id, last exported seq recorded in the table for the partition, None if never)."""
-    aid = app_id(table_id(table), topic, partition)
-    version = table.transaction_version(aid)
-    if version is None:
-        version = table.transaction_version(legacy_app_id(table_path, topic, partition))
-    return aid, version
 
 
 def recorded_versions(
@@ -60,10 +33,6 @@ def recorded_versions(
         sel.partition.key: recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)[1]
         for sel in select_partitions(data_dirs, topics, require_match=False)
     }
-
-
-def table_key(table: str) -> str:
-    return table if "://" in table else os.path.abspath(table)
 
 
 @dataclass
@@ -292,21 +261,6 @@ def _continuous_settings(ctx: JobContext, args: argparse.Namespace, settings: Ex
 
 Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], DeltaTable | None]"
 """What `prepare` hands the job: the settings, every partition's plan, the table (None before the first export)."""
-
-
-def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, str]:
-    """`export.storage_options` with `--storage-option KEY=VALUE` flags over them.
-
-    Raises:
-        JobConfigError: a flag without `=`.
-    """
-    options = dict(configured)
-    for item in flags:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise JobConfigError(f"--storage-option {item!r}: expected KEY=VALUE")
-        options[key] = value
-    return options
 
 
 def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], DeltaTable | None]:

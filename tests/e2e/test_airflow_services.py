@@ -43,7 +43,7 @@ DAG_IDS = (
     "tank_export_nightly",
     "tank_maintenance_window",
 )
-JOB_TIMEOUT_S = 60  # the compaction DAG's job task here: far above a run on this data, so only a hung run meets it
+JOB_TIMEOUT_S = 40  # the compaction DAG's job task here: far above a run on this data, so only a hung run meets it
 
 
 class Airflow:
