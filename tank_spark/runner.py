@@ -79,6 +79,12 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--topics", metavar="T1,T2", help="only these topics")
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
+    p.add_argument(
+        "--metrics-file",
+        metavar="FILE.prom",
+        help="write the run's Prometheus metrics here, atomically (node_exporter's textfile collector); "
+        "default: the config's metrics_file",
+    )
     p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
     p.add_argument(
         "--in-driver-max-bytes",
@@ -471,6 +477,7 @@ def run_job(
     try:
         args = parser.parse_args(argv)
         ctx = build_context(job, args, new_data_dir=new_data_dir)
+        report.metrics_path = args.metrics_file or ctx.config.metrics_file
         prepared = prepare(ctx, args)
         report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:
@@ -541,6 +548,7 @@ class RunReport:
         self.doc: dict[str, Any] = {"job": job, "tank_log_version": __version__, "started": _now()}
         self.timings: dict[str, float] = {}
         self._t0 = self._phase = time.monotonic()
+        self.metrics_path: str | None = None  # where `end` also writes the run's Prometheus metrics
 
     def phase_done(self, name: str) -> None:
         now = time.monotonic()
@@ -552,6 +560,10 @@ class RunReport:
         duration = round(time.monotonic() - self._t0, 3)
         self.doc.update(status=status, finished=_now(), duration_s=duration, timings=self.timings, **fields)
         write_report(path, self.doc)
+        if self.metrics_path:
+            from tank_log.metrics import write_report_metrics
+
+            write_report_metrics(self.metrics_path, self.doc)
 
 
 def _logged_failure(job: str, err: Exception) -> str:

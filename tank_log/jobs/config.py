@@ -7,6 +7,7 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
     broker_stopped: false               # mutations need the broker stopped (docs/FORMAT.md §9)
     live_window: 5min                   # a partition changed this recently looks live and is refused
     in_driver_max_bytes: 1gb            # compact/retention/rebuild/maintain reading at most this: no Spark (0: never)
+    metrics_file: null                  # Prometheus metrics of every run (node_exporter textfile), e.g. x.prom
     spark:
       master: local[2]                  # used when not given by spark-submit
       app_name: tank-log
@@ -263,6 +264,7 @@ class JobConfig:
     # (bench/RESULTS.md, "Small partition runs in the driver's processes"). The export has its own,
     # `export.in_driver_max_bytes`.
     in_driver_max_bytes: int = 1 << 30
+    metrics_file: str | None = None  # every run's Prometheus metrics (tank_log/metrics.py)
     spark: SparkSettings = SparkSettings()
     compaction: CompactionSettings = CompactionSettings()
     retention: RetentionSettings = RetentionSettings()
@@ -566,6 +568,7 @@ TOP_LEVEL_KEYS = {
     "broker_stopped",
     "live_window",
     "in_driver_max_bytes",
+    "metrics_file",
     "spark",
     "compaction",
     "retention",
@@ -591,6 +594,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def _optional_path(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise JobConfigError(f"{where}: expected a file path")
+    return value
+
+
 def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
     """Validate a parsed YAML document.
 
@@ -604,6 +615,7 @@ def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
         broker_stopped=_bool(v.get("broker_stopped", False), "broker_stopped"),
         live_window_s=_duration_ms(v.get("live_window", 300), "live_window") // 1000,
         in_driver_max_bytes=_size(v.get("in_driver_max_bytes", 1 << 30), "in_driver_max_bytes"),
+        metrics_file=_optional_path(v.get("metrics_file"), "metrics_file"),
         spark=_spark(v.get("spark")),
         compaction=_compaction(v.get("compaction")),
         retention=_retention(v.get("retention")),
@@ -662,6 +674,7 @@ def relative_to(config: JobConfig, directory: str) -> JobConfig:
     )
     return replace(
         config,
+        metrics_file=None if config.metrics_file is None else resolve(config.metrics_file),
         data_dirs=tuple(resolve(d) for d in config.data_dirs),
         export=export,
         brokers=brokers,

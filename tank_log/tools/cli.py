@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -60,15 +61,32 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
+    from tank_log.lakehouse import ExportedSeqs, TableUnreadable, storage_options
+    from tank_log.metrics import stats_registry, write_metrics
     from tank_log.storage.datadir import Unread
     from tank_log.tools.stats import format_table, stats_path
 
     unread: list[Unread] = []
-    rows = stats_path(args.path, args.topics, unread=unread)
-    if args.json:
+    exported = None
+    if args.export_table:
+        exported = ExportedSeqs(args.export_table, storage_options({}, args.storage_option))
+    try:
+        rows = stats_path(args.path, args.topics, unread=unread, exported=exported)
+    except TableUnreadable as err:
+        print(f"tank-log stats: the export lag is unknown: {err}", file=sys.stderr)
+        return 1
+    table = None if exported is None else exported.uri
+    fmt = "json" if args.json else args.format
+    if fmt == "json":
         print(json.dumps([r.to_dict() for r in rows], indent=2))
+    elif fmt == "prometheus":
+        from prometheus_client import generate_latest
+
+        sys.stdout.write(generate_latest(stats_registry(rows, table)).decode())
     else:
         print(format_table(rows))
+    if args.metrics_file:
+        write_metrics(args.metrics_file, stats_registry(rows, table))
     for r in rows:
         if r.error:
             print(f"tank-log stats: {r.topic}/{r.partition}: {r.error}", file=sys.stderr)
@@ -135,7 +153,15 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     tasks, skipped = plan_compaction(
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run
     )
-    return _run_tasks("compact", tasks, skipped, record_cleanup_marks, dry_run=args.dry_run, processes=args.processes)
+    return _run_tasks(
+        "compact",
+        tasks,
+        skipped,
+        record_cleanup_marks,
+        dry_run=args.dry_run,
+        processes=args.processes,
+        metrics_file=args.metrics_file or config.metrics_file,
+    )
 
 
 def _cmd_maintain(args: argparse.Namespace) -> int:
@@ -151,7 +177,13 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
         [args.path], set(args.topics) if args.topics else None, config, dry_run=args.dry_run, salvage=args.salvage
     )
     return _run_tasks(
-        "maintain", tasks, left_out, record_maintenance_marks, dry_run=args.dry_run, processes=args.processes
+        "maintain",
+        tasks,
+        left_out,
+        record_maintenance_marks,
+        dry_run=args.dry_run,
+        processes=args.processes,
+        metrics_file=args.metrics_file or config.metrics_file,
     )
 
 
@@ -170,11 +202,13 @@ def _run_tasks(
     *,
     dry_run: bool,
     processes: int | None,
+    metrics_file: str | None = None,
 ) -> int:
     """Run tasks in worker processes (one per CPU unless `processes`): a JSON line per partition as it finishes (and a
     progress bar on a terminal); the bookkeeping for what finished, also on Ctrl-C/SIGTERM, which drains the run
     (exit 130, listing what finished). Exit codes as a job's (`jobs/exits.py`): 3 when a partition needing work was
-    skipped because the broker holds it."""
+    skipped because the broker holds it. With `metrics_file`, the run's Prometheus metrics as a job's
+    (`metrics.report_registry`)."""
     from tank_log.jobs.exits import EXIT_PARTIAL, exit_code, missed_message
     from tank_log.jobs.processes import run_in_processes, usable_cpus
     from tank_log.jobs.progress import interrupted_message
@@ -185,12 +219,25 @@ def _run_tasks(
         if r["status"] != Status.INTERRUPTED:  # queued when the run was stopped: listed by the message below
             print(json.dumps(r), flush=True)
 
+    t0 = time.monotonic()
+
+    def metrics(status: str, results: list[dict[str, Any]]) -> None:
+        if metrics_file:
+            from tank_log.metrics import write_report_metrics
+
+            by_status: dict[str, int] = {}
+            for r in results:
+                by_status[str(r["status"])] = by_status.get(str(r["status"]), 0) + 1
+            doc = {"job": f"tank-log {what}", "status": status, "duration_s": time.monotonic() - t0}
+            write_report_metrics(metrics_file, {**doc, "summary": {"by_status": by_status}, "partitions": results})
+
     try:
         results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
     except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
         if not dry_run:
             bookkeeping(stop.results)
         print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
+        metrics("interrupted", stop.results)
         return EXIT_INTERRUPTED
     if not dry_run:
         bookkeeping(results)
@@ -199,6 +246,7 @@ def _run_tasks(
     code = exit_code(results)
     if code == EXIT_PARTIAL:
         print(missed_message(f"tank-log {what}", results), file=sys.stderr)
+    metrics({0: "ok", EXIT_PARTIAL: "partial"}.get(code, "partial-failure"), results)
     return code
 
 
@@ -236,6 +284,14 @@ def _cmd_job_path(args: argparse.Namespace) -> int:
 
     print(job_path(args.job))
     return 0
+
+
+def _add_metrics_file(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-file",
+        metavar="FILE.prom",
+        help="also write Prometheus metrics here, atomically (node_exporter's textfile collector)",
+    )
 
 
 def _add_processes(p: argparse.ArgumentParser) -> None:
@@ -282,7 +338,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("stats", help="per-partition statistics")
     p.add_argument("path", help="partition dir, topic dir or base path")
-    p.add_argument("--json", action="store_true", help="a JSON list instead of a table")
+    p.add_argument(
+        "--format",
+        choices=("table", "json", "prometheus"),
+        default="table",
+        help="a table, a JSON list, or Prometheus text exposition (default table)",
+    )
+    p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument(
+        "--export-table",
+        metavar="TABLE",
+        help="also the lag of this Delta table (an export of the path) behind each partition: messages and seconds",
+    )
+    p.add_argument(
+        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for --export-table, as the export's"
+    )
+    _add_metrics_file(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
 
@@ -309,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
     _add_processes(p)
+    _add_metrics_file(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser(
@@ -323,6 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
     add_keep_unexported(p)
     _add_processes(p)
+    _add_metrics_file(p)
     p.set_defaults(func=_cmd_maintain)
 
     p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")

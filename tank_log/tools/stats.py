@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -11,6 +12,9 @@ import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import CODEC_MASK, SPARSE
+from tank_log.lakehouse import ExportedSeqs
+from tank_log.maintenance.compaction.passes import dirty_ratio
+from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.datadir import Partition, Unread, scan_partitions
 from tank_log.tools.dump import tail_loss
 
@@ -38,6 +42,9 @@ class PartitionStats:
     snappy_bundles: int = 0
     sparse_bundles: int = 0
     torn_bytes: int = 0
+    dirty_ratio: float | None = None  # cleanup-policy partitions: RO bytes after the .cleanup.log mark ÷ RO bytes
+    export_lag_messages: int | None = None  # with an export table: messages it has not received
+    export_lag_seconds: float | None = None  # ... and the age of the oldest of them (0: none)
     error: str | None = None  # why the figures stop early (malformed data, I/O error)
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,12 +52,25 @@ class PartitionStats:
 
 
 def partition_stats(
-    part: Partition, *, distinct_keys: bool = True, unread: list[Unread] | None = None
+    part: Partition,
+    *,
+    distinct_keys: bool = True,
+    unread: list[Unread] | None = None,
+    exported: ExportedSeqs | None = None,
+    now_s: float | None = None,
 ) -> PartitionStats:
     """The figures of one partition; the torn tails of its segments that lose data (RO segments, or data after
-    corrupt bytes) are appended to `unread`."""
+    corrupt bytes) are appended to `unread`. With `exported`, the lag of that Delta table behind the partition.
+
+    Raises:
+        TableUnreadable: `exported`'s table cannot be read.
+    """
     st = PartitionStats(part.topic, part.id, segments=len(part.segments), ro_segments=len(part.ro))
     keys: set[bytes] = set()
+    after = None if exported is None else (exported.last_seq(part.topic, part.id) or 0)
+    oldest_unexported_ms: int | None = None
+    if after is not None:
+        st.export_lag_messages = 0
     for sf in part.segments:
         st.bytes += sf.size
         walk = sf.chunks()
@@ -74,6 +94,12 @@ def partition_stats(
             st.keyless += int((~keyed).sum())
             st.keyless_empty += int((~keyed & empty).sum())
             st.tombstones += int((keyed & empty).sum())
+            if after is not None:
+                behind = c.seq > after
+                if behind.any():
+                    st.export_lag_messages = (st.export_lag_messages or 0) + int(behind.sum())
+                    oldest = int(c.ts[behind].min())
+                    oldest_unexported_ms = oldest if oldest_unexported_ms is None else min(oldest, oldest_unexported_ms)
             if distinct_keys:
                 for i in np.flatnonzero(keyed).tolist():
                     keys.add(c.key(i))  # type: ignore[arg-type]
@@ -82,11 +108,21 @@ def partition_stats(
         if loss is not None and unread is not None:
             unread.append(loss)
     st.distinct_keys = len(keys)
+    if after is not None:
+        now = time.time() if now_s is None else now_s
+        st.export_lag_seconds = 0.0 if oldest_unexported_ms is None else max(0.0, now - oldest_unexported_ms / 1000)
+    if part.config.cleanup_policy == "cleanup":
+        base = os.path.dirname(os.path.dirname(part.path))
+        st.dirty_ratio = round(dirty_ratio(part, read_cleanup_log(base).get(part.key, 0)), 6)
     return st
 
 
 def stats_path(
-    path: str | os.PathLike[str], topics: list[str] | None = None, *, unread: list[Unread] | None = None
+    path: str | os.PathLike[str],
+    topics: list[str] | None = None,
+    *,
+    unread: list[Unread] | None = None,
+    exported: ExportedSeqs | None = None,
 ) -> list[PartitionStats]:
     """Figures of every partition; one malformed partition gets its `error`, the others are still counted. What the
     figures leave out (partition directories and segment files the broker never reads, data lost in torn tails of RO
@@ -99,7 +135,7 @@ def stats_path(
         unread += left_out
     for p in parts:
         try:
-            out.append(partition_stats(p, unread=unread))
+            out.append(partition_stats(p, unread=unread, exported=exported))
         except (TankFormatError, OSError) as err:
             out.append(PartitionStats(p.topic, p.id, segments=len(p.segments), error=str(err)))
     return out

@@ -1,0 +1,158 @@
+"""Prometheus metrics of the data and of every run, in the text exposition format, for node_exporter's textfile
+collector (prometheus_client writes the file under a temporary name and renames it into place, so the collector
+never reads half a file).
+
+- `stats_registry`: per partition, from `tank-log stats` (bytes, segments, messages, last seq, the dirty ratio of
+  `cleanup` partitions, and with an export table the export lag in messages and in seconds);
+- `report_registry`: per run, from a job's report (last run and last success timestamps, duration, exit status,
+  partitions by status, bytes kept back by `retention.keep_unexported`, data-loss events). Counters and the last
+  success survive the runs that do not set them: they are carried over from the file being replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from tank_log.tools.stats import PartitionStats
+
+PARTITION = ("topic", "partition")
+NS = "tank_log"
+
+
+def stats_registry(rows: Iterable[PartitionStats], table: str | None = None) -> CollectorRegistry:
+    """The per-partition gauges of `tank-log stats`; the export lag ones when `table` was given."""
+    reg = CollectorRegistry()
+    g = {
+        "bytes": Gauge(f"{NS}_partition_bytes", "Bytes of the partition's segment files", PARTITION, registry=reg),
+        "segments": Gauge(f"{NS}_partition_segments", "Segments (RO and active)", PARTITION, registry=reg),
+        "messages": Gauge(f"{NS}_partition_messages", "Messages in the partition", PARTITION, registry=reg),
+        "last_seq": Gauge(f"{NS}_partition_last_seq", "The partition's last complete seq", PARTITION, registry=reg),
+        "torn": Gauge(f"{NS}_partition_torn_bytes", "Bytes after the last complete bundle", PARTITION, registry=reg),
+        "dirty": Gauge(
+            f"{NS}_partition_dirty_ratio",
+            "Dirty ratio of a cleanup partition: RO bytes after its .cleanup.log mark ÷ RO bytes (§6.1)",
+            PARTITION,
+            registry=reg,
+        ),
+        "error": Gauge(f"{NS}_partition_read_error", "1 when the partition could not be read", PARTITION, registry=reg),
+    }
+    lag_labels = (*PARTITION, "table")
+    lag_msgs = lag_s = None
+    if table is not None:
+        lag_msgs = Gauge(
+            f"{NS}_export_lag_messages", "Messages the Delta table has not received", lag_labels, registry=reg
+        )
+        lag_s = Gauge(
+            f"{NS}_export_lag_seconds",
+            "Age of the oldest message the Delta table has not received (0: none)",
+            lag_labels,
+            registry=reg,
+        )
+    for r in rows:
+        labels = (r.topic, str(r.partition))
+        g["bytes"].labels(*labels).set(r.bytes)
+        g["segments"].labels(*labels).set(r.segments)
+        g["messages"].labels(*labels).set(r.messages)
+        g["torn"].labels(*labels).set(r.torn_bytes)
+        g["error"].labels(*labels).set(1 if r.error else 0)
+        if r.last_seq is not None:
+            g["last_seq"].labels(*labels).set(r.last_seq)
+        if r.dirty_ratio is not None:
+            g["dirty"].labels(*labels).set(r.dirty_ratio)
+        if lag_msgs is not None and lag_s is not None and r.export_lag_messages is not None:
+            lag_msgs.labels(*labels, table).set(r.export_lag_messages)
+            lag_s.labels(*labels, table).set(r.export_lag_seconds or 0)
+    return reg
+
+
+def report_registry(report: dict[str, Any], previous: dict[str, float] | None = None) -> CollectorRegistry:
+    """The gauges of one run's report. `previous`: the samples of the file being replaced (`read_samples`), whose
+    last success and data-loss total carry over."""
+    previous = previous or {}
+    job = str(report.get("job"))
+    reg = CollectorRegistry()
+    now = time.time()
+    Gauge(f"{NS}_job_last_run_timestamp_seconds", "When the job's last run ended", ["job"], registry=reg).labels(
+        job
+    ).set(now)
+    success = Gauge(
+        f"{NS}_job_last_success_timestamp_seconds", "When the job's last successful run ended", ["job"], registry=reg
+    )
+    key = f'{NS}_job_last_success_timestamp_seconds{{job="{job}"}}'
+    if report.get("status") == "ok":
+        success.labels(job).set(now)
+    elif key in previous:
+        success.labels(job).set(previous[key])
+    Gauge(f"{NS}_job_duration_seconds", "Duration of the job's last run", ["job"], registry=reg).labels(job).set(
+        float(report.get("duration_s") or 0)
+    )
+    Gauge(f"{NS}_job_last_run_ok", "1 when the job's last run ended with status ok", ["job"], registry=reg).labels(
+        job
+    ).set(1 if report.get("status") == "ok" else 0)
+    by_status = Gauge(f"{NS}_job_partitions", "Partitions of the last run by status", ["job", "status"], registry=reg)
+    for status, n in ((report.get("summary") or {}).get("by_status") or {}).items():
+        by_status.labels(job, status).set(n)
+    entries = [_retention_entry(p) for p in report.get("partitions") or []]
+    kept = Gauge(
+        f"{NS}_retention_kept_unexported_bytes",
+        "Bytes retention keeps back because the Delta table has not received them",
+        [*PARTITION, "table"],
+        registry=reg,
+    )
+    loss = Gauge(
+        f"{NS}_retention_data_loss_events",
+        "Partitions whose unexported data retention deleted past max_holdback, over all runs",
+        PARTITION,
+        registry=reg,
+    )
+    for p in entries:
+        if p is None:
+            continue
+        labels = (str(p.get("topic")), str(p.get("partition")))
+        if p.get("kept_unexported"):
+            kept.labels(*labels, p["kept_unexported"]["table"]).set(p["kept_unexported"]["bytes"])
+        before = previous.get(f'{NS}_retention_data_loss_events{{partition="{labels[1]}",topic="{labels[0]}"}}', 0)
+        if p.get("status") == "data-loss" or before:
+            loss.labels(*labels).set(before + (1 if p.get("status") == "data-loss" else 0))
+    return reg
+
+
+def _retention_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """The retention outcome of a report entry (the entry itself, or a maintenance entry's retention step)."""
+    if "steps" in entry:
+        step = entry["steps"].get("retention")
+        return {**step, "topic": entry.get("topic"), "partition": entry.get("partition")} if step else None
+    return entry if "kept_unexported" in entry or entry.get("status") == "data-loss" else None
+
+
+def read_samples(path: str) -> dict[str, float]:
+    """The samples of an exposition file (`name{label="v",...}` → value; labels sorted), {} when there is none."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def write_metrics(path: str, registry: CollectorRegistry) -> None:
+    """Write the registry to `path` atomically (a temporary file renamed into place), creating its directory."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_to_textfile(path, registry)
+
+
+def write_report_metrics(path: str, report: dict[str, Any]) -> None:
+    """A run's metrics to `path`, carrying over what the file held (`report_registry`)."""
+    write_metrics(path, report_registry(report, read_samples(path)))
