@@ -39,7 +39,7 @@ import re
 from datetime import datetime, timedelta
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable, Param, task
 from airflow.task.trigger_rule import TriggerRule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -47,6 +47,11 @@ DEFAULT_HOME = os.path.dirname(os.path.dirname(HERE))
 START = datetime(2026, 1, 1)
 RETRIES = int(os.environ.get("TANK_LOG_DAG_RETRIES", "2"))  # environment, not a Variable: read at parse time
 RETRY_DELAY = timedelta(seconds=int(os.environ.get("TANK_LOG_DAG_RETRY_DELAY_S", "600")))
+
+
+# The export DAGs' job tasks update this Asset when they succeed; the retention DAG runs after each of them as well as
+# on its own schedule, so what an export delivered is freed at once (retention.keep_unexported keeps the rest).
+EXPORTED = Asset(name="tank_log_export", uri=os.environ.get("TANK_LOG_EXPORT_ASSET", "tank-log://export"))
 
 
 def _schedule(dag_id: str, default: str) -> str | None:
@@ -151,11 +156,23 @@ def publish_report(report_path: str) -> dict:
 
 
 def _maintenance_dag(
-    dag_id: str, job: str, schedule: str, timeout: timedelta, doc: str, extra_args: list[str] | None = None
+    dag_id: str,
+    job: str,
+    schedule: str,
+    timeout: timedelta,
+    doc: str,
+    extra_args: list[str] | None = None,
+    after: Asset | None = None,
 ) -> DAG:
+    cron = _schedule(dag_id, schedule)
+    timetable = (
+        AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[after])
+        if after is not None and cron is not None
+        else cron
+    )
     with DAG(
         dag_id=dag_id,
-        schedule=_schedule(dag_id, schedule),
+        schedule=timetable,
         start_date=START,
         catchup=False,
         max_active_runs=1,  # the job mutates partitions: never two runs at once
@@ -184,7 +201,9 @@ retention = _maintenance_dag(
     "retention",
     "@hourly",
     timedelta(minutes=50),
-    "Hourly retention (jobs/retention.py): deletes expired RO segments by count, size and age.",
+    "Hourly retention (jobs/retention.py), and after every successful export (Asset tank_log_export): deletes "
+    "expired RO segments by count, size and age; with retention.keep_unexported, only what the table received.",
+    after=EXPORTED,
 )
 
 index_verify = _maintenance_dag(
@@ -223,7 +242,7 @@ with DAG(
         "{{ ('--table=' ~ params.destination) if params.destination else '' }}",
         "{{ ('--since=' ~ params.since) if params.since else '' }}",
     ]
-    _run = _spark_submit("export_delta", _args, _timeout("tank_export_adhoc", timedelta(hours=6)))
+    _run = _spark_submit("export_delta", _args, _timeout("tank_export_adhoc", timedelta(hours=6)), outlets=[EXPORTED])
     _run >> publish_report(_report_path("export_delta"))
 
 
@@ -245,6 +264,7 @@ with DAG(
         "export_delta",
         _common_args("export_delta", mutating=False),
         _timeout("tank_export_nightly", timedelta(hours=6)),
+        outlets=[EXPORTED],
     )
     _export >> publish_report(_report_path("export_delta"))
     _upkeep_report = f"{REPORTS}/export_upkeep-{RUN_TAG}.json"

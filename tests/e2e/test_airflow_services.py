@@ -264,6 +264,12 @@ def test_every_dag_triggered_by_hand_succeeds(airflow, dag_id, conf):
         table = DeltaTable(f"{af.work}/adhoc-lake")
         topics = QueryBuilder().register("t", table).execute("select distinct topic from t").read_all()
         assert topics.column(0).to_pylist() == ["orders"]
+        # the export's Asset event runs retention (it frees what the export delivered)
+        deadline = time.monotonic() + 120
+        while not (after := [r for r in af.runs("tank_retention_hourly") if r["run_type"] == "asset_triggered"]):
+            assert time.monotonic() < deadline, "no retention run after the export"
+            time.sleep(1)
+        assert af.wait("tank_retention_hourly", after[0]["dag_run_id"]) == "success"
 
 
 def _job_processes(marker: str) -> list[tuple[int, str]]:
