@@ -4,7 +4,7 @@ exported (rows in the table), deleted by retention, kept back for the table, and
 TANK data nor the table: must be 0 while the bound is not reached). Before the first night the data is exported
 once (the table exists), then the export is down.
 
-    python bench/holdback.py [--nights-off 3] [--nights 5] [--partitions 4] [--per-night 20000]
+    python bench/holdback.py [--nights-off 3] [--nights 5] [--partitions 4] [--per-night 20000] [--no-guard]
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--nights-off", type=int, default=3, help="the first nights without the export")
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--per-night", type=int, default=20_000)
+    ap.add_argument("--no-guard", action="store_true", help="retention without keep_unexported (the reference)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         base, table = os.path.join(tmp, "base"), os.path.join(tmp, "lake")
@@ -100,7 +101,7 @@ def main() -> None:
             if exporting:
                 exp = run("export_delta", "--data-dir", base, "--table", table)
                 assert exp["exit"] == 0, exp
-            guard = ["--keep-unexported", table]
+            guard = [] if args.no_guard else ["--keep-unexported", table]
             ret = run("retention", "--data-dir", base, "--broker-stopped", *guard)
             deleted = sum(p.get("messages_deleted") or 0 for p in ret["partitions"])
             deleted_total += deleted
