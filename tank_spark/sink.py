@@ -32,7 +32,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from tank_log.errors import ImportRefused
 from tank_log.format.arrow import columns_from_arrow
 from tank_log.format.broker_config import PartitionConfig, load_config
-from tank_log.format.decode import MessageColumns
+from tank_log.format.messages import MessageColumns
 from tank_log.storage.staging import (
     MANIFEST,
     StagedPartition,

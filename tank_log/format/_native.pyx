@@ -754,7 +754,7 @@ def encode_message_set(object messages, bint sparse):
 
 def encode_columns(object data, const uint64_t[::1] seq, const uint64_t[::1] ts, const int64_t[::1] key_off,
                    const int64_t[::1] key_len, const int64_t[::1] val_off, const int64_t[::1] val_len, bint sparse):
-    """encode_message_set's output for messages given as columns over `data` (decode.MessageColumns); None for
+    """encode_message_set's output for messages given as columns over `data` (messages.MessageColumns); None for
     input the pure encoder rejects or rows outside `data` (the caller then encodes on the pure path, which raises)."""
     cdef const uint8_t[::1] d = data
     cdef Py_ssize_t count = seq.shape[0], size, payload = 0

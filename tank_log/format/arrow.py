@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from tank_log.format import native
-from tank_log.format.decode import MessageColumns
+from tank_log.format.messages import MessageColumns
 
 MESSAGE_SCHEMA = pa.schema(
     [

@@ -11,17 +11,16 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.codecs import CODECS, Codec, block_codec
+from tank_log.format.messages import Message as Message  # re-exported: the format's message
+from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U32_MAX, U64_MAX, decode_varint, encode_varint
-
-if TYPE_CHECKING:
-    from tank_log.format.decode import MessageColumns
 
 # bundle flags (§3.3): codec in bits 0-1, 4-bit count in bits 2-5 (0 = a varint count follows), sparse bit 6
 CODEC_MASK = 0x03
@@ -39,15 +38,6 @@ UNKNOWN_MESSAGE_FLAGS = 0xFF & ~(HAVE_KEY | USE_LAST_TS | SEQ_PREV_PLUS_ONE)
 
 MAX_KEY_LEN = 255
 _U64 = struct.Struct("<Q")
-
-
-class Message(NamedTuple):
-    """One message. `key` None (or b"") means no key; `ts` is the producer's u64 (ms by convention, §3.7)."""
-
-    seq: int
-    ts: int
-    key: bytes | None
-    value: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +294,7 @@ def encode_bundle(
 
 
 def encode_bundle_columns(cols: MessageColumns, *, sparse: bool, codec: Codec | SnappyPolicy = Codec.NONE) -> bytes:
-    """`encode_bundle` of messages given as columns (decode.MessageColumns): the same bytes, without a Python object
+    """`encode_bundle` of messages given as columns (messages.MessageColumns): the same bytes, without a Python object
     per message.
 
     Raises:

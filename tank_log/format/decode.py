@@ -15,7 +15,6 @@ All errors are TankFormatError with offsets relative to the walked buffer; calle
 
 from __future__ import annotations
 
-import builtins
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,11 +36,11 @@ from tank_log.format.bundle import (
     UNKNOWN_MESSAGE_FLAGS,
     USE_LAST_TS,
     BundleHeader,
-    Message,
     count_field,
     parse_header_body,
 )
 from tank_log.format.codecs import CODECS
+from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U64_MAX, decode_varint
 
 # Reads of one message step can run at most 1+5+8+1+255+5 bytes past a message set's end before the overrun check.
@@ -362,75 +361,7 @@ def _gather(sets: list[Any]) -> tuple[bytes, np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# messages
-
-
-@dataclass
-class MessageColumns:
-    """Decoded messages of a BundleTable as numpy columns; keys/values are (offset, length) into `data`."""
-
-    seq: np.ndarray  # uint64
-    ts: np.ndarray  # uint64
-    key_off: np.ndarray  # int64, -1 = no key
-    key_len: np.ndarray  # int64
-    val_off: np.ndarray  # int64
-    val_len: np.ndarray  # int64
-    bundle: np.ndarray  # int64: index of the message's bundle in the table
-    data: bytes
-
-    def __len__(self) -> int:
-        return len(self.seq)
-
-    def slice(self, start: int, stop: int) -> MessageColumns:
-        """Rows [start, stop) (views, not copies)."""
-        return self.take(slice(start, stop))
-
-    def take(self, rows: np.ndarray | builtins.slice) -> MessageColumns:
-        """The rows at the indices, bool mask or slice `rows` (a slice gives views)."""
-        return MessageColumns(
-            self.seq[rows],
-            self.ts[rows],
-            self.key_off[rows],
-            self.key_len[rows],
-            self.val_off[rows],
-            self.val_len[rows],
-            self.bundle[rows],
-            self.data,
-        )
-
-    @classmethod
-    def from_messages(cls, messages: list[Message]) -> MessageColumns:
-        """Columns of Python messages (keys and values copied into one buffer): for callers that hold messages."""
-        data, key_off, val_off, at = [], [], [], 0
-        for m in messages:
-            if m.key is None:
-                key_off.append(-1)
-            else:
-                key_off.append(at)
-                data.append(m.key)
-                at += len(m.key)
-            val_off.append(at)
-            data.append(m.value)
-            at += len(m.value)
-        i64 = np.int64
-        return cls(
-            np.array([m.seq for m in messages], np.uint64),
-            np.array([m.ts for m in messages], np.uint64),
-            np.array(key_off, i64),
-            np.array([0 if m.key is None else len(m.key) for m in messages], i64),
-            np.array(val_off, i64),
-            np.array([len(m.value) for m in messages], i64),
-            np.zeros(len(messages), i64),
-            b"".join(data),
-        )
-
-    def key(self, i: int) -> bytes | None:
-        off = int(self.key_off[i])
-        return None if off < 0 else self.data[off : off + int(self.key_len[i])]
-
-    def value(self, i: int) -> bytes:
-        off = int(self.val_off[i])
-        return self.data[off : off + int(self.val_len[i])]
+# message sets → columns
 
 
 _AR5 = np.arange(5, dtype=np.int64)

@@ -25,13 +25,13 @@ from tank_log.format.decode import (
     LIMIT,
     ZERO,
     BundleTable,
-    MessageColumns,
     WalkResult,
     collect_bundles,
     decode_messages,
     walk_bundles,
 )
 from tank_log.format.index import lookup, usable_entries
+from tank_log.format.messages import MessageColumns
 from tank_log.format.names import FileName, Kind, format_index_name, parse_name
 
 DEFAULT_CHUNK_BYTES = 4 << 20

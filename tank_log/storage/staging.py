@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tank_log.errors import ImportAborted, ImportRefused
-from tank_log.format.decode import MessageColumns
+from tank_log.format.messages import MessageColumns
 from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir

@@ -25,8 +25,8 @@ from tank_log.format.bundle import (
     is_contiguous,
     messages_of,
 )
-from tank_log.format.decode import MessageColumns
 from tank_log.format.index import DEFAULT_INDEX_INTERVAL, REL_SEQ_LIMIT, encode_index
+from tank_log.format.messages import MessageColumns
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name, name_ts_from_message_ts
 from tank_log.format.varint import U32_MAX, U64_MAX, unframed_size
 from tank_log.storage.fsutil import fsync_dir, remove_if_exists, temp_path
@@ -152,7 +152,7 @@ class SegmentWriter:
             self.flush_bundle()
 
     def add_columns(self, cols: MessageColumns, stop_past_size: int | None = None) -> int:
-        """Bulk `add` of messages given as columns (decode.MessageColumns): the same bundles and bytes as adding
+        """Bulk `add` of messages given as columns (messages.MessageColumns): the same bundles and bytes as adding
         them one by one, encoded from the columns without a Python object per message.
 
         Returns how many rows were added: all of them; fewer when a bundle took the segment past `stop_past_size`

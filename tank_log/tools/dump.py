@@ -11,7 +11,7 @@ from typing import Any
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
-from tank_log.format.decode import MessageColumns
+from tank_log.format.messages import MessageColumns
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment, Tail

@@ -11,7 +11,7 @@ import pytest
 
 from tank_log.errors import ImportAborted, ImportRefused
 from tank_log.format.bundle import Message
-from tank_log.format.decode import MessageColumns
+from tank_log.format.messages import MessageColumns
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.fsutil import atomic_write
 from tank_log.storage.repair import repair_base

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from tank_log.format import native
 from tank_log.format.bundle import Message, SnappyPolicy
-from tank_log.format.decode import MessageColumns
 from tank_log.format.index import REL_SEQ_LIMIT
+from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U32_MAX
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.maintenance.compaction.output import OutputSegments

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from tank_log.format.bundle import Message
-from tank_log.format.decode import MessageColumns
 from tank_log.format.index import REL_SEQ_LIMIT
+from tank_log.format.messages import MessageColumns
 from tank_log.format.names import name_ts_from_message_ts
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.storage.writer import SegmentWriter, WrittenSegment

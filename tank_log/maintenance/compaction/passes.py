@@ -8,7 +8,8 @@ import numpy as np
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import SPARSE
-from tank_log.format.decode import BundleTable, MessageColumns
+from tank_log.format.decode import BundleTable
+from tank_log.format.messages import MessageColumns
 from tank_log.maintenance.compaction.key_state import KeyMap
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
