@@ -44,3 +44,45 @@ def test_no_internal_milestone_names():
                 if pattern.search(line.replace("delta-io/delta-rs#", "")):
                     found.append(f"{name}:{n}: {line.strip()[:100]}")
     assert found == []
+
+
+def test_the_generated_references_list_every_option_and_key():
+    """The site's command-line reference is generated from the parsers: every option of `tank-log`, of each of its
+    commands and of every job is on the page; the configuration reference names every top-level key."""
+    from tank_log.tools.reference import (
+        cli_parsers,
+        cli_reference,
+        config_keys,
+        config_reference,
+        job_parsers,
+        options_of,
+    )
+
+    page = cli_reference()
+    parsers = {**cli_parsers(), **job_parsers()}
+    assert len(parsers) >= 16
+    missing = [f"{name} {opt}" for name, p in parsers.items() for opt in options_of(p) if opt not in page]
+    assert missing == []
+    for name in parsers:
+        assert f"### `{name}`" in page
+    conf = config_reference()
+    assert [k for k in config_keys() if f"`{k}`" not in conf or f"\n{k}:" not in conf] == []
+
+
+def test_the_docs_site_builds_strictly(tmp_path):
+    """`mkdocs build --strict` (also in scripts/test.sh): every page of the nav exists, every link resolves, the
+    generated pages build, the Mermaid diagrams are there."""
+    import sys
+
+    mkdocs = os.path.join(os.path.dirname(sys.executable), "mkdocs")
+    r = subprocess.run(
+        [mkdocs, "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    assert "--keep-unexported" in cli and "--metrics-file" in cli
+    assert 'class="mermaid"' in (tmp_path / "site" / "operations" / "crash-safety" / "index.html").read_text()

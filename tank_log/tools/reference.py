@@ -1,0 +1,110 @@
+"""The docs site's reference pages, generated from the code at build time (never copied by hand): every option of
+`tank-log` and of every job from their argument parsers, and the job configuration from `tank_log/jobs/config.py`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from tank_log.jobs import config
+
+JOBS = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")
+
+
+def job_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each job's full parser, as `jobs/<job>.py --help` builds it."""
+    from tank_spark import compact, import_delta, maintain, rebuild_indexes, retention
+    from tank_spark.export import plan
+    from tank_spark.runner import job_parser
+
+    modules = {
+        "maintain": maintain,
+        "compact": compact,
+        "retention": retention,
+        "rebuild_indexes": rebuild_indexes,
+        "export_delta": plan,
+        "import_delta": import_delta,
+    }
+    out = {}
+    for job, module in modules.items():
+        parser = job_parser(job, (module.__doc__ or "").strip().split("\n\n")[0])
+        module.add_options(parser)
+        out[job] = parser
+    return out
+
+
+def cli_parsers() -> dict[str, argparse.ArgumentParser]:
+    """`tank-log` and each of its commands."""
+    from tank_log.tools.cli import build_parser
+
+    top = build_parser()
+    out = {"tank-log": top}
+    for action in top._actions:  # argparse keeps its subcommands here; there is no public accessor
+        if isinstance(action, argparse._SubParsersAction):
+            out.update({f"tank-log {name}": sub for name, sub in action.choices.items()})
+    return out
+
+
+def options_of(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string and positional of a parser (not its subcommands)."""
+    out = []
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            continue
+        out += list(a.option_strings) or [a.dest]
+    return out
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    os.environ["COLUMNS"] = "110"  # the same wrapping on every machine
+    return parser.format_help()
+
+
+def cli_reference() -> str:
+    lines = [
+        "# Command line and job options",
+        "",
+        "Generated from the argument parsers when the site is built: what `--help` prints.",
+        "",
+        "## tank-log",
+        "",
+    ]
+    for name, parser in cli_parsers().items():
+        lines += [f"### `{name}`", "", "```text", _help(parser).rstrip(), "```", ""]
+    lines += [
+        "## Jobs",
+        "",
+        "`spark-submit jobs/<job>.py …`, `python jobs/<job>.py …` or `python -m tank_spark.jobs.<job> …`.",
+        "",
+    ]
+    for job, parser in job_parsers().items():
+        lines += [f"### `{job}`", "", "```text", _help(parser).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def config_keys() -> list[str]:
+    """The top-level keys of the job configuration."""
+    return sorted(config.TOP_LEVEL_KEYS)
+
+
+def config_reference() -> str:
+    sample = (config.__doc__ or "").split("\n\n", 2)
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `tank_log/jobs/config.py` when the site is built. One YAML format for every job, validated at",
+        "load: unknown keys and bad values are errors naming the key; durations and sizes use the broker's grammar",
+        "(`30s`, `15min`, `7days`; `64kb`, `1gb`); flags override the file; relative paths are relative to the file.",
+        "",
+        "## Top-level keys",
+        "",
+        ", ".join(f"`{k}`" for k in config_keys()),
+        "",
+        "## Every key, with its default",
+        "",
+        "```yaml",
+        "\n".join(line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
