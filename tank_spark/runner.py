@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
 
 from tank_log import __version__
@@ -153,7 +153,7 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
     """
     config = load_job_config(args.config)
     if getattr(args, "broker_stopped", False):
-        config = replace(config, broker_stopped=True)
+        config = config.model_copy(update={"broker_stopped": True})
     data_dirs = tuple(args.data_dir) or config.data_dirs
     if not data_dirs:
         raise JobConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")

@@ -72,14 +72,13 @@ def apply_flags(
     """Command-line flags over the config file (shared by jobs/compact.py and `tank-log compact`)."""
     settings = config.compaction
     if force:
-        settings = replace(settings, force=True)
+        settings = settings.model_copy(update={"force": True})
     if tombstone_retention:
-        settings = replace(
-            settings, tombstone_retention_ms=parse_duration_ms(tombstone_retention, "--tombstone-retention")
-        )
+        ms = parse_duration_ms(tombstone_retention, "--tombstone-retention")
+        settings = settings.model_copy(update={"tombstone_retention_ms": ms})
     if drop_keyless:
-        settings = replace(settings, drop_keyless=True)
-    return replace(config, compaction=settings, broker_stopped=broker_stopped or config.broker_stopped)
+        settings = settings.model_copy(update={"drop_keyless": True})
+    return config.model_copy(update={"compaction": settings, "broker_stopped": broker_stopped or config.broker_stopped})
 
 
 def compaction_task_for(sel: Selected, config: JobConfig, *, dry_run: bool) -> CompactionTask | dict[str, Any]:

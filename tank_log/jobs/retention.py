@@ -109,16 +109,16 @@ def apply_guard_flags(config: JobConfig, args: argparse.Namespace) -> JobConfig:
     table, max_size, max_age = args.keep_unexported, args.max_holdback_size, args.max_holdback_age
     keep = config.retention.keep_unexported
     if table:
-        keep = replace(keep or KeepUnexported(table), table=table)
+        keep = keep.model_copy(update={"table": table}) if keep else KeepUnexported(table=table)
     if keep is not None and args.storage_option:
-        keep = replace(keep, storage_options=storage_options(keep.storage_options, args.storage_option))
+        keep = keep.model_copy(update={"storage_options": storage_options(keep.storage_options, args.storage_option)})
     if (max_size or max_age) and keep is None:
         raise JobConfigError("--max-holdback-size/--max-holdback-age need --keep-unexported (or the config's)")
     if keep is not None and max_size:
-        keep = replace(keep, max_holdback_bytes=parse_size_arg(max_size, "--max-holdback-size"))
+        keep = keep.model_copy(update={"max_holdback_bytes": parse_size_arg(max_size, "--max-holdback-size")})
     if keep is not None and max_age:
-        keep = replace(keep, max_holdback_s=parse_duration_ms(max_age, "--max-holdback-age") // 1000)
-    return replace(config, retention=replace(config.retention, keep_unexported=keep))
+        keep = keep.model_copy(update={"max_holdback_s": parse_duration_ms(max_age, "--max-holdback-age") // 1000})
+    return config.model_copy(update={"retention": config.retention.model_copy(update={"keep_unexported": keep})})
 
 
 def retention_task_for(

@@ -98,8 +98,9 @@ def _age_exceeded(limit: int, seg: Segment, left: RemainingRO, rules: RetentionR
     return f"{source} {t} older than log.retention.secs {limit}s" if t is not None and t + limit < now_s else None
 
 
-# Adding a policy: a field in RetentionRules, a row here (and the broker's key in format/broker_config.py if the
-# broker has one). The job config and the planner read this table.
+# Adding a policy: a field in RetentionRules, a row here, its key in the job config's TopicRetention
+# (jobs/config/models.py), and the broker's key in format/broker_config.py if the broker has one. The planner reads
+# this table.
 POLICIES: tuple[RetentionPolicy, ...] = (
     RetentionPolicy("segments_count", "segments_count", "retention_segments_count", "count", _count_exceeded),
     RetentionPolicy("max_bytes", "max_bytes", "retention_bytes", "size", _bytes_exceeded),

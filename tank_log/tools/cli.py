@@ -279,6 +279,17 @@ def _cmd_rebuild_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from tank_log.jobs.config import json_schema, load_job_config
+
+    if args.what == "schema":
+        print(json.dumps(json_schema(), indent=2))
+        return 0
+    config = load_job_config(args.file)  # check: exit 2 naming the key when it is wrong
+    print(json.dumps(config.model_dump(mode="json"), indent=2))  # field names say their units (_ms, _s)
+    return 0
+
+
 def _cmd_job_path(args: argparse.Namespace) -> int:
     from tank_spark.jobs import job_path
 
@@ -417,6 +428,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("job", choices=NAMES, help="job")
     p.set_defaults(func=_cmd_job_path)
+
+    p = sub.add_parser("config", help="the job configuration: its JSON Schema, or a file checked and shown in full")
+    p.add_argument("what", choices=("schema", "check"), help="schema: the JSON Schema; check: validate FILE")
+    p.add_argument("file", nargs="?", help="with check: the YAML job configuration")
+    p.set_defaults(func=_cmd_config)
 
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir", help="directory to create (must not exist)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from tank_log.jobs import config
 
+PIPE = "\\|"  # a literal | inside a Markdown table cell
 JOBS = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")
 
 
@@ -83,8 +85,45 @@ def cli_reference() -> str:
 
 
 def config_keys() -> list[str]:
-    """The top-level keys of the job configuration."""
-    return sorted(config.TOP_LEVEL_KEYS)
+    """Every key path of the job configuration (`compaction.topics.<topic>.policy`, `brokers[].name`)."""
+    return [path for path, _, _ in _config_rows()]
+
+
+def _config_rows() -> list[tuple[str, str, str]]:
+    """(key path, default, description) of every field of the configuration models, depth first."""
+    import typing
+
+    from pydantic import BaseModel
+
+    from tank_log.jobs.config import JobConfig
+
+    def inner(annotation: Any) -> tuple[type[BaseModel] | None, str]:
+        """The model inside an annotation, and how its keys continue the path (`.`, `.<topic>.`, `[].`)."""
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return annotation, "."
+        origin = typing.get_origin(annotation)
+        for arg in typing.get_args(annotation):
+            model, _ = inner(arg)
+            if model is not None:
+                suffix = ".<topic>." if origin is dict else "[]." if origin is tuple else "."
+                return model, suffix
+        return None, "."
+
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            key = prefix + (field.alias or name)
+            sub, suffix = inner(field.annotation)
+            if sub is not None and sub is not model:
+                rows.append((key, "", (sub.__doc__ or "").strip().split("\n")[0]))
+                walk(sub, key + suffix)
+                continue
+            default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            rows.append((key, default, field.description or ""))
+
+    walk(JobConfig, "")
+    return rows
 
 
 def config_reference() -> str:
@@ -92,15 +131,22 @@ def config_reference() -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `tank_log/jobs/config.py` when the site is built. One YAML format for every job, validated at",
-        "load: unknown keys and bad values are errors naming the key; durations and sizes use the broker's grammar",
-        "(`30s`, `15min`, `7days`; `64kb`, `1gb`); flags override the file; relative paths are relative to the file.",
+        "Generated from the configuration models (`tank_log/jobs/config/models.py`) when the site is built. One YAML",
+        "format for every job, validated at load: unknown keys and bad values are errors naming the key path;",
+        "durations and sizes use the broker's grammar (`30s`, `15min`, `7days`; `64kb`, `1gb`; a bare number is",
+        "seconds or bytes) and are shown here in the unit the field holds (`_ms`, `_s`: milliseconds, seconds);",
+        "flags override the file; relative paths are relative to the file. `tank-log config schema` prints the",
+        "JSON Schema (for editors).",
         "",
-        "## Top-level keys",
+        "| key | default | meaning |",
+        "|---|---|---|",
+    ]
+    for key, default, meaning in _config_rows():
+        shown = f"`{default}`" if default else ""
+        lines.append(f"| `{key}` | {shown} | {meaning.replace('|', PIPE)} |")
+    lines += [
         "",
-        ", ".join(f"`{k}`" for k in config_keys()),
-        "",
-        "## Every key, with its default",
+        "## An example with every section",
         "",
         "```yaml",
         "\n".join(line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")),

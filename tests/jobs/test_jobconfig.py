@@ -150,3 +150,29 @@ def test_bad_brokers_name_the_key(brokers, needle):
     with pytest.raises(JobConfigError) as e:
         parse_job_config({"brokers": brokers})
     assert needle in str(e.value)
+
+
+def test_the_json_schema_and_the_check_command(tmp_path):
+    """`tank-log config schema` prints the JSON Schema of the file (YAML keys, unknown keys refused); `tank-log config
+    check FILE` validates a file (exit 2 naming the key) and shows it with every default."""
+    import json
+    import subprocess
+    import sys
+
+    from tank_log.jobs.config import TOP_LEVEL_KEYS
+
+    cli = [sys.executable, "-m", "tank_log.tools.cli", "config"]
+    r = subprocess.run([*cli, "schema"], capture_output=True, text=True)
+    schema = json.loads(r.stdout)
+    assert r.returncode == 0 and set(schema["properties"]) == set(TOP_LEVEL_KEYS)
+    assert schema["additionalProperties"] is False
+    compaction = schema["$defs"]["CompactionSettings"]["properties"]
+    assert "min_compaction_lag" in compaction and "string" in compaction["min_compaction_lag"]["type"]
+    conf = tmp_path / "job.yaml"
+    conf.write_text("compaction: {min_compaction_lag: 1h}\n")
+    r = subprocess.run([*cli, "check", str(conf)], capture_output=True, text=True)
+    shown = json.loads(r.stdout)
+    assert r.returncode == 0 and shown["compaction"]["min_compaction_lag_ms"] == 3600_000 and shown["live_window_s"] == 300
+    conf.write_text("compaction: {min_compaction_lag: soon}\n")
+    r = subprocess.run([*cli, "check", str(conf)], capture_output=True, text=True)
+    assert r.returncode == 2 and "compaction.min_compaction_lag" in r.stderr
