@@ -6,7 +6,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from tank_spark.jobs.export_delta import main
+from tank_spark.export.job import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -5,7 +5,7 @@ import sys
 
 import _bootstrap  # noqa: F401
 
-from tank_spark.jobs.rebuild_indexes import main
+from tank_spark.rebuild_indexes import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -291,7 +291,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_path(args: argparse.Namespace) -> int:
-    from tank_spark.jobs import job_path
+    from tank_spark.entry_points import job_path
 
     print(job_path(args.job))
     return 0
@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
-    from tank_spark.jobs import NAMES  # no Spark in it: the entry points' names and paths
+    from tank_spark.entry_points import NAMES  # no Spark in it: the entry points' names and paths
 
     p.add_argument("job", choices=NAMES, help="job")
     p.set_defaults(func=_cmd_job_path)

@@ -76,7 +76,7 @@ def cli_reference() -> str:
     lines += [
         "## Jobs",
         "",
-        "`spark-submit jobs/<job>.py …`, `python jobs/<job>.py …` or `python -m tank_spark.jobs.<job> …`.",
+        "`spark-submit jobs/<job>.py …`, `python jobs/<job>.py …` or `python -m tank_spark.entry_points.<job> …`.",
         "",
     ]
     for job, parser in job_parsers().items():

@@ -85,7 +85,7 @@ def test_installed_package_runs_the_jobs_without_the_checkout(tmp_path):
     assert path == str(site / "tank_spark" / "jobs" / "retention.py")
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     for cmd in (
-        [sys.executable, "-m", "tank_spark.jobs.retention", "--master", "local[1]"],
+        [sys.executable, "-m", "tank_spark.entry_points.retention", "--master", "local[1]"],
         [os.path.join(os.path.dirname(sys.executable), "spark-submit"), "--master", "local[1]", path],
     ):
         report = tmp_path / "r.json"

@@ -172,7 +172,8 @@ def test_the_json_schema_and_the_check_command(tmp_path):
     conf.write_text("compaction: {min_compaction_lag: 1h}\n")
     r = subprocess.run([*cli, "check", str(conf)], capture_output=True, text=True)
     shown = json.loads(r.stdout)
-    assert r.returncode == 0 and shown["compaction"]["min_compaction_lag_ms"] == 3600_000 and shown["live_window_s"] == 300
+    assert r.returncode == 0 and shown["compaction"]["min_compaction_lag_ms"] == 3600_000
+    assert shown["live_window_s"] == 300
     conf.write_text("compaction: {min_compaction_lag: soon}\n")
     r = subprocess.run([*cli, "check", str(conf)], capture_output=True, text=True)
     assert r.returncode == 2 and "compaction.min_compaction_lag" in r.stderr

@@ -189,14 +189,14 @@ def test_ctrl_c_prints_what_finished_and_leaves_consistent_data(tmp_path):
 
 
 def test_job_path_names_every_job_entry_point():
-    """`tank-log job-path NAME` knows every module of tank_spark/jobs (import_delta was missing), and a checkout's
-    jobs/ has the same entry points; an unknown name is a usage error (exit 2)."""
-    from tank_spark.jobs import NAMES
+    """`tank-log job-path NAME` knows every module of tank_spark/entry_points (import_delta was missing), and a
+    checkout's jobs/ has the same entry points; an unknown name is a usage error (exit 2)."""
+    from tank_spark.entry_points import NAMES
 
     def entry_points(folder: str) -> set[str]:
         return {f.removesuffix(".py") for f in os.listdir(folder) if f.endswith(".py") and not f.startswith("_")}
 
-    package_dir = os.path.join(ROOT, "tank_spark", "jobs")
+    package_dir = os.path.join(ROOT, "tank_spark", "entry_points")
     modules, checkout = entry_points(package_dir), entry_points(os.path.join(ROOT, "jobs"))
     assert set(NAMES) == modules == checkout
     for name in NAMES:
@@ -212,13 +212,16 @@ def test_the_cli_and_every_job_tell_their_version():
     import importlib.metadata
 
     import tank_log
-    from tank_spark.jobs import NAMES
+    from tank_spark.entry_points import NAMES
 
     assert importlib.metadata.version("tank-log") == tank_log.__version__
     r = run("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tank-log {tank_log.__version__}"
     for name in NAMES:
         r = subprocess.run(
-            [sys.executable, "-m", f"tank_spark.jobs.{name}", "--version"], capture_output=True, text=True, timeout=120
+            [sys.executable, "-m", f"tank_spark.entry_points.{name}", "--version"],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert r.returncode == 0 and r.stdout.strip() == f"{name} (tank-log {tank_log.__version__})", r.stderr

@@ -1,6 +1,6 @@
 """Export new messages to a Delta table, exactly once.
 
-python -m tank_spark.jobs.export_delta --help
+python -m tank_spark.entry_points.export_delta --help
 spark-submit $(tank-log job-path export_delta) ...
 """
 

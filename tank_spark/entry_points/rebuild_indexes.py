@@ -1,6 +1,6 @@
 """Verify and rebuild indexes, repair, salvage.
 
-python -m tank_spark.jobs.rebuild_indexes --help
+python -m tank_spark.entry_points.rebuild_indexes --help
 spark-submit $(tank-log job-path rebuild_indexes) ...
 """
 

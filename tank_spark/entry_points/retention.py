@@ -1,6 +1,6 @@
 """Delete expired RO segments of delete-policy topics.
 
-python -m tank_spark.jobs.retention --help
+python -m tank_spark.entry_points.retention --help
 spark-submit $(tank-log job-path retention) ...
 """
 

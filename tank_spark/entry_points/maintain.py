@@ -1,6 +1,6 @@
 """Nightly maintenance per partition: repair, retention, compaction, indexes, final verify.
 
-python -m tank_spark.jobs.maintain --help
+python -m tank_spark.entry_points.maintain --help
 spark-submit $(tank-log job-path maintain) ...
 """
 

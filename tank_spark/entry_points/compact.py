@@ -1,6 +1,6 @@
 """Compact keyed (cleanup-policy) partitions.
 
-python -m tank_spark.jobs.compact --help
+python -m tank_spark.entry_points.compact --help
 spark-submit $(tank-log job-path compact) ...
 """
 

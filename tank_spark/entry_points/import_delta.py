@@ -1,6 +1,6 @@
 """Import a Delta table (a tank-log export) into TANK partitions.
 
-python -m tank_spark.jobs.import_delta --help
+python -m tank_spark.entry_points.import_delta --help
 spark-submit $(tank-log job-path import_delta) ...
 """
 

@@ -1,6 +1,6 @@
 """The jobs' entry points, installed with the package: each module runs one job.
 
-    python -m tank_spark.jobs.compact --data-dir PATH ...              # local Spark
+    python -m tank_spark.entry_points.compact --data-dir PATH ...              # local Spark
     spark-submit $(tank-log job-path compact) --data-dir PATH ...      # any master
 
 `jobs/*.py` in a source checkout are the same entry points for spark-submit without an install.
