@@ -8,7 +8,9 @@ from typing import Any
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
 from tank_log.jobs.planning import Plan
-from tank_spark.runner import JobContext, add_broker_stopped, add_force, run_partition_job
+from tank_spark.context import JobContext
+from tank_spark.job_options import add_broker_stopped, add_force
+from tank_spark.runner import run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

@@ -37,8 +37,10 @@ from tank_log.storage.staging import (
     open_import,
     recover_imports,
 )
+from tank_spark.context import JobContext
 from tank_spark.export.location import TableLocation
-from tank_spark.runner import JobContext, JobResult, count_by, run_job
+from tank_spark.report import count_by
+from tank_spark.runner import JobResult, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
 from tank_spark.sink import REQUIRED, commit_staged, stage_rows
 from tank_spark.tasks import deal

@@ -9,7 +9,9 @@ from typing import Any
 
 from tank_log.jobs.indexes import plan_index_run
 from tank_log.jobs.planning import Plan
-from tank_spark.runner import JobContext, add_broker_stopped, add_salvage, run_partition_job
+from tank_spark.context import JobContext
+from tank_spark.job_options import add_broker_stopped, add_salvage
+from tank_spark.runner import run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:

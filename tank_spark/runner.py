@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import logging
 import os
@@ -26,12 +25,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias, cast
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
-from tank_log import __version__
 from tank_log.errors import JobConfigError, RunFailed, UsageError, describe_error
-from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.exits import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -44,13 +40,15 @@ from tank_log.jobs.exits import (
 from tank_log.jobs.planning import Plan, run_task
 from tank_log.jobs.processes import exit_with_parent, run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
-from tank_log.jobs.stopping import Interrupted, drain, handling, on_sigterm, sigint_raises
+from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
-from tank_spark import class_archive, worker_daemon
-from tank_spark.tasks import deal, driver_processes
+from tank_spark.context import JobContext, build_context, driver_cores, spark_context, spark_session, stop_spark
+from tank_spark.job_options import job_parser
+from tank_spark.report import RunReport, count_by, report_arg
+from tank_spark.tasks import deal
 
 if TYPE_CHECKING:
-    from pyspark import AccumulatorParam, SparkConf, SparkContext
+    from pyspark import AccumulatorParam, SparkContext
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("tank_log.job")
@@ -58,213 +56,6 @@ log = logging.getLogger("tank_log.job")
 
 JobResult: TypeAlias = tuple[list[dict[str, Any]], dict[str, Any]]
 """What a job's `execute` returns: every partition's report entry, and the run's summary."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # argparse exits 2 itself; keep that but through our report path
-        raise UsageError(message)
-
-
-def job_parser(job: str, description: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=f"{job}.py", description=description)
-    p.add_argument("--version", action="version", version=f"{job} (tank-log {__version__})")
-    p.add_argument(
-        "--data-dir",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="broker base path (repeatable); overrides data_dirs of the config",
-    )
-    p.add_argument("--config", metavar="FILE", help="YAML job configuration (conf/)")
-    p.add_argument("--topics", metavar="T1,T2", help="only these topics")
-    p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
-    p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
-    p.add_argument(
-        "--metrics-file",
-        metavar="FILE.prom",
-        help="write the run's Prometheus metrics here, atomically (node_exporter's textfile collector); "
-        "default: the config's metrics_file",
-    )
-    p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
-    p.add_argument(
-        "--in-driver-max-bytes",
-        metavar="SIZE",
-        help="a run reading at most this much segment data runs in the driver's processes without starting Spark "
-        "(default: the config's in_driver_max_bytes, 1gb; the export's: export.in_driver_max_bytes, 128mb, with "
-        "binary/utf8 values and engine deltalake); 0: always on executors",
-    )
-    p.add_argument(
-        "--spark-log-level",
-        default="WARN",
-        choices=("ERROR", "WARN", "INFO", "DEBUG"),
-        help="Spark's own log level, from its start-up on (default WARN: no INFO lines before the job's output)",
-    )
-    return p
-
-
-def add_broker_stopped(p: argparse.ArgumentParser) -> None:
-    """`--broker-stopped` of the mutating jobs (read by `build_context`)."""
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
-    )
-
-
-def add_force(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
-
-
-def add_salvage(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--salvage",
-        action="store_true",
-        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
-    )
-
-
-def add_time_basis(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--time-basis",
-        choices=("name", "message"),
-        help="retention ages from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
-    )
-
-
-@dataclass(frozen=True)
-class JobContext:
-    job: str
-    config: JobConfig
-    data_dirs: tuple[str, ...]
-    topics: frozenset[str] | None
-    dry_run: bool
-    report_path: str | None
-    master: str | None
-    spark_log_level: str = "WARN"
-    in_driver_max_bytes: int = 0  # the partition jobs' (`needs_executors`); the export has its own
-
-
-def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = False) -> JobContext:
-    """The run's settings from its flags and configuration. Each data directory must exist, except with
-    `new_data_dir` (a job that creates its base path): then a missing one needs only its parent.
-
-    Raises:
-        JobConfigError: no data directory, or one that does not exist (or, with `new_data_dir`, cannot be created).
-    """
-    config = load_job_config(args.config)
-    if getattr(args, "broker_stopped", False):
-        config = config.model_copy(update={"broker_stopped": True})
-    data_dirs = tuple(args.data_dir) or config.data_dirs
-    if not data_dirs:
-        raise JobConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
-    for d in data_dirs:
-        if os.path.isdir(d):
-            continue
-        if not new_data_dir or os.path.lexists(d):
-            raise JobConfigError(
-                f"data directory not found: {d}" if not os.path.lexists(d) else f"not a directory: {d}"
-            )
-        parent = os.path.dirname(os.path.abspath(d))
-        if not os.path.isdir(parent):
-            raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
-    topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
-    return JobContext(
-        job,
-        config,
-        tuple(os.path.abspath(d) for d in data_dirs),
-        topics,
-        args.dry_run,
-        args.report,
-        args.master,
-        args.spark_log_level,
-        (
-            parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
-            if args.in_driver_max_bytes is not None
-            else config.in_driver_max_bytes
-        ),
-    )
-
-
-def spark_context(ctx: JobContext) -> SparkContext:
-    """A SparkContext; the master comes from spark-submit when present, else --master, the config, local[*]. The
-    jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
-    more per run (bench/RESULTS.md)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark import SparkConf, SparkContext
-
-    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
-    if under_spark_submit:
-        SparkContext._ensure_initialized()  # connect to its JVM, whose properties carry its --master
-    conf = SparkConf()  # under spark-submit: loaded from its JVM's properties
-    if not conf.contains("spark.master"):
-        conf.setMaster(job_master(ctx))
-    conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
-    conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
-    for k, v in ctx.config.spark.conf.items():
-        conf.set(k, v)
-    conf.set("spark.ui.showConsoleProgress", "false")
-    worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
-    if not under_spark_submit:
-        class_archive.use_default(conf)  # ~4 s less start-up once the host's archive is built
-    _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
-    jvm = SparkContext._jvm
-    assert jvm is not None
-    log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too
-    log4j.core.config.Configurator.setRootLevel(log4j.Level.getLevel(ctx.spark_log_level))
-    sc = SparkContext.getOrCreate(conf)
-    sc.setLogLevel(ctx.spark_log_level)
-    return sc
-
-
-def job_master(ctx: JobContext) -> str:
-    """The Spark master of this run: spark-submit's (from its JVM's properties), else --master, the config's,
-    local[*]."""
-    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit started this driver
-        from pyspark import SparkConf, SparkContext
-
-        SparkContext._ensure_initialized()
-        master = SparkConf().get("spark.master")
-        if master:
-            return master
-    return ctx.master or ctx.config.spark.master or "local[*]"
-
-
-def driver_cores(ctx: JobContext) -> int:
-    """How many processes or threads a run without Spark uses in the driver: the cores of its master
-    (`tasks.driver_processes`: local[N] gives N)."""
-    return driver_processes(job_master(ctx))
-
-
-def spark_session(ctx: JobContext) -> SparkSession:
-    """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
-    from pyspark.sql import SparkSession
-
-    spark_context(ctx)
-    return SparkSession.builder.getOrCreate()
-
-
-def stop_spark(spark: SparkSession | SparkContext) -> None:
-    """`spark.stop()` without its ~1 s wait: PySpark's accumulator server (pyspark/accumulators.py) answers a
-    connection the JVM keeps open and looks at its shutdown flag once a second, and `SparkContext.stop` waits for it.
-    The JVM side stops here; the server shuts down in a background (daemon) thread."""
-    sc = cast("SparkContext", getattr(spark, "sparkContext", spark))
-    server = getattr(sc, "_accumulatorServer", None)
-    if server is not None:
-        sc._accumulatorServer = None  # type: ignore[assignment]  # SparkContext.stop skips it
-        threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
-    spark.stop()
-
-
-def _launch_jvm(conf: SparkConf, under_spark_submit: bool) -> None:
-    """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
-    and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
-    systemd, `timeout`) then reaches the driver, which stops the run cleanly, not the JVM, whose shutdown hook would
-    kill the run mid-write. The JVM still exits with the driver (PySpark's gateway ends when its stdin closes)."""
-    from pyspark import SparkContext
-
-    with contextlib.nullcontext() if under_spark_submit else handling(signal.SIG_IGN, signal.SIGTERM):
-        SparkContext._ensure_initialized(conf=conf)
 
 
 class _ListParam:
@@ -432,21 +223,6 @@ def run_partition_job(
     return run_job(job, description, add_options, prepare, execute, argv, sql=False, needs_spark=needs_executors)
 
 
-def write_report(path: str | None, report: dict[str, Any]) -> None:
-    if not path:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(report, fh, indent=2, default=str)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-
-
 def run_job(
     job: str,
     description: str,
@@ -482,7 +258,7 @@ def run_job(
         report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:
         print(f"{job}: {err}", file=sys.stderr)
-        report.end(getattr(args, "report", None) or _report_arg(argv), "usage-error", error=str(err))
+        report.end(getattr(args, "report", None) or report_arg(argv), "usage-error", error=str(err))
         return EXIT_USAGE
     report.doc.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark: SparkSession | SparkContext | None = None
@@ -539,33 +315,6 @@ def run_job(
     return code
 
 
-class RunReport:
-    """One run's JSON report (`--report`): what was asked, where the time went (`timings`, phase by phase), how it
-    ended. Every exit path ends it with `end`, so every report has `status`, `finished`, `duration_s` and
-    `timings` (the phases it got through)."""
-
-    def __init__(self, job: str) -> None:
-        self.doc: dict[str, Any] = {"job": job, "tank_log_version": __version__, "started": _now()}
-        self.timings: dict[str, float] = {}
-        self._t0 = self._phase = time.monotonic()
-        self.metrics_path: str | None = None  # where `end` also writes the run's Prometheus metrics
-
-    def phase_done(self, name: str) -> None:
-        now = time.monotonic()
-        self.timings[name] = round(now - self._phase, 3)
-        self._phase = now
-
-    def end(self, path: str | None, status: str, **fields: Any) -> None:
-        """Set how the run ended (and `fields`: summary, partitions, error) and write the report to `path`."""
-        duration = round(time.monotonic() - self._t0, 3)
-        self.doc.update(status=status, finished=_now(), duration_s=duration, timings=self.timings, **fields)
-        write_report(path, self.doc)
-        if self.metrics_path:
-            from tank_log.metrics import write_report_metrics
-
-            write_report_metrics(self.metrics_path, self.doc)
-
-
 def _logged_failure(job: str, err: Exception) -> str:
     """Log a run's failure and return the report's `error`: the environment (a full disk, a read-only mount) and
     stated reasons (`RunFailed`) in one line; anything else is a bug, with its traceback in the log."""
@@ -578,21 +327,3 @@ def _logged_failure(job: str, err: Exception) -> str:
         return f"internal error: {type(err).__name__}: {err}"
     log.error("%s failed: %s", job, error)
     return error
-
-
-def _report_arg(argv: list[str] | None) -> str | None:
-    argv = sys.argv[1:] if argv is None else argv
-    for i, a in enumerate(argv):
-        if a == "--report" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--report="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def count_by(results: list[dict[str, Any]], key: str = "status") -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in results:
-        value = str(r.get(key))
-        out[value] = out.get(value, 0) + 1
-    return out

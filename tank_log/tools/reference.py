@@ -17,7 +17,7 @@ def job_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each job's full parser, as `jobs/<job>.py --help` builds it."""
     from tank_spark import compact, import_delta, maintain, rebuild_indexes, retention
     from tank_spark.export import plan
-    from tank_spark.runner import job_parser
+    from tank_spark.job_options import job_parser
 
     modules = {
         "maintain": maintain,

@@ -54,7 +54,8 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
-    from tank_spark.runner import JobContext, JobResult
+    from tank_spark.context import JobContext
+    from tank_spark.runner import JobResult
 
 log = logging.getLogger(__name__)
 

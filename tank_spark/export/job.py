@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from tank_log.jobs.progress import describe
 from tank_log.lakehouse import app_id, table_id
+from tank_spark.context import JobContext, driver_cores
 from tank_spark.export.commit import (
     ConcurrentExport,
     add_ts_raw,
@@ -66,7 +67,8 @@ from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
 from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
-from tank_spark.runner import JobContext, JobResult, count_by, driver_cores, run_job
+from tank_spark.report import count_by
+from tank_spark.runner import JobResult, run_job
 from tank_spark.schema import TS_RAW
 from tank_spark.tasks import Workers
 
@@ -296,7 +298,7 @@ def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict[str, Any]
 
 def _workers(ctx: JobContext, spark: SparkSession | None) -> Workers:
     """Spark's executors, or for an export small enough for the driver (`in_driver`) as many of its threads as the
-    master has cores (`runner.driver_cores`: local[1] gives one), as the partition jobs' processes."""
+    master has cores (`context.driver_cores`: local[1] gives one), as the partition jobs' processes."""
     if spark is not None:
         return spark.sparkContext
     threads = driver_cores(ctx)

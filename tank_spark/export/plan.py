@@ -18,7 +18,7 @@ from tank_spark.export.upkeep import check_vacuum_retention
 if TYPE_CHECKING:
     from deltalake import DeltaTable
 
-    from tank_spark.runner import JobContext
+    from tank_spark.context import JobContext
 
 log = logging.getLogger(__name__)
 

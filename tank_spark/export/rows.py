@@ -18,8 +18,8 @@ from tank_spark.schema import TS_RAW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
-    from tank_spark.runner import JobContext
 
 
 def decoded_frame(

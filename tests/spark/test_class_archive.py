@@ -36,7 +36,7 @@ def test_a_driver_loads_its_classes_from_the_archive(tmp_path):
 JOB_DRIVER = """
 import sys
 from tank_log.jobs.config import JobConfig
-from tank_spark.runner import JobContext, spark_context
+from tank_spark.context import JobContext, spark_context
 sc = spark_context(JobContext("check", JobConfig(), ("/tmp",), None, False, None, "local[1]"))
 maps = open(f"/proc/{sc._gateway.proc.pid}/maps").read()
 print("mapped" if sys.argv[1] in maps else "not mapped")

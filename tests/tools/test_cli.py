@@ -157,7 +157,7 @@ def test_every_option_of_the_cli_and_the_jobs_has_a_help_text():
     assert _options_without_help(build_parser()) == []
     from tank_spark import compact, maintain, rebuild_indexes, retention
     from tank_spark.export import plan
-    from tank_spark.runner import job_parser
+    from tank_spark.job_options import job_parser
 
     for module in (maintain, compact, retention, rebuild_indexes, plan):
         parser = job_parser("job", "")

@@ -1,0 +1,162 @@
+"""A run's settings (`JobContext`: flags over the job config) and its Spark: the context or session, the master, the
+cores the driver may use, the stop."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
+
+from tank_log.errors import JobConfigError
+from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
+from tank_log.jobs.stopping import handling
+from tank_spark import class_archive, worker_daemon
+from tank_spark.tasks import driver_processes
+
+if TYPE_CHECKING:
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("tank_log.job")
+
+
+@dataclass(frozen=True)
+class JobContext:
+    job: str
+    config: JobConfig
+    data_dirs: tuple[str, ...]
+    topics: frozenset[str] | None
+    dry_run: bool
+    report_path: str | None
+    master: str | None
+    spark_log_level: str = "WARN"
+    in_driver_max_bytes: int = 0  # the partition jobs' (`needs_executors`); the export has its own
+
+
+def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = False) -> JobContext:
+    """The run's settings from its flags and configuration. Each data directory must exist, except with
+    `new_data_dir` (a job that creates its base path): then a missing one needs only its parent.
+
+    Raises:
+        JobConfigError: no data directory, or one that does not exist (or, with `new_data_dir`, cannot be created).
+    """
+    config = load_job_config(args.config)
+    if getattr(args, "broker_stopped", False):
+        config = config.model_copy(update={"broker_stopped": True})
+    data_dirs = tuple(args.data_dir) or config.data_dirs
+    if not data_dirs:
+        raise JobConfigError("no data directory: pass --data-dir PATH or set data_dirs in the config")
+    for d in data_dirs:
+        if os.path.isdir(d):
+            continue
+        if not new_data_dir or os.path.lexists(d):
+            raise JobConfigError(
+                f"data directory not found: {d}" if not os.path.lexists(d) else f"not a directory: {d}"
+            )
+        parent = os.path.dirname(os.path.abspath(d))
+        if not os.path.isdir(parent):
+            raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
+    topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
+    return JobContext(
+        job,
+        config,
+        tuple(os.path.abspath(d) for d in data_dirs),
+        topics,
+        args.dry_run,
+        args.report,
+        args.master,
+        args.spark_log_level,
+        (
+            parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
+            if args.in_driver_max_bytes is not None
+            else config.in_driver_max_bytes
+        ),
+    )
+
+
+def spark_context(ctx: JobContext) -> SparkContext:
+    """A SparkContext; the master comes from spark-submit when present, else --master, the config, local[*]. The
+    jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
+    more per run (bench/RESULTS.md)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkConf, SparkContext
+
+    under_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started this driver
+    if under_spark_submit:
+        SparkContext._ensure_initialized()  # connect to its JVM, whose properties carry its --master
+    conf = SparkConf()  # under spark-submit: loaded from its JVM's properties
+    if not conf.contains("spark.master"):
+        conf.setMaster(job_master(ctx))
+    conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
+    conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
+    for k, v in ctx.config.spark.conf.items():
+        conf.set(k, v)
+    conf.set("spark.ui.showConsoleProgress", "false")
+    worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
+    if not under_spark_submit:
+        class_archive.use_default(conf)  # ~4 s less start-up once the host's archive is built
+    _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
+    jvm = SparkContext._jvm
+    assert jvm is not None
+    log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too
+    log4j.core.config.Configurator.setRootLevel(log4j.Level.getLevel(ctx.spark_log_level))
+    sc = SparkContext.getOrCreate(conf)
+    sc.setLogLevel(ctx.spark_log_level)
+    return sc
+
+
+def job_master(ctx: JobContext) -> str:
+    """The Spark master of this run: spark-submit's (from its JVM's properties), else --master, the config's,
+    local[*]."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit started this driver
+        from pyspark import SparkConf, SparkContext
+
+        SparkContext._ensure_initialized()
+        master = SparkConf().get("spark.master")
+        if master:
+            return master
+    return ctx.master or ctx.config.spark.master or "local[*]"
+
+
+def driver_cores(ctx: JobContext) -> int:
+    """How many processes or threads a run without Spark uses in the driver: the cores of its master
+    (`tasks.driver_processes`: local[N] gives N)."""
+    return driver_processes(job_master(ctx))
+
+
+def spark_session(ctx: JobContext) -> SparkSession:
+    """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
+    from pyspark.sql import SparkSession
+
+    spark_context(ctx)
+    return SparkSession.builder.getOrCreate()
+
+
+def stop_spark(spark: SparkSession | SparkContext) -> None:
+    """`spark.stop()` without its ~1 s wait: PySpark's accumulator server (pyspark/accumulators.py) answers a
+    connection the JVM keeps open and looks at its shutdown flag once a second, and `SparkContext.stop` waits for it.
+    The JVM side stops here; the server shuts down in a background (daemon) thread."""
+    sc = cast("SparkContext", getattr(spark, "sparkContext", spark))
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None:
+        sc._accumulatorServer = None  # type: ignore[assignment]  # SparkContext.stop skips it
+        threading.Thread(target=server.shutdown, name="accumulator-server-shutdown", daemon=True).start()
+    spark.stop()
+
+
+def _launch_jvm(conf: SparkConf, under_spark_submit: bool) -> None:
+    """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
+    and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
+    systemd, `timeout`) then reaches the driver, which stops the run cleanly, not the JVM, whose shutdown hook would
+    kill the run mid-write. The JVM still exits with the driver (PySpark's gateway ends when its stdin closes)."""
+    from pyspark import SparkContext
+
+    with contextlib.nullcontext() if under_spark_submit else handling(signal.SIG_IGN, signal.SIGTERM):
+        SparkContext._ensure_initialized(conf=conf)
