@@ -30,7 +30,8 @@ sys.path.insert(0, HERE)
 from common import BUNDLE, bundle_messages, machine, run_job  # noqa: E402
 
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_partition  # noqa: E402
+from tank_log.storage.partition_writer import write_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy, SegmentWriter  # noqa: E402
 
 INPUT_BUNDLES = 20_520  # bundles 0..20519 are the compaction input (BENCH.md)
 ACTIVE_BUNDLES = 10

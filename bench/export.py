@@ -27,7 +27,8 @@ from common import BUNDLE, bundle_messages, machine, run_job  # noqa: E402
 
 from tank_log.format.arrow import columns_from_arrow  # noqa: E402
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
-from tank_log.storage.writer import BundlePolicy, PartitionWriter, write_partition  # noqa: E402
+from tank_log.storage.partition_writer import PartitionWriter, write_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy  # noqa: E402
 
 
 def generate(base: str, messages: int, partitions: int) -> None:

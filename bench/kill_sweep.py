@@ -38,7 +38,8 @@ def session_processes(sid: int) -> list[str]:
 
 def make_base(path: str, n: int) -> str:
     from tank_log.format.bundle import Message
-    from tank_log.storage.writer import BundlePolicy, write_partition
+    from tank_log.storage.partition_writer import write_partition
+    from tank_log.storage.writer import BundlePolicy
 
     msgs = [Message(s, 1_700_000_000_000 + s, b"k%d" % (s % 5), b"v%d" % s) for s in range(1, 61)]
     for pid in range(n):

@@ -30,7 +30,8 @@ from tank_log.format import native  # noqa: E402
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
 from tank_log.jobs.allocator import reuse_freed_buffers  # noqa: E402
 from tank_log.storage.datadir import scan_partition  # noqa: E402
-from tank_log.storage.writer import BundlePolicy, write_partition  # noqa: E402
+from tank_log.storage.partition_writer import write_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy  # noqa: E402
 
 
 def messages(n: int):

@@ -223,7 +223,8 @@ def pytest_collection_finish(session):
 def many_small_partitions(base, n: int) -> str:
     """A `cleanup` topic of `n` small partitions with compactable RO segments (runs long enough to be stopped)."""
     from tank_log.format.bundle import Message
-    from tank_log.storage.writer import BundlePolicy, write_partition
+    from tank_log.storage.partition_writer import write_partition
+    from tank_log.storage.writer import BundlePolicy
 
     msgs = [Message(s, 1_700_000_000_000 + s, b"k%d" % (s % 5), b"v%d" % s) for s in range(1, 61)]
     for pid in range(n):

@@ -39,7 +39,8 @@ from tank_log.format.messages import MessageColumns
 from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
-from tank_log.storage.writer import BundlePolicy, PartitionWriter, WrittenSegment
+from tank_log.storage.partition_writer import PartitionWriter
+from tank_log.storage.writer import BundlePolicy, WrittenSegment
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from tank_log.errors import UsageError
 from tank_log.format.bundle import Message, SnappyPolicy
-from tank_log.storage.writer import BundlePolicy, write_partition
+from tank_log.storage.partition_writer import write_partition
+from tank_log.storage.writer import BundlePolicy
 
 DAY_MS = 86_400_000
 

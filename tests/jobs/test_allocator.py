@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from tank_log.format.bundle import Message, SnappyPolicy
-from tank_log.storage.writer import BundlePolicy, write_partition
+from tank_log.storage.partition_writer import write_partition
+from tank_log.storage.writer import BundlePolicy
 
 DECODE_THRICE = """
 import resource, sys

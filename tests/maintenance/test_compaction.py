@@ -13,8 +13,9 @@ from tank_log.maintenance.verify import check_partition, verify_path
 from tank_log.storage.cleanup_marks import read_cleanup_log
 from tank_log.storage.datadir import scan_data_dir, scan_partition
 from tank_log.storage.locking import PartitionLock
+from tank_log.storage.partition_writer import write_partition
 from tank_log.storage.repair import repair_partition
-from tank_log.storage.writer import BundlePolicy, write_partition
+from tank_log.storage.writer import BundlePolicy
 
 STOPPED = CompactionOptions(force=True, broker_stopped=True)
 

@@ -13,7 +13,8 @@ from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.maintenance.compaction.survivors import MarkedStretches
 from tank_log.maintenance.verify import verify_path
 from tank_log.storage.datadir import scan_partition
-from tank_log.storage.writer import BundlePolicy, write_partition
+from tank_log.storage.partition_writer import write_partition
+from tank_log.storage.writer import BundlePolicy
 
 pytestmark = pytest.mark.slow
 

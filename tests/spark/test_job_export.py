@@ -363,7 +363,7 @@ def test_timestamps_out_of_range_are_quarantined_and_old_tables_evolve(tmp_path)
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    from tank_log.storage.writer import write_partition
+    from tank_log.storage.partition_writer import write_partition
     from tank_spark.schema import MAX_TS_MS
 
     base = tmp_path / "data"

@@ -113,7 +113,7 @@ def test_missing_path_is_a_clear_error(spark):
 def test_timestamps_out_of_range_are_null_with_the_raw_value(spark, tmp_path):
     """A u64 ts beyond 9999-12-31 never wraps: ts is null and ts_raw holds the exact value."""
     from tank_log.format.bundle import Message
-    from tank_log.storage.writer import write_partition
+    from tank_log.storage.partition_writer import write_partition
     from tank_spark.schema import MAX_TS_MS
 
     stamps = [1, MAX_TS_MS, MAX_TS_MS + 1, 2**62, 2**64 - 1]

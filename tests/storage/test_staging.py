@@ -14,6 +14,7 @@ from tank_log.format.bundle import Message
 from tank_log.format.messages import MessageColumns
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.fsutil import atomic_write
+from tank_log.storage.partition_writer import write_partition
 from tank_log.storage.repair import repair_base
 from tank_log.storage.staging import (
     MANIFEST,
@@ -24,7 +25,6 @@ from tank_log.storage.staging import (
     stage_partition,
     stage_root,
 )
-from tank_log.storage.writer import write_partition
 
 
 def msgs(lo, hi, step=1):

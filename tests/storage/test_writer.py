@@ -12,8 +12,9 @@ from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.format.index import build_append_rule, encode_index
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import scan_partition
+from tank_log.storage.partition_writer import write_partition
 from tank_log.storage.segment import Segment
-from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_partition, write_segment
+from tank_log.storage.writer import BundlePolicy, SegmentWriter, write_segment
 
 
 def gen_messages(rng, n, start=1, gaps=True):

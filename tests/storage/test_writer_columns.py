@@ -15,7 +15,8 @@ from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U32_MAX
 from tank_log.maintenance.compaction.options import CompactionOptions
 from tank_log.maintenance.compaction.output import OutputSegments
-from tank_log.storage.writer import BundlePolicy, PartitionWriter, SegmentWriter, write_partition
+from tank_log.storage.partition_writer import PartitionWriter, write_partition
+from tank_log.storage.writer import BundlePolicy, SegmentWriter
 
 
 def columns(messages: list[Message]) -> MessageColumns:
