@@ -82,7 +82,7 @@ def test_installed_package_runs_the_jobs_without_the_checkout(tmp_path):
     path = subprocess.run(
         [*cli, "job-path", "retention"], capture_output=True, text=True, check=True, cwd=tmp_path, env=env
     ).stdout.strip()
-    assert path == str(site / "tank_spark" / "jobs" / "retention.py")
+    assert path == str(site / "tank_spark" / "entry_points" / "retention.py")
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     for cmd in (
         [sys.executable, "-m", "tank_spark.entry_points.retention", "--master", "local[1]"],
