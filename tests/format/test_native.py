@@ -275,11 +275,36 @@ def _near_keys(draw_base: bytes, rng: random.Random, n: int) -> list[bytes]:
     return keys
 
 
+def _keys_at_odd_offsets(keys, rng):
+    """A buffer holding the keys at odd offsets, after junk (reads must stay within each key), and their columns."""
+    data = bytearray(b"\xaa" * 3)
+    key_off, key_len = [], []
+    for k in keys:
+        key_off.append(-1 if k is None else len(data))
+        key_len.append(0 if k is None else len(k))
+        data += (k or b"") + bytes([rng.randrange(256)])
+    return bytes(data), np.array(key_off, np.int64), np.array(key_len, np.int64)
+
+
+def _records_as_dict(records):
+    from tank_log.maintenance.compaction.key_state import unpack_records
+
+    out = {}
+    for block in records:
+        key_off, key_len, ords, end = unpack_records(block)
+        assert end == len(block)
+        for off, n, o in zip(key_off.tolist(), key_len.tolist(), ords.tolist(), strict=True):
+            assert bytes(block[off : off + n]) not in out
+            out[bytes(block[off : off + n])] = o
+    return out
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.binary(max_size=40), st.integers(0, 10**6), st.integers(1, 300), st.sampled_from([4096, 10**4, 10**6]))
+@given(st.binary(max_size=40), st.integers(0, 10**6), st.integers(1, 300), st.sampled_from([600, 4096, 10**4, 10**6]))
 def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget):
-    """Compaction's key map (pass 1 and 2): the same messages taken, keys mapped and messages superseded, for keys of
-    every length 0..255 (each branch of the word-wise hash and compare) and keys one byte apart."""
+    """Compaction's key map: the same messages taken, each key's latest ordinal, the same bits marked and the same
+    key records given back, for keys of every length 0..255 (each branch of the word-wise hash and compare), keys
+    one byte apart, and budgets that fill (growth of the slots and the arena within the budget)."""
     from tank_log.maintenance.compaction.key_state import PureKeyMap
 
     rng = random.Random(seed)
@@ -287,38 +312,71 @@ def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget
         bytes(rng.randrange(256) for _ in range(rng.choice([255, 16, 9, 8, 7]))) for _ in range(5)
     ]
     keys = [None if rng.random() < 0.1 else rng.choice(pool) for _ in range(count)]
-    data = bytearray(b"\xaa" * 3)  # keys at odd offsets, after junk: reads must stay within each key
-    key_off, key_len = [], []
-    for k in keys:
-        key_off.append(-1 if k is None else len(data))
-        key_len.append(0 if k is None else len(k))
-        data += (k or b"") + bytes([rng.randrange(256)])
-    args = (bytes(data), np.array(key_off, np.int64), np.array(key_len, np.int64))
-    seq = np.arange(1, count + 1, dtype=np.uint64)
-    compiled, pure = native.core().KeyMap(budget), PureKeyMap(budget * 8)  # the pure map charges more per key
-    taken = compiled.add(*args, seq)
-    assert pure.add(*(a[:taken] if i else a for i, a in enumerate(args)), seq[:taken]) == taken
+    args = _keys_at_odd_offsets(keys, rng)
+    ords = np.arange(count, dtype=np.uint64) * 3 + 7
+    compiled, pure = native.core().KeyMap(budget), PureKeyMap(budget * 30)  # the pure map charges more per key
+    taken = compiled.add(*args, ords)
+    assert compiled.nbytes <= budget
+    assert pure.add(*(a[:taken] if i else a for i, a in enumerate(args)), ords[:taken]) == taken
     assert len(compiled) == len(pure)
-    assert sorted(compiled.latest_seqs().tolist()) == sorted(pure.latest_seqs().tolist())
-    assert compiled.superseded(*args, seq).tolist() == pure.superseded(*args, seq).tolist()
+    want = {}
+    for k, o in zip(keys[:taken], ords[:taken].tolist(), strict=True):
+        if k is not None:
+            want[k] = o
+    assert _records_as_dict(compiled.records()) == _records_as_dict(pure.records()) == want
+    compiled_bits, pure_bits = np.zeros(count, np.uint8), np.zeros(count, np.uint8)
+    compiled.mark(compiled_bits)
+    pure.mark(pure_bits)
+    assert compiled_bits.tolist() == pure_bits.tolist()
+    assert int(np.unpackbits(compiled_bits).sum()) == len(want)
     if budget == 10**6:
         assert taken == count
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 400))
+def test_key_records_pack_and_unpack_alike_on_both_cores(seed, count):
+    """The spill's key records (u8 length, 5-byte ordinal, key): packed and unpacked to the same bytes and columns
+    by both cores; a record cut at the end of a buffer is left for the next read."""
+    from tank_log.maintenance.compaction import key_state
+
+    rng = random.Random(seed)
+    keys = [
+        None if rng.random() < 0.1 else bytes(rng.randrange(256) for _ in range(rng.randrange(256)))
+        for _ in range(count)
+    ]
+    data, key_off, key_len = _keys_at_odd_offsets(keys, rng)
+    ords = np.array([rng.randrange(1 << 40) for _ in range(count)], np.uint64)
+    rows = np.flatnonzero(key_off >= 0)
+    rng.shuffle(rows)
+    packed = key_state.pack_records(data, key_off, key_len, ords, rows)
+    with native.use_pure():
+        assert key_state.pack_records(data, key_off, key_len, ords, rows) == packed
+        assert key_state.key_hashes(data, key_off, key_len)[key_off < 0].tolist() == [0] * int((key_off < 0).sum())
+    cut = rng.randrange(len(packed) + 1)
+    for pure in (False, True):
+        with native.use_pure(pure):
+            off, n, o, end = key_state.unpack_records(packed[:cut])
+        assert end <= cut and (cut == len(packed)) == (end == len(packed))
+        assert [packed[a : a + b] for a, b in zip(off.tolist(), n.tolist(), strict=True)] == [
+            keys[r] for r in rows[: len(off)]
+        ]
+        assert o.tolist() == ords[rows[: len(off)]].tolist()
+
+
 def test_the_compiled_key_map_refuses_keys_outside_the_data():
     """The map hashes keys ahead of the message it stores (to prefetch their slots): a key outside the data is still
-    refused, by `add` and `superseded`, whether it is the first row or one the look-ahead reaches first."""
+    refused, whether it is the first row or one the look-ahead reaches first."""
     data = b"k1k2k3k4k5k6k7k8k9kA"
     for bad_row in (0, 5, 11):
         key_off = np.arange(0, 24, 2, dtype=np.int64)[:12]
         key_off[bad_row] = len(data) - 1  # 2 bytes from the last byte: one past the end
         key_len = np.full(12, 2, np.int64)
-        seq = np.arange(1, 13, dtype=np.uint64)
-        for method in ("add", "superseded"):
-            m = native.core().KeyMap(1 << 20)
-            m.add(data, np.array([0], np.int64), np.array([2], np.int64), np.array([1], np.uint64))
-            with pytest.raises(ValueError, match="key outside the data"):
-                getattr(m, method)(data, key_off, key_len, seq)
+        ords = np.arange(12, dtype=np.uint64)
+        m = native.core().KeyMap(1 << 20)
+        m.add(data, np.array([0], np.int64), np.array([2], np.int64), np.array([0], np.uint64))
+        with pytest.raises(ValueError, match="key outside the data"):
+            m.add(data, key_off, key_len, ords)
 
 
 @st.composite

@@ -3,6 +3,7 @@
 import os
 import random
 import time
+from dataclasses import replace
 
 import pytest
 from conftest import CRASHED, copy_tree, crash_after_step, data_dir, load_dump, tree_digest
@@ -58,7 +59,9 @@ def test_B_before_compacts_cleanly(tmp_path):
     assert [m[0] for m in got] == sorted(m[0] for m in got)
 
 
-def generated_partition(path, seed=1, n=6000, gaps=True):
+def generated_partition(path, seed=1, n=6000, gaps=True, uniform_keys=None):
+    """Keyless messages, tombstones and keyed ones (500 keys of a heavy-tailed popularity, or `uniform_keys`
+    equally likely), seq gaps as earlier compactions leave, random bundle sizes and codecs."""
     rng = random.Random(seed)
     msgs, seq = [], 1
     for i in range(n):
@@ -68,7 +71,8 @@ def generated_partition(path, seed=1, n=6000, gaps=True):
         elif r < 0.12:
             key, value = None, b"keyless %d" % i
         else:
-            key = b"key-%d" % int(rng.paretovariate(1.1) % 500)
+            k = rng.randrange(uniform_keys) if uniform_keys else int(rng.paretovariate(1.1) % 500)
+            key = b"key-%d" % k
             value = b"" if rng.random() < 0.06 else (b"v%d-" % i) * rng.randrange(1, 20)
         msgs.append(Message(seq, 1_700_000_000_000 + i * 1000, key, value))
         seq += 1 + (rng.randrange(1, 4) if gaps and rng.random() < 0.05 else 0)  # gaps from earlier compactions
@@ -118,10 +122,13 @@ def test_invariants_on_generated_data(tmp_path, seed):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_rounds_within_a_small_key_budget_leave_the_unlimited_result(tmp_path, seed, codec_core):
-    """Keys that do not fit `key_state_budget` are compacted in rounds (Kafka's cleaner): the same survivors."""
+def test_keys_past_a_small_key_budget_spill_and_leave_the_in_memory_result(tmp_path, seed, codec_core):
+    """Keys that do not fit `key_state_budget` spill to bucket files and are decided bucket by bucket: the same
+    survivors, byte for byte, as with the keys in memory; the key state stays within the budget; no spill file is
+    left."""
     d = str(tmp_path / "t" / "0")
-    msgs = generated_partition(d, seed)
+    msgs = generated_partition(d, seed, uniform_keys=3000)  # ~2,600 distinct keys: ~40 KB of key state in memory
+    ref = copy_tree(d, str(tmp_path / "ref" / "t" / "0"))
     part = scan_partition(d, "t", 0)
     last_ro = part.ro[-1].last
     cutoff_ms = msgs[len(msgs) // 3].ts
@@ -135,12 +142,18 @@ def test_rounds_within_a_small_key_budget_leave_the_unlimited_result(tmp_path, s
         now_ms=now,
     )
     res = compact_partition(part, opts)
-    assert res.status == "compacted" and res.rounds > 1 and res.key_state_bytes <= 10_000 and res.outputs, res
+    assert res.status == "compacted" and res.spill_buckets > 1 and res.spill_bytes > 0, res
+    assert res.key_state_bytes <= 10_000 and res.outputs, res
     expected = expected_survivors(msgs, last_ro, drop_keyless=seed == 1, tomb_cutoff=cutoff_ms if seed == 2 else None)
     assert messages_of(d) == expected
     assert res.messages_before == len([m for m in msgs if m.seq <= last_ro])
     assert res.messages_after == len([m for m in expected if m[0] <= last_ro])
+    assert res.distinct_keys == len({m.key for m in msgs if m.key and m.seq <= last_ro})
     assert [p for p in check_partition(scan_partition(d, "t", 0)) if p.severity == "error"] == []
+    assert not [n for n in os.listdir(d) if n.startswith(".") and n != ".tank-log.lock"]
+    in_memory = compact_partition(scan_partition(ref, "t", 0), replace(opts, key_state_budget=1 << 30))
+    assert in_memory.spill_buckets == 0
+    assert tree_digest(d) == tree_digest(ref)  # the same files, byte for byte
 
 
 def test_a_budget_that_holds_no_key_changes_nothing(tmp_path, codec_core):
@@ -314,7 +327,7 @@ def mostly_superseded_partition(path, seed):
     return msgs
 
 
-@pytest.mark.parametrize("budget", [None, 6_000], ids=["one-round", "rounds"])
+@pytest.mark.parametrize("budget", [None, 6_000], ids=["in-memory", "spilled"])
 @pytest.mark.parametrize("drop_keyless,tombstones", [(False, False), (True, True)], ids=["plain", "retention"])
 def test_bundles_without_survivors_are_skipped_and_the_counts_stay_exact(
     tmp_path, codec_core, budget, drop_keyless, tombstones
@@ -337,10 +350,8 @@ def test_bundles_without_survivors_are_skipped_and_the_counts_stay_exact(
     res = compact_partition(part, opts)
     expected = expected_survivors(msgs, last_ro, drop_keyless, cutoff)
     assert res.status == "compacted" and messages_of(d) == expected
-    if budget is None:
-        assert res.rounds == 1 and res.bundles_skipped > bundles // 2, (res.bundles_skipped, bundles)
-    else:  # a round skips only within the seqs it maps: here each holds a few hundred messages
-        assert res.rounds > 1
+    assert (res.spill_buckets > 0) == (budget is not None), res
+    assert res.bundles_skipped > bundles // 2, (res.bundles_skipped, bundles)
     ro_msgs = [m for m in msgs if m.seq <= last_ro]
     kept = {m[0] for m in expected}
     tombs = [m for m in ro_msgs if m.key and not m.value]
@@ -350,9 +361,8 @@ def test_bundles_without_survivors_are_skipped_and_the_counts_stay_exact(
         len([m for m in tombs if m.seq in kept]),
         len([m for m in keyless if m.seq in kept]),
     )
-    if budget is None:  # (rounds count a message dropped in round 1 and seen again in round 2 once per round)
-        assert (res.tombstones_dropped, res.keyless_dropped) == (
-            len([m for m in tombs if m.seq not in kept]),
-            len([m for m in keyless if m.seq not in kept]),
-        )
+    assert (res.tombstones_dropped, res.keyless_dropped) == (
+        len([m for m in tombs if m.seq not in kept]),
+        len([m for m in keyless if m.seq not in kept]),
+    )
     assert [p for p in check_partition(scan_partition(d, "t", 0)) if p.severity == "error"] == []

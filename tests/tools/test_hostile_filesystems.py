@@ -42,6 +42,22 @@ def test_full_disk_leaves_no_temporary_and_says_enospc(tmp_path):
     assert out["temps_left"] == [] and out["unchanged"]
 
 
+def test_a_full_disk_during_the_key_spill_fails_cleanly_and_changes_nothing(tmp_path):
+    """Compaction past its key budget spills key records beside the data: on a full disk the partition fails with
+    ENOSPC naming the spill, nothing is changed, no spill file is left, and with room again it compacts."""
+    out = probe("spill", tmp_path)
+    c = out["compact"]
+    assert c["rc"] == 1 and "Traceback" not in c["stderr"], c["stderr"][-3000:]
+    (failed,) = [r for r in _lines(c) if r["status"] == "failed"]
+    assert failed["error"].startswith("ENOSPC: no space left for the key spill"), failed["error"]
+    assert ".compaction-spill-" in failed["error"]
+    assert out["temps_left"] == [] and out["unchanged"]
+    again = [r for r in _lines(out["again"]) if r.get("status")]
+    assert out["again"]["rc"] == 0 and [r["status"] for r in again] == ["compacted"], out["again"]
+    assert again[0]["spill_buckets"] > 1
+    assert out["verify"]["rc"] == 0
+
+
 def test_read_only_filesystem_is_reported_not_a_crash(tmp_path):
     out = probe("ro", tmp_path)
     rep, comp = out["repair"], out["compact"]

@@ -24,7 +24,7 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
       snappy: when_smaller              # when_smaller | client | always | never
       segment_bytes: null               # null = each topic's log.segment.bytes
       min_cleanable_ratio: null         # null = each topic's log.cleaner.min.cleanable.ratio
-      key_state_budget: 256mb           # memory for a partition's keys; more keys compact in rounds
+      key_state_budget: 256mb           # memory for a partition's keys; more keys spill to disk
       topics:                           # per-topic overrides; `policy: cleanup` compacts a `delete` topic
         orders: {policy: cleanup, tombstone_retention: 7days}
     retention:

@@ -91,7 +91,9 @@ class CompactionSettings(Section):
     min_cleanable_ratio: Ratio | None = Field(
         default=None, description="null: each topic's log.cleaner.min.cleanable.ratio"
     )
-    key_state_budget: Size = Field(default=DEFAULT_KEY_STATE_BUDGET, description="memory for a partition's keys")
+    key_state_budget: Size = Field(
+        default=DEFAULT_KEY_STATE_BUDGET, description="memory for a partition's keys (~24 B each); more spill to disk"
+    )
     topics: Annotated[dict[str, TopicCompaction], BeforeValidator(keyed_by_name)] = Field(default_factory=dict)
 
     @field_validator("segment_bytes")

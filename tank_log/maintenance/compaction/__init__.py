@@ -11,13 +11,14 @@ Semantics are the broker's (§6.2), so a partition compacted here reads as if th
 - survivors keep seq, ts, key, value and order (never the broker's key-order bug, §11.24); gaps are encoded as
   sparse bundles (§3.6).
 
-Two passes per round: pass 1 maps every key to its last seq exactly (`key_state.KeyMap`, in the compiled core:
-open addressing over the real key bytes, no digests, so no collisions); pass 2 streams the inputs again and writes
-survivors — bundles that survive whole are copied verbatim when large enough, the rest are re-bundled (default 100
-messages / 64 KiB, Snappy when it pays). The key map never exceeds `key_state_budget` (default 256 MiB): when the
-keys do not fit, compaction runs in rounds as Kafka's cleaner does (a round maps the keys from where the last one
-ended until its map is full, then rewrites the range up to there), and the last round leaves exactly what one
-unlimited round would.
+Two passes, at any key count. Pass 1 reads the inputs once and finds, for every keyed message, whether it is its
+key's latest, exactly (`key_state.KeyMap`, in the compiled core: open addressing over the real key bytes, no
+digests, so no collisions; ~23 B per 11-byte key), and marks keyless messages and tombstones (`survivors`: two bits
+per input message). When the keys do not fit `key_state_budget` (default 256 MiB), the rest go to key record files
+by key hash and are decided bucket by bucket within the same budget (`spill`): one more read of the keys, not of
+the input, where Kafka's cleaner would re-read its input once per round. Pass 2 streams the inputs again, skips
+bundles without a survivor from their headers, and writes survivors: bundles that survive whole are copied
+verbatim when large enough, the rest are re-bundled (default 100 messages / 64 KiB, Snappy when it pays).
 
 File protocol (compatible with the broker's, §6.4): outputs are written under `.`-prefixed temporary names and
 fsynced, then `storage.swap.swap_in` puts them in place of the inputs (`.cleaned` → `.swap`, inputs → `.old`, strip

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import os
+import tempfile
 import time
 
 from tank_log.errors import NeedsAttention
-from tank_log.maintenance.compaction.key_state import new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.maintenance.compaction.passes import dirty_ratio, map_keys, pass2_segment, select_inputs
-from tank_log.maintenance.compaction.survivors import BundleFilter, MarkedStretches
+from tank_log.maintenance.compaction.survivors import BundleFilter
 from tank_log.maintenance.outcome import Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import StepHook
-from tank_log.storage.segment import Segment
 from tank_log.storage.swap import swap_in
 
 
@@ -79,73 +77,20 @@ def _compact_locked(
     cutoff = None if options.tombstone_retention_ms is None else now_ms - options.tombstone_retention_ms
     segment_bytes = min(options.segment_bytes or part.config.segment_bytes, (1 << 32) - (1 << 26))
 
-    # Rounds, as Kafka's cleaner does: a round maps the keys from `start` on until its map is full (pass 1), then
-    # rewrites the inputs up to there, dropping every message whose key it maps to a later seq (pass 2). Earlier
-    # rounds left each key at most once before `start`, so the last round leaves what one unlimited round would.
-    start = inputs[0].base
-    compacted = False
-    while True:
-        round_end, swapped = _round(part, inputs, start, range_last, options, cutoff, segment_bytes, res, on_step)
-        compacted |= swapped
-        if options.dry_run or round_end is None:
-            break
-        _set_mark(base_path, part, round_end, options)
-        start = round_end + 1
-        part = scan_partition(part.path, part.topic, part.id, part.config)
-        inputs = [s for s in part.ro if s.base <= range_last]
-    if options.dry_run:
-        res.status, res.bytes_after, res.segments_after = Status.DRY_RUN, None, 0
-        if res.rounds == 1 and round_end is not None:
-            res.reason = "the first of several rounds (the keys exceed compaction.key_state_budget)"
-        return
-    if not compacted:
-        res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
-        _set_mark(base_path, part, res.range_last, options)
-        return
-    final = [s for s in scan_partition(part.path, part.topic, part.id, part.config).ro if s.base <= range_last]
-    res.outputs = [n for n in res.outputs if os.path.exists(os.path.join(part.path, n))]  # later rounds replace
-    res.segments_after = len(final)
-    res.bytes_after = sum(s.size for s in final)
-    _set_mark(base_path, part, res.range_last, options)
-    res.status = Status.COMPACTED
-
-
-def _round(
-    part: Partition,
-    inputs: list[Segment],
-    start: int,
-    range_last: int,
-    options: CompactionOptions,
-    cutoff: int | None,
-    segment_bytes: int,
-    res: CompactionResult,
-    on_step: StepHook | None,
-) -> tuple[int | None, bool]:
-    """One round from seq `start`: pass 1 maps keys until the budget is full, pass 2 rewrites the inputs up to
-    there and swaps the outputs in. Returns the round's last seq (None: it reached the end of the inputs) and
-    whether anything was swapped in."""
-    share = MarkedStretches.share(options.key_state_budget)
-    key_map, marked = new_key_map(options.key_state_budget - share), MarkedStretches(share)
-    round_end = map_keys(inputs, start, key_map, marked, res)  # pass 1: key → latest seq
-    if round_end is not None and round_end < start:
-        raise NeedsAttention(
-            f"compaction.key_state_budget ({options.key_state_budget} bytes) cannot hold one key at seq {start}"
-        )
-    res.rounds += 1
-    res.distinct_keys += len(key_map)
-    res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + marked.nbytes)
-    select = BundleFilter(key_map.latest_seqs(), marked, start, round_end, range_last)
-    touched = inputs if round_end is None else [s for s in inputs if s.base <= round_end]
-    one = CompactionResult(part.topic, part.id, part.path)
+    # keys past the budget spill beside the data, where `repair` finds what a killed run leaves; a dry run writes
+    # nothing into the data, so its spill goes to the system's temporary directory
+    spill_dir = tempfile.gettempdir() if options.dry_run else part.path
+    survivors = map_keys(inputs, options.key_state_budget, spill_dir, res)  # pass 1
+    select = BundleFilter(survivors, range_last)
     out = (
         None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
     )
     try:
-        for sf in touched:  # pass 2: survivors → outputs
+        for sf in inputs:  # pass 2: survivors → outputs
             if out is not None:
                 out.input_ts = sf.ts
-            pass2_segment(sf, key_map, select, one, out, options, cutoff)
-        dropped = one.messages_after < select.messages
+            pass2_segment(sf, select, res, out, options, cutoff)
+        dropped = res.messages_after < select.messages
         if out is not None:
             if dropped:
                 out.close_current()
@@ -155,16 +100,20 @@ def _round(
         if out is not None:
             out.abort()
         raise
-    res.bundles_skipped += select.skipped
-    res.messages_after = one.messages_after  # the last round's survivors are the result
-    res.tombstones_dropped += one.tombstones_dropped
-    res.keyless_dropped += one.keyless_dropped
-    res.tombstones_kept, res.keyless_kept = one.tombstones_kept, one.keyless_kept
-    del key_map, select  # before the next round's map is made: never two maps at once
+    res.bundles_skipped = select.skipped
+    if options.dry_run:
+        res.status, res.bytes_after, res.segments_after = Status.DRY_RUN, None, 0
+        return
     if out is None or not dropped:
-        return round_end, False
-    res.outputs += swap_in(part.path, touched, out.done, on_step)
-    return round_end, True
+        res.status, res.reason = Status.NOTHING_TO_DO, "no message would be dropped"
+        _set_mark(base_path, part, res.range_last, options)
+        return
+    res.outputs = swap_in(part.path, inputs, out.done, on_step)
+    final = [s for s in scan_partition(part.path, part.topic, part.id, part.config).ro if s.base <= range_last]
+    res.segments_after = len(final)
+    res.bytes_after = sum(s.size for s in final)
+    _set_mark(base_path, part, res.range_last, options)
+    res.status = Status.COMPACTED
 
 
 def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:

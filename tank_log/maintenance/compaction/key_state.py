@@ -1,18 +1,31 @@
-"""Pass 1 state: exact key → its latest seq, within a memory budget (no digests, so no collisions).
+"""The first pass's state: exact key → the ordinal of its latest message, within a memory budget, and key records.
 
-The compiled core's `KeyMap` (open addressing, 16-byte slots plus the key bytes, plus 8 bytes for pass 2's sorted
-copy of the latest seqs: ~38 bytes per 11-byte key) when it is built; otherwise `PureKeyMap`, a dict whose bytes are
-estimated. Both stop taking messages at the first new key that does not fit, which is where a compaction round ends
-(`passes.map_keys`).
+A message's ordinal is its position among the messages of the compaction's inputs (0, 1, 2, ... in seq order), the
+same in both passes; the second pass keeps a keyed message when its ordinal is its key's latest (`Survivors`).
+
+A key record is a key with an ordinal: u8 key length, the ordinal as 5 bytes little-endian, the key bytes. The
+compiled key map holds each key as one (in blocks: `records` gives them back) and the spill writes them to its bucket
+files, so both speak the same format.
+
+The compiled core's `KeyMap` when it is built (open addressing over control bytes and record references, exact:
+22-24 B per 11- or 12-byte key); otherwise `PureKeyMap`, a dict whose bytes are estimated. Both stop taking
+messages at the first new key that does not fit in the budget: where compaction starts to spill (`spill.KeySpill`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import zlib
+from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
 from tank_log.format import native
+
+Buffer: TypeAlias = bytes | memoryview  # what messages or key records are read from
+
+RECORD_HEAD = 6  # key length (1 byte) + ordinal (5 bytes)
+MAX_ORDINAL = (1 << 40) - 1
+NARROW_MAX_ORDINAL = (1 << 32) - 1  # a map that is not `wide` holds 4-byte ordinals
 
 
 class KeyMap(Protocol):
@@ -23,28 +36,29 @@ class KeyMap(Protocol):
     @property
     def nbytes(self) -> int: ...
 
-    def add(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> int:
-        """Record each keyed message's seq as its key's latest (seqs increase); returns how many messages were
-        taken: all, or up to the first new key that does not fit in the budget."""
+    def add(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray) -> int:
+        """Record each keyed message's ordinal as its key's latest (ordinals increase; keyless rows have key_off
+        -1); returns how many messages were taken: all, or up to the first new key that does not fit in the budget."""
         ...
 
-    def superseded(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> np.ndarray:
-        """Per message: True when its key is mapped to a later seq."""
+    def mark(self, bits: np.ndarray) -> None:
+        """Set the bit of every key's latest ordinal (bit o % 8 of byte o // 8 of a uint8 array)."""
         ...
 
-    def latest_seqs(self) -> np.ndarray:
-        """The mapped keys' latest seqs (uint64, any order; its 8 bytes per key are within the budget)."""
+    def records(self) -> list[bytes]:
+        """Every key with its latest ordinal, as key records."""
         ...
 
 
 class PureKeyMap:
-    """A dict from key bytes to seq; each key is charged its length + PER_KEY bytes (dict slot, bytes and int
-    objects, and latest_seqs' 8 bytes)."""
+    """A dict from key bytes to ordinal; each key is charged its length + PER_KEY bytes (dict slot, bytes and int
+    objects)."""
 
-    PER_KEY = 128
+    PER_KEY = 120
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, wide: bool = False):
         self.budget = budget
+        self.max_ord = MAX_ORDINAL if wide else NARROW_MAX_ORDINAL
         self._latest: dict[bytes, int] = {}
         self._bytes = 0
 
@@ -55,34 +69,82 @@ class PureKeyMap:
     def nbytes(self) -> int:
         return self._bytes
 
-    def add(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> int:
+    def add(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray) -> int:
         latest, used = self._latest, self._bytes
         try:
-            for i, (off, n, s) in enumerate(zip(key_off.tolist(), key_len.tolist(), seq.tolist(), strict=True)):
+            for i, (off, n, o) in enumerate(zip(key_off.tolist(), key_len.tolist(), ords.tolist(), strict=True)):
                 if off < 0:
                     continue
-                key = data[off : off + n]
+                if o > self.max_ord:
+                    if o > MAX_ORDINAL:
+                        raise ValueError("ordinal beyond 2**40")
+                    return i
+                key = bytes(data[off : off + n])
                 if key not in latest:
                     if used + n + self.PER_KEY > self.budget:
                         return i
                     used += n + self.PER_KEY
-                latest[key] = s
-            return len(seq)
+                latest[key] = o
+            return len(ords)
         finally:
             self._bytes = used
 
-    def superseded(self, data: bytes, key_off: np.ndarray, key_len: np.ndarray, seq: np.ndarray) -> np.ndarray:
-        latest = self._latest
-        out = np.zeros(len(seq), dtype=bool)
-        for i, (off, n, s) in enumerate(zip(key_off.tolist(), key_len.tolist(), seq.tolist(), strict=True)):
-            if off >= 0 and latest.get(data[off : off + n], 0) > s:
-                out[i] = True
-        return out
+    def mark(self, bits: np.ndarray) -> None:
+        ords = np.fromiter(self._latest.values(), dtype=np.int64, count=len(self._latest))
+        np.bitwise_or.at(bits, ords >> 3, (1 << (ords & 7)).astype(np.uint8))
 
-    def latest_seqs(self) -> np.ndarray:
-        return np.fromiter(self._latest.values(), dtype=np.uint64, count=len(self._latest))
+    def records(self) -> list[bytes]:
+        return [
+            b"".join(
+                bytes([len(k)]) + o.to_bytes(RECORD_HEAD - 1, "little") + k for k, o in sorted(self._latest.items())
+            )
+        ]
 
 
-def new_key_map(budget: int) -> KeyMap:
+def new_key_map(budget: int, wide: bool = False) -> KeyMap:
+    """A key map within `budget` bytes; `wide` for inputs of 2**32 messages or more (5-byte ordinals)."""
     core: Any = native.core()
-    return core.KeyMap(budget) if core is not None else PureKeyMap(budget)
+    return core.KeyMap(budget, wide) if core is not None else PureKeyMap(budget, wide)
+
+
+def key_hashes(data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
+    """Each message's key hash (uint64; 0 for a keyless one): what the spill's buckets are chosen by."""
+    core: Any = native.core()
+    if core is not None:
+        return core.key_hashes(data, key_off, key_len)  # type: ignore[no-any-return]
+    out = np.zeros(len(key_off), dtype=np.uint64)
+    for i, (off, n) in enumerate(zip(key_off.tolist(), key_len.tolist(), strict=True)):
+        if off >= 0:
+            key = bytes(data[off : off + n])
+            out[i] = (zlib.crc32(key) << 32) | zlib.adler32(key)
+    return out
+
+
+def pack_records(data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray) -> bytes:
+    """The key records of messages `rows` (keyed ones), in that order."""
+    core: Any = native.core()
+    if core is not None:
+        return core.pack_records(data, key_off, key_len, ords, rows.astype(np.int64))  # type: ignore[no-any-return]
+    parts = []
+    for r in rows.tolist():
+        off, n, o = int(key_off[r]), int(key_len[r]), int(ords[r])
+        if o > MAX_ORDINAL:
+            raise ValueError("ordinal beyond 2**40")
+        parts.append(bytes([n]) + o.to_bytes(RECORD_HEAD - 1, "little") + bytes(data[off : off + n]))
+    return b"".join(parts)
+
+
+def unpack_records(data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The complete key records at the start of `data`: (key_off, key_len, ords, end); a record cut at the end of
+    `data` is left for the next read (it starts at `end`)."""
+    core: Any = native.core()
+    if core is not None:
+        return core.unpack_records(data)  # type: ignore[no-any-return]
+    offs, lens, ords = [], [], []
+    p, size = 0, len(data)
+    while p + RECORD_HEAD <= size and p + RECORD_HEAD + data[p] <= size:
+        offs.append(p + RECORD_HEAD)
+        lens.append(data[p])
+        ords.append(int.from_bytes(bytes(data[p + 1 : p + RECORD_HEAD]), "little"))
+        p += RECORD_HEAD + data[p]
+    return np.array(offs, np.int64), np.array(lens, np.int64), np.array(ords, np.uint64), p

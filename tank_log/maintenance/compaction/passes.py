@@ -1,21 +1,26 @@
-"""Choosing the inputs and the two passes over them: pass 1 finds each key's last seq, pass 2 decides per message
-what survives (docs/FORMAT.md §6.2) and streams survivors to the output."""
+"""Choosing the inputs and the two passes over them: pass 1 finds each key's latest message, pass 2 decides per
+message what survives (docs/FORMAT.md §6.2) and streams survivors to the output."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-from tank_log.errors import TankFormatError
+from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable
 from tank_log.format.messages import MessageColumns
-from tank_log.maintenance.compaction.key_state import KeyMap
+from tank_log.maintenance.compaction.key_state import KeyMap, new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
-from tank_log.maintenance.compaction.survivors import BundleFilter, MarkedStretches
+from tank_log.maintenance.compaction.spill import KeySpill, bucket_count, mark_latest
+from tank_log.maintenance.compaction.survivors import BundleFilter, Survivors
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
+
+log = logging.getLogger(__name__)
 
 
 def pass_chunk_bytes() -> int:
@@ -42,38 +47,78 @@ def select_inputs(part: Partition, options: CompactionOptions, now_ms: int) -> l
     return inputs
 
 
-def map_keys(
-    inputs: list[Segment], start_seq: int, key_map: KeyMap, marked: MarkedStretches, res: CompactionResult
-) -> int | None:
-    """Pass 1 of a round: from `start_seq` on, map every key to its latest seq until the map is full, counting the
-    messages mapped into `res` and marking where keyless messages and tombstones are. Returns the round's last seq
-    (None when the round reaches the end of the inputs); the next round starts after it, so the rounds' first passes
-    read every input message once.
+def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: CompactionResult) -> Survivors:
+    """Pass 1: every keyed message's ordinal mapped to whether it is its key's latest, exactly, within `budget`
+    bytes of key state (the map, and the survivors' two bits per message). Keys that do not fit the map go to a key
+    spill in `spill_dir`, decided bucket by bucket (`spill.py`): one more read of the keys, not of the input.
 
     Raises:
         TankFormatError: a malformed or torn input segment (salvage it first).
+        OSError: the spill could not be written (a full disk: nothing was changed).
     """
-    covered = start_seq - 1
-    for seg in inputs:
-        if seg.last is not None and seg.last < start_seq:
-            continue
-        offset, next_seq = seg.seek(start_seq) if start_seq > seg.base else (0, None)
-        walk = seg.chunks(start=offset, next_seq=next_seq, chunk_bytes=pass_chunk_bytes())
-        for chunk in walk:
-            c = chunk.cols
-            seq, key_off, key_len, val_len = c.seq, c.key_off, c.key_len, c.val_len
-            if len(seq) and seq[0] < start_seq:  # the chunk read from an index entry before start_seq
-                sel = seq >= start_seq
-                seq, key_off, key_len, val_len = seq[sel], key_off[sel], key_len[sel], val_len[sel]
-            taken = key_map.add(c.data, key_off, key_len, seq)
-            marked.mark(seq[:taken], (key_off[:taken] < 0) | (val_len[:taken] == 0))
-            res.messages_before += taken
-            if taken < len(seq):
-                return int(seq[taken - 1]) if taken else covered
-            if len(seq):
-                covered = int(seq[-1])
-        _check_complete(seg, walk.tail)
-    return None
+    survivors = Survivors()
+    key_map: KeyMap | None = new_key_map(budget)
+    spill: KeySpill | None = None
+    total = sum(s.size for s in inputs) or 1
+    read_before = 0
+    try:
+        for seg in inputs:
+            walk = seg.chunks(chunk_bytes=pass_chunk_bytes())
+            for chunk in walk:
+                c = chunk.cols
+                n = len(c)
+                ordinal = survivors.messages
+                ords = np.arange(ordinal, ordinal + n, dtype=np.uint64)
+                survivors.marked.set_run(ordinal, (c.key_off < 0) | (c.val_len == 0))
+                survivors.messages += n
+                taken = 0
+                if key_map is not None:
+                    key_map.budget = budget - survivors.nbytes
+                    taken = key_map.add(c.data, c.key_off, c.key_len, ords)
+                    res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + survivors.nbytes)
+                    if taken < n:
+                        if not len(key_map):
+                            raise NeedsAttention(f"compaction.key_state_budget ({budget} bytes) cannot hold one key")
+                        read = read_before + chunk.file_offset + int(chunk.table.offsets[c.bundle[taken]])
+                        spill = _start_spill(key_map, spill_dir, read / total)
+                        key_map = None
+                if spill is not None and taken < n:
+                    spill.add(c.data, c.key_off[taken:], c.key_len[taken:], ords[taken:])
+            _check_complete(seg, walk.tail)
+            read_before += seg.size
+        res.messages_before = survivors.messages
+        survivors.latest.reserve(survivors.messages)
+        if key_map is not None:
+            key_map.mark(survivors.latest.bytes)
+            res.distinct_keys = len(key_map)
+            return survivors
+        assert spill is not None
+        spill.finish()
+        res.spill_buckets, res.spill_bytes = len(spill), spill.bytes
+        log.info(
+            "%s: keys past compaction.key_state_budget: %.1f MB of key records in %d buckets",
+            spill.directory,
+            spill.bytes / 1e6,
+            len(spill),
+        )
+        res.distinct_keys, largest = mark_latest(spill, budget - survivors.nbytes, survivors.latest, survivors.messages)
+        res.key_state_bytes = max(res.key_state_bytes, largest + survivors.nbytes)
+        return survivors
+    finally:
+        if spill is not None:
+            spill.remove()
+
+
+def _start_spill(key_map: KeyMap, directory: str, fraction_read: float) -> KeySpill:
+    """The key map is full: its keys and every later keyed message's go to bucket files instead."""
+    spill = KeySpill(directory, bucket_count(fraction_read))
+    try:
+        for records in key_map.records():
+            spill.add_records(records)
+    except BaseException:
+        spill.remove()
+        raise
+    return spill
 
 
 def _check_complete(seg: Segment, tail: Tail | None) -> None:
@@ -87,7 +132,6 @@ def _check_complete(seg: Segment, tail: Tail | None) -> None:
 
 def pass2_segment(
     sf: Segment,
-    key_map: KeyMap,
     select: BundleFilter,
     res: CompactionResult,
     out: OutputSegments | None,
@@ -97,21 +141,18 @@ def pass2_segment(
     """Pass 2 over one input: decide per message of the bundles `select` reads (the others hold no survivor) and
     write the survivors to `out`."""
     min_copy = max(1, options.policy.max_messages // 2)
-    round_end, range_last = select.round_end, select.range_last
+    latest, range_last = select.survivors.latest, np.uint64(select.range_last)
     walk = sf.chunks(chunk_bytes=pass_chunk_bytes(), select=select)
     for chunk in walk:
         c, t = chunk.cols, chunk.table
         keyed = c.key_off >= 0
         empty = c.val_len == 0
-        superseded = key_map.superseded(c.data, c.key_off, c.key_len, c.seq)
-        keep = np.where(keyed, ~superseded, ~empty & (not options.drop_keyless))
+        keep = np.where(keyed, latest.get(select.ordinals(c.bundle)), ~empty & (not options.drop_keyless))
         tomb = keyed & empty
         if cutoff is not None:
             expired = keep & tomb & (c.ts < np.uint64(max(cutoff, 0)))
             keep &= ~expired
-        if round_end is not None:
-            keep |= c.seq > np.uint64(round_end)  # beyond this round's keys: a later round decides
-        keep |= c.seq == np.uint64(range_last)  # never drop the range's last message (§4.4)
+        keep |= c.seq == range_last  # never drop the range's last message (§4.4)
         res.messages_after += int(keep.sum())
         res.tombstones_kept += int((keep & tomb).sum())
         res.tombstones_dropped += int((~keep & tomb).sum())

@@ -1,11 +1,11 @@
-"""Which bundles pass 2 must decode: those that may hold a survivor (docs/FORMAT.md §6.2).
+"""What the first pass leaves for the second: which messages may survive (docs/FORMAT.md §6.2), by ordinal.
 
-After pass 1 every keyed message of the round's seqs [start, round_end] is in the key map, so a bundle there whose
-seq range holds none of the keys' latest seqs, no keyless message and no tombstone is dropped whole: pass 2 checks
-its header and skips its message set. Everything else is decoded and decided message by message: bundles that
-reach below `start` (earlier rounds' survivors) or past `round_end` (a later round decides), the one holding the
-range's last seq (§4.4), and the stretches where pass 1 saw keyless messages or tombstones (so their counts in the
-report stay exact).
+A message's ordinal is its position among the messages of the compaction's inputs. `Survivors` holds two bits per
+input message: `latest` (a keyed message that is its key's latest) and `marked` (a keyless message or a tombstone,
+which the rules decide without the key map). With them the second pass needs no key map: a keyed message survives
+when its `latest` bit is set, and a bundle with neither bit set anywhere (and not holding the range's last seq, §4.4)
+holds no survivor, so `BundleFilter` skips it whole, from its header, without decoding it, while the counts in the
+report stay exact (every tombstone and keyless message is in a decoded bundle).
 """
 
 from __future__ import annotations
@@ -14,68 +14,105 @@ import numpy as np
 
 from tank_log.format.decode import BundleTable
 
-MARKED_BYTES = 16 << 10  # the most the marked stretches take of the key state budget (a 16th of a small one)
 
+class Bits:
+    """A growable bit set over ordinals: bit o % 8 of byte o // 8."""
 
-class MarkedStretches:
-    """Seq stretches [lo, hi] holding keyless messages or tombstones, recorded by pass 1 per decoded chunk. Past
-    `budget` bytes (16 per stretch), neighbouring stretches merge: a coarser, still complete, record."""
-
-    def __init__(self, budget: int) -> None:
-        self.most = max(2, budget // 16)
-        self.los: list[int] = []
-        self.his: list[int] = []
-
-    @staticmethod
-    def share(key_state_budget: int) -> int:
-        """The part of the key state budget the marked stretches may use."""
-        return min(MARKED_BYTES, key_state_budget // 16)
+    def __init__(self) -> None:
+        self.bytes = np.zeros(0, dtype=np.uint8)
 
     @property
     def nbytes(self) -> int:
-        return 16 * len(self.los)
+        return int(self.bytes.nbytes)
 
-    def mark(self, seq: np.ndarray, marked: np.ndarray) -> None:
-        """Record the stretch from the first to the last marked message of one chunk (`seq` increases)."""
-        where = np.flatnonzero(marked)
-        if not len(where):
+    def reserve(self, nbits: int) -> None:
+        need = (nbits + 7) // 8
+        if need > len(self.bytes):
+            grown = np.zeros(need + need // 8, dtype=np.uint8)  # an eighth more: few copies, little slack
+            grown[: len(self.bytes)] = self.bytes
+            self.bytes = grown
+
+    def set_run(self, start: int, flags: np.ndarray) -> None:
+        """Set bits start, start + 1, ... where `flags` (bool) is True."""
+        if not len(flags) or not flags.any():
             return
-        lo, hi = int(seq[where[0]]), int(seq[where[-1]])
-        self.los.append(lo)
-        self.his.append(hi)
-        if len(self.los) > self.most:  # merge pairs: the memory stays bounded at any input size
-            self.los = self.los[::2]
-            self.his = self.his[1::2] + ([self.his[-1]] if len(self.his) % 2 else [])
+        self.reserve(start + len(flags))
+        pad = start & 7
+        packed = np.packbits(np.concatenate((np.zeros(pad, dtype=bool), flags)), bitorder="little")
+        first = start >> 3
+        self.bytes[first : first + len(packed)] |= packed
+
+    def get(self, ords: np.ndarray) -> np.ndarray:
+        """Per ordinal: whether its bit is set."""
+        ords = ords.astype(np.int64, copy=False)
+        byte = ords >> 3
+        inside = byte < len(self.bytes)
+        out = np.zeros(len(ords), dtype=bool)
+        out[inside] = (self.bytes[byte[inside]] >> (ords[inside] & 7)) & 1 == 1
+        return out
+
+    def counts(self, start: int, stop: int) -> np.ndarray:
+        """Prefix counts of set bits over ordinals [start, stop): element i counts bits start .. start + i - 1."""
+        lo, hi = start >> 3, min((stop + 7) >> 3, len(self.bytes))
+        window = np.zeros(stop - start, dtype=bool)
+        if hi > lo:
+            bits = np.unpackbits(self.bytes[lo:hi], bitorder="little")[start - 8 * lo :][: stop - start].astype(bool)
+            window[: len(bits)] = bits
+        return np.concatenate(([0], np.cumsum(window, dtype=np.int64)))
+
+
+class Survivors:
+    """The first pass's result: `latest` and `marked` bits, and how many messages the inputs hold."""
+
+    def __init__(self) -> None:
+        self.latest = Bits()
+        self.marked = Bits()
+        self.messages = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.latest.nbytes + self.marked.nbytes
 
 
 class BundleFilter:
-    """Pass 2's `select` for Segment.chunks: the bundles of a chunk that may hold a survivor of this round."""
+    """The second pass's `select` for Segment.chunks: the bundles of a chunk that may hold a survivor. Walked in the
+    first pass's order, it numbers every bundle's messages (decoded or not) with their ordinals; `ordinals` gives the
+    decoded messages theirs."""
 
-    def __init__(
-        self, latest: np.ndarray, marked: MarkedStretches, start: int, round_end: int | None, range_last: int
-    ) -> None:
-        self.latest = np.sort(latest)
-        self.marked_los = np.array(marked.los, dtype=np.uint64)  # pass 1 is over: the stretches are final
-        self.marked_his = np.array(marked.his, dtype=np.uint64)
-        self.start, self.round_end, self.range_last = start, round_end, range_last
+    def __init__(self, survivors: Survivors, range_last: int) -> None:
+        self.survivors = survivors
+        self.range_last = range_last
+        self.next_ordinal = 0  # the ordinal of the first message of the next bundle walked
         self.messages = 0  # messages in the walked bundles, decoded or not
         self.skipped = 0  # bundles not decoded
+        self._bases = np.zeros(0, dtype=np.int64)  # first ordinal of each bundle the last call selected
 
     def __call__(self, table: BundleTable) -> np.ndarray:
-        firsts, lasts = table.firsts, table.lasts
-        self.messages += int(table.counts.sum())
-        has_latest = np.searchsorted(self.latest, lasts, side="right") > np.searchsorted(self.latest, firsts)
-        read = has_latest | (firsts < np.uint64(self.start)) | self._marked(firsts, lasts)
-        if self.round_end is not None:
-            read |= lasts > np.uint64(self.round_end)
-        read |= (firsts <= np.uint64(self.range_last)) & (lasts >= np.uint64(self.range_last))
+        counts = table.counts.astype(np.int64)
+        total = int(counts.sum())
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        s = self.survivors
+        latest, marked = (
+            s.latest.counts(self.next_ordinal, self.next_ordinal + total),
+            s.marked.counts(self.next_ordinal, self.next_ordinal + total),
+        )
+        read = (latest[ends] > latest[starts]) | (marked[ends] > marked[starts])
+        last = np.uint64(self.range_last)
+        read |= (table.firsts <= last) & (table.lasts >= last)
         rows = np.flatnonzero(read)
-        self.skipped += len(firsts) - len(rows)
+        self._bases = self.next_ordinal + starts[rows]
+        self.next_ordinal += total
+        self.messages += total
+        self.skipped += len(counts) - len(rows)
         return rows
 
-    def _marked(self, firsts: np.ndarray, lasts: np.ndarray) -> np.ndarray:
-        """Per bundle [first, last]: True when a marked stretch overlaps it."""
-        if not len(self.marked_los):
-            return np.zeros(len(firsts), dtype=bool)
-        i = np.searchsorted(self.marked_los, lasts, side="right") - 1  # the last stretch starting by the bundle's end
-        return (i >= 0) & (self.marked_his[np.maximum(i, 0)] >= firsts)
+    def ordinals(self, bundle: np.ndarray) -> np.ndarray:
+        """The ordinals of a decoded chunk's messages, given each one's bundle (an index into the selected bundles,
+        non-decreasing)."""
+        n = len(bundle)
+        if not n:
+            return np.zeros(0, dtype=np.int64)
+        first_row = np.searchsorted(bundle, np.arange(len(self._bases)))  # each bundle's first message
+        ords: np.ndarray = self._bases[bundle] + (np.arange(n) - first_row[bundle])
+        return ords
