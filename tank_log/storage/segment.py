@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import numpy as np
-import pyarrow as pa
 
 from tank_log.errors import TankFormatError
-from tank_log.format.arrow import MESSAGE_SCHEMA, to_record_batch
 from tank_log.format.bundle import SPARSE, BundleHeader, Message, messages_of
 from tank_log.format.decode import (
     BUDGET,
@@ -33,6 +31,9 @@ from tank_log.format.decode import (
 from tank_log.format.index import lookup, usable_entries
 from tank_log.format.messages import MessageColumns
 from tank_log.format.names import FileName, Kind, format_index_name, parse_name
+
+if TYPE_CHECKING:  # pyarrow is imported by the Arrow views only: ~50 MiB of RSS a compaction or the CLI never needs
+    import pyarrow as pa
 
 DEFAULT_CHUNK_BYTES = 4 << 20
 T = TypeVar("T")
@@ -258,6 +259,9 @@ class Segment:
 
         With `min_seq` the index is used to seek (docs/FORMAT.md §4.4 step 3) when `use_index` and it exists.
         """
+        from tank_log.format.arrow import skip_pandas_detection, to_record_batch
+
+        skip_pandas_detection()  # pyarrow would import pandas at its first conversion (format/arrow.py)
         start, next_seq = 0, None
         if min_seq is not None and use_index:
             start, next_seq = self.seek(min_seq)
@@ -282,6 +286,10 @@ class Segment:
         return max((int(c.cols.ts.max()) for c in self.chunks() if len(c.cols)), default=0)
 
     def read_table(self, **kwargs: Any) -> pa.Table:
+        import pyarrow as pa
+
+        from tank_log.format.arrow import MESSAGE_SCHEMA
+
         return pa.Table.from_batches(list(self.batches(**kwargs)), schema=MESSAGE_SCHEMA)
 
     def messages(self, **kwargs: Any) -> SegmentWalk[Message]:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import PartitionHeld, TankFormatError, UsageError
-from tank_log.format.arrow import skip_pandas_detection
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.retention import add_keep_unexported
 
@@ -454,7 +453,6 @@ EXIT_INTERRUPTED = 130
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped by an orchestrator: like Ctrl-C
     reuse_freed_buffers()  # every command decodes chunk after chunk (jobs/allocator.py)
-    skip_pandas_detection()  # and builds Arrow arrays: pyarrow would import pandas (format/arrow.py)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
