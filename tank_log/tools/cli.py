@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import PartitionHeld, TankFormatError, UsageError
 from tank_log.jobs.allocator import reuse_freed_buffers
-from tank_log.jobs.retention import add_keep_unexported
+from tank_log.jobs.guard_flags import add_keep_unexported
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
@@ -166,8 +166,8 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags
     from tank_log.jobs.config import load_job_config
+    from tank_log.jobs.guard_flags import apply_guard_flags
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
-    from tank_log.jobs.retention import apply_guard_flags
 
     _require_base_path(args.path)
     config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
