@@ -6,7 +6,9 @@ import base64
 import json
 import logging
 import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tank_log.errors import TankFormatError
@@ -43,15 +45,48 @@ def tail_loss(segment: Segment, tail: Tail | None) -> Unread | None:
     return None
 
 
-def message_lines(segment: Segment, topic: str | None, partition: int | None, unread: list[Unread]) -> Iterator[str]:
-    """The JSON lines of a segment's messages, a decoded chunk at a time (each block ends with a newline); what the
+def message_chunks(
+    segment: Segment, topic: str | None, partition: int | None, unread: list[Unread]
+) -> Iterator[tuple[str, MessageColumns]]:
+    """A segment's messages, a decoded chunk at a time, with the prefix of their JSON lines (`json_lines`); what the
     read could not return is appended to `unread`."""
     prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
-    walk = segment.chunks()
+    walk = segment.chunks(chunk_bytes=CHUNK_BYTES)
     for chunk in walk:
         if len(chunk.cols):
-            yield json_lines(prefix, chunk.cols)
+            yield prefix, chunk.cols
     _note(unread, tail_loss(segment, walk.tail))
+
+
+Block = bytes | tuple[str, MessageColumns]  # lines ready, or a chunk whose lines `json_lines` makes
+FORMAT_THREADS = 2  # chunks formatted at once, beside the decoding of the next
+CHUNK_BYTES = 1 << 20  # of a segment decoded at once: short holds of the GIL, which the formatting threads wait for
+
+
+def _formatted(blocks: Iterator[Block]) -> Iterator[bytes | bytearray]:
+    """The lines of each block, in order. With the compiled core, whose formatting releases the GIL, a chunk is
+    formatted on a second thread while this one decodes the next (across segments and partitions) and the caller
+    writes the last: a dump takes about as long as its formatting alone (bench/RESULTS.md, "tank-log dump")."""
+    if native.core() is None:
+        for block in blocks:
+            yield block if isinstance(block, bytes) else json_lines(*block)
+        return
+    with ThreadPoolExecutor(FORMAT_THREADS, thread_name_prefix="dump-format") as pool:
+        pending: deque[Future[bytes | bytearray] | bytes] = deque()
+        buffers = [bytearray() for _ in range(FORMAT_THREADS + 1)]  # formatting, and the one the caller writes
+        for i, block in enumerate(blocks):
+            if isinstance(block, bytes):
+                pending.append(block)
+            else:
+                pending.append(pool.submit(json_lines, *block, buffers[i % len(buffers)]))
+            if len(pending) > FORMAT_THREADS:
+                yield _result(pending.popleft())
+        while pending:
+            yield _result(pending.popleft())
+
+
+def _result(done: Future[bytes | bytearray] | bytes) -> bytes | bytearray:
+    return done if isinstance(done, bytes) else done.result()
 
 
 def _note(unread: list[Unread], loss: Unread | None) -> None:
@@ -60,13 +95,15 @@ def _note(unread: list[Unread], loss: Unread | None) -> None:
         unread.append(loss)
 
 
-def json_lines(prefix: str, c: MessageColumns) -> str:
+def json_lines(prefix: str, c: MessageColumns, out: bytearray | None = None) -> bytes | bytearray:
     """One JSON line per message, `prefix` + seq + ts, key, value: the text `json.dumps` gives for the record dict
-    (a missing key dumps as an empty one). Built in bulk by the compiled core when it is there."""
+    (a missing key dumps as an empty one), in ASCII. Built in bulk by the compiled core when it is there, into `out`
+    when given (a buffer reused keeps its memory: no page faults for every chunk's lines)."""
     core = native.core()
     if core is not None:
-        raw = core.json_lines(prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len)
-        return raw.decode("ascii")  # type: ignore[no-any-return]
+        return core.json_lines(  # type: ignore[no-any-return]
+            prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len, out
+        )
     lines = []
     seqs, tss = c.seq.tolist(), c.ts.tolist()
     for i in range(len(c)):
@@ -76,7 +113,7 @@ def json_lines(prefix: str, c: MessageColumns) -> str:
             f'{prefix}{seqs[i]},"ts":{tss[i]},"key":{_json_text(key)},"key_b64":"{base64.b64encode(key).decode()}",'
             f'"value":{_json_text(value)},"value_b64":"{base64.b64encode(value).decode()}"}}\n'
         )
-    return "".join(lines)
+    return "".join(lines).encode("ascii")
 
 
 def _json_text(raw: bytes) -> str:
@@ -115,9 +152,9 @@ def dump_path(
     bundles: bool = False,
     topics: list[str] | None = None,
     unread: list[Unread] | None = None,
-) -> Iterator[str]:
-    """JSON lines for a segment file, partition, topic or base path (sequence order per partition), in blocks of
-    whole lines, each ending with a newline.
+) -> Iterator[bytes | bytearray]:
+    """JSON lines (ASCII) for a segment file, partition, topic or base path (sequence order per partition), in
+    blocks of whole lines, each ending with a newline.
 
     What could not be returned is appended to `unread`, each with its file and byte offset: partition directories and
     segment files the broker never reads, torn tails of RO segments, corrupt bytes (the rest of that segment is
@@ -135,18 +172,24 @@ def dump_path(
         for u in left_out:
             _note(losses, u)
         targets = [(s, p.topic, p.id) for p in parts for s in p.segments]
+    yield from _formatted(_blocks(targets, bundles, losses, strict=unread is None))
+
+
+def _blocks(
+    targets: list[tuple[Segment, str | None, int | None]], bundles: bool, losses: list[Unread], *, strict: bool
+) -> Iterator[Block]:
     for seg, topic, partition in targets:
-        _raise_first(losses, strict=unread is None)
+        _raise_first(losses, strict=strict)
         try:
             if bundles:
                 for rec in bundle_records(seg, losses):
-                    yield json.dumps(rec, separators=(",", ":")) + "\n"
+                    yield (json.dumps(rec, separators=(",", ":")) + "\n").encode()
             else:
-                yield from message_lines(seg, topic, partition, losses)
+                yield from message_chunks(seg, topic, partition, losses)
         except TankFormatError as err:
             offset = err.offset or 0
             _note(losses, Unread(err.path or seg.path, err.message, offset, max(seg.size - offset, 0)))
-    _raise_first(losses, strict=unread is None)
+    _raise_first(losses, strict=strict)
 
 
 def _raise_first(losses: list[Unread], *, strict: bool) -> None:
