@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from tank_log.format.bundle import Message, encode_bundle, frame, is_contiguous
 from tank_log.format.index import encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name
-from tank_log.storage.datadir import last_complete_seq, scan_partition
+from tank_log.storage.datadir import last_complete_seq, rescan_partition
 from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.writer import BundlePolicy
 
@@ -37,7 +37,7 @@ class PartitionAppender:
         self.path = os.fspath(path)
         os.makedirs(self.path, exist_ok=True)
         topic, pid = os.path.basename(os.path.dirname(self.path)), os.path.basename(self.path)
-        part = scan_partition(self.path, topic, int(pid) if pid.isdigit() else 0)
+        part = rescan_partition(self.path, topic, int(pid) if pid.isdigit() else 0)  # with its topic's config
         self.segment_bytes = part.config.segment_bytes if segment_bytes is None else segment_bytes
         self.index_interval = part.config.index_interval_bytes if index_interval is None else index_interval
         self.policy = policy or BundlePolicy()

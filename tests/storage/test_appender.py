@@ -42,3 +42,16 @@ def test_reopen_continues_the_active_segment(tmp_path):
     with pytest.raises(ValueError, match="does not follow 20"):
         app.append(msgs(20, 21))
     assert verify_path(str(tmp_path)) == []
+
+
+def test_rolls_at_the_topics_segment_size(tmp_path):
+    """The topic's `config` applies to its partitions (§1.5): an appender given no size rolls at the topic's
+    log.segment.bytes (it read the partition's own config only, and rolled at the 1 GiB default)."""
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config").write_text("log.segment.bytes=600\n")
+    app = PartitionAppender(tmp_path / "t" / "0")
+    assert app.segment_bytes == 600
+    for lo in range(1, 100, 10):
+        app.append(msgs(lo, lo + 9))
+    (part,) = partitions_at(str(tmp_path))
+    assert len(part.ro) >= 2 and app.rolls == len(part.ro)
