@@ -98,17 +98,50 @@ def stop(broker: BrokerHost) -> StepResult:
 
 
 def start(broker: BrokerHost) -> StepResult:
-    """Start the broker unless it still runs (it never stopped: a second one must not start on its data).
+    """Start the broker unless it still runs (it never stopped: a second one must not start on its data). First,
+    `repair` its data: a maintenance job killed mid-run (a timeout, the OOM killer) can leave an interrupted
+    compaction, which the broker's own open-time recovery gets wrong (it resurrects `.old` inputs beside the
+    outputs, docs/FORMAT.md §6.4), and temporaries.
 
     Raises:
-        WindowStepFailed: `start_command` failed or did not return within `ready_timeout`.
+        WindowStepFailed: the repair could not finish (a partition locked by a job still running, or one that needs
+            an operator: the broker is not started), or `start_command` failed or did not return within
+            `ready_timeout`.
     """
     t0 = time.monotonic()
     held = broker_holders(broker)
     if held:
         return StepResult(broker.name, "start", False, f"not started: it still runs ({held[0]})", 0.0)
+    repaired = repair_data(broker)
     run_command(broker, "start", broker.start_command, broker.ready_timeout_s)
-    return StepResult(broker.name, "start", True, "started", time.monotonic() - t0)
+    detail = f"started after repairing {', '.join(repaired)}" if repaired else "started"
+    return StepResult(broker.name, "start", True, detail, time.monotonic() - t0)
+
+
+def repair_data(broker: BrokerHost) -> list[str]:
+    """`tank-log repair` of the broker's data dirs (it is stopped: checked by the caller); what it repaired.
+
+    Raises:
+        WindowStepFailed: a partition is locked (a job still runs on it) or needs attention, or an OSError.
+    """
+    from tank_log.errors import NeedsAttention, PartitionLocked, describe_error
+    from tank_log.storage.datadir import partitions_at
+    from tank_log.storage.locking import PartitionLock
+    from tank_log.storage.repair import repair_base, repair_partition
+
+    done: list[str] = []
+    try:
+        for d in broker.data_dirs:
+            done += repair_base(d)
+            for part in partitions_at(d):
+                with PartitionLock(part.path, "window-start"):
+                    res = repair_partition(part.path)
+                if res.has_work:
+                    done.append(f"{part.topic}/{part.id} ({res.action})")
+                    log.warning("broker %s: start: repaired %s/%d: %s", broker.name, part.topic, part.id, res.action)
+    except (PartitionLocked, NeedsAttention, OSError) as err:
+        raise WindowStepFailed(broker.name, "start", f"not started: repair failed: {describe_error(err)}") from err
+    return done
 
 
 def wait_ready(broker: BrokerHost) -> StepResult:

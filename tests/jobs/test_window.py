@@ -75,3 +75,31 @@ def test_verify_names_the_errors(tmp_path, base):
         fh.write(b"\xff" * 16)
     with pytest.raises(WindowStepFailed, match=rf"broker a: verify: 1 error\(s\): .*{seg}"):
         window.verify(b)
+
+
+def test_start_repairs_what_a_killed_maintenance_left_before_the_broker_opens_it(tmp_path, base):
+    """A maintenance job killed mid-compaction leaves `.cleaned`/`.swap`/`.old` files; the broker's open-time
+    recovery would resurrect the `.old` inputs beside the outputs (§6.4). `start` repairs first: the broker is
+    started on data with no leftover, in which every message is there once."""
+    from conftest import CRASHED, crash_after_step
+
+    from tank_log.maintenance.compaction import CompactionOptions, compact_partition
+    from tank_log.maintenance.verify import verify_path
+    from tank_log.storage.datadir import partitions_at
+
+    entry = standin_broker(str(tmp_path), "a", base)
+    (part,) = [p for p in partitions_at(base) if p.config.cleanup_policy == "cleanup"][:1]
+    options = CompactionOptions(force=True, broker_stopped=True)
+    assert crash_after_step(6, lambda hook: compact_partition(part, options, on_step=hook)) == CRASHED
+    assert [p for p in verify_path(base) if p.code == "compaction-leftover"]  # what the broker would mishandle
+    seen = str(tmp_path / "seen-at-start")
+    b = _broker(
+        {**entry, "start_command": f"find {base} -name '*.old' -o -name '*.swap' > {seen}; " + entry["start_command"]}
+    )
+    started = window.start(b)
+    try:
+        assert started.done and "repairing" in started.detail, started
+        assert open(seen).read() == ""  # nothing for the broker to resurrect when it opened the data
+        assert window.wait_ready(b).done and window.verify(b).done
+    finally:
+        window.stop(b)
