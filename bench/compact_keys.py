@@ -1,9 +1,10 @@
 """Compaction at any key count: one partition whose distinct keys do or do not fit the key budget.
 
-Generates one partition of MESSAGES keyed messages (keys `user:%07d`, 12 bytes, uniform over KEYS: 4,000,000 over
-2,000,000 gives ~1,729,500 distinct keys), 100-byte JSON-like values, in 100-message Snappy client bundles and
-~64 MiB RO segments, plus a small active segment. Then compacts it in fresh processes (the library, as `tank-log
-compact --force` runs it in its worker), alternating the budgets, `--runs` times each:
+Generates one partition of MESSAGES keyed messages (keys uniform over KEYS: `user:%07d`, 12 bytes, or `user:%08d`
+from 10,000,000 keys on; 4,000,000 over 2,000,000 gives ~1,729,500 distinct keys, 40,000,000 over 25,000,000 about
+20 M), 100-byte JSON-like values, in 100-message Snappy client bundles and ~64 MiB RO segments, plus a small active
+segment. Then compacts it in fresh processes (the library, as `tank-log compact --force` runs it in its worker),
+alternating the budgets, `--runs` times each:
 
 - a budget that holds every key (the in-memory reference, measured in the same run),
 - the default budget (256mb), and a small one (8mb): past the budget the keys spill to disk.
@@ -43,7 +44,7 @@ from tank_log.storage.partition_writer import PartitionWriter  # noqa: E402
 from tank_log.storage.writer import BundlePolicy, SegmentWriter  # noqa: E402
 
 CLIENT = BundlePolicy(max_messages=100, max_bytes=1 << 30, snappy=SnappyPolicy.CLIENT)
-KEY_BYTES, VALUE_BYTES, TS0 = 12, 100, 1_776_000_000_000
+VALUE_BYTES, TS0 = 100, 1_776_000_000_000
 BATCH = 200_000
 
 
@@ -60,23 +61,25 @@ def _values(rng: np.random.Generator, n: int) -> np.ndarray:
 def generate(part_dir: str, messages: int, keys: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     writer = PartitionWriter(part_dir, segment_bytes=64 << 20, with_active=False, policy=CLIENT)
-    width = KEY_BYTES + VALUE_BYTES
+    digits = max(7, len(str(keys - 1)))
+    key_bytes = 5 + digits
+    width = key_bytes + VALUE_BYTES
     for first in range(0, messages, BATCH):
         n = min(BATCH, messages - first)
         k = rng.integers(keys, size=n)
         rows = np.empty((n, width), np.uint8)
-        digits = np.char.zfill(k.astype("U7"), 7).astype("S7").view(np.uint8).reshape(n, 7)
+        text = np.char.zfill(k.astype(f"U{digits}"), digits).astype(f"S{digits}").view(np.uint8).reshape(n, digits)
         rows[:, :5] = np.frombuffer(b"user:", np.uint8)
-        rows[:, 5:KEY_BYTES] = digits
-        rows[:, KEY_BYTES:] = _values(rng, n)
+        rows[:, 5:key_bytes] = text
+        rows[:, key_bytes:] = _values(rng, n)
         off = np.arange(n, dtype=np.int64) * width
         seq = np.arange(first + 1, first + n + 1, dtype=np.uint64)
         cols = MessageColumns(
             seq,
             TS0 + seq,
             off,
-            np.full(n, KEY_BYTES, np.int64),
-            off + KEY_BYTES,
+            np.full(n, key_bytes, np.int64),
+            off + key_bytes,
             np.full(n, VALUE_BYTES, np.int64),
             np.zeros(n, np.int64),
             rows.tobytes(),

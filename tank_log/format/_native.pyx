@@ -1562,27 +1562,29 @@ cdef class KeyMap:
                 p += self.head + e[0]
 
     def records(self):
-        """Every key with its latest ordinal as key records (5-byte ordinals), one bytes object per arena block."""
-        cdef Py_ssize_t b, p, w, n
+        """Every key with its latest ordinal as key records (5-byte ordinals), one bytes object per arena block, a
+        block at a time (a generator: never a second copy of the whole arena)."""
+        cdef Py_ssize_t b
+        for b in range(self.nblocks):
+            yield self._block_records(b)
+
+    cdef bytes _block_records(self, Py_ssize_t b):
+        cdef Py_ssize_t p = 0, w = 0, n = 0
         cdef uint8_t *e
         cdef uint8_t *o
         if self.head == RECORD_HEAD:
-            return [PyBytes_FromStringAndSize(<char *>self.blocks[b], self.block_used[b]) for b in range(self.nblocks)]
-        out = []
-        for b in range(self.nblocks):
-            p = n = 0
-            while p < self.block_used[b]:
-                p += self.head + self.blocks[b][p]
-                n += 1
-            rec = PyBytes_FromStringAndSize(NULL, self.block_used[b] + n)
-            o = <uint8_t *>PyBytes_AS_STRING(rec)
-            p = w = 0
-            while p < self.block_used[b]:
-                e = self.blocks[b] + p
-                o[w] = e[0]
-                _store_ord(o + w, self._ord(e))
-                memcpy(o + w + RECORD_HEAD, e + self.head, e[0])
-                p += self.head + e[0]
-                w += RECORD_HEAD + e[0]
-            out.append(rec)
-        return out
+            return PyBytes_FromStringAndSize(<char *>self.blocks[b], self.block_used[b])
+        while p < self.block_used[b]:
+            p += self.head + self.blocks[b][p]
+            n += 1
+        rec = PyBytes_FromStringAndSize(NULL, self.block_used[b] + n)
+        o = <uint8_t *>PyBytes_AS_STRING(rec)
+        p = 0
+        while p < self.block_used[b]:
+            e = self.blocks[b] + p
+            o[w] = e[0]
+            _store_ord(o + w, self._ord(e))
+            memcpy(o + w + RECORD_HEAD, e + self.head, e[0])
+            p += self.head + e[0]
+            w += RECORD_HEAD + e[0]
+        return rec

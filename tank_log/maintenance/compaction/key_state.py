@@ -15,6 +15,7 @@ messages at the first new key that does not fit in the budget: where compaction 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 from typing import Any, Protocol, TypeAlias
 
 import numpy as np
@@ -45,8 +46,8 @@ class KeyMap(Protocol):
         """Set the bit of every key's latest ordinal (bit o % 8 of byte o // 8 of a uint8 array)."""
         ...
 
-    def records(self) -> list[bytes]:
-        """Every key with its latest ordinal, as key records."""
+    def records(self) -> Iterator[bytes]:
+        """Every key with its latest ordinal, as key records, a block at a time."""
         ...
 
 
@@ -93,12 +94,8 @@ class PureKeyMap:
         ords = np.fromiter(self._latest.values(), dtype=np.int64, count=len(self._latest))
         np.bitwise_or.at(bits, ords >> 3, (1 << (ords & 7)).astype(np.uint8))
 
-    def records(self) -> list[bytes]:
-        return [
-            b"".join(
-                bytes([len(k)]) + o.to_bytes(RECORD_HEAD - 1, "little") + k for k, o in sorted(self._latest.items())
-            )
-        ]
+    def records(self) -> Iterator[bytes]:
+        yield b"".join(bytes([len(k)]) + o.to_bytes(RECORD_HEAD - 1, "little") + k for k, o in self._latest.items())
 
 
 def new_key_map(budget: int, wide: bool = False) -> KeyMap:
