@@ -1,13 +1,77 @@
-"""A stand-in TANK broker for the maintenance-window tests, run as `python standin_broker.py -p BASE --port N ...`
-(the broker runs as `tank -p BASE`): it holds every file under BASE open (the broker keeps segments and indexes
-open), accepts connections on a loopback port, and exits on SIGINT (TANK's clean shutdown) — unless --stubborn.
-`--events FILE` gets a line `up NAME` once it serves and `down NAME` once it let go of the files."""
+"""A stand-in TANK broker for the maintenance-window tests and the fleet soak (bench/fleet.py), run as
+`python standin_broker.py -p BASE --port N ...` (the broker runs as `tank -p BASE`): it holds every file under BASE
+open (the broker keeps segments and indexes open), accepts connections on a loopback port, and exits on SIGINT
+(TANK's clean shutdown) — unless --stubborn, or unless a file `BASE/.stubborn` exists when SIGINT comes (a broker
+that will not stop tonight). `--events FILE` gets a line `up NAME` once it serves and `down NAME` once it let go of
+the files.
+
+With `--produce`, while up it appends keyed messages through the library's appender (`PartitionAppender`), a
+bundle at a time to each partition of every topic under BASE whose `config` names a policy, at about `--rate`
+messages per second per partition. What a message holds is a function of its topic, partition and seq
+(`fleet_message`), so a checker knows every message ever produced from the partitions' last seqs alone.
+"""
 
 import argparse
 import os
 import signal
 import socket
 import time
+import zlib
+
+NKEYS = 300  # keys of a `cleanup` topic's messages (each is overwritten many times a night)
+
+
+def fleet_message(topic: str, partition: int, seq: int, cleanup: bool) -> tuple[bytes, bytes]:
+    """The key and value of message `seq` of a partition: in a `cleanup` topic, NKEYS keys with a tombstone (empty
+    value) one time in 23; in a `delete` topic, every message its own key."""
+    mix = zlib.crc32(b"%s/%d/%d" % (topic.encode(), partition, seq))
+    if cleanup:
+        key = b"k%03d" % (mix % NKEYS)
+        return key, b"" if (mix >> 16) % 23 == 0 else b"%s/%d/%d/" % (topic.encode(), partition, seq) + b"c" * 40
+    return b"e%d" % seq, b"%s/%d/%d/" % (topic.encode(), partition, seq) + b"x" * 60
+
+
+def _topics(base: str) -> list[tuple[str, int, bool]]:
+    """(topic, partition, cleanup) of every partition under BASE whose topic's config names a policy."""
+    out = []
+    for topic in sorted(os.listdir(base)):
+        config = os.path.join(base, topic, "config")
+        if topic.startswith(".") or not os.path.isfile(config):
+            continue
+        cleanup = "log.cleanup.policy=cleanup" in open(config).read()
+        for p in sorted(os.listdir(os.path.join(base, topic))):
+            if p.isdigit():
+                out.append((topic, int(p), cleanup))
+    return out
+
+
+class Producer:
+    """Appends a bundle to each partition in turn, at about `rate` messages per second per partition."""
+
+    def __init__(self, base: str, rate: float, bundle: int):
+        from tank_log.storage.appender import PartitionAppender
+
+        self.rate, self.bundle = rate, bundle
+        self.partitions = [
+            (topic, pid, cleanup, PartitionAppender(os.path.join(base, topic, str(pid))))
+            for topic, pid, cleanup in _topics(base)
+        ]
+        self.next_at = time.monotonic()
+
+    def step(self) -> None:
+        from tank_log.format.bundle import Message
+
+        if time.monotonic() < self.next_at:
+            return
+        now_ms = int(time.time() * 1000)
+        for topic, pid, cleanup, appender in self.partitions:
+            first = appender.next_seq
+            msgs = [
+                Message(seq, now_ms, *fleet_message(topic, pid, seq, cleanup))
+                for seq in range(first, first + self.bundle)
+            ]
+            appender.append(msgs)
+        self.next_at = max(self.next_at + self.bundle / self.rate, time.monotonic() - 1)  # no burst after a stall
 
 
 def main() -> None:
@@ -18,12 +82,21 @@ def main() -> None:
     ap.add_argument("--pidfile")
     ap.add_argument("--events")
     ap.add_argument("--stubborn", action="store_true", help="ignore SIGINT (a broker that will not stop)")
+    ap.add_argument("--produce", action="store_true", help="append keyed messages while up")
+    ap.add_argument("--rate", type=float, default=200.0, help="with --produce: messages per second per partition")
+    ap.add_argument("--bundle", type=int, default=20, help="with --produce: messages per bundle")
     args = ap.parse_args()
     stop = []
-    signal.signal(signal.SIGINT, signal.SIG_IGN if args.stubborn else lambda *_: stop.append(1))
+
+    def on_sigint(*_: object) -> None:
+        if not os.path.exists(os.path.join(args.base, ".stubborn")):
+            stop.append(1)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN if args.stubborn else on_sigint)
     files = [open(os.path.join(d, f), "rb") for d, _, fs in os.walk(args.base) for f in fs]  # noqa: SIM115
+    producer = Producer(args.base, args.rate, args.bundle) if args.produce else None
     server = socket.create_server(("127.0.0.1", args.port))
-    server.settimeout(0.1)
+    server.settimeout(0.02 if producer else 0.1)
     if args.pidfile:
         with open(args.pidfile, "w") as fh:
             fh.write(str(os.getpid()))
@@ -41,6 +114,8 @@ def main() -> None:
             conn.close()
         except TimeoutError:
             pass
+        if producer is not None:
+            producer.step()
     server.close()
     for f in files:
         f.close()

@@ -11,21 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
-from conftest import (
-    ROOT,
-    free_port,
-    kill_session,
-    many_small_partitions,
-    session_processes,
-    standin_broker,
-    start_standin,
-    wait_for_port,
-)
+from airflow_harness import BIN, Airflow, airflow_env, start_services
+from conftest import ROOT, free_port, many_small_partitions, standin_broker, start_standin
 
 from tank_log.maintenance.verify import verify_path
 from tank_log.tools.demo import write_demo
@@ -34,101 +24,7 @@ pytest.importorskip("airflow")
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-BIN = os.path.dirname(sys.executable)
-DAG_IDS = (
-    "tank_compaction_nightly",
-    "tank_retention_hourly",
-    "tank_index_verify_weekly",
-    "tank_export_adhoc",
-    "tank_export_nightly",
-    "tank_maintenance_window",
-)
 JOB_TIMEOUT_S = 40  # the compaction DAG's job task here: far above a run on this data, so only a hung run meets it
-
-
-class Airflow:
-    """The running services and a REST client of their API."""
-
-    def __init__(self, work: str, port: int, env: dict[str, str]):
-        self.work, self.port, self.env = work, port, env
-        self.sessions: list[int] = []
-        self._token: str | None = None
-
-    def start(self, *command: str) -> None:
-        name = command[0]
-        log = open(os.path.join(self.work, f"{name}.log"), "w")  # noqa: SIM115 (the process keeps it)
-        proc = subprocess.Popen(
-            [os.path.join(BIN, "airflow"), *command],
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.sessions.append(proc.pid)
-
-    def stop(self) -> None:
-        """Every service by its process group (SIGTERM, then SIGKILL), and whatever is left of their sessions."""
-        for sid in self.sessions:
-            try:
-                os.killpg(sid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + 15
-        while any(session_processes(s) for s in self.sessions) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        for sid in self.sessions:
-            kill_session(sid)
-
-    def api(self, method: str, path: str, body: dict | None = None) -> dict:
-        if self._token is None:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/auth/token", timeout=30) as r:
-                self._token = json.load(r)["access_token"]
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/api/v2/{path}",
-            data=None if body is None else json.dumps(body).encode(),
-            method=method,
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.load(r)
-
-    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
-        run = self.api("POST", f"dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf or {}})
-        return str(run["dag_run_id"])
-
-    def runs(self, dag_id: str) -> list[dict]:
-        return list(self.api("GET", f"dags/{dag_id}/dagRuns?limit=50")["dag_runs"])
-
-    def tasks(self, dag_id: str, run_id: str) -> dict[str, dict]:
-        path = f"dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}/taskInstances?limit=100"
-        out = {}
-        for ti in self.api("GET", path)["task_instances"]:
-            key = ti["task_id"] if ti["map_index"] < 0 else f"{ti['task_id']}[{ti['map_index']}]"
-            out[key] = ti
-        return out
-
-    def wait(self, dag_id: str, run_id: str, timeout: float = 300) -> str:
-        """The run's final state (success or failed)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = self.api("GET", f"dags/{dag_id}/dagRuns/{urllib.request.quote(run_id, safe='')}")
-            if run["state"] in ("success", "failed"):
-                return str(run["state"])
-            time.sleep(1)
-        raise AssertionError(f"{dag_id} {run_id} not finished after {timeout} s: {self.tasks(dag_id, run_id)}")
-
-    def explain(self, dag_id: str, run_id: str) -> str:
-        """Task states and the end of each task's log, for an assertion message."""
-        out = []
-        for key, ti in self.tasks(dag_id, run_id).items():
-            out.append(f"{key}: {ti['state']} (try {ti['try_number']})")
-        logs = os.path.join(self.env["AIRFLOW_HOME"], "logs")
-        for root, _, files in os.walk(logs):
-            for f in files:
-                if f"run_id={run_id}" in root:
-                    out.append(f"--- {root}/{f}\n" + open(os.path.join(root, f), errors="replace").read()[-3000:])
-        return "\n".join(out)
 
 
 @pytest.fixture(scope="module")
@@ -143,57 +39,17 @@ def airflow(tmp_path_factory):
     hosts = os.path.join(work, "hosts.yaml")
     with open(hosts, "w") as fh:
         json.dump({"maintenance_window": {"spark_master": "local[1]"}, "brokers": brokers}, fh)
-    env = dict(os.environ)
-    env.update(
-        {
-            "AIRFLOW_HOME": os.path.join(work, "home"),
-            "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(ROOT, "airflow", "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__API_AUTH__JWT_SECRET": "tank-log-test-secret-" + "x" * 48,
-            "AIRFLOW__CORE__AUTH_MANAGER": (
-                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-            ),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            "AIRFLOW_VAR_TANK_LOG_HOME": ROOT,
-            "AIRFLOW_VAR_TANK_LOG_CONFIG": conf,
-            "AIRFLOW_VAR_TANK_LOG_REPORTS": os.path.join(work, "reports"),
-            "AIRFLOW_VAR_TANK_LOG_BROKER_STOPPED": "true",
-            "PATH": BIN + os.pathsep + env.get("PATH", ""),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-            "PYSPARK_PYTHON": sys.executable,
-            "TANK_LOG_WINDOW_CONFIG": hosts,
-            "TANK_LOG_DAG_RETRIES": "0",
-            "TANK_LOG_DAG_RETRY_DELAY_S": "2",
-            # by hand only, but for the hourly retention, whose scheduled run (and its retry) is tested
-            "TANK_COMPACTION_NIGHTLY_SCHEDULE": "none",
-            "TANK_INDEX_VERIFY_WEEKLY_SCHEDULE": "none",
-            "TANK_EXPORT_NIGHTLY_SCHEDULE": "none",
-            "TANK_MAINTENANCE_WINDOW_SCHEDULE": "none",
-            "TANK_RETENTION_HOURLY_RETRIES": "1",
-            "TANK_COMPACTION_NIGHTLY_TIMEOUT_S": str(JOB_TIMEOUT_S),
-        }
+    env = airflow_env(
+        work,
+        port,
+        config=conf,
+        hosts=hosts,
+        scheduled=("tank_retention_hourly",),  # its scheduled run (and its retry) is tested
+        TANK_RETENTION_HOURLY_RETRIES="1",
+        TANK_COMPACTION_NIGHTLY_TIMEOUT_S=str(JOB_TIMEOUT_S),
     )
-    migrate = subprocess.run(
-        [os.path.join(BIN, "airflow"), "db", "migrate"], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert migrate.returncode == 0, migrate.stdout[-3000:] + migrate.stderr[-3000:]
-    af = Airflow(work, port, env)
+    af = start_services(work, port, env)
     try:
-        for command in (("api-server",), ("scheduler",), ("dag-processor",)):
-            af.start(*command)
-        wait_for_port(port, "the Airflow API server", timeout=180)
-        deadline = time.monotonic() + 180
-        while {d["dag_id"] for d in af.api("GET", "dags?limit=100")["dags"]} != set(DAG_IDS):
-            assert time.monotonic() < deadline, "the DAG processor did not parse the DAGs"
-            time.sleep(1)
         for entry in brokers:
             start_standin(entry)
         af.brokers = brokers  # type: ignore[attr-defined]
@@ -346,3 +202,30 @@ def test_a_job_hung_past_its_timeout_is_killed_with_every_process_and_the_next_r
     run_id = af.trigger("tank_compaction_nightly")
     state = af.wait("tank_compaction_nightly", run_id, timeout=600)
     assert state == "success", af.explain("tank_compaction_nightly", run_id)
+
+
+def test_a_fleet_of_brokers_over_nights_with_faults_keeps_every_invariant(airflow, tmp_path):
+    """bench/fleet.py's short mode under the running services: 2 broker hosts whose stand-ins keep appending, 3
+    nights (the second one's maintenance window through the DAG under the scheduler), every host's export into one
+    Delta table on the S3 server (one host also continuously), retention with keep_unexported, and faults: a job's
+    driver and the CLI killed mid-run, a broker that will not stop, an export off, two exports at once, the
+    continuous export killed. Every invariant holds after every night."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
+    fleet = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fleet)
+    hosts = airflow.env["TANK_LOG_WINDOW_CONFIG"]
+    saved = open(hosts).read()
+    faults = ["0:h0:kill-job", "0:h1:stubborn", "1:h0:export-off", "1:h1:double-export", "2:h1:kill-cli"]
+    faults += ["2:h0:kill-continuous", "2:h0:kill-export"]
+    argv = ["--short", "--fault-rate", "0", "--workdir", str(tmp_path / "fleet"), "--seed", "3"]
+    try:
+        out = fleet.main([*argv, *(f"--force-fault={f}" for f in faults)], airflow=airflow, hosts_file=hosts)
+    finally:
+        with open(hosts, "w") as fh:
+            fh.write(saved)
+    assert out["violations"] == dict.fromkeys(out["violations"], 0), out["reproductions"]
+    assert out["nights"] == 3 and out["through_airflow"] == 1 and out["hosts"] == 2
+    assert out["produced"] > 10_000 and out["exported"] > 5_000 and out["compacted_away"] > 0
+    assert out["kills"] >= 3 and out["faults_total"] == len(faults), out["faults"]

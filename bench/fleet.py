@@ -1,0 +1,736 @@
+"""A fleet that runs for weeks, compressed in time: a soak of many broker hosts, nightly maintenance windows, exports
+into one Delta table, retention with its lakehouse guard, table upkeep, and faults.
+
+N simulated broker hosts, each a base path served by a stand-in broker (tests/standin_broker.py) that holds its files,
+listens on loopback and, while up, keeps appending keyed messages through the library's appender: a `cleanup` topic
+(updates and tombstones over 300 keys) and a `delete` topic whose retention is by segment count, size or age (by
+host). Every night, in this order:
+
+1. the producers run for --night-s seconds;
+2. every host's batch export commits into ONE Delta table on an S3 server on loopback (moto), all at once; some
+   hosts also run the continuous export all the time;
+3. each host's maintenance window, one host at a time: stop → the maintain job (`--broker-stopped`, retention with
+   `keep_unexported`: the export's table) → start → ready → verify. The window steps are called directly, or, on the
+   --airflow-nights, the whole window runs as the DAG tank_maintenance_window under a running Airflow scheduler;
+4. every 7th night and the last one, the table's upkeep (optimize: small files rewritten into larger ones).
+
+Faults, at random but reproducible from --seed (a night's faults are drawn before it runs): SIGKILL of the maintain
+job's driver mid-run (kill-job), of `tank-log maintain` run instead of the job that night (kill-cli), of a batch
+export (kill-export), of the continuous export (kill-continuous), of a window step (kill-step: the stop or the
+start, run as a process); a broker that refuses to stop (stubborn); a host's export off for 1-3 nights
+(export-off); the maintenance on a full disk (full-disk: the host's data on a nearly full tmpfs in a private mount
+namespace that night); two batch exports of one host at once (double-export).
+
+After every night, six invariants, each a count of violations (the goal: 0):
+  data          every message ever produced is in its host's TANK data, or in the table, or superseded by a later
+                message of its key (cleanup topics: what compaction may drop), or its deletion was reported data-loss
+  exactly_once  the table holds each (topic, partition, seq) once, with the producer's key and value
+  verify        `tank-log verify` finds no error on any host (the broker would serve everything)
+  processes     no process of any run is left alive once the night's work is done
+  table_files   after an upkeep, the table's active files are at most 2 per table partition (topic, date), plus
+                what the continuous exports commit meanwhile
+  rss           every job's peak RSS stays within its bound
+A violation is printed with its reproduction (seed, night, host, what ran). The last line is the run's summary.
+
+Run: python bench/fleet.py --hosts 8 --nights 30 --airflow-nights 3 [--seed 1] [--workdir DIR]
+     python bench/fleet.py --short      (2 hosts, 3 nights, one through Airflow: what the test suite runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TESTS = os.path.join(ROOT, "tests")
+sys.path.insert(0, ROOT)
+sys.path.insert(0, TESTS)
+
+from conftest import free_port, kill_session, wait_for_port  # noqa: E402
+from standin_broker import fleet_message  # noqa: E402
+
+PY = sys.executable
+BIN = os.path.dirname(PY)
+STANDIN = os.path.join(TESTS, "standin_broker.py")
+MARK = "TANK_FLEET_RUN"  # in the environment of every process the soak starts for a night's work
+FAULTS = (
+    "kill-job",
+    "kill-cli",
+    "kill-export",
+    "kill-continuous",
+    "kill-step",
+    "stubborn",
+    "export-off",
+    "full-disk",
+    "double-export",
+)
+WORK_STARTS = "process(es) of the driver's"  # what a partition job logs as its partitions' work begins
+WINDOW_FAULTS = ("kill-job", "kill-cli", "kill-step", "full-disk")  # faults of a window the soak runs itself
+RSS_BOUND_MIB = {"python": 700, "spark": 2500}  # a job in the driver's processes; one that starts a JVM
+BUCKET = "fleet"
+
+
+@dataclass
+class Host:
+    index: int
+    work: str
+    port: int = field(default_factory=free_port)
+    export_off_until: int = -1  # export off through this night
+
+    @property
+    def name(self) -> str:
+        return f"h{self.index}"
+
+    @property
+    def base(self) -> str:
+        return os.path.join(self.work, "hosts", self.name)
+
+    @property
+    def pidfile(self) -> str:
+        return os.path.join(self.work, f"{self.name}.pid")
+
+    @property
+    def topics(self) -> dict[str, bool]:
+        """topic → cleanup policy."""
+        return {f"cdc{self.index}": True, f"ev{self.index}": False}
+
+    def broker_entry(self, rate: float) -> dict[str, Any]:
+        """Its `brokers:` entry (the stand-in's start and stop commands)."""
+        flags = f"--port {self.port} --name {self.name} --pidfile {self.pidfile} --produce --rate {rate}"
+        return {
+            "name": self.name,
+            "data_dirs": [self.base],
+            "start_command": f"setsid {PY} {STANDIN} -p {self.base} {flags} > /dev/null 2>&1 < /dev/null &",
+            "stop_command": f"kill -INT $(cat {self.pidfile})",
+            "ready_check": f"tcp://127.0.0.1:{self.port}",
+            "stop_timeout": "4s",
+            "ready_timeout": "10s",
+        }
+
+    def create(self) -> None:
+        retention = ("retention.segments.count=2", "log.retention.bytes=8192", "log.retention.secs=20")
+        for topic, cleanup in self.topics.items():
+            for p in range(2):
+                os.makedirs(os.path.join(self.base, topic, str(p)))
+            policy = (
+                "log.cleanup.policy=cleanup" if cleanup else f"log.cleanup.policy=delete\n{retention[self.index % 3]}"
+            )
+            with open(os.path.join(self.base, topic, "config"), "w") as fh:
+                fh.write(f"{policy}\nlog.segment.bytes=4096\n")
+
+
+@dataclass
+class Ran:
+    """One process the soak ran: what, its exit, its peak RSS."""
+
+    what: str
+    host: str
+    cmd: list[str]
+    code: int | None = None
+    peak_rss_mib: float = 0.0
+    killed: bool = False
+
+
+class Fleet:
+    def __init__(self, args: argparse.Namespace, airflow: Any = None, hosts_file: str | None = None):
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.work = args.workdir
+        self.hosts = [Host(i, self.work) for i in range(args.hosts)]
+        self.airflow = airflow  # a running Airflow (tests/airflow_harness.Airflow) for the airflow nights
+        self.hosts_file = hosts_file or os.path.join(self.work, "hosts.yaml")
+        self.s3: dict[str, Any] = {}
+        self.continuous: dict[str, subprocess.Popen[bytes]] = {}
+        self.ran: list[Ran] = []
+        self.faults: Counter[str] = Counter()
+        self.violations: Counter[str] = Counter()
+        self.repro: list[dict[str, Any]] = []
+        self.losses: dict[tuple[str, int], set[int]] = {}
+        self.nights: list[dict[str, Any]] = []
+
+    # ---- set-up ---------------------------------------------------------------------------------------------------
+
+    def start_s3(self) -> None:
+        port = free_port()
+        proc = subprocess.Popen(
+            [os.path.join(BIN, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for_port(port, "moto_server", proc)
+        self.s3 = {"endpoint": f"http://127.0.0.1:{port}", "pid": proc.pid}
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.s3["endpoint"], **_credentials()).create_bucket(Bucket=BUCKET)
+
+    @property
+    def table(self) -> str:
+        return f"s3://{BUCKET}/events"
+
+    @property
+    def storage_options(self) -> dict[str, str]:
+        """The table's options, credentials included: every job, wherever it runs (an Airflow task too), reads them
+        from the configuration."""
+        return {"AWS_ENDPOINT_URL": self.s3["endpoint"], "AWS_ALLOW_HTTP": "true", **_aws_env()}
+
+    def job_config(self, data_dirs: list[str] | None = None) -> dict[str, Any]:
+        """The jobs' configuration: the export's table, retention's guard on it (bounded), compaction at once."""
+        return {
+            **({"data_dirs": data_dirs} if data_dirs else {}),
+            "export": {"table": self.table, "storage_options": self.storage_options},
+            "retention": {
+                "time_basis": "message",
+                "keep_unexported": {"table": "export", "max_holdback_size": "2mb", "max_holdback_age": "10min"},
+            },
+            "compaction": {"min_cleanable_ratio": 0.2},
+            "maintenance_window": {"spark_master": "local[1]"},
+        }
+
+    def setup(self) -> None:
+        os.makedirs(self.work, exist_ok=True)
+        self.start_s3()
+        for h in self.hosts:
+            h.create()
+            with open(self.config_of(h), "w") as fh:
+                json.dump(self.job_config([h.base]), fh)
+        with open(self.hosts_file, "w") as fh:
+            json.dump({**self.job_config(), "brokers": [h.broker_entry(self.args.rate) for h in self.hosts]}, fh)
+        for h in self.hosts:
+            self.start_broker(h)
+        time.sleep(self.args.night_s)
+        # the table is created by one export before the nightly exports of every host run at once
+        self.run("export", self.hosts[0], self.export_cmd(self.hosts[0]))
+        for h in self.hosts[: self.args.continuous_hosts]:
+            self.start_continuous(h)
+
+    def config_of(self, h: Host) -> str:
+        return os.path.join(self.work, f"{h.name}.yaml")
+
+    def env(self, tag: str) -> dict[str, str]:
+        return {
+            **os.environ,
+            MARK: tag,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_REGION": "us-east-1",
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+
+    def start_broker(self, h: Host) -> None:
+        entry = h.broker_entry(self.args.rate)
+        subprocess.run(["sh", "-c", entry["start_command"]], check=True, timeout=30)
+        wait_for_port(h.port, f"stand-in {h.name}")
+
+    # ---- running things -------------------------------------------------------------------------------------------
+
+    def spawn(self, what: str, h: Host, cmd: list[str]) -> tuple[subprocess.Popen[bytes], Ran]:
+        log = open(os.path.join(self.work, "logs", f"{len(self.ran):05d}-{what}-{h.name}.log"), "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(f"{what}-{h.name}")
+        )
+        log.close()
+        ran = Ran(what, h.name, cmd)
+        self.ran.append(ran)
+        return proc, ran
+
+    def wait(
+        self,
+        proc: subprocess.Popen[bytes],
+        ran: Ran,
+        timeout: float = 600,
+        kill_after: float | None = None,
+        kill_from: str | None = None,
+    ) -> int:
+        """Its exit code and peak RSS (reaped here, with its resource usage). A fault: SIGKILL `kill_after` seconds
+        after it started, or after its log first shows `kill_from` (to land in the middle of its work). A hang:
+        SIGKILL after `timeout`, and a violation."""
+        t0 = time.monotonic()
+        log = self.log_of(self.ran.index(ran))
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if kill_from is not None and kill_from in open(log, errors="replace").read():
+                t0, kill_from = time.monotonic(), None  # the delay counts from there
+            elapsed = time.monotonic() - t0
+            if kill_after is not None and kill_from is None and elapsed > kill_after:
+                os.kill(proc.pid, signal.SIGKILL)
+                ran.killed, kill_after = True, None
+            elif elapsed > timeout:
+                os.kill(proc.pid, signal.SIGKILL)
+                self.violation("processes", ran.host, f"{ran.what} did not finish in {timeout} s", ran.cmd)
+                timeout = float("inf")
+            time.sleep(0.005)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        ran.code, ran.peak_rss_mib = proc.returncode, usage.ru_maxrss / 1024
+        return ran.code
+
+    def run(
+        self, what: str, h: Host, cmd: list[str], kill_after: float | None = None, kill_from: str | None = None
+    ) -> int:
+        proc, ran = self.spawn(what, h, cmd)
+        return self.wait(proc, ran, kill_after=kill_after, kill_from=kill_from)
+
+    def export_cmd(self, h: Host, *extra: str) -> list[str]:
+        report = os.path.join(self.work, "reports", f"export-{h.name}-{len(self.ran)}.json")
+        return [PY, os.path.join(ROOT, "jobs", "export_delta.py"), "--config", self.config_of(h), "--report", report]
+
+    def start_continuous(self, h: Host) -> None:
+        checkpoint = os.path.join(self.work, "checkpoints", h.name)
+        cmd = [*self.export_cmd(h), "--continuous", "--trigger-interval", "2s", "--checkpoint", checkpoint]
+        cmd += ["--master", "local[1]"]
+        proc, ran = self.spawn("continuous", h, cmd)
+        self.continuous[h.name] = proc
+        ran.code = None
+
+    # ---- a night --------------------------------------------------------------------------------------------------
+
+    def plan_faults(self, night: int) -> dict[str, list[str]]:
+        """Each host's faults tonight: none, or one drawn at random (`--fault-rate` per host and night)."""
+        plan: dict[str, list[str]] = {h.name: [] for h in self.hosts}
+        for h in self.hosts:
+            if self.rng.random() < self.args.fault_rate:
+                kinds = [k for k in FAULTS if k != "kill-continuous" or h.name in self.continuous]
+                plan[h.name].append(self.rng.choice(kinds))
+        for forced in self.args.force_fault:  # NIGHT:HOST:FAULT
+            n, host, kind = forced.split(":")
+            if int(n) == night:
+                plan[host].append(kind)
+        return plan
+
+    def night(self, n: int) -> dict[str, Any]:
+        t0 = time.monotonic()
+        faults = self.plan_faults(n)
+        through_airflow = n in self.args.airflow_nights and self.airflow is not None
+        if through_airflow:  # the DAG runs the window's steps: only the faults around it
+            faults = {h: [k for k in kinds if k not in WINDOW_FAULTS] for h, kinds in faults.items()}
+        for kinds in faults.values():
+            self.faults.update(kinds)
+        time.sleep(self.args.night_s)
+        self.exports(n, faults)
+        self.continuous_faults(faults)
+        if through_airflow:
+            self.window_by_airflow(n, faults)
+        else:
+            for h in self.hosts:
+                self.window(n, h, faults[h.name])
+        upkeep = n % 7 == 6 or n == self.args.nights - 1
+        if upkeep:
+            self.run("upkeep", self.hosts[0], [*self.export_cmd(self.hosts[0]), "--upkeep-only", "--optimize"])
+        figures = self.check(n, upkeep)
+        figures.update(night=n, wall_s=round(time.monotonic() - t0, 1), airflow=through_airflow)
+        figures["faults"] = {h: k for h, k in faults.items() if k}
+        self.nights.append(figures)
+        print(json.dumps(figures), flush=True)
+        return figures
+
+    def exports(self, n: int, faults: dict[str, list[str]]) -> None:
+        running = []
+        for h in self.hosts:
+            kinds = faults[h.name]
+            if "export-off" in kinds:
+                h.export_off_until = n + self.rng.randrange(0, 3)
+            if n <= h.export_off_until:
+                continue
+            copies = 2 if "double-export" in kinds else 1
+            for _ in range(copies):
+                proc, ran = self.spawn("export", h, self.export_cmd(h))
+                running.append((proc, ran, "kill-export" in kinds))
+        for proc, ran, kill in running:  # a kill lands between the export's reads and its commit
+            self.wait(proc, ran, kill_after=self.rng.uniform(0.0, 0.4) if kill else None, kill_from="read tasks")
+
+    def continuous_faults(self, faults: dict[str, list[str]]) -> None:
+        for name, proc in list(self.continuous.items()):
+            if "kill-continuous" in faults[name] and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                ran = next(r for r in reversed(self.ran) if r.what == "continuous" and r.host == name)
+                ran.killed = True
+                self.wait(proc, ran)
+                self.start_continuous(next(h for h in self.hosts if h.name == name))  # as a supervisor would
+
+    def window(self, n: int, h: Host, kinds: list[str]) -> None:
+        """stop → maintain → start → ready → verify, each step as the DAG runs it (`tank_log.jobs.window`)."""
+        stubborn = os.path.join(h.base, ".stubborn")
+        if "stubborn" in kinds:
+            open(stubborn, "w").close()
+        try:
+            stopped = self.step(h, "stop", kill="kill-step" in kinds and self.rng.random() < 0.5) == 0
+        finally:
+            if os.path.exists(stubborn):
+                os.unlink(stubborn)
+        if stopped:
+            self.maintain(n, h, kinds)
+        self.step(h, "start", kill="kill-step" in kinds and stopped)
+        if self.step(h, "ready") != 0:  # a start killed before it launched the broker: the operator starts it
+            self.start_broker(h)
+        self.step(h, "verify")
+
+    def step(self, h: Host, step: str, kill: bool = False) -> int:
+        code = (
+            "import sys\nfrom tank_log.jobs import window\nfrom tank_log.jobs.config import load_job_config\n"
+            f"(b,) = [b for b in load_job_config({self.hosts_file!r}).brokers if b.name == {h.name!r}]\n"
+            f"print(window.{ {'stop': 'stop', 'start': 'start', 'ready': 'wait_ready', 'verify': 'verify'}[step] }(b))"
+        )
+        return self.run(f"step-{step}", h, [PY, "-c", code], kill_after=self.rng.uniform(0.05, 0.5) if kill else None)
+
+    def maintain(self, n: int, h: Host, kinds: list[str]) -> None:
+        report = os.path.join(self.work, "reports", f"maintain-{h.name}-{n}.json")
+        # a kill lands within the partitions' work: up to 0.1 s after it starts
+        kill = self.rng.uniform(0.0, 0.1) if {"kill-job", "kill-cli"} & set(kinds) else None
+        if "kill-cli" in kinds:
+            cmd = [os.path.join(BIN, "tank-log"), "maintain", h.base, "--broker-stopped", "--config", self.config_of(h)]
+            cmd += ["--keep-unexported", "export"]
+            self.run("cli-maintain", h, cmd, kill_after=kill, kill_from="plan ")  # its pool starts right after
+            self.record_losses(self.log_of(len(self.ran) - 1))
+            return
+        job = [PY, os.path.join(ROOT, "jobs", "maintain.py"), "--config", self.config_of(h), "--broker-stopped"]
+        job += ["--report", report, "--master", "local[1]"]
+        if "full-disk" in kinds:
+            self.full_disk(h, job)
+        else:
+            self.run("maintain", h, job, kill_after=kill, kill_from=WORK_STARTS)
+        self.record_losses(report)
+
+    def full_disk(self, h: Host, job: list[str]) -> None:
+        """The maintain job with the host's data on a full tmpfs (a private mount namespace: the mount is gone with
+        it); what the job left there is the host's data afterwards."""
+        stage_in, stage_out = os.path.join(self.work, "stage-in"), os.path.join(self.work, "stage-out")
+        for d in (stage_in, stage_out):
+            shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(h.base, stage_in, symlinks=True)
+        os.makedirs(stage_out)
+        size = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(stage_in) for f in fs)
+        script = (
+            f"mount -t tmpfs -o size={size + (4 << 20)} tmpfs {h.base} && cp -a {stage_in}/. {h.base}/ && "
+            f'{PY} -c \'import os; st = os.statvfs("{h.base}"); '
+            f'open("{h.base}/.filler", "wb").write(bytes(st.f_bavail * st.f_frsize))\'; '
+            f"{' '.join(job)}; rc=$?; rm -f {h.base}/.filler; cp -a {h.base}/. {stage_out}/; exit $rc"
+        )
+        self.run("maintain-full-disk", h, ["unshare", "-rm", "sh", "-c", script])
+        for name in os.listdir(h.base):
+            path = os.path.join(h.base, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+        shutil.copytree(stage_out, h.base, dirs_exist_ok=True, symlinks=True)
+
+    def log_of(self, i: int) -> str:
+        ran = self.ran[i]
+        return os.path.join(self.work, "logs", f"{i:05d}-{ran.what}-{ran.host}.log")
+
+    def record_losses(self, path: str) -> None:
+        """Seqs deleted before the table had them, as retention reported them (data-loss): from a job's report or
+        the CLI's output lines."""
+        try:
+            with open(path) as fh:
+                text = fh.read()
+        except OSError:
+            return
+        try:
+            entries = json.loads(text).get("partitions", [])
+        except ValueError:
+            entries = [json.loads(line) for line in text.splitlines() if line.startswith('{"topic"')]
+        for entry in entries:
+            retention = entry.get("steps", {}).get("retention", {})
+            for first, last in retention.get("deleted_unexported") or []:
+                self.losses.setdefault((entry["topic"], entry["partition"]), set()).update(range(first, last + 1))
+
+    def window_by_airflow(self, n: int, faults: dict[str, list[str]]) -> None:
+        """The whole window as the DAG tank_maintenance_window, triggered by hand, under the running scheduler."""
+        for name, kinds in faults.items():
+            if "stubborn" in kinds:
+                open(os.path.join(self.work, "hosts", name, ".stubborn"), "w").close()
+        af = self.airflow
+        af.api("PATCH", "dags/tank_maintenance_window", {"is_paused": False})
+        run_id = af.trigger("tank_maintenance_window")
+        state = af.wait("tank_maintenance_window", run_id, timeout=900)
+        stubborn = [name for name, kinds in faults.items() if "stubborn" in kinds]
+        for name in stubborn:
+            os.unlink(os.path.join(self.work, "hosts", name, ".stubborn"))
+        self.ran.append(
+            Ran("airflow-window", "all", ["tank_maintenance_window", run_id], 0 if state == "success" else 1)
+        )
+        if state != "success" and not stubborn:
+            self.violation(
+                "verify", "all", f"the window DAG run {run_id} failed", af.explain("tank_maintenance_window", run_id)
+            )
+        reports = af.env["AIRFLOW_VAR_TANK_LOG_REPORTS"]
+        for report in sorted(os.listdir(reports)):
+            if report.startswith("maintain-") and run_id.replace(":", "").replace("+", "_") in report:
+                self.record_losses(os.path.join(reports, report))
+
+    # ---- invariants -----------------------------------------------------------------------------------------------
+
+    def violation(self, kind: str, host: str, what: str, detail: Any = None) -> None:
+        self.violations[kind] += 1
+        entry = {"invariant": kind, "seed": self.args.seed, "night": len(self.nights), "host": host, "what": what}
+        if detail is not None:
+            entry["detail"] = detail if isinstance(detail, str) else json.dumps(detail)[:2000]
+        self.repro.append(entry)
+        print("VIOLATION " + json.dumps(entry), flush=True)
+
+    def check(self, n: int, upkeep: bool) -> dict[str, Any]:
+        from tank_log.maintenance.verify import verify_path
+
+        before = dict(self.violations)
+        tank, last = self.tank_contents()
+        rows = self.table_rows()
+        produced = exported = compacted = deleted = reported_lost = 0
+        for h in self.hosts:
+            for topic, cleanup in h.topics.items():
+                for p in range(2):
+                    key = (topic, p)
+                    top = last.get(key, 0)
+                    produced += top
+                    in_tank, in_table = tank.get(key, {}), rows.get(key, {})
+                    exported += len(in_table)
+                    latest: dict[bytes, int] = {}
+                    if cleanup:
+                        for seq in range(1, top + 1):
+                            latest[fleet_message(topic, p, seq, True)[0]] = seq
+                    lost = self.losses.get(key, set())
+                    for seq in range(1, top + 1):
+                        if seq in in_tank:
+                            continue
+                        if not cleanup:
+                            deleted += 1  # by retention: in the table, or reported lost
+                        if seq in in_table:
+                            continue
+                        if cleanup and latest[fleet_message(topic, p, seq, True)[0]] > seq:
+                            compacted += 1  # superseded: compaction may drop it before the export had it
+                        elif seq in lost:
+                            reported_lost += 1
+                        else:
+                            self.violation("data", h.name, f"{topic}/{p} seq {seq}: in neither TANK nor the table")
+                    for seq, msg in [*in_tank.items(), *in_table.items()]:
+                        if msg != fleet_message(topic, p, seq, cleanup):
+                            self.violation("exactly_once", h.name, f"{topic}/{p} seq {seq}: not what was produced")
+            problems = [p for p in verify_path(h.base) if p.severity == "error"]
+            if problems:
+                self.violation("verify", h.name, f"{len(problems)} error(s)", [str(p) for p in problems[:5]])
+        self.check_processes()
+        files, dirs = self.table_files()
+        bound = 2 * dirs + 10 * len(self.continuous)  # a continuous export commits every 2 s meanwhile
+        if upkeep and files > bound:
+            self.violation("table_files", "all", f"{files} active files after upkeep > {bound} ({dirs} partitions)")
+        for ran in self.ran:
+            kind = "spark" if ran.what == "continuous" else "python"
+            if ran.peak_rss_mib > RSS_BOUND_MIB[kind] and not getattr(ran, "rss_flagged", False):
+                ran.rss_flagged = True  # type: ignore[attr-defined]
+                self.violation("rss", ran.host, f"{ran.what}: peak RSS {ran.peak_rss_mib:.0f} MiB", ran.cmd)
+        return {
+            "produced": produced,
+            "exported": exported,
+            "compacted_away": compacted,
+            "deleted": deleted,
+            "lost_reported": reported_lost,
+            "table_files": files,
+            "violations": {k: self.violations[k] - before.get(k, 0) for k in self.violations},
+            "peak_rss_mib": round(max((r.peak_rss_mib for r in self.ran), default=0)),
+        }
+
+    def tank_contents(self) -> tuple[dict[tuple[str, int], dict[int, tuple[bytes, bytes]]], dict[tuple[str, int], int]]:
+        from tank_log.storage.datadir import scan_data_dir
+
+        out: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]] = {}
+        last: dict[tuple[str, int], int] = {}
+        for h in self.hosts:
+            for part in scan_data_dir(h.base).partitions():
+                got = out.setdefault((part.topic, part.id), {})
+                for seg in part.segments:
+                    for m in seg.messages():
+                        got[m.seq] = (m.key or b"", m.value)
+                last[(part.topic, part.id)] = max(got, default=0)
+        return out, last
+
+    def table_rows(self) -> dict[tuple[str, int], dict[int, tuple[bytes, bytes]]]:
+        from deltalake import DeltaTable
+
+        dt = DeltaTable(self.table, storage_options={**self.storage_options, **_aws_env()})
+        t = dt.to_pyarrow_dataset().to_table(columns=["topic", "partition", "seq", "key", "value"])
+        out: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]] = {}
+        seen: Counter[tuple[str, int, int]] = Counter()
+        for topic, p, seq, key, value in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
+            seen[(topic, p, seq)] += 1
+            out.setdefault((topic, p), {})[seq] = (key or b"", value)
+        for (topic, p, seq), count in seen.items():
+            if count > 1:
+                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table {count} times")
+        return out
+
+    def table_files(self) -> tuple[int, int]:
+        """The table's active files and its partitions (topic, date) that hold them."""
+        from deltalake import DeltaTable
+
+        files = DeltaTable(self.table, storage_options={**self.storage_options, **_aws_env()}).file_uris()
+        return len(files), len({os.path.dirname(f) for f in files})
+
+    def check_processes(self) -> None:
+        """Processes of the night's runs still alive (but the continuous exports, which run for good)."""
+        keep = {p.pid for p in self.continuous.values()}
+        for pid, env in _marked_processes():
+            if pid in keep or _ancestor_in(pid, keep) or STANDIN in _cmdline(pid):  # a broker started by a step
+                continue
+            self.violation("processes", env.get(MARK, "?"), f"pid {pid} left alive: {_cmdline(pid)[:300]}")
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    # ---- the end --------------------------------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        for proc in self.continuous.values():
+            proc.send_signal(signal.SIGTERM)
+        for name, proc in self.continuous.items():
+            ran = next(r for r in reversed(self.ran) if r.what == "continuous" and r.host == name)
+            self.wait(proc, ran, timeout=90)
+        for h in self.hosts:
+            try:
+                os.kill(int(open(h.pidfile).read()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        if self.s3:
+            kill_session(self.s3["pid"])
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        last = self.nights[-1] if self.nights else {}
+        return {
+            "summary": True,
+            "seed": self.args.seed,
+            "hosts": len(self.hosts),
+            "nights": len(self.nights),
+            "through_airflow": sum(1 for n in self.nights if n["airflow"]),
+            "produced": last.get("produced", 0),
+            "exported": last.get("exported", 0),
+            "compacted_away": last.get("compacted_away", 0),
+            "data_loss_reported": sum(len(s) for s in self.losses.values()),
+            "faults": dict(self.faults),
+            "faults_total": sum(self.faults.values()),
+            "kills": sum(1 for r in self.ran if r.killed),
+            "violations": {
+                k: self.violations[k] for k in ("data", "exactly_once", "verify", "processes", "table_files", "rss")
+            },
+            "wall_s_per_night": [n["wall_s"] for n in self.nights],
+            "peak_rss_mib": {
+                "python": round(max((r.peak_rss_mib for r in self.ran if r.what != "continuous"), default=0)),
+                "spark": round(max((r.peak_rss_mib for r in self.ran if r.what == "continuous"), default=0)),
+            },
+            "runs": len(self.ran),
+            "wall_s": round(wall_s),
+            "reproductions": self.repro[:20],
+        }
+
+
+def _credentials() -> dict[str, str]:
+    return {"aws_access_key_id": "test", "aws_secret_access_key": "test", "region_name": "us-east-1"}
+
+
+def _aws_env() -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
+
+
+def _marked_processes() -> list[tuple[int, dict[str, str]]]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                raw = fh.read()
+            with open(f"/proc/{pid}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if MARK.encode() + b"=" in raw and state != "Z" and int(pid) != os.getpid():
+            env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+            out.append((int(pid), env))
+    return out
+
+
+def _ancestor_in(pid: int, pids: set[int]) -> bool:
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+        if pid in pids:
+            return True
+    return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return "?"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", type=int, default=4)
+    ap.add_argument("--nights", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--workdir")
+    ap.add_argument("--night-s", type=float, default=3.0, help="seconds the producers run before the night's work")
+    ap.add_argument("--rate", type=float, default=50.0, help="messages per second per partition while a broker is up")
+    ap.add_argument("--fault-rate", type=float, default=0.45, help="chance of a fault per host and night")
+    ap.add_argument("--force-fault", action="append", default=[], metavar="NIGHT:HOST:FAULT")
+    ap.add_argument("--airflow-nights", default="", help="nights run through Airflow, e.g. 3,10,20")
+    ap.add_argument("--continuous-hosts", type=int, default=1, help="hosts that also run the continuous export")
+    ap.add_argument("--short", action="store_true", help="2 hosts, 3 nights, night 1 through Airflow")
+    args = ap.parse_args(argv)
+    if args.short:
+        args.hosts, args.nights, args.airflow_nights = 2, 3, "1"
+        args.night_s, args.continuous_hosts = 2.0, 1
+    args.airflow_nights = {int(n) for n in args.airflow_nights.split(",") if n}
+    return args
+
+
+def main(argv: list[str] | None = None, airflow: Any = None, hosts_file: str | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="tank-fleet-")
+    for d in ("logs", "reports", "checkpoints"):
+        os.makedirs(os.path.join(args.workdir, d), exist_ok=True)
+    fleet = Fleet(args, airflow, hosts_file)
+    own_airflow = None
+    t0 = time.monotonic()
+    try:
+        fleet.setup()
+        if args.airflow_nights and airflow is None:
+            own_airflow = fleet.airflow = start_airflow(fleet)
+        for n in range(args.nights):
+            fleet.night(n)
+    finally:
+        fleet.teardown()
+        if own_airflow is not None:
+            own_airflow.stop()
+    out = fleet.summary(time.monotonic() - t0)
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def start_airflow(fleet: Fleet) -> Any:
+    from airflow_harness import airflow_env, start_services
+
+    work = os.path.join(fleet.work, "airflow")
+    os.makedirs(work, exist_ok=True)
+    port = free_port()
+    env = airflow_env(work, port, config=fleet.hosts_file, hosts=fleet.hosts_file, **_aws_env())
+    env["AIRFLOW_VAR_TANK_LOG_REPORTS"] = os.path.join(fleet.work, "reports")
+    return start_services(work, port, env)
+
+
+if __name__ == "__main__":
+    main()
