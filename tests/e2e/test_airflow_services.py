@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -213,7 +214,7 @@ def test_a_fleet_of_brokers_over_nights_with_faults_keeps_every_invariant(airflo
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
-    fleet = importlib.util.module_from_spec(spec)
+    fleet = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fleet)
     hosts = airflow.env["TANK_LOG_WINDOW_CONFIG"]
     saved = open(hosts).read()
