@@ -183,7 +183,7 @@ def needs_executors(ctx: JobContext, plan: Plan) -> bool:
     """`needs_spark` of the partition jobs: a plan without tasks (nothing selected needs the job) starts no Spark,
     nor does one whose partitions hold at most `ctx.in_driver_max_bytes` of segment data: it runs in the
     driver's processes (`processes.run_in_processes`; the data of these jobs is on the driver's host). Spark's start,
-    first job and stop cost 5-7 s of a run (bench/RESULTS.md, "Small partition runs in the driver's processes")."""
+    first job and stop cost 5-7 s of a run (bench/RESULTS.md, "Spark's fixed costs")."""
     tasks = plan[0]
     if not tasks:
         return False

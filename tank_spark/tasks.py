@@ -60,7 +60,7 @@ def in_threads(items: Sequence[Any], task: Task, threads: int) -> list[Any]:
     """`task` over each (index, item) pair on its own, in a pool of up to `threads` threads, collected in order.
     Parquet encoding and object-store uploads release the GIL, so the threads overlap: an export of 1M messages in
     the driver took 1.56-1.78 s on one thread and 1.10-1.30 s on two, to the loopback S3 server (bench/RESULTS.md,
-    "Small exports in the driver by default"). On an error the items not started are cancelled and the running
+    "Export to Delta, and the way back"). On an error the items not started are cancelled and the running
     ones finish."""
     workers = max(1, min(len(items), threads))
     if workers == 1:

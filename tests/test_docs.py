@@ -27,6 +27,22 @@ def test_every_cited_section_of_docs_format_exists():
     assert len(cited) > 30 and not missing, missing
 
 
+def test_every_cited_benchmark_section_exists():
+    """Code and docs cite bench/RESULTS.md sections by name (`bench/RESULTS.md, "Section"`): each is a heading."""
+    with open(os.path.join(ROOT, "bench", "RESULTS.md"), encoding="utf-8") as fh:
+        headings = {m.group(1) for line in fh if (m := re.match(r"#{2,3} (.+?)(?: \(`bench/.*`\))?$", line))}
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    cited: dict[str, str] = {}
+    for f in files:
+        if f.startswith("tests/data") or f == "tests/test_docs.py" or not f.endswith((".py", ".pyx", ".md", ".sh")):
+            continue
+        text = re.sub(r"\s+", " ", open(os.path.join(ROOT, f), encoding="utf-8").read().replace("#", " "))
+        for sec in re.findall(r'RESULTS\.md, "([^"]+)"', text):
+            cited.setdefault(sec, f)
+    missing = {sec: f for sec, f in cited.items() if sec not in headings}
+    assert len(cited) >= 5 and not missing, (missing, sorted(headings))
+
+
 def test_no_internal_milestone_names():
     """Code, tests and docs cite reasons, benchmark sections and docs/FORMAT.md sections, never the team's internal
     milestones or issue numbers, which a reader of the repository cannot follow."""

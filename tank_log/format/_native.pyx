@@ -375,7 +375,7 @@ cdef enum:
     PAD = 512  # decode.py's padding after the last message set
     # Raw Snappy blocks of up to this many bytes are decoded by tl_snappy_raw (codecs.BlockCodec.raw_snappy), larger
     # ones by the codec's decompress_into: a call costs ~1 µs, more than decoding a one-message set, while on sets
-    # of ~12 KB cramjam's decoder is faster than this one (bench/RESULTS.md, "The walk decodes small Snappy blocks itself")
+    # of ~12 KB cramjam's decoder is faster than this one (bench/RESULTS.md, "Scan into Arrow")
     SNAPPY_HERE_MAX = 4096
 
 cdef uint64_t U32_MAX = 0xFFFFFFFF

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
@@ -119,7 +120,7 @@ def _config_rows() -> list[tuple[str, str, str]]:
                 rows.append((key, "", (sub.__doc__ or "").strip().split("\n")[0]))
                 walk(sub, key + suffix)
                 continue
-            default = "" if field.is_required() else repr(field.get_default(call_default_factory=True))
+            default = "" if field.is_required() else _yaml_value(field.get_default(call_default_factory=True))
             rows.append((key, default, field.description or ""))
 
     walk(JobConfig, "")
@@ -154,3 +155,12 @@ def config_reference() -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _yaml_value(value: object) -> str:
+    """A default as the YAML file spells it: null, false, [], {}, a bare string."""
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)

@@ -220,7 +220,7 @@ class ExportConfig(Section):
     )
     # An export of at most this many new segment bytes runs in the driver, without Spark (0: always on executors).
     # Below ~400 MB of segment data the driver alone is faster than Spark's start plus any number of cores; 128 MiB
-    # leaves room for data that compresses well (bench/RESULTS.md, "Small exports in the driver by default").
+    # leaves room for data that compresses well (bench/RESULTS.md, "Export to Delta, and the way back").
     in_driver_max_bytes: Size = Field(
         default=128 << 20, description="an export this small runs in the driver (0: never)"
     )
@@ -312,7 +312,7 @@ class JobConfig(Section):
     # A partition job (compact, retention, rebuild_indexes, maintain) whose partitions hold at most this many bytes of
     # segment data runs in the driver's processes, without Spark (0: always on executors). Spark's start, first job
     # and stop cost 5-7 s; one core compacts ~200 MB/s, so below ~1 GB the driver's cores beat any cluster
-    # (bench/RESULTS.md, "Small partition runs in the driver's processes"). The export has its own,
+    # (bench/RESULTS.md, "Spark's fixed costs"). The export has its own,
     # `export.in_driver_max_bytes`.
     in_driver_max_bytes: Size = Field(
         default=1 << 30, description="partition jobs reading at most this run in the driver's processes (0: never)"
