@@ -10,7 +10,7 @@ from tank_log.errors import TankFormatError
 from tank_log.format.index import verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.problems import Problem
-from tank_log.storage.datadir import Partition, classify_path, partitions_at, scan_data_dir
+from tank_log.storage.datadir import Partition, classify_path, partitions_at, rescan_partition, scan_data_dir
 from tank_log.storage.holders import partition_holders
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment
@@ -196,13 +196,25 @@ def verify_path(path: str | os.PathLike[str]) -> list[Problem]:
         return [Problem(path, None, "io", str(err))]
 
 
+LIVE_RESCANS = 3  # times a partition is scanned again when a file vanished while it was checked
+
+
 def _checked(part: Partition) -> list[Problem]:
-    """`check_partition`, with an I/O error reported as a problem of that partition (the others are still checked)."""
+    """`check_partition`, with an I/O error reported as a problem of that partition (the others are still checked).
+    A broker that serves the partition meanwhile rolls its active segment (renamed to `.ilog`) and deletes segments
+    past retention (§2.4): a file that vanished while it was checked is not an error, the partition is scanned and
+    checked again (a few times, then whatever is still missing is reported)."""
     held = [
         Problem(part.path, None, "held", f"{h}: mutations skip this partition while it runs (§9 rule 1)", "warning")
         for h in partition_holders(part.path)
     ]
-    try:
-        return held + check_partition(part)
-    except OSError as err:
-        return [*part.problems, Problem(err.filename or part.path, None, "io", str(err))]
+    for attempt in range(LIVE_RESCANS + 1):
+        try:
+            problems = check_partition(part)
+        except OSError as err:
+            problems = [*part.problems, Problem(err.filename or part.path, None, "io", str(err))]
+        vanished = [p for p in problems if p.code == "io" and p.path and not os.path.exists(p.path)]
+        if not vanished or attempt == LIVE_RESCANS or not os.path.isdir(part.path):
+            return held + problems
+        part = rescan_partition(part.path, part.topic, part.id)
+    raise AssertionError("unreachable")
