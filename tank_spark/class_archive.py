@@ -2,8 +2,8 @@
 
 A Spark driver loads and verifies tens of thousands of classes before it runs anything (a SparkSession: 6.9–7.6 s
 on 2 cores here). A dynamic CDS archive of the classes one short Spark run loaded (`-XX:ArchiveClassesAtExit`,
-JDK 13+) lets every later driver map them instead: 2.9–3.8 s (bench/RESULTS.md, "Spark's fixed costs"). Build it once per host
-and Spark installation (`scripts/setup.sh` does):
+JDK 13+) lets every later driver map them instead: 2.9–3.8 s (bench/RESULTS.md, "Spark's fixed costs"). Build it
+once per host and Spark installation (`scripts/setup.sh` does):
 
     python -m tank_spark.class_archive            # to default_path(); or give a path
 

@@ -20,8 +20,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientse
 
 # Every Spark driver JVM the tests start (in process, job subprocesses, spark-submit) compiles with C1 only: it only
 # schedules tasks here, and skipping C2 start-up compilation makes a job run ~2 s faster on 2 busy cores
-# (bench/RESULTS.md, "Spark's fixed costs"). When Spark tests run, the drivers also map a class-data archive (built once per
-# Spark installation, `tank_spark/class_archive.py`: ~4 s less per SparkSession start) and start no web UI.
+# (bench/RESULTS.md, "Spark's fixed costs"). When Spark tests run, the drivers also map a class-data archive (built
+# once per Spark installation, `tank_spark/class_archive.py`: ~4 s less per SparkSession start) and start no web UI.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 HERE = os.path.dirname(os.path.abspath(__file__))

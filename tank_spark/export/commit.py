@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tank_log.errors import JobConfigError
+from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse import recorded_version
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 from tank_spark.export.run_id import COMMIT_KEY
@@ -98,8 +98,10 @@ def add_ts_raw(table: DeltaTable) -> None:
     table.alter.add_columns([Field(TS_RAW.name, PrimitiveType("decimal(20,0)"), nullable=True)])
 
 
-class ConcurrentExport(Exception):
-    """Another run committed to the table since this run planned: re-plan and retry."""
+class ConcurrentExport(RunFailed):
+    """Another run committed to the table since this run planned: re-plan and retry. Once the retries are spent it
+    fails the run with its message (an expected condition, e.g. a batch export beside a continuous one on the same
+    partitions: one line, no traceback)."""
 
 
 def commit(

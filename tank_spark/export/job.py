@@ -222,7 +222,10 @@ def _export(
             except ConcurrentExport as conflict:
                 remove_uncommitted(settings, files)
                 if attempt == COMMIT_ATTEMPTS:
-                    raise
+                    raise ConcurrentExport(
+                        f"{conflict}; nothing committed after {COMMIT_ATTEMPTS} attempts: another export commits "
+                        f"to these partitions meanwhile (a continuous export of the same topics?)"
+                    ) from None
                 log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
                 plans, _ = plan_export(ctx, settings)
                 results = _results(plans)

@@ -354,3 +354,18 @@ def test_a_file_is_written_a_row_group_at_a_time_with_the_statistics_of_the_whol
         assert json.loads(m["counts"]) == files.partition_counts(whole)
         assert m["num_records"] == table.num_rows and m["size"] == (tmp_path / "table" / m["path"]).stat().st_size
     assert rows_at == 12_000
+
+
+def test_an_export_that_keeps_losing_its_commit_fails_in_one_line(caplog):
+    """A batch export beside a continuous one on the same partitions loses the race to commit every time it
+    re-plans; once its attempts are spent the run fails with the reason in one line (exit 1), not an internal
+    error with a traceback (found by the fleet soak)."""
+    from tank_spark.export.commit import ConcurrentExport
+    from tank_spark.report import RunReport  # noqa: F401 (the runner's report module loads)
+    from tank_spark.runner import _logged_failure
+
+    err = ConcurrentExport("t/0: the table's recorded version moved from 7 to 9 since this run planned")
+    with caplog.at_level("ERROR"):
+        error = _logged_failure("export_delta", err)
+    assert error == str(err) and "internal error" not in error
+    assert not any(r.exc_info for r in caplog.records)
