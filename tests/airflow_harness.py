@@ -37,6 +37,7 @@ def airflow_env(
             "AIRFLOW__CORE__DAGS_FOLDER": os.path.join(ROOT, "airflow", "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "8",  # the LocalExecutor's worker processes (~130 MiB each; 32 by default)
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(port),

@@ -102,4 +102,5 @@ def test_start_repairs_what_a_killed_maintenance_left_before_the_broker_opens_it
         assert open(seen).read() == ""  # nothing for the broker to resurrect when it opened the data
         assert window.wait_ready(b).done and window.verify(b).done
     finally:
+        window.wait_ready(b)  # it has written its pidfile: the stop finds it
         window.stop(b)
