@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from airflow_harness import DAG_IDS
 
 from tank_log.format.bundle import Message
 from tank_log.storage.datadir import scan_data_dir
@@ -69,14 +70,7 @@ def test_dags_import_with_the_expected_shape(airflow_env):
     out, _ = probe(airflow_env, "inspect")
     assert out["errors"] == {}
     dags = out["dags"]
-    assert set(dags) == {
-        "tank_compaction_nightly",
-        "tank_retention_hourly",
-        "tank_index_verify_weekly",
-        "tank_export_adhoc",
-        "tank_export_nightly",
-        "tank_maintenance_window",
-    }
+    assert set(dags) == set(DAG_IDS)
     assert dags["tank_compaction_nightly"]["tasks"] == ["publish_report", "run_compact"]
     assert dags["tank_retention_hourly"]["tasks"] == ["publish_report", "run_retention"]
     assert dags["tank_index_verify_weekly"]["tasks"] == ["publish_report", "run_rebuild_indexes"]
