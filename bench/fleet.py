@@ -52,6 +52,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TESTS = os.path.join(ROOT, "tests")
@@ -132,6 +134,38 @@ class Host:
 
 
 @dataclass
+class PartState:
+    """What the checks know of one partition: its last seq produced, which seqs the table holds, which a later
+    message of their key supersedes (a `cleanup` topic: compaction may drop them)."""
+
+    topic: str
+    partition: int
+    cleanup: bool
+    top: int = 0
+    in_table: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    superseded: np.ndarray = field(default_factory=lambda: np.zeros(1, bool))
+    latest: dict[bytes, int] = field(default_factory=dict)
+
+    def grow(self, seq: int) -> None:
+        if seq >= len(self.in_table):
+            size = max(seq + 1, 2 * len(self.in_table))
+            self.in_table = np.concatenate((self.in_table, np.zeros(size - len(self.in_table), bool)))
+            self.superseded = np.concatenate((self.superseded, np.zeros(size - len(self.superseded), bool)))
+
+    def produced_upto(self, last: int) -> None:
+        """Seqs up to `last` were produced (the active segment holds the last one): account the new ones."""
+        self.grow(last)
+        for seq in range(self.top + 1, last + 1):
+            if self.cleanup:
+                key = fleet_message(self.topic, self.partition, seq, True)[0]
+                before = self.latest.get(key)
+                if before is not None:
+                    self.superseded[before] = True
+                self.latest[key] = seq
+        self.top = max(self.top, last)
+
+
+@dataclass
 class Ran:
     """One process the soak ran: what, its exit, its peak RSS."""
 
@@ -159,6 +193,13 @@ class Fleet:
         self.repro: list[dict[str, Any]] = []
         self.losses: dict[tuple[str, int], set[int]] = {}
         self.nights: list[dict[str, Any]] = []
+        self.parts = {
+            (topic, p): PartState(topic, p, cleanup)
+            for h in self.hosts
+            for topic, cleanup in h.topics.items()
+            for p in range(2)
+        }
+        self.table_files_read: set[str] = set()
 
     # ---- set-up ---------------------------------------------------------------------------------------------------
 
@@ -483,41 +524,36 @@ class Fleet:
         print("VIOLATION " + json.dumps(entry), flush=True)
 
     def check(self, n: int, upkeep: bool) -> dict[str, Any]:
+        """The night's invariants, at a cost of what TANK holds and what the night added: the table's rows are
+        checked when their file is first read (after an upkeep rewrote the files, the table is read again whole)."""
         from tank_log.maintenance.verify import verify_path
 
         before = dict(self.violations)
-        tank, last = self.tank_contents()
-        rows = self.table_rows()
+        in_tank = self.read_tank()
+        self.read_table(full=upkeep)
         produced = exported = compacted = deleted = reported_lost = 0
         for h in self.hosts:
             for topic, cleanup in h.topics.items():
                 for p in range(2):
-                    key = (topic, p)
-                    top = last.get(key, 0)
+                    state = self.parts[(topic, p)]
+                    present = in_tank.get((topic, p), np.zeros(0, bool))
+                    top = state.top
                     produced += top
-                    in_tank, in_table = tank.get(key, {}), rows.get(key, {})
-                    exported += len(in_table)
-                    latest: dict[bytes, int] = {}
-                    if cleanup:
-                        for seq in range(1, top + 1):
-                            latest[fleet_message(topic, p, seq, True)[0]] = seq
-                    lost = self.losses.get(key, set())
-                    for seq in range(1, top + 1):
-                        if seq in in_tank:
-                            continue
-                        if not cleanup:
-                            deleted += 1  # by retention: in the table, or reported lost
-                        if seq in in_table:
-                            continue
-                        if cleanup and latest[fleet_message(topic, p, seq, True)[0]] > seq:
-                            compacted += 1  # superseded: compaction may drop it before the export had it
-                        elif seq in lost:
-                            reported_lost += 1
-                        else:
-                            self.violation("data", h.name, f"{topic}/{p} seq {seq}: in neither TANK nor the table")
-                    for seq, msg in [*in_tank.items(), *in_table.items()]:
-                        if msg != fleet_message(topic, p, seq, cleanup):
-                            self.violation("exactly_once", h.name, f"{topic}/{p} seq {seq}: not what was produced")
+                    exported += int(state.in_table[: top + 1].sum())
+                    tank = np.zeros(top + 1, bool)
+                    tank[: len(present)] = present[: top + 1]
+                    missing = ~tank & ~state.in_table[: top + 1]
+                    missing[0] = False  # seqs start at 1
+                    if not cleanup:
+                        deleted += int((~tank[1:]).sum())  # by retention: in the table, or reported lost
+                    compacted += int((~tank & state.superseded[: top + 1]).sum())  # dropped by compaction
+                    lost = np.zeros(top + 1, bool)
+                    for seq in self.losses.get((topic, p), ()):
+                        if seq <= top:
+                            lost[seq] = True
+                    reported_lost += int((missing & lost).sum())
+                    for seq in np.flatnonzero(missing & ~state.superseded[: top + 1] & ~lost)[:20].tolist():
+                        self.violation("data", h.name, f"{topic}/{p} seq {seq}: in neither TANK nor the table")
             problems = [p for p in verify_path(h.base) if p.severity == "error"]
             if problems:
                 self.violation("verify", h.name, f"{len(problems)} error(s)", [str(p) for p in problems[:5]])
@@ -542,34 +578,58 @@ class Fleet:
             "peak_rss_mib": round(max((r.peak_rss_mib for r in self.ran), default=0)),
         }
 
-    def tank_contents(self) -> tuple[dict[tuple[str, int], dict[int, tuple[bytes, bytes]]], dict[tuple[str, int], int]]:
+    def read_tank(self) -> dict[tuple[str, int], np.ndarray]:
+        """Which seqs each partition holds now (bool by seq), each checked against what was produced (retention and
+        compaction keep TANK's data small, so all of it every night), and the produced messages up to the last seq
+        accounted (`PartState`)."""
         from tank_log.storage.datadir import scan_data_dir
 
-        out: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]] = {}
-        last: dict[tuple[str, int], int] = {}
+        out: dict[tuple[str, int], np.ndarray] = {}
         for h in self.hosts:
             for part in scan_data_dir(h.base).partitions():
-                got = out.setdefault((part.topic, part.id), {})
+                key = (part.topic, part.id)
+                state = self.parts[key]
+                seqs, fresh = [], []
                 for seg in part.segments:
-                    for m in seg.messages():
-                        got[m.seq] = (m.key or b"", m.value)
-                last[(part.topic, part.id)] = max(got, default=0)
-        return out, last
+                    for chunk in seg.chunks():
+                        c = chunk.cols
+                        seqs.append(c.seq.astype(np.int64))
+                        fresh += [(int(c.seq[i]), c.key(i) or b"", c.value(i)) for i in range(len(c))]
+                present = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
+                state.produced_upto(int(present.max()) if len(present) else 0)
+                for seq, k, v in fresh:
+                    if (k, v) != fleet_message(part.topic, part.id, seq, state.cleanup):
+                        self.violation("exactly_once", h.name, f"{part.topic}/{part.id} seq {seq}: not as produced")
+                mask = np.zeros(state.top + 1, bool)
+                mask[present] = True
+                out[key] = mask
+        return out
 
-    def table_rows(self) -> dict[tuple[str, int], dict[int, tuple[bytes, bytes]]]:
+    def read_table(self, full: bool) -> None:
+        """The rows of the table's files not read before (all of them after an upkeep): each (topic, partition,
+        seq) once, as produced."""
+        import pyarrow.dataset as ds
         from deltalake import DeltaTable
 
-        dt = DeltaTable(self.table, storage_options={**self.storage_options, **_aws_env()})
-        t = dt.to_pyarrow_dataset().to_table(columns=["topic", "partition", "seq", "key", "value"])
-        out: dict[tuple[str, int], dict[int, tuple[bytes, bytes]]] = {}
-        seen: Counter[tuple[str, int, int]] = Counter()
+        dataset = DeltaTable(self.table, storage_options={**self.storage_options, **_aws_env()}).to_pyarrow_dataset()
+        if full:
+            self.table_files_read.clear()
+            for state in self.parts.values():
+                state.in_table[:] = False
+        fragments = [f for f in dataset.get_fragments() if f.path not in self.table_files_read]
+        if not fragments:
+            return
+        new = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
+        t = new.to_table(columns=["topic", "partition", "seq", "key", "value"])
+        self.table_files_read.update(f.path for f in fragments)
         for topic, p, seq, key, value in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
-            seen[(topic, p, seq)] += 1
-            out.setdefault((topic, p), {})[seq] = (key or b"", value)
-        for (topic, p, seq), count in seen.items():
-            if count > 1:
-                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table {count} times")
-        return out
+            state = self.parts[(topic, p)]
+            state.grow(seq)
+            if state.in_table[seq]:
+                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table twice")
+            state.in_table[seq] = True
+            if (key or b"", value) != fleet_message(topic, p, seq, state.cleanup):
+                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table: not as produced")
 
     def table_files(self) -> tuple[int, int]:
         """The table's active files and its partitions (topic, date) that hold them."""
