@@ -756,7 +756,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.short:
         args.hosts, args.nights, args.airflow_nights = 2, 3, "1"
-        args.night_s, args.continuous_hosts = 2.0, 1
+        args.night_s, args.continuous_hosts = min(args.night_s, 2.0), 1
     args.airflow_nights = {int(n) for n in args.airflow_nights.split(",") if n}
     return args
 

@@ -220,7 +220,7 @@ def test_a_fleet_of_brokers_over_nights_with_faults_keeps_every_invariant(airflo
     saved = open(hosts).read()
     faults = ["0:h0:kill-job", "0:h1:stubborn", "1:h0:export-off", "1:h1:double-export", "2:h1:kill-cli"]
     faults += ["2:h0:kill-continuous", "2:h0:kill-export"]
-    argv = ["--short", "--fault-rate", "0", "--workdir", str(tmp_path / "fleet"), "--seed", "3"]
+    argv = ["--short", "--fault-rate", "0", "--night-s", "1", "--workdir", str(tmp_path / "fleet"), "--seed", "3"]
     try:
         out = fleet.main([*argv, *(f"--force-fault={f}" for f in faults)], airflow=airflow, hosts_file=hosts)
     finally:
