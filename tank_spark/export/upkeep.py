@@ -22,7 +22,9 @@ DEFAULT_DELETED_FILE_RETENTION_MS = 7 * 24 * 3600 * 1000  # Delta's default delt
 
 @dataclass(frozen=True)
 class UpkeepStep:
-    """One upkeep operation: files and bytes before and after (or, in a dry run, what it would leave)."""
+    """One upkeep operation: files and bytes before and after (or, in a dry run, what it would leave). `files_after`
+    is the table as the operation left it, with what other writers committed meanwhile (a continuous export);
+    `files_removed` and `files_written` are the operation's own."""
 
     operation: str  # optimize | vacuum
     files_before: int
@@ -30,6 +32,8 @@ class UpkeepStep:
     files_after: int
     bytes_after: int
     dry_run: bool = False
+    files_removed: int | None = None
+    files_written: int | None = None
 
 
 def live_files(table: DeltaTable) -> tuple[int, int]:
@@ -55,7 +59,8 @@ def optimize(table: DeltaTable, target_bytes: int, *, dry_run: bool = False) -> 
         size,
         *after,
     )
-    return UpkeepStep("optimize", files, size, *after)
+    removed, written = metrics.get("numFilesRemoved"), metrics.get("numFilesAdded")
+    return UpkeepStep("optimize", files, size, *after, files_removed=removed, files_written=written)
 
 
 def vacuum(location: TableLocation, table: DeltaTable, retention_ms: int, *, dry_run: bool = False) -> UpkeepStep:

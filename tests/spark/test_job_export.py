@@ -228,6 +228,7 @@ def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, 
     assert optimized["operation"] == "optimize" and optimized["files_before"] == len(stored)
     assert optimized["bytes_before"] == sum(f.size for f in stored)
     assert (optimized["files_after"], optimized["bytes_after"]) == (len(live), sum(live))
+    assert (optimized["files_removed"], optimized["files_written"]) == (len(stored), len(live))  # no other writer
     assert len(live) < len(stored)
     after = data_files()
     assert vacuumed["operation"] == "vacuum" and vacuumed["files_before"] == len(stored) + len(live)
