@@ -139,8 +139,24 @@ def commit(
             commit_properties=CommitProperties(app_transactions=txns, custom_metadata={COMMIT_KEY: run_id}),
         )
     except CommitFailedError as err:
+        if landed(settings, run_id):
+            log.warning("export: delta-rs reported %s, but this run's commit is in the table: committed", err)
+            return settings.location.existing().version()
         raise ConcurrentExport(f"commit conflict: {err}") from None
     return settings.location.existing().version()
+
+
+LANDED_LOOKBACK = 200  # commits read back to find this run's own
+
+
+def landed(settings: ExportSettings, run_id: str) -> bool:
+    """Whether this run's commit is in the table after all. An object store's response can be lost after the put
+    succeeded (a timeout on a loaded server); delta-rs then retries, finds the version taken by its own commit, and
+    reports a conflict with it ("Concurrent transaction failed": the same app transactions). Taking that for a
+    failure would delete the files of a commit that stands: rows lost, and their app transactions recorded, so
+    retention would delete them in TANK as well (found by the fleet soak)."""
+    table = settings.location.existing()
+    return any(h.get(COMMIT_KEY) == run_id for h in table.history(limit=LANDED_LOOKBACK))
 
 
 def remove_uncommitted(settings: ExportSettings, files: list[dict[str, Any]]) -> None:

@@ -521,3 +521,30 @@ def test_a_corrupt_partition_fails_alone_and_the_others_are_exported(tmp_path):
         rows = DeltaTable(skip_table).to_pyarrow_table().to_pydict()
         got = sorted(zip(rows["topic"], rows["partition"], rows["seq"], strict=True))
         assert got == [row[:3] for row in expected if row[:2] != ("orders", 1)]
+
+
+def test_a_commit_that_landed_though_delta_rs_reported_a_conflict_stands(tmp_path, monkeypatch):
+    """The object store took the commit but its answer was lost; delta-rs retried, met its own commit and reported
+    "Concurrent transaction failed". The export took that for a failure and deleted the committed files: rows lost
+    with their app transactions recorded, so retention then deleted them from TANK too (found by the fleet soak).
+    The run now finds its own commit in the table and succeeds; every row is readable."""
+    from deltalake import DeltaTable as Table
+    from deltalake.exceptions import CommitFailedError
+
+    from tank_spark.export.job import main
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    commit = Table.create_write_transaction
+
+    def lost_answer(self, *args, **kwargs):  # the commit lands, the writer hears of a conflict
+        commit(self, *args, **kwargs)
+        raise CommitFailedError("Failed to commit transaction: Concurrent transaction failed.")
+
+    monkeypatch.setattr(Table, "create_write_transaction", lost_answer)
+    args = ["--data-dir", base, "--topics", "events", "--value-format", "binary", "--table", table]
+    assert main([*args, "--report", str(tmp_path / "r.json")]) == 0
+    assert table_rows(table) == dump_rows("A_multi", {"events"})  # every committed file is still there
+    monkeypatch.setattr(Table, "create_write_transaction", commit)
+    assert main([*args, "--report", str(tmp_path / "again.json")]) == 0
+    assert _rows_of_report(tmp_path / "again.json")["rows"] == 0  # recorded: nothing exported twice
