@@ -787,7 +787,7 @@ def main(argv: list[str] | None = None, airflow: Any = None, hosts_file: str | N
         os.makedirs(os.path.join(args.workdir, d), exist_ok=True)
     fleet = Fleet(args, airflow, hosts_file)
     own_airflow = None
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: every process it started is stopped too
+    signal.signal(signal.SIGTERM, _stopped)  # stopped: every process it started is stopped too
     t0 = time.monotonic()
     try:
         fleet.setup()
@@ -802,6 +802,12 @@ def main(argv: list[str] | None = None, airflow: Any = None, hosts_file: str | N
     out = fleet.summary(time.monotonic() - t0)
     print(json.dumps(out), flush=True)
     return out
+
+
+def _stopped(*_: object) -> None:
+    """SIGTERM: unwind through the tear-down once (a second SIGTERM, e.g. from `timeout`, must not cut it short)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(143)
 
 
 def start_airflow(fleet: Fleet) -> Any:
