@@ -248,8 +248,9 @@ class Fleet:
             h.create()
             with open(self.config_of(h), "w") as fh:
                 json.dump(self.job_config([h.base]), fh)
-        with open(self.hosts_file, "w") as fh:
+        with open(self.hosts_file + ".new", "w") as fh:  # atomically: a running dag-processor parses the DAGs
             json.dump({**self.job_config(), "brokers": [h.broker_entry(self.args.rate) for h in self.hosts]}, fh)
+        os.replace(self.hosts_file + ".new", self.hosts_file)
         for h in self.hosts:
             self.start_broker(h)
         time.sleep(self.args.night_s)
@@ -598,19 +599,21 @@ class Fleet:
         """Which seqs each partition holds now (bool by seq), each checked against what was produced (retention and
         compaction keep TANK's data small, so all of it every night), and the produced messages up to the last seq
         accounted (`PartState`)."""
-        from tank_log.storage.datadir import scan_data_dir
+        from tank_log.storage.datadir import rescan_partition, scan_data_dir
 
         out: dict[tuple[str, int], np.ndarray] = {}
         for h in self.hosts:
             for part in scan_data_dir(h.base).partitions():
                 key = (part.topic, part.id)
                 state = self.parts[key]
-                seqs, fresh = [], []
-                for seg in part.segments:
-                    for chunk in seg.chunks():
-                        c = chunk.cols
-                        seqs.append(c.seq.astype(np.int64))
-                        fresh += [(int(c.seq[i]), c.key(i) or b"", c.value(i)) for i in range(len(c))]
+                for _ in range(10):  # the stand-in rolls and deletes segments meanwhile: read the partition again
+                    try:
+                        seqs, fresh = self._read_partition(part)
+                        break
+                    except FileNotFoundError:
+                        part = rescan_partition(part.path, part.topic, part.id)
+                else:
+                    raise RuntimeError(f"{part.path}: its files kept vanishing while it was read")
                 present = np.concatenate(seqs) if seqs else np.zeros(0, np.int64)
                 state.produced_upto(int(present.max()) if len(present) else 0)
                 for seq, k, v in fresh:
@@ -620,6 +623,17 @@ class Fleet:
                 mask[present] = True
                 out[key] = mask
         return out
+
+    @staticmethod
+    def _read_partition(part) -> tuple[list[np.ndarray], list[tuple[int, bytes, bytes]]]:
+        """The seqs of a partition's segments, and (seq, key, value) of each message."""
+        seqs, fresh = [], []
+        for seg in part.segments:
+            for chunk in seg.chunks():
+                c = chunk.cols
+                seqs.append(c.seq.astype(np.int64))
+                fresh += [(int(c.seq[i]), c.key(i) or b"", c.value(i)) for i in range(len(c))]
+        return seqs, fresh
 
     def read_table(self, full: bool) -> None:
         """The rows of the table's files not read before (all of them after an upkeep): each (topic, partition,

@@ -49,6 +49,10 @@ def airflow_env(
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            # a loaded machine (a soak of many hosts) parses slowly: a parse cut off by the default timeouts (30 s,
+            # 50 s) is an import error and the DAG's tasks change under a running window
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "180",
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),
             "AIRFLOW_VAR_TANK_LOG_HOME": ROOT,
             "AIRFLOW_VAR_TANK_LOG_CONFIG": config,

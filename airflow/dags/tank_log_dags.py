@@ -313,14 +313,15 @@ def _window_reports() -> str:
 
 
 def _window_layout() -> tuple[list[str | None], bool]:
-    """The brokers' queues in config order (None = the default queue) and whether the window rolls; no queues when
-    the config does not load (the run's check_config task then fails, saying why)."""
+    """The brokers' queues in config order (None = the default queue) and whether the window rolls. When the config
+    does not load, the default queue's group alone: the run's check_config task then fails, saying why, and the DAG
+    keeps the shape most configs give it (a parse that briefly fails must not remove a running window's tasks)."""
     try:  # the other DAGs of this file must not depend on tank_log being importable where the file is parsed
         from tank_log.jobs.config import load_job_config
 
         config = load_job_config(WINDOW_CONFIG)
     except (ImportError, ValueError):  # JobConfigError is a ValueError
-        return [], False
+        return [None], False
     return list(dict.fromkeys(b.queue for b in config.brokers)), config.window.rolling
 
 
