@@ -47,6 +47,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -175,6 +176,8 @@ class Ran:
     code: int | None = None
     peak_rss_mib: float = 0.0
     killed: bool = False
+    spawner_hwm_kib: int = 0  # the soak's own peak RSS when it started the run (see `_peak_rss_kib`)
+    sampled_kib: int = 0  # the largest VmHWM sampled in its process tree while it ran
 
 
 class Fleet:
@@ -188,6 +191,9 @@ class Fleet:
         self.s3: dict[str, Any] = {}
         self.continuous: dict[str, subprocess.Popen[bytes]] = {}
         self.ran: list[Ran] = []
+        self.running: dict[int, Ran] = {}  # by pid, until reaped
+        self.sampling_done = threading.Event()
+        threading.Thread(target=self.sample_rss, daemon=True, name="rss").start()
         self.faults: Counter[str] = Counter()
         self.violations: Counter[str] = Counter()
         self.repro: list[dict[str, Any]] = []
@@ -281,13 +287,20 @@ class Fleet:
 
     def spawn(self, what: str, h: Host, cmd: list[str]) -> tuple[subprocess.Popen[bytes], Ran]:
         log = open(os.path.join(self.work, "logs", f"{len(self.ran):05d}-{what}-{h.name}.log"), "w")  # noqa: SIM115
+        ran = Ran(what, h.name, cmd, spawner_hwm_kib=_hwm_kib(os.getpid()))
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(f"{what}-{h.name}")
         )
         log.close()
-        ran = Ran(what, h.name, cmd)
         self.ran.append(ran)
+        self.running[proc.pid] = ran
         return proc, ran
+
+    def sample_rss(self) -> None:
+        """Every 0.2 s, the peak RSS of each running run's process tree (a thread, for the soak's whole life)."""
+        while not self.sampling_done.wait(0.2):
+            for pid, ran in list(self.running.items()):
+                ran.sampled_kib = max(ran.sampled_kib, _tree_hwm_kib(pid))
 
     def wait(
         self,
@@ -317,8 +330,9 @@ class Fleet:
                 self.violation("processes", ran.host, f"{ran.what} did not finish in {timeout} s", ran.cmd)
                 timeout = float("inf")
             time.sleep(0.005)
+        self.running.pop(proc.pid, None)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        ran.code, ran.peak_rss_mib = proc.returncode, usage.ru_maxrss / 1024
+        ran.code, ran.peak_rss_mib = proc.returncode, _peak_rss_kib(ran, usage.ru_maxrss) / 1024
         return ran.code
 
     def run(
@@ -675,9 +689,16 @@ class Fleet:
     def check_processes(self) -> None:
         """Processes of the night's runs still alive (but the continuous exports, which run for good)."""
         keep = {p.pid for p in self.continuous.values()}
-        for pid, env in _marked_processes():
-            if pid in keep or _ancestor_in(pid, keep) or STANDIN in _cmdline(pid):  # a broker started by a step
-                continue
+        suspects = [
+            (pid, env)
+            for pid, env in _marked_processes()
+            if not (pid in keep or _ancestor_in(pid, keep) or STANDIN in _cmdline(pid))  # a broker started by a step
+        ]
+        if suspects:  # one that was exiting as it was listed (e.g. a Spark worker of a continuous export) is not left
+            time.sleep(2)
+            alive = {pid for pid, _ in _marked_processes()}
+            suspects = [(pid, env) for pid, env in suspects if pid in alive and not _ancestor_in(pid, keep)]
+        for pid, env in suspects:
             self.violation("processes", env.get(MARK, "?"), f"pid {pid} left alive: {_cmdline(pid)[:300]}")
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -755,6 +776,40 @@ def _marked_processes() -> list[tuple[int, dict[str, str]]]:
             env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
             out.append((int(pid), env))
     return out
+
+
+def _hwm_kib(pid: int) -> int:
+    """A process's peak RSS (VmHWM: its own address space's, since its exec), 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            return next((int(line.split()[1]) for line in fh if line.startswith("VmHWM:")), 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _tree_hwm_kib(pid: int) -> int:
+    """The largest VmHWM of a process and its descendants (children of every thread: a JVM starts its Python
+    workers from other threads than its main one)."""
+    best, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        best = max(best, _hwm_kib(p))
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return best
+
+
+def _peak_rss_kib(ran: Ran, ru_maxrss_kib: int) -> int:
+    """The peak RSS of a run's process tree. wait4's ru_maxrss alone cannot say it: Linux counts in it the address
+    space the child had before its exec, which under vfork is the soak's own (exec_mmap: setmax_mm_hiwater_rss), so
+    once the soak's checker has grown, every run would read as large as the soak. ru_maxrss counts only when it is
+    above the soak's peak at the run's start; the samples of its tree count always."""
+    genuine = ru_maxrss_kib if ru_maxrss_kib > ran.spawner_hwm_kib else 0
+    return max(genuine, ran.sampled_kib)
 
 
 def _ancestor_in(pid: int, pids: set[int]) -> bool:
