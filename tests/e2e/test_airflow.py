@@ -109,6 +109,16 @@ def test_dags_import_with_the_expected_shape(airflow_env):
     assert "window_tank-host-a.report" in w["upstream"]["brokers_tank-host-b"]  # rolling
 
 
+def test_the_window_keeps_its_default_group_when_its_config_does_not_load(airflow_env, tmp_path):
+    """A parse that briefly cannot load the hosts file (being rewritten, a slow disk) must not change the shape of a
+    window DAG a run is executing: the soak saw a run's tasks killed as "not found" after such a parse. The default
+    queue's group stays; the run's check_config fails, saying why."""
+    out, _ = probe(dict(airflow_env, TANK_LOG_WINDOW_CONFIG=str(tmp_path / "missing.yaml")), "inspect")
+    w = out["dags"]["tank_maintenance_window"]
+    steps = ["stop", "maintain", "start", "ready", "verify", "report"]
+    assert set(w["tasks"]) == {"check_config", "brokers_default"} | {f"window_default.{s}" for s in steps}
+
+
 def _retention_data(root):
     """A topic whose config keeps 2 RO segments, holding 5 + an active one."""
     base = os.path.join(root, "data")
