@@ -64,6 +64,8 @@ sys.path.insert(0, TESTS)
 from conftest import free_port, kill_session, wait_for_port  # noqa: E402
 from standin_broker import fleet_message  # noqa: E402
 
+from tank_log.storage.fsutil import atomic_write  # noqa: E402
+
 PY = sys.executable
 BIN = os.path.dirname(PY)
 STANDIN = os.path.join(TESTS, "standin_broker.py")
@@ -254,9 +256,8 @@ class Fleet:
             h.create()
             with open(self.config_of(h), "w") as fh:
                 json.dump(self.job_config([h.base]), fh)
-        with open(self.hosts_file + ".new", "w") as fh:  # atomically: a running dag-processor parses the DAGs
-            json.dump({**self.job_config(), "brokers": [h.broker_entry(self.args.rate) for h in self.hosts]}, fh)
-        os.replace(self.hosts_file + ".new", self.hosts_file)
+        hosts = {**self.job_config(), "brokers": [h.broker_entry(self.args.rate) for h in self.hosts]}
+        atomic_write(self.hosts_file, json.dumps(hosts).encode())  # a running dag-processor parses the DAGs
         for h in self.hosts:
             self.start_broker(h)
         time.sleep(self.args.night_s)
@@ -708,6 +709,7 @@ class Fleet:
     # ---- the end --------------------------------------------------------------------------------------------------
 
     def teardown(self) -> None:
+        self.sampling_done.set()
         for proc in self.continuous.values():
             proc.send_signal(signal.SIGTERM)
         for name, proc in self.continuous.items():

@@ -28,6 +28,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository
 FIXTURES = os.path.join(HERE, "data", "fixtures")
 
+
+def load_fleet():
+    """bench/fleet.py (the fleet soak) as a module: its short mode and its checker are tested."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
+    module = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # every data directory with its ground-truth dump
 DATASETS = {
     "A_multi": "A_multi",

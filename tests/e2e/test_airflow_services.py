@@ -11,14 +11,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 from airflow_harness import BIN, Airflow, airflow_env, start_services
-from conftest import ROOT, free_port, many_small_partitions, standin_broker, start_standin
+from conftest import free_port, load_fleet, many_small_partitions, standin_broker, start_standin
 
 from tank_log.maintenance.verify import verify_path
+from tank_log.storage.fsutil import atomic_write
 from tank_log.tools.demo import write_demo
 
 pytest.importorskip("airflow")
@@ -211,22 +211,17 @@ def test_a_fleet_of_brokers_over_nights_with_faults_keeps_every_invariant(airflo
     Delta table on the S3 server (one host also continuously), retention with keep_unexported, and faults: a job's
     driver and the CLI killed mid-run, a broker that will not stop, an export off, two exports at once, the
     continuous export killed. Every invariant holds after every night."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
-    fleet = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fleet)
+    fleet = load_fleet()
     hosts = airflow.env["TANK_LOG_WINDOW_CONFIG"]
-    saved = open(hosts).read()
+    with open(hosts, "rb") as fh:
+        saved = fh.read()
     faults = ["0:h0:kill-job", "0:h1:stubborn", "1:h0:export-off", "1:h1:double-export", "2:h1:kill-cli"]
     faults += ["2:h0:kill-continuous", "2:h0:kill-export"]
     argv = ["--short", "--fault-rate", "0", "--night-s", "1", "--workdir", str(tmp_path / "fleet"), "--seed", "3"]
     try:
         out = fleet.main([*argv, *(f"--force-fault={f}" for f in faults)], airflow=airflow, hosts_file=hosts)
     finally:
-        with open(hosts + ".restore", "w") as fh:  # atomically: the dag-processor parses the DAGs meanwhile
-            fh.write(saved)
-        os.replace(hosts + ".restore", hosts)
+        atomic_write(hosts, saved)  # the dag-processor parses the DAGs meanwhile
     assert out["violations"] == dict.fromkeys(out["violations"], 0), out["reproductions"]
     assert out["nights"] == 3 and out["through_airflow"] == 1 and out["hosts"] == 2
     # volume follows --night-s and the stand-ins' rate (2 hosts, 3 nights of 1 s: ~6,000 messages here): the soak

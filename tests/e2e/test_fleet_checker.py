@@ -1,20 +1,11 @@
 """The fleet soak's own measurements (bench/fleet.py): a checker that misreads is worse than none."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _fleet():
-    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
-    module = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+from conftest import load_fleet
 
 CHILD = "import time; b = bytearray({mb} << 20); b[::4096] = b'\\1' * len(b[::4096]); time.sleep(0.6)"
 
@@ -23,7 +14,7 @@ def test_a_runs_peak_rss_is_its_own_not_the_soaks():
     """wait4's ru_maxrss of a child started by a large process reads as large as that process (Linux counts the
     address space before the exec): the soak, whose checker had grown to 907 MiB, flagged every small run of a night
     as past its bound. The peak is the run's own tree's, within a few MiB either way."""
-    fleet = _fleet()
+    fleet = load_fleet()
     grown = bytearray(600 << 20)
     grown[::4096] = b"\1" * len(grown[::4096])
     del grown
