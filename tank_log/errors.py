@@ -1,4 +1,4 @@
-"""Every exception tank-log raises on purpose, in one place.
+"""Every exception tank-log raises on purpose, in one place; all derive from `TankLogError`.
 
 - `TankFormatError` and its subclasses: malformed on-disk data, always naming the file and the byte offset (or line);
 - `UsageError` and `JobConfigError`: a bad command line or job configuration (jobs and the CLI exit 2);
@@ -11,7 +11,11 @@ import errno
 import os
 
 
-class TankFormatError(Exception):
+class TankLogError(Exception):
+    """The base of every exception tank-log raises on purpose: `except TankLogError` catches any of them."""
+
+
+class TankFormatError(TankLogError):
     """Malformed TANK data. `path` is the file, `offset` the byte offset (or line number for text files)."""
 
     def __init__(self, message: str, path: str | os.PathLike[str] | None = None, offset: int | None = None):
@@ -51,11 +55,11 @@ class UnrepresentableData(TankFormatError):
     file and offset, instead of wrapping or dropping rows."""
 
 
-class UsageError(Exception):
+class UsageError(TankLogError):
     """A bad command line or path given by the user: jobs and the CLI exit with code 2."""
 
 
-class RunFailed(Exception):
+class RunFailed(TankLogError):
     """A run stopped for a reason its message states (not a bug): jobs report it and exit with code 1."""
 
 
@@ -67,19 +71,19 @@ class NothingMatched(UsageError):
     """A run selected nothing it was asked for: an empty or non-TANK data dir, or a topic that does not exist."""
 
 
-class PartitionLocked(Exception):
+class PartitionLocked(TankLogError):
     """Another tank-log process holds the partition's lock."""
 
 
-class PartitionHeld(Exception):
+class PartitionHeld(TankLogError):
     """Another process (the broker) serves or holds the partition: nothing may change it (docs/FORMAT.md §9 rule 1)."""
 
 
-class PartitionLooksLive(RuntimeError):
+class PartitionLooksLive(TankLogError, RuntimeError):
     """The partition changed too recently: mutating it needs the broker stopped (docs/FORMAT.md §9 rule 1)."""
 
 
-class WindowStepFailed(RuntimeError):
+class WindowStepFailed(TankLogError, RuntimeError):
     """A step of a broker's maintenance window failed (`tank_log.jobs.window`); the message names broker and step."""
 
     def __init__(self, broker: str, step: str, message: str) -> None:
@@ -87,7 +91,7 @@ class WindowStepFailed(RuntimeError):
         self.broker, self.step = broker, step
 
 
-class NeedsAttention(Exception):
+class NeedsAttention(TankLogError):
     """The partition holds something no job may change automatically (e.g. a file name the broker mis-parses)."""
 
 
@@ -101,10 +105,10 @@ def describe_error(err: BaseException) -> str:
     return str(err)
 
 
-class ImportRefused(ValueError):
+class ImportRefused(TankLogError, ValueError):
     """Rows cannot be written into a partition as given: it exists (and appending was not asked for), the rows do not
     continue it, a partition's rows are split over tasks or out of seq order, or they would break §9 rule 3."""
 
 
-class ImportAborted(RuntimeError):
+class ImportAborted(TankLogError, RuntimeError):
     """A writer of an import started after the run was aborted or committed: it stages nothing."""

@@ -11,7 +11,7 @@ import hashlib
 import os
 from typing import TYPE_CHECKING
 
-from tank_log.errors import JobConfigError
+from tank_log.errors import JobConfigError, TankLogError
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 REQUIRED_COLUMNS = ("topic", "partition", "seq")  # what makes a table a tank-log export
 
 
-class TableUnreadable(Exception):
+class TableUnreadable(TankLogError):
     """The Delta table cannot be read (missing, unreachable, not a tank-log export): what it holds is unknown."""
 
 

@@ -33,6 +33,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
+from tank_log.errors import TankLogError
 from tank_log.jobs.planning import select_partitions
 from tank_log.storage.datadir import Partition, last_complete_seq
 from tank_spark.ranges import (
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 Offset = dict[str, int]  # "topic/partition" → next seq to read
 
 
-class DataLost(RuntimeError):
+class DataLost(TankLogError, RuntimeError):
     """Messages were deleted (retention) before the stream read them, and `failOnDataLoss` is true."""
 
 

@@ -14,12 +14,14 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
+from tank_log.errors import TankLogError
+
 log = logging.getLogger("tank_log.job")
 
 STOP_GRACE_S = 60.0  # after Ctrl-C/SIGTERM, how long running partitions may finish before they are cancelled
 
 
-class Interrupted(Exception):
+class Interrupted(TankLogError):
     """The run was stopped (SIGINT, SIGTERM) while partitions ran: `results` has the report entry of every task —
     what finished, and `interrupted` entries for the rest."""
 

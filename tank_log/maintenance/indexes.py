@@ -46,12 +46,16 @@ INDEX_CODES = {
 
 @dataclass(frozen=True)
 class IndexJobOptions(SafetyOptions):
+    """What index maintenance may do beyond verifying: salvage torn RO tails, write missing indexes."""
+
     salvage: bool = False
     rebuild_missing: bool = True  # also write indexes that are missing (the broker would rebuild them on read)
 
 
 @dataclass
 class IndexJobResult(PartitionOutcome):
+    """One partition's index maintenance: the problems found, the actions taken, and what was left unfixed."""
+
     found: list[dict[str, Any]] = field(default_factory=list)
     actions: list[dict[str, Any]] = field(default_factory=list)
     unfixed: list[dict[str, Any]] = field(default_factory=list)
@@ -73,6 +77,8 @@ def rebuild_index_file(
 
 
 def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptions()) -> IndexJobResult:
+    """Verify a partition's indexes against its segments and rebuild (or, with `salvage`, repair) what is wrong,
+    under the partition's lock and the safety checks of `options` (docs/FORMAT.md §4)."""
     res = IndexJobResult(part.topic, part.id, part.path)
     return run_on_partition(
         part.path, "rebuild_indexes", res, lambda r: _maintain(part, options, r), dry_run=options.dry_run

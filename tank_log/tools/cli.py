@@ -133,7 +133,11 @@ def _cmd_repair(args: argparse.Namespace) -> int:
                 with PartitionLock(part.path, "repair"):
                     res = repair_partition(part.path)
         except (PartitionLocked, PartitionHeld, NeedsAttention, OSError) as err:  # reported; the others are repaired
-            kinds = {PartitionLocked: "skipped", PartitionHeld: "skipped", NeedsAttention: "needs-attention"}
+            kinds: dict[type[Exception], str] = {
+                PartitionLocked: "skipped",
+                PartitionHeld: "skipped",
+                NeedsAttention: "needs-attention",
+            }
             action = kinds.get(type(err), "failed")
             print(json.dumps({"path": part.path, "action": action, "reason": describe_error(err)}))
             status = 1

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tank_log.errors import RunFailed
+from tank_log.errors import RunFailed, TankLogError
 from tank_log.jobs.stopping import handling
 from tank_log.lakehouse import app_id, table_id
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
@@ -64,7 +64,7 @@ DETECTED_FILE = ".tank-data-loss-detected.jsonl"  # what the source saw, before 
 COMMIT_ATTEMPTS = 3
 
 
-class StopRequested(Exception):
+class StopRequested(TankLogError):
     """A micro-batch began after the stop was asked for: it wrote nothing, and the next start replays it."""
 
 

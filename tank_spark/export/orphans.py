@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from tank_log.errors import TankLogError
 from tank_spark.export.location import StoredFile, TableLocation
 from tank_spark.export.run_id import COMMIT_KEY, is_run_id, run_of, started_ms
 
@@ -38,7 +39,7 @@ class OrphanSweep:
     dry_run: bool
 
 
-class RunTooOld(Exception):
+class RunTooOld(TankLogError):
     """This run has been going longer than the orphan horizon: another run may already treat its files as
     orphans, so it must not commit them."""
 
