@@ -1,8 +1,13 @@
-"""mkdocs hook: the reference pages generated from the code (tank_log/tools/reference.py) join the site's files."""
+"""mkdocs hook: the reference pages generated from the code (scripts/docs_reference.py) join the site's files."""
+
+import os
+import sys
 
 from mkdocs.structure.files import File
 
-from tank_log.tools.reference import cli_reference, config_reference
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # docs_reference.py, beside this file
+
+from docs_reference import cli_reference, config_reference  # noqa: E402
 
 
 def on_files(files, config):

@@ -29,14 +29,20 @@ ROOT = os.path.dirname(HERE)  # the repository
 FIXTURES = os.path.join(HERE, "data", "fixtures")
 
 
-def load_fleet():
-    """bench/fleet.py (the fleet soak) as a module: its short mode and its checker are tested."""
+def load_script(relpath: str):
+    """A script of the checkout that is not in a package (bench/, scripts/) as a registered module, for its tests."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
-    module = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
+    name = os.path.splitext(os.path.basename(relpath))[0]
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, relpath))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_fleet():
+    """bench/fleet.py (the fleet soak) as a module: its short mode and its checker are tested."""
+    return load_script(os.path.join("bench", "fleet.py"))
 
 
 # every data directory with its ground-truth dump

@@ -4,7 +4,7 @@ import os
 import re
 import subprocess
 
-from conftest import ROOT
+from conftest import ROOT, load_script
 
 
 def test_every_cited_section_of_docs_format_exists():
@@ -65,27 +65,19 @@ def test_no_internal_milestone_names():
 def test_the_generated_references_list_every_option_and_key():
     """The site's command-line reference is generated from the parsers: every option of `tank-log`, of each of its
     commands and of every job is on the page; the configuration reference names every top-level key."""
-    from tank_log.tools.reference import (
-        cli_parsers,
-        cli_reference,
-        config_keys,
-        config_reference,
-        job_parsers,
-        options_of,
-    )
-
-    page = cli_reference()
-    parsers = {**cli_parsers(), **job_parsers()}
+    ref = load_script(os.path.join("scripts", "docs_reference.py"))
+    page = ref.cli_reference()
+    parsers = {**ref.cli_parsers(), **ref.job_parsers()}
     assert len(parsers) >= 16
-    missing = [f"{name} {opt}" for name, p in parsers.items() for opt in options_of(p) if opt not in page]
+    missing = [f"{name} {opt}" for name, p in parsers.items() for opt in ref.options_of(p) if opt not in page]
     assert missing == []
     for name in parsers:
         assert f"### `{name}`" in page
-    conf = config_reference()
+    conf = ref.config_reference()
     from tank_log.jobs.config import TOP_LEVEL_KEYS
     from tank_log.jobs.config.models import Section
 
-    keys = config_keys()
+    keys = ref.config_keys()
     assert [k for k in keys if f"| `{k}` |" not in conf] == []
     assert set(TOP_LEVEL_KEYS) <= set(keys)
     every_field = {f.alias or n for model in Section.__subclasses__() for n, f in model.model_fields.items()}

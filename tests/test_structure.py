@@ -49,3 +49,63 @@ def test_no_import_cycles():
         if m not in state:
             visit(m, [m])
     assert cycles == []
+
+
+# docs/ARCHITECTURE.md's layers, bottom to top: a module imports only from its own layer or those below
+LAYERS = {
+    "tank_log.errors": 0,
+    "tank_log.problems": 0,
+    "tank_log.format": 1,
+    "tank_log.storage": 2,
+    "tank_log.maintenance": 3,
+    "tank_log.lakehouse": 3,
+    "tank_log.jobs": 4,
+    "tank_log.tools": 5,
+    "tank_log.metrics": 5,
+    "tank_log": 5,  # the package's curated API (its names load lazily)
+    "tank_spark": 6,
+}
+
+
+def _layer(module: str) -> int | None:
+    owners = [k for k in LAYERS if module == k or module.startswith(k + ".")]
+    return LAYERS[max(owners, key=len)] if owners else None
+
+
+def layer_violations(path: str, module: str) -> list[str]:
+    """Every import in the file, at any depth (function-local and TYPE_CHECKING ones too), of a higher layer."""
+    own = _layer(module)
+    out = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module]
+        else:
+            continue
+        for target in targets:
+            theirs = _layer(target)
+            if own is not None and theirs is not None and theirs > own:
+                out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {module} imports {target}")
+    return out
+
+
+def test_every_import_respects_the_layers():
+    found = []
+    for pkg in ("tank_log", "tank_spark"):
+        for d, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(d, f)
+                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                    found += layer_violations(path, module)
+    assert found == []
+
+
+def test_the_layer_check_sees_a_function_local_import(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("def f():\n    from tank_spark.entry_points import job_path\n    return job_path\n")
+    assert layer_violations(str(path), "tank_log.tools.cli") == [
+        f"{os.path.relpath(path, ROOT)}:2: tank_log.tools.cli imports tank_spark.entry_points"
+    ]
+    assert layer_violations(str(path), "tank_spark.runner") == []

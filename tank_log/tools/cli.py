@@ -18,6 +18,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from tank_log.errors import PartitionHeld, TankFormatError, UsageError  # noqa: E402
 from tank_log.jobs.allocator import reuse_freed_buffers  # noqa: E402
+from tank_log.jobs.entry_points import NAMES as JOB_NAMES  # noqa: E402
+from tank_log.jobs.entry_points import job_path  # noqa: E402
 from tank_log.jobs.guard_flags import add_keep_unexported  # noqa: E402
 
 if TYPE_CHECKING:
@@ -300,8 +302,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_job_path(args: argparse.Namespace) -> int:
-    from tank_spark.entry_points import job_path
-
     print(job_path(args.job))
     return 0
 
@@ -433,9 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
-    from tank_spark.entry_points import NAMES  # no Spark in it: the entry points' names and paths
-
-    p.add_argument("job", choices=NAMES, help="job")
+    p.add_argument("job", choices=JOB_NAMES, help="job")
     p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("config", help="the job configuration: its JSON Schema, or a file checked and shown in full")

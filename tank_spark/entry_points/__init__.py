@@ -3,16 +3,10 @@
     python -m tank_spark.entry_points.compact --data-dir PATH ...              # local Spark
     spark-submit $(tank-log job-path compact) --data-dir PATH ...      # any master
 
-`jobs/*.py` in a source checkout are the same entry points for spark-submit without an install.
+`jobs/*.py` in a source checkout are the same entry points for spark-submit without an install. Their names and
+paths are `tank_log.jobs.entry_points` (the command line needs them without Spark).
 """
 
-import os
+from tank_log.jobs.entry_points import NAMES, job_path
 
-NAMES = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")  # the modules here
-
-
-def job_path(name: str) -> str:
-    """The file spark-submit runs for job `name` (one of NAMES)."""
-    if name not in NAMES:
-        raise ValueError(f"unknown job {name!r} (jobs: {', '.join(NAMES)})")
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+__all__ = ["NAMES", "job_path"]

@@ -1,5 +1,8 @@
-"""The docs site's reference pages, generated from the code at build time (never copied by hand): every option of
-`tank-log` and of every job from their argument parsers, and the job configuration from `tank_log/jobs/config.py`."""
+"""The docs site's reference pages, generated from the code when the site is built (never copied by hand): every
+option of `tank-log` and of every job from their argument parsers, and the job configuration from its models.
+
+Part of the docs' build (scripts/mkdocs_hooks.py loads it), not of the library: it imports both tank_log and
+tank_spark, which the library itself never does."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from typing import Any
 from tank_log.jobs import config
 
 PIPE = "\\|"  # a literal | inside a Markdown table cell
-JOBS = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")
 
 
 def job_parsers() -> dict[str, argparse.ArgumentParser]:
