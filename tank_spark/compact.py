@@ -7,21 +7,16 @@ import argparse
 from typing import Any
 
 from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
+from tank_log.jobs.flags import add_broker_stopped, add_compaction_rules, add_force
 from tank_log.jobs.planning import Plan
 from tank_spark.context import JobContext
-from tank_spark.job_options import add_broker_stopped, add_force
 from tank_spark.runner import run_partition_job
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
     add_force(p)
     add_broker_stopped(p)
-    p.add_argument(
-        "--tombstone-retention",
-        metavar="DURATION",
-        help="drop tombstones older than this (by message ts), e.g. 7days — beyond the broker's rules",
-    )
-    p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
+    add_compaction_rules(p)
 
 
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Plan:

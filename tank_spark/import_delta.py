@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from tank_log.errors import JobConfigError
 from tank_log.format.arrow import skip_pandas_detection
+from tank_log.jobs.flags import add_storage_option
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.fsutil import fsync_dir
 from tank_log.storage.holders import held_reason, holders
@@ -77,7 +78,7 @@ Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", help="the Delta table to import: a path or URI (default export.table)")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE", help="as for the export")
+    add_storage_option(p, "--table")
     p.add_argument(
         "--append",
         action="store_true",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from tank_log import __version__
 from tank_log.errors import UsageError
+from tank_log.jobs.flags import add_metrics_file
 
 if TYPE_CHECKING:
     pass
@@ -34,12 +35,7 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--topics", metavar="T1,T2", help="only these topics")
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change nothing")
     p.add_argument("--report", metavar="FILE.json", help="write the JSON run report here")
-    p.add_argument(
-        "--metrics-file",
-        metavar="FILE.prom",
-        help="write the run's Prometheus metrics here, atomically (node_exporter's textfile collector); "
-        "default: the config's metrics_file",
-    )
+    add_metrics_file(p, default="; default: the config's metrics_file")
     p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
     p.add_argument(
         "--in-driver-max-bytes",
@@ -55,32 +51,3 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
         help="Spark's own log level, from its start-up on (default WARN: no INFO lines before the job's output)",
     )
     return p
-
-
-def add_broker_stopped(p: argparse.ArgumentParser) -> None:
-    """`--broker-stopped` of the mutating jobs (read by `build_context`)."""
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, §9)",
-    )
-
-
-def add_force(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
-
-
-def add_salvage(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--salvage",
-        action="store_true",
-        help="cut torn tails after the last complete bundle (cut bytes kept in a .-prefixed side file)",
-    )
-
-
-def add_time_basis(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--time-basis",
-        choices=("name", "message"),
-        help="retention ages from the name's ts (the broker's rule) or the newest message ts (Kafka's rule)",
-    )

@@ -7,11 +7,17 @@ from __future__ import annotations
 import argparse
 
 from tank_log.jobs.compaction import apply_flags
-from tank_log.jobs.guard_flags import add_keep_unexported, apply_guard_flags
+from tank_log.jobs.flags import (
+    add_broker_stopped,
+    add_force,
+    add_keep_unexported,
+    add_salvage,
+    add_time_basis,
+    apply_guard_flags,
+)
 from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks, summarize
 from tank_log.jobs.planning import Plan
 from tank_spark.context import JobContext
-from tank_spark.job_options import add_broker_stopped, add_force, add_salvage, add_time_basis
 from tank_spark.runner import run_partition_job
 
 

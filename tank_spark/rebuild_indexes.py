@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tank_log.jobs.flags import add_broker_stopped, add_salvage
 from tank_log.jobs.indexes import plan_index_run
 from tank_log.jobs.planning import Plan
 from tank_spark.context import JobContext
-from tank_spark.job_options import add_broker_stopped, add_salvage
 from tank_spark.runner import run_partition_job
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tank_log.jobs.guard_flags import add_keep_unexported, apply_guard_flags
+from tank_log.jobs.flags import add_broker_stopped, add_keep_unexported, add_time_basis, apply_guard_flags
 from tank_log.jobs.planning import Plan
 from tank_log.jobs.retention import clamp_cleanup_marks, plan_retention_run
 from tank_spark.context import JobContext
-from tank_spark.job_options import add_broker_stopped, add_time_basis
 from tank_spark.runner import run_partition_job
 
 

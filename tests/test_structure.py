@@ -109,3 +109,25 @@ def test_the_layer_check_sees_a_function_local_import(tmp_path):
         f"{os.path.relpath(path, ROOT)}:2: tank_log.tools.cli imports tank_spark.entry_points"
     ]
     assert layer_violations(str(path), "tank_spark.runner") == []
+
+
+# flags that mean something of their own in each command, so each command declares them (with its own help)
+PER_COMMAND_FLAGS = {"--config", "--dry-run", "--topics", "--version", "--table"}
+
+
+def test_each_shared_flag_is_declared_once():
+    """A flag several commands share is declared in one place (tank_log/jobs/flags.py), so its help cannot drift."""
+    where: dict[str, set[str]] = {}
+    for pkg in ("tank_log", "tank_spark"):
+        for d, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(d, f)
+                for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+                    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                        for arg in node.args:
+                            if isinstance(arg, ast.Constant) and str(arg.value).startswith("--"):
+                                where.setdefault(arg.value, set()).add(os.path.relpath(path, ROOT))
+    twice = {flag: sorted(paths) for flag, paths in where.items() if len(paths) > 1 and flag not in PER_COMMAND_FLAGS}
+    assert twice == {}

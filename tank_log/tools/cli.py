@@ -20,7 +20,15 @@ from tank_log.errors import PartitionHeld, TankFormatError, UsageError  # noqa: 
 from tank_log.jobs.allocator import reuse_freed_buffers  # noqa: E402
 from tank_log.jobs.entry_points import NAMES as JOB_NAMES  # noqa: E402
 from tank_log.jobs.entry_points import job_path  # noqa: E402
-from tank_log.jobs.guard_flags import add_keep_unexported  # noqa: E402
+from tank_log.jobs.flags import (  # noqa: E402
+    add_broker_stopped,
+    add_compaction_rules,
+    add_force,
+    add_keep_unexported,
+    add_metrics_file,
+    add_salvage,
+    add_storage_option,
+)
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
@@ -178,7 +186,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.compaction import apply_flags
     from tank_log.jobs.config import load_job_config
-    from tank_log.jobs.guard_flags import apply_guard_flags
+    from tank_log.jobs.flags import apply_guard_flags
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
 
     _require_base_path(args.path)
@@ -306,14 +314,6 @@ def _cmd_job_path(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_metrics_file(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--metrics-file",
-        metavar="FILE.prom",
-        help="also write Prometheus metrics here, atomically (node_exporter's textfile collector)",
-    )
-
-
 def _add_processes(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--processes",
@@ -370,10 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TABLE",
         help="also the lag of this Delta table (an export of the path) behind each partition: messages and seconds",
     )
-    p.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE", help="for --export-table, as the export's"
-    )
-    _add_metrics_file(p)
+    add_storage_option(p, "--export-table")
+    add_metrics_file(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
 
@@ -387,20 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML job configuration (its compaction section applies)")
     p.add_argument("--topics", type=_topics, metavar="T1,T2", help="only these topics (each must exist)")
     p.add_argument("--dry-run", action="store_true", help="print what would be compacted; change nothing")
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
-    p.add_argument(
-        "--broker-stopped",
-        action="store_true",
-        help="the broker is stopped (required to mutate partitions that changed recently, docs/FORMAT.md §9)",
-    )
-    p.add_argument(
-        "--tombstone-retention",
-        metavar="DURATION",
-        help="drop tombstones older than this (by message ts), e.g. 7days — beyond the broker's rules",
-    )
-    p.add_argument("--drop-keyless", action="store_true", help="drop keyless messages (Kafka's behaviour)")
+    add_force(p)
+    add_broker_stopped(p)
+    add_compaction_rules(p)
     _add_processes(p)
-    _add_metrics_file(p)
+    add_metrics_file(p)
     p.set_defaults(func=_cmd_compact)
 
     p = sub.add_parser(
@@ -410,12 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML job configuration (its compaction and retention sections)")
     p.add_argument("--topics", type=_topics, metavar="T1,T2", help="only these topics (each must exist)")
     p.add_argument("--dry-run", action="store_true", help="print what each step would do; change nothing")
-    p.add_argument("--broker-stopped", action="store_true", help="the broker is stopped (§9 rule 1; still checked)")
-    p.add_argument("--salvage", action="store_true", help="cut torn tails (cut bytes kept in a side file)")
-    p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")
+    add_broker_stopped(p)
+    add_salvage(p)
+    add_force(p)
     add_keep_unexported(p)
     _add_processes(p)
-    _add_metrics_file(p)
+    add_metrics_file(p)
     p.set_defaults(func=_cmd_maintain)
 
     p = sub.add_parser("rebuild-index", help="write the index of one segment (atomically)")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
+from tank_log.jobs.flags import add_storage_option
 from tank_log.lakehouse import recorded_version, storage_options
 from tank_spark.export.location import TableLocation
 from tank_spark.export.upkeep import check_vacuum_retention
@@ -81,14 +82,7 @@ class ExportSettings:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", help="the Delta table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
-    p.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="an object-store option as delta-rs names it (repeatable; over export.storage_options), e.g. "
-        "AWS_ENDPOINT_URL=http://127.0.0.1:9000; credentials are better left to the environment",
-    )
+    add_storage_option(p, "--table")
     p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
     p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
