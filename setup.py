@@ -1,4 +1,5 @@
-"""Builds the optional compiled codec core (`tank_log/format/_native.pyx`); everything else is in pyproject.toml.
+"""Builds the optional compiled core, one module per concern beside the pure-Python code it speeds up (`COMPILED`);
+everything else is in pyproject.toml.
 
 As with pyiceberg's Avro decoder, the compiled core is a fast path, not a requirement: when it cannot be built (no C
 compiler), the install still succeeds and tank-log runs on its pure-Python codec (`tank_log.format.native` says
@@ -31,9 +32,15 @@ class OptionalBuildExt(build_ext):
         print(f"WARNING: tank-log's compiled core was not built ({err}); the pure-Python codec will be used")
 
 
+COMPILED = {
+    "tank_log.format._codec": "tank_log/format/_codec.pyx",  # the walk, decode, encoders, Arrow gather (§3)
+    "tank_log.tools._dump_lines": "tank_log/tools/_dump_lines.pyx",  # `tank-log dump`'s JSON lines
+    "tank_log.maintenance.compaction._key_map": "tank_log/maintenance/compaction/_key_map.pyx",  # the key map (§6.2)
+}
+
 setup(
     ext_modules=cythonize(
-        [Extension("tank_log.format._native", ["tank_log/format/_native.pyx"])],
+        [Extension(name, [path]) for name, path in COMPILED.items()],
         compiler_directives={"language_level": "3"},
     ),
     cmdclass={"build_ext": OptionalBuildExt},

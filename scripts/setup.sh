@@ -9,9 +9,13 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.tank-log-installed
-want=$(cat pyproject.toml setup.py tank_log/format/_native.pyx | sha256sum | cut -d' ' -f1)
-built=$(ls tank_log/format/_native.*.so 2>/dev/null || true)
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ -z "$built" ]; then
+pyx=$(find tank_log -name '*.pyx' | sort)
+want=$(cat pyproject.toml setup.py $pyx | sha256sum | cut -d' ' -f1)
+missing=0
+for f in $pyx; do
+    ls "${f%.pyx}".*.so >/dev/null 2>&1 || missing=1
+done
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ "$missing" = 1 ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     TANK_LOG_REQUIRE_NATIVE=1 .venv/bin/python -m pip install --quiet -e ".[dev,airflow]"
     echo "$want" > "$stamp"

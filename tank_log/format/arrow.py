@@ -17,6 +17,11 @@ import pyarrow as pa
 from tank_log.format import native
 from tank_log.format.messages import MessageColumns
 
+try:
+    from tank_log.format import _codec
+except ImportError:  # not built (no C compiler at install), or not for this Python: the pure-Python code runs
+    native.failed("tank_log.format._codec")
+
 MESSAGE_SCHEMA = pa.schema(
     [
         pa.field("seq", pa.uint64(), nullable=False),
@@ -62,8 +67,11 @@ def _gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray 
     n = len(off)
     if n == 0:
         return pa.array([], pa.binary())
-    core = native.core()
-    got = None if core is None else core.gather_spans(data, np.ascontiguousarray(off), np.ascontiguousarray(length))
+    got = (
+        _codec.gather_spans(data, np.ascontiguousarray(off), np.ascontiguousarray(length))
+        if native.compiled()
+        else None
+    )
     if got is not None:  # one copy into a buffer of the exact size
         offsets, values = got
         validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))

@@ -22,6 +22,11 @@ from tank_log.format.messages import Message as Message  # re-exported: the form
 from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U32_MAX, U64_MAX, decode_varint, encode_varint
 
+try:
+    from tank_log.format import _codec
+except ImportError:  # not built (no C compiler at install), or not for this Python: the pure-Python code runs
+    native.failed("tank_log.format._codec")
+
 # bundle flags (§3.3): codec in bits 0-1, 4-bit count in bits 2-5 (0 = a varint count follows), sparse bit 6
 CODEC_MASK = 0x03
 COUNT_SHIFT = 2
@@ -170,10 +175,9 @@ def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
     Raises:
         ValueError: a key over 255 bytes, or seqs not increasing / a gap of 2**32 or more (§3.5, §3.6).
     """
-    core = native.core()
-    if core is not None:
+    if native.compiled():
         try:
-            encoded: bytes | None = core.encode_message_set(messages, sparse)
+            encoded: bytes | None = _codec.encode_message_set(messages, sparse)
         except (OverflowError, TypeError):  # a ts outside u64 or a non-bytes field: the pure encoder says which
             encoded = None
         if encoded is not None:
@@ -222,9 +226,8 @@ def _encode_message_set_pure(messages: Sequence[Message], sparse: bool) -> bytes
 def encode_message_set_columns(cols: MessageColumns, sparse: bool) -> bytes:
     """`encode_message_set` of messages given as columns over `cols.data`: the same bytes (compiled core, or the
     pure encoder over Message tuples)."""
-    core = native.core()
-    if core is not None:
-        encoded: bytes | None = core.encode_columns(
+    if native.compiled():
+        encoded: bytes | None = _codec.encode_columns(
             cols.data, cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len, sparse
         )
         if encoded is not None:
@@ -325,9 +328,8 @@ def frame_bundles(
     Raises:
         ValueError: as `encode_bundle`.
     """
-    core = native.core()
-    if core is not None:
-        got = core.encode_bundles(
+    if native.compiled():
+        got = _codec.encode_bundles(
             cols.data,
             cols.seq,
             cols.ts,
@@ -341,7 +343,7 @@ def frame_bundles(
             block_codec(Codec.SNAPPY).compress,
         )
         if got is not None:
-            return got  # type: ignore[no-any-return]
+            return got
     parts = []
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         rows = cols.slice(lo, hi)

@@ -6,7 +6,7 @@ Two stages:
 2. `decode_messages` — decodes the messages (§3.5) of all collected bundles at once with numpy: every bundle is
    advanced by one message per step ("lockstep"), so the Python cost is per step, not per message.
 
-Both stages run on the compiled core (`_native.pyx`) when it is built, else on the pure-Python code below; see
+Both stages run on the compiled core (`_codec.pyx`) when it is built, else on the pure-Python code below; see
 `format.native`. The compiled core only detects malformed input: the pure code then re-reads it and raises, so the
 errors (and their messages) are the same on both paths.
 
@@ -42,6 +42,11 @@ from tank_log.format.bundle import (
 from tank_log.format.codecs import CODECS
 from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U64_MAX, decode_varint
+
+try:
+    from tank_log.format import _codec
+except ImportError:  # not built (no C compiler at install), or not for this Python: the pure-Python code runs
+    native.failed("tank_log.format._codec")
 
 # Reads of one message step can run at most 1+5+8+1+255+5 bytes past a message set's end before the overrun check.
 _PAD = b"\0" * 512
@@ -162,12 +167,11 @@ def walk_bundles(
     that brings the collected messages to this many, so what is decoded at once stays bounded on any input (a
     bundle's count is checked against its message set's size first).
     """
-    core = native.core()
-    if core is None:
+    if not native.compiled():
         with _gc_paused():
             raw = _walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
     else:
-        raw = core.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
+        raw = _codec.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
         if raw[4] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
             _walk(buf, raw[2], raw[3], collect, None, None, max_messages)
             raise AssertionError(f"the compiled walk rejects the bundle at {raw[2]}, the pure walk does not")
@@ -207,9 +211,8 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
     mv = memoryview(buf)
     pick = rows.astype(np.int64, copy=False)
     sub = table.take(pick)
-    core = native.core()
-    if core is not None:
-        got = core.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
+    if native.compiled():
+        got = _codec.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
         if isinstance(got, int):
             _raise_first_error(table, pick, sub, got)
         sub.data, sub.set_starts, sub.set_ends = got
@@ -421,14 +424,13 @@ def decode_messages(table: BundleTable) -> MessageColumns:
 
 def _decode(table: BundleTable) -> MessageColumns | None:
     """The columns, or None for a malformed message set."""
-    core = native.core()
-    if core is None:
+    if not native.compiled():
         try:
             return _decode_pure(table)
         except TankFormatError:
             return None
     assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
-    cols = core.decode(
+    cols = _codec.decode(
         table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
     )
     if cols is None:

@@ -18,6 +18,11 @@ from tank_log.storage.datadir import Unread, classify_path, scan_partitions
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment, Tail
 
+try:
+    from tank_log.tools import _dump_lines
+except ImportError:  # not built (no C compiler at install), or not for this Python: the pure-Python code runs
+    native.failed("tank_log.tools._dump_lines")
+
 _PRINTABLE = bytes(range(0x20, 0x7F))
 
 log = logging.getLogger(__name__)
@@ -67,7 +72,7 @@ def _formatted(blocks: Iterator[Block]) -> Iterator[bytes | bytearray]:
     """The lines of each block, in order. With the compiled core, whose formatting releases the GIL, a chunk is
     formatted on a second thread while this one decodes the next (across segments and partitions) and the caller
     writes the last: a dump takes about as long as its formatting alone (bench/RESULTS.md, "tank-log dump")."""
-    if native.core() is None:
+    if not native.compiled():
         for block in blocks:
             yield block if isinstance(block, bytes) else json_lines(*block)
         return
@@ -99,9 +104,8 @@ def json_lines(prefix: str, c: MessageColumns, out: bytearray | None = None) -> 
     """One JSON line per message, `prefix` + seq + ts, key, value: the text `json.dumps` gives for the record dict
     (a missing key dumps as an empty one), in ASCII. Built in bulk by the compiled core when it is there, into `out`
     when given (a buffer reused keeps its memory: no page faults for every chunk's lines)."""
-    core = native.core()
-    if core is not None:
-        return core.json_lines(  # type: ignore[no-any-return]
+    if native.compiled():
+        return _dump_lines.json_lines(
             prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len, out
         )
     lines = []

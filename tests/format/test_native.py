@@ -1,5 +1,6 @@
-"""The compiled codec core (tank_log/format/_native.pyx) against the pure-Python one: the same columns, bytes and
-errors on valid, mutated and random input, and the switch between them."""
+"""The compiled core (tank_log/format/_codec.pyx, tools/_dump_lines.pyx, maintenance/compaction/_key_map.pyx)
+against the pure-Python code: the same columns, bytes and errors on valid, mutated and random input, and the switch
+between them."""
 
 import os
 import random
@@ -27,6 +28,7 @@ from tank_log.format.bundle import (
     messages_of,
 )
 from tank_log.format.decode import collect_bundles, decode_messages, walk_bundles
+from tank_log.maintenance.compaction import _key_map
 
 
 def outcome(buf: bytes, next_seq: int = 1, **kwargs) -> tuple:
@@ -146,7 +148,7 @@ def test_seqs_up_to_two_to_the_64():
 
 
 def test_snappy_sets_on_both_sides_of_the_compiled_decoders_limit():
-    """Small Snappy sets are decoded by the walk's own decoder, large ones by cramjam (_native.pyx SNAPPY_HERE_MAX,
+    """Small Snappy sets are decoded by the walk's own decoder, large ones by cramjam (_codec.pyx SNAPPY_HERE_MAX,
     4096 bytes): sets of every size around the limit, valid and damaged, read the same on both cores."""
     rng = random.Random(7)
     for size in range(4070, 4130, 3):
@@ -186,8 +188,9 @@ def test_encoding_from_columns_is_identical(msgs, sparse):
 
 def test_encoding_from_columns_outside_the_buffer_is_left_to_the_pure_encoder():
     cols = decode_messages(walk_bundles(frame(encode_bundle([Message(1, 0, b"k", b"v")], sparse=False)), 0, 1).table)
-    core = native.core()
-    assert core is not None
+    assert native.compiled()
+    from tank_log.format import _codec as core
+
     for field, value in (("key_off", len(cols.data)), ("val_len", len(cols.data) + 1), ("key_len", 256)):
         bad = cols.slice(0, 1)
         setattr(bad, field, getattr(bad, field) + value)
@@ -321,7 +324,7 @@ def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget
     keys = [None if rng.random() < 0.1 else rng.choice(pool) for _ in range(count)]
     args = _keys_at_odd_offsets(keys, rng)
     ords = np.arange(count, dtype=np.uint64) * 3 + 7
-    compiled, pure = native.core().KeyMap(budget), PureKeyMap(budget * 30)  # the pure map charges more per key
+    compiled, pure = _key_map.KeyMap(budget), PureKeyMap(budget * 30)  # the pure map charges more per key
     taken = compiled.add(*args, ords)
     assert compiled.nbytes <= budget
     assert pure.add(*(a[:taken] if i else a for i, a in enumerate(args)), ords[:taken]) == taken
@@ -380,7 +383,7 @@ def test_the_compiled_key_map_refuses_keys_outside_the_data():
         key_off[bad_row] = len(data) - 1  # 2 bytes from the last byte: one past the end
         key_len = np.full(12, 2, np.int64)
         ords = np.arange(12, dtype=np.uint64)
-        m = native.core().KeyMap(1 << 20)
+        m = _key_map.KeyMap(1 << 20)
         m.add(data, np.array([0], np.int64), np.array([2], np.int64), np.array([0], np.uint64))
         with pytest.raises(ValueError, match="key outside the data"):
             m.add(data, key_off, key_len, ords)
@@ -456,9 +459,9 @@ def _snappy_outcome(block: bytes, size: int) -> tuple[bool, bytes]:
         ok = False
     theirs = (ok, bytes(out) if ok else b"")
     mine = bytearray(size)
-    from tank_log.format import _native
+    from tank_log.format import _codec
 
-    ok = _native.snappy_raw_into(block, mine)
+    ok = _codec.snappy_raw_into(block, mine)
     return theirs, (ok, bytes(mine) if ok else b"")
 
 
@@ -510,3 +513,12 @@ def test_the_compiled_snappy_decoder_accepts_and_rejects_what_cramjam_does(data,
         return
     theirs, mine = _snappy_outcome(bytes(block), max(0, claim + size_change))
     assert mine == theirs
+
+
+def test_the_command_line_and_the_jobs_run_the_compiled_core():
+    """Whichever module is imported first, the compiled core is found (a half-initialised package at the decision
+    would silently fall back to the pure-Python code: same output, several times slower)."""
+    for first in ("tank_log.tools.cli", "tank_log.maintenance.compaction", "tank_log.tools.dump", "tank_spark.compact"):
+        code = f"import {first}; from tank_log.format import native; print(native.name())"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "native", first

@@ -42,7 +42,7 @@ def test_a_bucket_whose_keys_do_not_fit_is_split_and_every_key_keeps_its_latest_
         spill.finish()
         bits = Bits()
         bits.reserve(len(keys))
-        budget = 20_000 if native.core() is not None else 100_000  # a fifth of what the keys take in one map
+        budget = 20_000 if native.compiled() else 100_000  # a fifth of what the keys take in one map
         found, largest = mark_latest(spill, budget, bits, len(keys))
     finally:
         spill.remove()

@@ -16,11 +16,16 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from typing import Any, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 import numpy as np
 
 from tank_log.format import native
+
+try:
+    from tank_log.maintenance.compaction import _key_map
+except ImportError:  # not built (no C compiler at install), or not for this Python: the pure-Python code runs
+    native.failed("tank_log.maintenance.compaction._key_map")
 
 Buffer: TypeAlias = bytes | memoryview  # what messages or key records are read from
 
@@ -100,15 +105,13 @@ class PureKeyMap:
 
 def new_key_map(budget: int, wide: bool = False) -> KeyMap:
     """A key map within `budget` bytes; `wide` for inputs of 2**32 messages or more (5-byte ordinals)."""
-    core: Any = native.core()
-    return core.KeyMap(budget, wide) if core is not None else PureKeyMap(budget, wide)
+    return _key_map.KeyMap(budget, wide) if native.compiled() else PureKeyMap(budget, wide)
 
 
 def key_hashes(data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
     """Each message's key hash (uint64; 0 for a keyless one): what the spill's buckets are chosen by."""
-    core: Any = native.core()
-    if core is not None:
-        return core.key_hashes(data, key_off, key_len)  # type: ignore[no-any-return]
+    if native.compiled():
+        return _key_map.key_hashes(data, key_off, key_len)
     out = np.zeros(len(key_off), dtype=np.uint64)
     for i, (off, n) in enumerate(zip(key_off.tolist(), key_len.tolist(), strict=True)):
         if off >= 0:
@@ -119,9 +122,8 @@ def key_hashes(data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.nda
 
 def pack_records(data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray) -> bytes:
     """The key records of messages `rows` (keyed ones), in that order."""
-    core: Any = native.core()
-    if core is not None:
-        return core.pack_records(data, key_off, key_len, ords, rows.astype(np.int64))  # type: ignore[no-any-return]
+    if native.compiled():
+        return _key_map.pack_records(data, key_off, key_len, ords, rows.astype(np.int64))
     parts = []
     for r in rows.tolist():
         off, n, o = int(key_off[r]), int(key_len[r]), int(ords[r])
@@ -134,9 +136,8 @@ def pack_records(data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: n
 def unpack_records(data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The complete key records at the start of `data`: (key_off, key_len, ords, end); a record cut at the end of
     `data` is left for the next read (it starts at `end`)."""
-    core: Any = native.core()
-    if core is not None:
-        return core.unpack_records(data)  # type: ignore[no-any-return]
+    if native.compiled():
+        return _key_map.unpack_records(data)
     offs, lens, ords = [], [], []
     p, size = 0, len(data)
     while p + RECORD_HEAD <= size and p + RECORD_HEAD + data[p] <= size:

@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def pass_chunk_bytes() -> int:
     """What one pass decodes at once: 1 MiB on the compiled core (small: a pass holds little besides the key map);
     16 MiB on the pure-Python one, whose vectorised decoder pays per step and needs big chunks to be fast."""
-    return 1 << 20 if native.core() is not None else 16 << 20
+    return 1 << 20 if native.compiled() else 16 << 20
 
 
 def dirty_ratio(part: Partition, mark: int) -> float:
