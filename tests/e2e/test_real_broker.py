@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import DATASETS, copy_tree, data_dir
+from conftest import DATASETS, copy_tree, data_dir, run_job_script
 from real_broker import Consumed, RealBroker, binaries, consume_all, dump, partitions, served_copy
 
 from tank_log.format.bundle import Message, SnappyPolicy
@@ -182,32 +182,25 @@ def test_import_output(tmp_path):
     """jobs/import_delta.py from a Delta table jobs/export_delta.py wrote (A_multi's `events`, `seqgap`, `small`),
     then --append after new messages that continue the counter and after a seq gap: served as dumped; the broker
     continues every partition's seqs."""
-    from test_job_export import roll_and_append
-    from test_job_export import run_job as run_export
-    from test_job_import import run_import
-
     src = copy_tree(data_dir("A_multi"), str(tmp_path / "src"))
     table, dst = str(tmp_path / "table"), str(tmp_path / "dst")
     exp = ["--data-dir", src, "--table", table, "--topics", "events,seqgap,small"]
     imp = ["--data-dir", dst, "--table", table]
-    r = run_export(*exp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_import(*imp)
-    assert r.returncode == 0, r.stderr[-3000:]
-    roll_and_append(src, "events", 30)
-    for part in partitions_at(src, ["seqgap"]):  # a new active segment 100 seqs above the last message
+    for job, args in (("export_delta", exp), ("import_delta", imp)):
+        r = run_job_script(job, *args, where="driver")
+        assert r.returncode == 0, r.stderr[-3000:]
+    # what the broker does at a roll, then new messages: continuing the counter (events), after a gap (seqgap)
+    for part in partitions_at(src, ["events", "seqgap"]):
         a = part.active
+        assert a is not None
         last = max(m.seq for m in a.messages())
         os.rename(a.path, os.path.join(part.path, f"{a.base}-{last}_{a.name.ts}.ilog"))
-        write_segment(
-            part.path,
-            [Message(last + 100 + i, 1_800_000_000_000 + i, b"k", b"after-gap-%d" % i) for i in range(12)],
-            active=True,
-            ts=1_800_000_000,
-        )
-    assert run_export(*exp).returncode == 0
-    r = run_import(*imp, "--append")
-    assert r.returncode == 0, r.stderr[-3000:]
+        first = last + (1 if part.topic == "events" else 100)
+        new = [Message(first + i, 1_800_000_000_000 + i, b"k", b"appended-%d" % i) for i in range(12)]
+        write_segment(part.path, new, active=True, ts=1_800_000_000)
+    for job, args in (("export_delta", exp), ("import_delta", [*imp, "--append"])):
+        r = run_job_script(job, *args, where="driver")
+        assert r.returncode == 0, r.stderr[-3000:]
     assert verify_path(dst) == []
     want = {k: v for k, v in dump(src).items() if k[0] in ("events", "seqgap", "small")}
     assert dump(dst) == want
