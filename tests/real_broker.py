@@ -28,6 +28,11 @@ from dataclasses import dataclass
 TANK_LOG = os.path.join(os.path.dirname(sys.executable), "tank-log")
 
 
+# what the broker prints before it aborts or exits on bad data (an assertion, §3.11's torn tail, §2.6's index entry
+# past the end of the log)
+FATAL_MARKS = ("Assertion", "Likely corrupt", "Dataset corruption", "Aborting", "Implementation Missing")
+
+
 @dataclass(frozen=True)
 class Consumed:
     """One message as a client sees it: `key` b"" when it has none."""
@@ -124,10 +129,13 @@ class RealBroker:
                 self._log_text = fh.read().decode("utf-8", "replace")
         return self._log_text
 
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGINT (the broker's clean shutdown) to its process group, SIGKILL after `timeout`; its exit code
-        (negative: the signal that ended it, -6 = an abort)."""
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGINT (the broker's clean shutdown) to its process group, SIGKILL after `timeout` (at once when it
+        printed a fatal message: it hangs); its exit code (negative: the signal that ended it, -6 = an abort)."""
         if self.proc is not None:
+            if self.proc.poll() is None and self.fatal() is not None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
             if self.proc.poll() is None:
                 try:
                     os.killpg(self.proc.pid, signal.SIGINT)
@@ -151,19 +159,39 @@ class RealBroker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def fatal(self) -> str | None:
+        """Why the broker can serve no more: it exited, or it printed a fatal message and hangs (it may hang inside
+        `exit()`, §3.11)."""
+        if not self.alive():
+            return f"the broker exited with {self.proc.poll() if self.proc else self.returncode}"
+        text = self.log()
+        for line in text.splitlines():
+            if any(mark in line for mark in FATAL_MARKS):
+                return f"the broker printed {line.strip()!r}"
+        return None
+
     def _cli(self, args: list[str], timeout: float) -> bytes:
         cmd = [self.tank_cli, "-b", self.endpoint, *args]
-        try:
-            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            raise BrokerFailed(f"{' '.join(cmd)}: no answer in {timeout} s\nbroker:\n{self.log()}") from e
-        if done.returncode != 0 or not self.alive():
-            state = "alive" if self.alive() else f"dead ({self.proc.poll() if self.proc else None})"
-            raise BrokerFailed(
-                f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.decode('utf-8', 'replace')[-2000:]}\n"
-                f"broker {state}:\n{self.log()[-4000:]}"
-            )
-        return done.stdout
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            cli = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            deadline = time.monotonic() + timeout
+            why = None
+            while cli.poll() is None:
+                why = self.fatal() or (f"no answer in {timeout} s" if time.monotonic() > deadline else None)
+                if why is not None:
+                    cli.kill()
+                    cli.wait()
+                    break
+                time.sleep(0.05)
+            why = why or self.fatal()
+            out.seek(0)
+            err.seek(0)
+            if cli.returncode != 0 or why is not None:
+                raise BrokerFailed(
+                    f"{' '.join(cmd)} exited {cli.returncode}: {err.read().decode('utf-8', 'replace')[-2000:]}\n"
+                    f"{why or 'the broker still runs'}; its output:\n{self.log()[-4000:]}"
+                )
+            return out.read()
 
     def consume(self, topic: str, partition: int, *, start: int = 0, timeout: float = 120.0) -> list[Consumed]:
         """Every message of the partition from `start` (0: the first available, §4.4) until drained, through

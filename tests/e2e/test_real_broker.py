@@ -206,3 +206,41 @@ def test_import_output(tmp_path):
     assert dump(dst) == want
     shutil.rmtree(src)
     assert serve_and_compare(dst, tmp_path, produce=True) == sum(len(v) for v in want.values())
+
+
+def test_demo_data(tmp_path):
+    """`tank-log demo` (what the getting-started tour serves): served as dumped. (No produce: the demo's segments
+    are days old, so the broker's next append rolls by age and its retention deletes them, §2.4, §5.)"""
+    base = str(tmp_path / "demo")
+    r = subprocess.run([TANK_LOG, "demo", base], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert serve_and_compare(base, tmp_path) > 1000
+
+
+def test_maintain_output_after_damage(tmp_path):
+    """What `tank-log maintain --salvage` leaves after damage the broker itself would exit or abort on: a torn
+    active tail (§3.11: exit at the partition's open), missing and 0-byte RO indexes (§4.2, §4.5), an index entry
+    past the end of the active log (§2.6), and an interrupted compaction's `.cleaned` output (§6.4)."""
+    base = str(tmp_path / "base")
+    os.makedirs(base)
+    for topic in ("small", "events"):
+        copy_tree(os.path.join(data_dir("A_multi"), topic), os.path.join(base, topic))
+    copy_tree(os.path.join(data_dir("C_misc"), "restarted"), os.path.join(base, "restarted"))
+    small, events, restarted = (partitions_at(base, [t])[0] for t in ("small", "events", "restarted"))
+    assert small.active is not None and restarted.active is not None and len(small.ro) >= 3
+    with open(small.active.path, "ab") as fh:
+        fh.write(b"\x40\x00\x01")  # a bundle of 64 bytes cut after 2
+    os.unlink(small.ro[0].index_path)
+    open(small.ro[1].index_path, "wb").close()
+    with open(restarted.active.index_path, "ab") as fh:
+        fh.write((399).to_bytes(4, "little") + (restarted.active.size + 100).to_bytes(4, "little"))
+    ro = events.ro[0]
+    shutil.copy(ro.path, os.path.join(events.path, f"{ro.base}-0_0.ilog.cleaned"))
+    want = dump(base)  # the messages (dump reads past the damage)
+    r = subprocess.run(
+        [TANK_LOG, "maintain", base, "--broker-stopped", "--salvage"], capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert verify_path(base) == []
+    assert dump(base) == want
+    assert serve_and_compare(base, tmp_path, produce=True) == sum(len(v) for v in want.values())
