@@ -83,13 +83,23 @@ class RealBroker:
     Use as a context manager, or `start()` / `stop()`. Every client call checks that the broker still runs
     afterwards: an abort (an assertion, §11) raises `BrokerFailed` with the broker's output."""
 
-    def __init__(self, tank: str, tank_cli: str, base: str | os.PathLike[str], *, port: int | None = None):
+    def __init__(
+        self,
+        tank: str,
+        tank_cli: str,
+        base: str | os.PathLike[str],
+        *,
+        port: int | None = None,
+        log_path: str | None = None,
+    ):
         self.tank, self.tank_cli, self.base = tank, tank_cli, os.fspath(base)
         self.port = port or free_port()
+        self.log_path = log_path  # where its output goes (appended; kept), else a file in its scratch directory
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir: str | None = None
         self.returncode: int | None = None
         self._log_text = ""
+        self._log_from = 0
 
     @property
     def endpoint(self) -> str:
@@ -97,7 +107,9 @@ class RealBroker:
 
     def start(self, timeout: float = 30.0) -> RealBroker:
         self.workdir = tempfile.mkdtemp(prefix="tank-broker-")
-        with open(os.path.join(self.workdir, "broker.log"), "wb") as log:
+        self.log_path = self.log_path or os.path.join(self.workdir, "broker.log")
+        self._log_from = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+        with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [self.tank, "-p", self.base, "-l", self.endpoint],
                 cwd=self.workdir,
@@ -123,9 +135,10 @@ class RealBroker:
         return self.proc is not None and self.proc.poll() is None
 
     def log(self) -> str:
-        """What the broker printed (stdout and stderr), also after `stop`."""
-        if self.workdir is not None:
-            with open(os.path.join(self.workdir, "broker.log"), "rb") as fh:
+        """What the broker printed (stdout and stderr) since this start, also after `stop`."""
+        if self.workdir is not None and self.log_path is not None:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_from)
                 self._log_text = fh.read().decode("utf-8", "replace")
         return self._log_text
 
@@ -267,3 +280,98 @@ def consume_all(broker: RealBroker) -> Iterator[tuple[tuple[str, int], list[Cons
     """Every partition the broker registers over its base path, consumed from the first available seq."""
     for topic, partition in partitions(broker.base):
         yield (topic, partition), broker.consume(topic, partition)
+
+
+def _fleet_partitions(base: str) -> list[tuple[str, int, bool]]:
+    """(topic, partition, cleanup) of every partition under `base` whose topic's config names a policy."""
+    out = []
+    for topic, partition in partitions(base):
+        config = os.path.join(base, topic, "config")
+        text = open(config).read() if os.path.isfile(config) else ""
+        if "log.cleanup.policy" in text:
+            out.append((topic, partition, "log.cleanup.policy=cleanup" in text))
+    return out
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """`python tests/real_broker.py -p BASE --port N --tank T --tank-cli C [--produce]`: the real broker as a fleet
+    host (bench/fleet.py --tank), in the stand-in's shape (tests/standin_broker.py): it serves BASE, writes its own
+    pid to --pidfile (the broker's to PIDFILE.tank), and stops the broker on SIGINT (unless BASE/.stubborn exists
+    then, as a broker that will not stop tonight). With --produce, keyed messages (`standin_broker.fleet_message`)
+    go through the broker's produce path (`tank-cli produce`), a bundle at a time to each partition of every topic
+    whose config names a policy, at about --rate messages per second per partition; first every partition is
+    consumed once, which gives its next seq and opens its RO segments (the broker's compaction at a roll aborts
+    after a restart while some are unread, docs/FORMAT.md §11.14) and is checked: a message not as produced is
+    printed. Exits 0 once the broker stopped cleanly, 1 when it died or printed a fatal message (its output, --log,
+    says which)."""
+    import argparse
+
+    from standin_broker import fleet_message
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-p", dest="base", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--tank", required=True)
+    ap.add_argument("--tank-cli", required=True)
+    ap.add_argument("--pidfile")
+    ap.add_argument("--log", help="the broker's output, appended")
+    ap.add_argument("--produce", action="store_true")
+    ap.add_argument("--rate", type=float, default=20.0)
+    ap.add_argument("--bundle", type=int, default=10)
+    args = ap.parse_args(argv)
+    stop: list[int] = []
+
+    def on_sigint(*_: object) -> None:
+        if not os.path.exists(os.path.join(args.base, ".stubborn")):
+            stop.append(1)
+
+    signal.signal(signal.SIGINT, on_sigint)
+    broker = RealBroker(args.tank, args.tank_cli, args.base, port=args.port, log_path=args.log)
+    broker.start()
+    if args.pidfile:
+        with open(args.pidfile + ".tank", "w") as fh:
+            fh.write(str(broker.proc.pid if broker.proc else ""))
+        with open(args.pidfile, "w") as fh:
+            fh.write(str(os.getpid()))
+    failed = None
+    try:
+        nxt: dict[tuple[str, int], int] = {}
+        targets = _fleet_partitions(args.base) if args.produce else []
+        for topic, partition, cleanup in targets:
+            msgs = broker.consume(topic, partition)
+            nxt[(topic, partition)] = msgs[-1].seq + 1 if msgs else 1
+            wrong = [m.seq for m in msgs if (m.key, m.value) != fleet_message(topic, partition, m.seq, cleanup)]
+            if wrong:
+                print(f"{topic}/{partition} seqs {wrong[:10]}: served, not as produced", file=sys.stderr, flush=True)
+        next_at = time.monotonic()
+        while not stop:
+            if broker.fatal() is not None:
+                break
+            if not targets or time.monotonic() < next_at:
+                time.sleep(0.02)
+                continue
+            for topic, partition, cleanup in targets:
+                first = nxt[(topic, partition)]
+                pairs = []
+                for seq in range(first, first + args.bundle):
+                    key, value = fleet_message(topic, partition, seq, cleanup)
+                    pairs.append((key + b"=" + value).decode())
+                if stop:
+                    break
+                broker._cli(["-t", topic, "-p", str(partition), "produce", "-s", str(args.bundle), "-K", *pairs], 30)
+                nxt[(topic, partition)] = first + args.bundle
+            next_at = max(next_at + args.bundle / args.rate, time.monotonic() - 1)  # no burst after a stall
+    except BrokerFailed as e:
+        failed = str(e)
+    finally:
+        failed = failed or broker.fatal()
+        code = broker.stop()
+    if failed or code != 0:
+        print(f"the broker failed: {failed or f'exit {code} at SIGINT'}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.exit(serve_main())

@@ -9,14 +9,17 @@ The helpers (start, stop, consume, produce, dump) are in tests/real_broker.py.
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import DATASETS, copy_tree, data_dir, run_job_script
-from real_broker import Consumed, RealBroker, binaries, consume_all, dump, partitions, served_copy
+from real_broker import Consumed, RealBroker, binaries, consume_all, dump, free_port, partitions, served_copy
 
 from tank_log.format.bundle import Message, SnappyPolicy
 from tank_log.maintenance.verify import verify_path
@@ -244,3 +247,44 @@ def test_maintain_output_after_damage(tmp_path):
     assert verify_path(base) == []
     assert dump(base) == want
     assert serve_and_compare(base, tmp_path, produce=True) == sum(len(v) for v in want.values())
+
+
+def test_the_fleet_host_supervisor(tmp_path):
+    """tests/real_broker.py run as a fleet host (bench/fleet.py --tank): it produces through the broker, the broker
+    rolls and compacts its `cleanup` topic itself, SIGINT stops both cleanly, and at the next start every message
+    is served as produced."""
+    from standin_broker import fleet_message
+
+    assert not isinstance(BINARIES, str)
+    base = tmp_path / "host"
+    for topic, policy in (("cdc", "cleanup"), ("ev", "delete")):
+        for p in range(2):
+            os.makedirs(base / topic / str(p))
+        (base / topic / "config").write_text(f"log.cleanup.policy={policy}\nlog.segment.bytes=4096\n")
+    pidfile, log = str(tmp_path / "host.pid"), str(tmp_path / "broker.log")
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "real_broker.py"), "-p", str(base)]
+    cmd += ["--tank", BINARIES[0], "--tank-cli", BINARIES[1], "--pidfile", pidfile, "--log", log, "--produce"]
+    for run in (1, 2):
+        proc = subprocess.Popen([*cmd, "--port", str(free_port()), "--rate", "400"], stderr=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + 30
+            while sum(os.path.getsize(f) for f in glob.glob(f"{base}/*/0/*.*log")) < 40_000 * run:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+                time.sleep(0.2)
+            os.kill(proc.pid, signal.SIGINT)
+            assert proc.wait(30) == 0
+            assert proc.stderr.read() == b""  # nothing served other than produced (checked at each start)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        tank_pid = int(open(pidfile + ".tank").read())
+        assert not os.path.exists(f"/proc/{tank_pid}") or "Z" in open(f"/proc/{tank_pid}/stat").read().split()[2]
+    served = dump(base)
+    for (topic, p), got in served.items():
+        assert got and all((m.key, m.value) == fleet_message(topic, p, m.seq, topic == "cdc") for m in got)
+        if topic == "ev":
+            assert [m.seq for m in got] == list(range(1, got[-1].seq + 1))
+    (cdc,) = partitions_at(str(base), ["cdc"])[:1]
+    assert len(cdc.ro) >= 1 and any(b.sparse for s in cdc.ro for b in s.bundles())  # the broker's compaction
+    assert "Assertion" not in open(log).read()
