@@ -2,7 +2,7 @@
 through `tank-cli`, produce a message, stop it; and `tank-log dump` of the same directory to compare with.
 
 The binaries come from the environment: TANK_BIN (the broker, `tank`) and TANK_CLI (its client, `tank-cli`), both
-built from phaistos-networks/TANK with its own Makefile. `binaries()` gives them, or None and the reason to skip.
+built from phaistos-networks/TANK with its own Makefile. `binaries()` gives them, or the reason to skip.
 
 The broker writes to what it serves (crash recovery at a partition's open, index rebuilds, docs/FORMAT.md §2.6), so
 callers hand it a copy when the original must stay as it was. It raises its own core-file limit (`main`), so it
@@ -94,7 +94,8 @@ class RealBroker:
     ):
         self.tank, self.tank_cli, self.base = tank, tank_cli, os.fspath(base)
         self.port = port or free_port()
-        self.log_path = log_path  # where its output goes (appended; kept), else a file in its scratch directory
+        self.given_log = log_path  # where its output goes (appended; kept), else a file in its scratch directory
+        self.log_path: str | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.workdir: str | None = None
         self.returncode: int | None = None
@@ -107,7 +108,7 @@ class RealBroker:
 
     def start(self, timeout: float = 30.0) -> RealBroker:
         self.workdir = tempfile.mkdtemp(prefix="tank-broker-")
-        self.log_path = self.log_path or os.path.join(self.workdir, "broker.log")
+        self.log_path = self.given_log or os.path.join(self.workdir, "broker.log")
         self._log_from = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
