@@ -32,7 +32,15 @@ After every night, six invariants, each a count of violations (the goal: 0):
   rss           every job's peak RSS stays within its bound
 A violation is printed with its reproduction (seed, night, host, what ran). The last line is the run's summary.
 
+With --tank and --tank-cli (binaries of a TANK build) every host is the real broker instead of the stand-in, run by
+tests/real_broker.py: the messages go through the broker's produce path (`tank-cli produce`), the broker rolls and
+compacts its `cleanup` topics itself, and the `delete` topics' retention moves from the topic config to the job
+configuration (the broker would apply it at every roll, exported or not). At every start the broker serves every
+partition once, whole (checked against what was produced); `verify` then also counts the broker's aborts, fatal
+messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log).
+
 Run: python bench/fleet.py --hosts 8 --nights 30 --airflow-nights 3 [--seed 1] [--workdir DIR]
+     python bench/fleet.py --hosts 2 --nights 3 --tank PATH --tank-cli PATH     (the real broker)
      python bench/fleet.py --short      (2 hosts, 3 nights, one through Airflow: what the test suite runs)
 """
 
@@ -69,7 +77,9 @@ from tank_log.storage.fsutil import atomic_write  # noqa: E402
 PY = sys.executable
 BIN = os.path.dirname(PY)
 STANDIN = os.path.join(TESTS, "standin_broker.py")
+REAL = os.path.join(TESTS, "real_broker.py")  # the real broker as a host (--tank, --tank-cli)
 MARK = "TANK_FLEET_RUN"  # in the environment of every process the soak starts for a night's work
+RUN_ID = "TANK_FLEET_ID"  # beside it: which soak (its workdir), so a soak never counts or kills another's processes
 FAULTS = (
     "kill-job",
     "kill-cli",
@@ -87,12 +97,17 @@ RSS_BOUND_MIB = {"python": 700, "spark": 2500}  # a job in the driver's processe
 BUCKET = "fleet"
 
 
+RETENTION = ("retention.segments.count=2", "log.retention.bytes=8192", "log.retention.secs=20")  # by host
+RETENTION_JOB = ({"segments_count": 2}, {"max_bytes": 8192}, {"max_age": "20s"})  # the same, as job configuration
+
+
 @dataclass
 class Host:
     index: int
     work: str
     port: int = field(default_factory=free_port)
     export_off_until: int = -1  # export off through this night
+    real: tuple[str, str] | None = None  # (tank, tank-cli): the real broker serves this host, not the stand-in
 
     @property
     def name(self) -> str:
@@ -111,27 +126,42 @@ class Host:
         """topic → cleanup policy."""
         return {f"cdc{self.index}": True, f"ev{self.index}": False}
 
+    @property
+    def broker_log(self) -> str:
+        """The real broker's output (appended at every start), and its supervisor's."""
+        return os.path.join(self.work, "logs", f"broker-{self.name}.log")
+
+    @property
+    def supervisor_log(self) -> str:
+        return os.path.join(self.work, "logs", f"supervisor-{self.name}.log")
+
     def broker_entry(self, rate: float) -> dict[str, Any]:
-        """Its `brokers:` entry (the stand-in's start and stop commands)."""
-        flags = f"--port {self.port} --name {self.name} --pidfile {self.pidfile} --produce --rate {rate}"
+        """Its `brokers:` entry (the start and stop commands of the stand-in, or of the real broker's supervisor
+        tests/real_broker.py, which produces through it)."""
+        flags = f"--port {self.port} --pidfile {self.pidfile} --produce --rate {rate}"
+        if self.real is None:
+            start = f"setsid {PY} {STANDIN} -p {self.base} {flags} --name {self.name} > /dev/null 2>&1 < /dev/null &"
+        else:
+            flags += f" --tank {self.real[0]} --tank-cli {self.real[1]} --log {self.broker_log}"
+            start = f"setsid {PY} {REAL} -p {self.base} {flags} >> {self.supervisor_log} 2>&1 < /dev/null &"
         return {
             "name": self.name,
             "data_dirs": [self.base],
-            "start_command": f"setsid {PY} {STANDIN} -p {self.base} {flags} > /dev/null 2>&1 < /dev/null &",
+            "start_command": start,
             "stop_command": f"kill -INT $(cat {self.pidfile})",
             "ready_check": f"tcp://127.0.0.1:{self.port}",
-            "stop_timeout": "4s",
+            "stop_timeout": "4s" if self.real is None else "30s",  # the real broker takes 2-5 s
             "ready_timeout": "10s",
         }
 
     def create(self) -> None:
-        retention = ("retention.segments.count=2", "log.retention.bytes=8192", "log.retention.secs=20")
+        """Its topics. The real broker would apply a topic's retention itself at every roll, unexported data or not
+        (docs/FORMAT.md §5): its retention is then the maintain job's alone, from the job configuration."""
         for topic, cleanup in self.topics.items():
             for p in range(2):
                 os.makedirs(os.path.join(self.base, topic, str(p)))
-            policy = (
-                "log.cleanup.policy=cleanup" if cleanup else f"log.cleanup.policy=delete\n{retention[self.index % 3]}"
-            )
+            retention = "" if self.real else f"\n{RETENTION[self.index % 3]}"
+            policy = "log.cleanup.policy=cleanup" if cleanup else f"log.cleanup.policy=delete{retention}"
             with open(os.path.join(self.base, topic, "config"), "w") as fh:
                 fh.write(f"{policy}\nlog.segment.bytes=4096\n")
 
@@ -187,7 +217,8 @@ class Fleet:
         self.args = args
         self.rng = random.Random(args.seed)
         self.work = args.workdir
-        self.hosts = [Host(i, self.work) for i in range(args.hosts)]
+        real = (args.tank, args.tank_cli) if args.tank else None
+        self.hosts = [Host(i, self.work, real=real) for i in range(args.hosts)]
         self.airflow = airflow  # a running Airflow (tests/airflow_harness.Airflow) for the airflow nights
         self.hosts_file = hosts_file or os.path.join(self.work, "hosts.yaml")
         self.s3: dict[str, Any] = {}
@@ -208,6 +239,7 @@ class Fleet:
             for p in range(2)
         }
         self.table_files_read: set[str] = set()
+        self.log_checked: dict[str, int] = {}  # a real broker's logs: bytes already checked
         self.upkeeps: list[dict[str, Any]] = []
 
     # ---- set-up ---------------------------------------------------------------------------------------------------
@@ -236,14 +268,18 @@ class Fleet:
         from the configuration."""
         return {"AWS_ENDPOINT_URL": self.s3["endpoint"], "AWS_ALLOW_HTTP": "true", **_aws_env()}
 
-    def job_config(self, data_dirs: list[str] | None = None) -> dict[str, Any]:
-        """The jobs' configuration: the export's table, retention's guard on it (bounded), compaction at once."""
+    def job_config(self, host: Host | None = None) -> dict[str, Any]:
+        """The jobs' configuration (of one host's jobs, or of all): the export's table, retention's guard on it
+        (bounded), compaction at once; with the real broker, the retention of the host's `delete` topic (a job
+        refuses a topic its data dirs do not hold, so a configuration of all hosts cannot name it)."""
+        data_dirs = [host.base] if host else None
         return {
             **({"data_dirs": data_dirs} if data_dirs else {}),
             "export": {"table": self.table, "storage_options": self.storage_options},
             "retention": {
                 "time_basis": "message",
                 "keep_unexported": {"table": "export", "max_holdback_size": "2mb", "max_holdback_age": "10min"},
+                "topics": {f"ev{host.index}": RETENTION_JOB[host.index % 3]} if host and host.real else {},
             },
             "compaction": {"min_cleanable_ratio": 0.2},
             "maintenance_window": {"spark_master": "local[1]"},
@@ -255,7 +291,7 @@ class Fleet:
         for h in self.hosts:
             h.create()
             with open(self.config_of(h), "w") as fh:
-                json.dump(self.job_config([h.base]), fh)
+                json.dump(self.job_config(h), fh)
         hosts = {**self.job_config(), "brokers": [h.broker_entry(self.args.rate) for h in self.hosts]}
         atomic_write(self.hosts_file, json.dumps(hosts).encode())  # a running dag-processor parses the DAGs
         for h in self.hosts:
@@ -273,6 +309,7 @@ class Fleet:
         return {
             **os.environ,
             MARK: tag,
+            RUN_ID: self.work,
             "AWS_ACCESS_KEY_ID": "test",
             "AWS_SECRET_ACCESS_KEY": "test",
             "AWS_REGION": "us-east-1",
@@ -317,7 +354,12 @@ class Fleet:
         t0 = time.monotonic()
         log = self.log_of(self.ran.index(ran))
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            try:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already: Popen.send_signal polls first, and it had died
+                self.running.pop(proc.pid, None)
+                ran.code = proc.returncode
+                return ran.code if ran.code is not None else -1
             if pid:
                 break
             if kill_from is not None and kill_from in open(log, errors="replace").read():
@@ -596,6 +638,8 @@ class Fleet:
             problems = [p for p in verify_path(h.base) if p.severity == "error"]
             if problems:
                 self.violation("verify", h.name, f"{len(problems)} error(s)", [str(p) for p in problems[:5]])
+            if h.real is not None:
+                self.check_real_broker(h)
         self.check_processes()
         files, _ = self.table_files()
         for ran in self.ran:
@@ -613,6 +657,23 @@ class Fleet:
             "violations": {k: self.violations[k] - before.get(k, 0) for k in self.violations},
             "peak_rss_mib": round(max((r.peak_rss_mib for r in self.ran), default=0)),
         }
+
+    def check_real_broker(self, h: Host) -> None:
+        """The real broker served everything since the last check: it neither aborted nor exited on our output, and
+        what it served at each start (every partition, consumed whole) was as produced (tests/real_broker.py)."""
+        from real_broker import FATAL_MARKS
+
+        for path in (h.broker_log, h.supervisor_log):
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(self.log_checked.get(path, 0))
+                    text = fh.read()
+            except OSError:
+                continue
+            self.log_checked[path] = self.log_checked.get(path, 0) + len(text)
+            for line in text.decode("utf-8", "replace").splitlines():
+                if any(mark in line for mark in (*FATAL_MARKS, "the broker failed", "not as produced")):
+                    self.violation("verify", h.name, f"the real broker: {line.strip()[:300]}", path)
 
     def read_tank(self) -> dict[tuple[str, int], np.ndarray]:
         """Which seqs each partition holds now (bool by seq), each checked against what was produced (retention and
@@ -692,12 +753,12 @@ class Fleet:
         keep = {p.pid for p in self.continuous.values()}
         suspects = [
             (pid, env)
-            for pid, env in _marked_processes()
-            if not (pid in keep or _ancestor_in(pid, keep) or STANDIN in _cmdline(pid))  # a broker started by a step
+            for pid, env in _marked_processes(self.work)
+            if not (pid in keep or _ancestor_in(pid, keep) or _is_broker(_cmdline(pid)))  # started by a step
         ]
         if suspects:  # one that was exiting as it was listed (e.g. a Spark worker of a continuous export) is not left
             time.sleep(2)
-            alive = {pid for pid, _ in _marked_processes()}
+            alive = {pid for pid, _ in _marked_processes(self.work)}
             suspects = [(pid, env) for pid, env in suspects if pid in alive and not _ancestor_in(pid, keep)]
         for pid, env in suspects:
             self.violation("processes", env.get(MARK, "?"), f"pid {pid} left alive: {_cmdline(pid)[:300]}")
@@ -716,10 +777,10 @@ class Fleet:
             ran = next(r for r in reversed(self.ran) if r.what == "continuous" and r.host == name)
             self.wait(proc, ran, timeout=90)
         for h in self.hosts:
-            try:
-                os.kill(int(open(h.pidfile).read()), signal.SIGKILL)
-            except (OSError, ValueError):
-                pass
+            if h.real is not None:  # its supervisor stops the broker; a broker left behind is killed below
+                _signal_pidfile(h.pidfile, signal.SIGINT, wait_s=30)
+                _signal_pidfile(h.pidfile + ".tank", signal.SIGKILL)
+            _signal_pidfile(h.pidfile, signal.SIGKILL)
         if self.s3:
             kill_session(self.s3["pid"])
 
@@ -756,6 +817,31 @@ class Fleet:
         }
 
 
+def _signal_pidfile(path: str, sig: int, wait_s: float = 0) -> None:
+    """Send `sig` to the process a pidfile names, and wait up to `wait_s` for it to be gone."""
+    try:
+        pid = int(open(path).read())
+        os.kill(pid, sig)
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid):
+        time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _is_broker(cmdline: str) -> bool:
+    """A host's broker (stand-in, or the real one, its supervisor and the client it produces with)."""
+    return any(mark in cmdline for mark in (STANDIN, REAL, " -l 127.0.0.1:", " -b 127.0.0.1:"))
+
+
 def _credentials() -> dict[str, str]:
     return {"aws_access_key_id": "test", "aws_secret_access_key": "test", "region_name": "us-east-1"}
 
@@ -764,7 +850,8 @@ def _aws_env() -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
 
 
-def _marked_processes() -> list[tuple[int, dict[str, str]]]:
+def _marked_processes(run_id: str) -> list[tuple[int, dict[str, str]]]:
+    """The live processes this soak started (their environment says so; another soak's on the machine are not)."""
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -776,7 +863,8 @@ def _marked_processes() -> list[tuple[int, dict[str, str]]]:
             continue
         if MARK.encode() + b"=" in raw and state != "Z" and int(pid) != os.getpid():
             env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
-            out.append((int(pid), env))
+            if env.get(RUN_ID) == run_id:
+                out.append((int(pid), env))
     return out
 
 
@@ -847,7 +935,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--airflow-nights", default="", help="nights run through Airflow, e.g. 3,10,20")
     ap.add_argument("--continuous-hosts", type=int, default=1, help="hosts that also run the continuous export")
     ap.add_argument("--short", action="store_true", help="2 hosts, 3 nights, night 1 through Airflow")
+    ap.add_argument("--tank", metavar="PATH", help="the real broker (a TANK build's `tank`) serves every host")
+    ap.add_argument("--tank-cli", metavar="PATH", help="its client, through which the hosts' messages are produced")
     args = ap.parse_args(argv)
+    if bool(args.tank) != bool(args.tank_cli):
+        ap.error("--tank and --tank-cli go together")
+    if args.tank and (args.short or args.airflow_nights):
+        ap.error("--tank runs no night through Airflow (its DAG's one configuration would name every host's topics)")
+    for flag, path in (("--tank", args.tank), ("--tank-cli", args.tank_cli)):
+        if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            ap.error(f"{flag} {path}: not an executable file")
+    args.tank = args.tank and os.path.abspath(args.tank)
+    args.tank_cli = args.tank_cli and os.path.abspath(args.tank_cli)
     if args.short:
         args.hosts, args.nights, args.airflow_nights = 2, 3, "1"
         args.night_s, args.continuous_hosts = min(args.night_s, 2.0), 1

@@ -6,6 +6,11 @@ append rule, an index entry to `<base>.index`. Before an append, a non-empty act
 the bundle starts a new active segment named after its first seq. The age and index-size roll triggers of §2.4
 are not modelled. For producers in tests, demos and tools that feed a partition while readers run; no other writer
 (the broker) may append to the same partition meanwhile.
+
+Unlike the broker, it rolls only where seqs continue: a bundle whose first seq jumps past the counter goes into the
+active segment even when a roll is due (the gap then lies inside a segment, as a sparse bundle), and the roll waits
+for a bundle that continues the counter. The broker rolls at the jump, leaving the gap right before the new active
+segment, and aborts on the first fetch inside it (§4.4, §11 item 23).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import time
 from collections.abc import Sequence
 
 from tank_log.format.bundle import Message, encode_bundle, frame, is_contiguous
-from tank_log.format.index import encode_index
+from tank_log.format.index import REL_SEQ_LIMIT, encode_index
 from tank_log.format.names import format_active_name, format_index_name, format_ro_name
 from tank_log.storage.datadir import last_complete_seq, rescan_partition
 from tank_log.storage.fsutil import fsync_dir
@@ -57,7 +62,8 @@ class PartitionAppender:
         """Write `messages` as one bundle (sparse when their seqs do not continue the counter, §3.6).
 
         Raises:
-            ValueError: no messages, or seqs not increasing above the partition's last seq.
+            ValueError: no messages; seqs not increasing above the partition's last seq; or seqs that would leave a
+                gap before the active segment (no active segment to hold it, or one 2**31 seqs past its base).
         """
         if not messages:
             raise ValueError("an append needs at least one message")
@@ -66,9 +72,25 @@ class PartitionAppender:
             if m.seq <= prev:
                 raise ValueError(f"{self.path}: seq {m.seq} does not follow {prev}")
             prev = m.seq
-        if self._active is None or self._size > self.segment_bytes:  # §2.4 rules 1 and 4 (rule 2: size 0 stays)
+        continues = messages[0].seq == self.last + 1
+        if self._active is None:  # §2.4 rule 1
+            if self.last and not continues:
+                raise ValueError(
+                    f"{self.path}: seq {messages[0].seq} does not continue {self.last} and there is no active segment "
+                    f"to hold the gap: the new active segment would follow a seq gap, on which the broker aborts (§4.4)"
+                )
             self.roll(messages[0].seq)
+        elif continues and self._size > 0:
+            assert self._base is not None
+            beyond = messages[-1].seq - self._base >= REL_SEQ_LIMIT  # §4.6: roll early rather than overflow
+            if self._size > self.segment_bytes or beyond:  # §2.4 rule 4 (rule 2: size 0 never rolls)
+                self.roll(messages[0].seq)
         assert self._base is not None and self._active is not None
+        if messages[-1].seq - self._base >= REL_SEQ_LIMIT:  # a bundle this wide, or a jump where no roll may go
+            raise ValueError(
+                f"{self.path}: seq {messages[-1].seq} is 2**31 or more past the active segment's base {self._base} "
+                f"(§4.6), and a new segment may only start where seqs continue (§4.4)"
+            )
         expected = self._base if self._size == 0 else self.last + 1
         sparse = not is_contiguous(messages, expected)
         framed = frame(encode_bundle(messages, sparse=sparse, codec=self.policy.snappy))
