@@ -40,6 +40,14 @@ need_setup() {
 
 alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+port_free() {  # $1 port, $2 what listens there, $3 the variable that sets it: exit 2 when something else has it
+    if (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; then
+        echo "airflow-demo: 127.0.0.1:$1 (the $2) is in use by another process: choose another port," \
+            "e.g. $3=$(($1 + 1)) bash scripts/airflow-demo.sh setup" >&2
+        exit 2
+    fi
+}
+
 setup() {
     [ "${TANK_LOG_AIRFLOW_SKIP_INSTALL:-}" = 1 ] || bash scripts/setup.sh
     local port=${TANK_LOG_AIRFLOW_PORT:-8080} broker_port=${TANK_LOG_DEMO_BROKER_PORT:-11011} secret
@@ -127,6 +135,7 @@ broker_start() {
         echo "demo broker already runs (pid $(cat "$pidfile"))"
         return 0
     fi
+    port_free "$TANK_LOG_DEMO_BROKER_PORT" "demo broker" TANK_LOG_DEMO_BROKER_PORT
     if [ -n "${TANK_BIN:-}" ]; then  # the real broker: SIGINT is its clean shutdown
         setsid sh -c 'echo $$ > "$1"; exec "$2" -p "$3" -l "127.0.0.1:$4"' sh "$pidfile" "$TANK_BIN" "$base" \
             "$TANK_LOG_DEMO_BROKER_PORT" >> "$log" 2>&1 < /dev/null &
@@ -151,6 +160,7 @@ broker_stop() {
 
 start() {
     need_setup
+    alive "$WORK/run/api-server.pid" || port_free "$AIRFLOW__API__PORT" "Airflow API server" TANK_LOG_AIRFLOW_PORT
     alive "$WORK/run/broker.pid" || broker_start
     for svc in "${SERVICES[@]}"; do
         if alive "$WORK/run/$svc.pid"; then

@@ -28,6 +28,7 @@ DAG_IDS = (
     "tank_export_nightly",
     "tank_maintenance_window",
 )
+SERVICES = ("api-server", "scheduler", "dag-processor")  # started by scripts/airflow-demo.sh start
 PORT = int(os.environ.get("AIRFLOW__API__PORT", "8080"))
 WORK = os.environ.get("TANK_LOG_AIRFLOW_DIR", ".airflow")
 REPORTS = os.environ.get("AIRFLOW_VAR_TANK_LOG_REPORTS", os.path.join(WORK, "reports"))
@@ -53,6 +54,13 @@ def ready(timeout: float = 300) -> int:
     """Until the API answers and lists every DAG (the DAG processor parsed the DAG file)."""
     api, deadline, seen = Api(), time.monotonic() + timeout, set()
     while time.monotonic() < deadline:
+        for service in SERVICES:  # one that exited will not come back: say so at once
+            pidfile = os.path.join(WORK, "run", f"{service}.pid")
+            try:
+                os.kill(int(open(pidfile).read()), 0)
+            except (OSError, ValueError):
+                print(f"airflow-demo: {service} exited: see {WORK}/logs/{service}.log", file=sys.stderr)
+                return 1
         try:
             seen = {d["dag_id"] for d in api.get("dags?limit=100")["dags"]}
             if seen >= set(DAG_IDS):

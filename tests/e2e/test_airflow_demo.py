@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+import time
 
 import pytest
 from airflow_harness import DAG_IDS, Airflow
@@ -148,3 +149,63 @@ def test_the_guides_local_demo_runs_every_dag_successfully(tmp_path):
         finally:
             for sid in sessions:
                 kill_session(sid)
+
+
+def test_with_tank_bin_the_demo_broker_runs_that_binary_and_stops_it_with_sigint(tmp_path):
+    """`TANK_BIN=... setup` makes broker-start run `$TANK_BIN -p broker-data -l 127.0.0.1:PORT` in a session of its
+    own, and broker-stop send it SIGINT (TANK's clean shutdown). TANK is not built on this machine: TANK_BIN here is a
+    script that refuses any other command line and then becomes (exec, the same pid) the stand-in broker."""
+    tank = tmp_path / "tank"
+    tank.write_text(
+        "#!/bin/sh\n"
+        '[ "$#" = 4 ] && [ "$1" = -p ] && [ -d "$2" ] && [ "$3" = -l ] || { echo "usage: tank -p BASE -l ADDR";'
+        " exit 64; }\n"
+        'case "$4" in 127.0.0.1:*) ;; *) echo "not loopback: $4"; exit 64 ;; esac\n'
+        'exec python -m tank_log.tools.standin_broker -p "$2" --port "${4#127.0.0.1:}"\n'
+    )
+    tank.chmod(0o755)
+    work, broker_port = str(tmp_path / "af"), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "TANK_", "PYTEST"))}
+    env.update(
+        TANK_LOG_AIRFLOW_DIR=work,
+        TANK_LOG_AIRFLOW_PORT=str(free_port()),
+        TANK_LOG_DEMO_BROKER_PORT=str(broker_port),
+        TANK_LOG_AIRFLOW_SKIP_INSTALL="1",
+        TANK_BIN=str(tank),
+    )
+
+    def demo(*args: str) -> str:
+        r = subprocess.run(
+            ["bash", os.path.join(ROOT, "scripts", "airflow-demo.sh"), *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
+        return r.stdout
+
+    demo("setup")
+    del env["TANK_BIN"]  # from now on, env.sh says which broker
+    pid = None
+    try:
+        assert f"{tank} on 127.0.0.1:{broker_port}" in demo("broker-start")
+        deadline = time.monotonic() + 30
+        while not _serves(broker_port):
+            assert time.monotonic() < deadline, open(os.path.join(work, "logs", "broker.log")).read()
+            time.sleep(0.1)
+        pid = int(open(os.path.join(work, "run", "broker.pid")).read())
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            cmdline = fh.read().split(b"\0")
+        assert b"tank_log.tools.standin_broker" in cmdline and os.path.join(work, "broker-data").encode() in cmdline
+        assert os.getsid(pid) == pid  # its own session: not a child of whatever started it
+        assert "SIGINT" in demo("broker-stop")
+        deadline = time.monotonic() + 20
+        while session_processes(pid):
+            assert time.monotonic() < deadline, session_processes(pid)
+            time.sleep(0.1)
+        assert not _serves(broker_port)
+    finally:
+        if pid is not None:
+            kill_session(pid)
