@@ -51,6 +51,12 @@ port_free() {  # $1 port, $2 what listens there, $3 the variable that sets it: e
 setup() {
     [ "${TANK_LOG_AIRFLOW_SKIP_INSTALL:-}" = 1 ] || bash scripts/setup.sh
     local port=${TANK_LOG_AIRFLOW_PORT:-8080} broker_port=${TANK_LOG_DEMO_BROKER_PORT:-11011} secret
+    for var in TANK_LOG_AIRFLOW_PORT=$port TANK_LOG_DEMO_BROKER_PORT=$broker_port; do
+        if ! [[ ${var#*=} =~ ^[0-9]+$ ]] || [ "${var#*=}" -lt 1 ] || [ "${var#*=}" -gt 65535 ]; then
+            echo "airflow-demo: ${var%%=*}=${var#*=}: expected a TCP port (1-65535)" >&2
+            exit 2
+        fi
+    done
     mkdir -p "$WORK/reports" "$WORK/logs" "$WORK/run"
     # the API server signs the tokens its tasks use; every service must know the same secret
     secret=$(cat "$WORK/run/jwt_secret" 2>/dev/null || true)
@@ -137,6 +143,7 @@ broker_start() {
     fi
     port_free "$TANK_LOG_DEMO_BROKER_PORT" "demo broker" TANK_LOG_DEMO_BROKER_PORT
     if [ -n "${TANK_BIN:-}" ]; then  # the real broker: SIGINT is its clean shutdown
+        # shellcheck disable=SC2016 # the inner shell expands them: its pid is the broker's (exec)
         setsid sh -c 'echo $$ > "$1"; exec "$2" -p "$3" -l "127.0.0.1:$4"' sh "$pidfile" "$TANK_BIN" "$base" \
             "$TANK_LOG_DEMO_BROKER_PORT" >> "$log" 2>&1 < /dev/null &
     else

@@ -155,4 +155,12 @@ if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in verbs:
         print(f"usage: python scripts/airflow_demo.py {{{'|'.join(verbs)}}}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(verbs[sys.argv[1]]())
+    try:
+        sys.exit(verbs[sys.argv[1]]())
+    except (OSError, urllib.error.URLError) as err:  # HTTPError is a URLError
+        print(
+            f"airflow-demo: the Airflow API on 127.0.0.1:{PORT} did not answer ({err}): is it running?"
+            " (bash scripts/airflow-demo.sh start)",
+            file=sys.stderr,
+        )
+        sys.exit(1)
