@@ -1,10 +1,10 @@
 """A fleet that runs for weeks, compressed in time: a soak of many broker hosts, nightly maintenance windows, exports
 into one Delta table, retention with its lakehouse guard, table upkeep, and faults.
 
-N simulated broker hosts, each a base path served by a stand-in broker (tests/standin_broker.py) that holds its files,
-listens on loopback and, while up, keeps appending keyed messages through the library's appender: a `cleanup` topic
-(updates and tombstones over 300 keys) and a `delete` topic whose retention is by segment count, size or age (by
-host). Every night, in this order:
+N simulated broker hosts, each a base path served by a stand-in broker (tank_log/tools/standin_broker.py) that
+holds its files, listens on loopback and, while up, keeps appending keyed messages through the library's appender: a
+`cleanup` topic (updates and tombstones over 300 keys) and a `delete` topic whose retention is by segment count,
+size or age (by host). Every night, in this order:
 
 1. the producers run for --night-s seconds;
 2. every host's batch export commits into ONE Delta table on an S3 server on loopback (moto), all at once; some
@@ -70,13 +70,14 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, TESTS)
 
 from conftest import free_port, kill_session, wait_for_port  # noqa: E402
-from standin_broker import fleet_message  # noqa: E402
 
 from tank_log.storage.fsutil import atomic_write  # noqa: E402
+from tank_log.tools import standin_broker  # noqa: E402
+from tank_log.tools.standin_broker import fleet_message  # noqa: E402
 
 PY = sys.executable
 BIN = os.path.dirname(PY)
-STANDIN = os.path.join(TESTS, "standin_broker.py")
+STANDIN = standin_broker.__file__
 REAL = os.path.join(TESTS, "real_broker.py")  # the real broker as a host (--tank, --tank-cli)
 MARK = "TANK_FLEET_RUN"  # in the environment of every process the soak starts for a night's work
 RUN_ID = "TANK_FLEET_ID"  # beside it: which soak (its workdir), so a soak never counts or kills another's processes

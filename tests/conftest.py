@@ -16,6 +16,8 @@ from collections import defaultdict
 
 import pytest
 
+from tank_log.tools import standin_broker as standin_module
+
 logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientserver connection" after pytest exits
 
 # Every Spark driver JVM the tests start (in process, job subprocesses, spark-submit) compiles with C1 only: it only
@@ -276,7 +278,7 @@ class Detached:
             time.sleep(0.05)
 
 
-STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_broker.py")
+STANDIN = standin_module.__file__  # run as a file: the fleet soak finds its brokers by this path
 
 
 def free_port() -> int:
@@ -298,7 +300,7 @@ def wait_for_port(port: int, what: str, proc: subprocess.Popen | None = None, ti
 
 
 def standin_broker(work, name: str, base: str, *, stubborn: bool = False, stop_timeout: str = "20s") -> dict:
-    """A `brokers:` entry whose stop/start commands manage a stand-in broker (tests/standin_broker.py) serving
+    """A `brokers:` entry whose stop/start commands manage a stand-in broker (tank_log/tools/standin_broker.py) serving
     `base` on a free loopback port; its up/down events go to `work/events`. `start_standin` starts it."""
     port, pidfile, events = free_port(), os.path.join(work, f"{name}.pid"), os.path.join(work, "events")
     flags = f"--port {port} --name {name} --pidfile {pidfile} --events {events}" + (" --stubborn" if stubborn else "")

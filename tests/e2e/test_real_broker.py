@@ -253,7 +253,7 @@ def test_the_fleet_host_supervisor(tmp_path):
     """tests/real_broker.py run as a fleet host (bench/fleet.py --tank): it produces through the broker, the broker
     rolls and compacts its `cleanup` topic itself, SIGINT stops both cleanly, and at the next start every message
     is served as produced."""
-    from standin_broker import fleet_message
+    from tank_log.tools.standin_broker import fleet_message
 
     assert not isinstance(BINARIES, str)
     base = tmp_path / "host"

@@ -1,15 +1,17 @@
-"""A stand-in TANK broker for the maintenance-window tests and the fleet soak (bench/fleet.py), run as
-`python standin_broker.py -p BASE --port N ...` (the broker runs as `tank -p BASE`): it holds every file under BASE
-open (the broker keeps segments and indexes open), accepts connections on a loopback port, and exits on SIGINT
-(TANK's clean shutdown) — unless --stubborn, or unless a file `BASE/.stubborn` exists when SIGINT comes (a broker
-that will not stop tonight). `--events FILE` gets a line `up NAME` once it serves and `down NAME` once it let go of
-the files.
+"""A stand-in TANK broker for the Airflow demo (scripts/airflow-demo.sh), the maintenance-window tests and the fleet
+soak (bench/fleet.py), run as `python -m tank_log.tools.standin_broker -p BASE --port N ...` (the real broker runs
+as `tank -p BASE -l HOST:PORT`): it holds every file under BASE open (the broker keeps segments and indexes open),
+accepts connections on a loopback port, and exits on SIGINT (TANK's clean shutdown) — unless --stubborn, or unless
+a file `BASE/.stubborn` exists when SIGINT comes (a broker that will not stop tonight). `--events FILE` gets a line
+`up NAME` once it serves and `down NAME` once it let go of the files.
 
 With `--produce`, while up it appends keyed messages through the library's appender (`PartitionAppender`), a
 bundle at a time to each partition of every topic under BASE whose `config` names a policy, at about `--rate`
 messages per second per partition. What a message holds is a function of its topic, partition and seq
 (`fleet_message`), so a checker knows every message ever produced from the partitions' last seqs alone.
 """
+
+from __future__ import annotations
 
 import argparse
 import os
@@ -48,7 +50,7 @@ def _topics(base: str) -> list[tuple[str, int, bool]]:
 class Producer:
     """Appends a bundle to each partition in turn, at about `rate` messages per second per partition."""
 
-    def __init__(self, base: str, rate: float, bundle: int):
+    def __init__(self, base: str, rate: float, bundle: int) -> None:
         from tank_log.storage.appender import PartitionAppender
 
         self.rate, self.bundle = rate, bundle
@@ -86,7 +88,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=200.0, help="with --produce: messages per second per partition")
     ap.add_argument("--bundle", type=int, default=20, help="with --produce: messages per bundle")
     args = ap.parse_args()
-    stop = []
+    stop: list[int] = []
 
     def on_sigint(*_: object) -> None:
         if not os.path.exists(os.path.join(args.base, ".stubborn")):
