@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 DAY = 86_400.0
 SCRAPE_S = 120  # node_exporter scraped every 2 simulated minutes (within the 5 min lookback)
 THRESHOLD_S = 26 * 3600.0  # the rules' 26 h
+EVERY_S = 3 * 3600  # besides the settled points of each night, the alerts are checked every 3 simulated hours
 SLACK_S = 3600.0  # an oracle closer than this to a threshold does not decide: that (eval time, alert) is not asserted
 SEVERITY = {
     "TankLogExportLagging": "warning",
@@ -123,11 +124,16 @@ class Recording:
     # ---- when to look, and what must fire then -------------------------------------------------------------------
 
     def eval_times(self) -> list[float]:
-        """Twice a night: once every host's `stats` after the exports has run, and at the end of the night (its
-        last `stats`), a scrape and more later; only when no other run ended in between (the state is settled)."""
+        """Every EVERY_S from the first night on, and twice a night: once every host's `stats` after the exports has
+        run, and at the end of the night (its last `stats`), a scrape and more later; only when no run ended in the
+        two scrapes before (what the last scrape showed is what the runs left)."""
         ends = sorted(self.sim(r["end"]) for r in self.manifest["runs"])
         stats = self.runs("stats")
-        out = []
+        out = [
+            float(t)
+            for t in range(int(DAY), int(self.end_s), EVERY_S)
+            if not any(t - 2 * SCRAPE_S < e <= t for e in ends)
+        ]
         for night in range(len(self.bounds) - 2):
             night_stats = sorted(self.sim(r["end"]) for r in stats if r["night"] == night)
             hosts = len(self.manifest["hosts"])
@@ -137,7 +143,7 @@ class Recording:
                 t = (batch[-1] // SCRAPE_S + 2) * SCRAPE_S
                 if not any(batch[-1] < e <= t for e in ends):
                     out.append(t)
-        return out
+        return sorted(set(out))
 
     def expected(self, alert: str, t: float) -> list[dict[str, str]] | None:
         """The alerts `alert` fires at simulated time `t` (their labels), or None when what the fleet ran does not

@@ -151,3 +151,17 @@ def test_the_dashboard_takes_its_prometheus_as_an_input_and_is_generated():
         [sys.executable, os.path.join(ROOT, "conf", "grafana", "dashboard.py"), "--check"], capture_output=True
     )
     assert r.returncode == 0, r.stderr.decode()  # the committed JSON is what the script writes
+
+
+def test_the_recordings_time_map_and_promtools_notation():
+    """Each night of a recording is one simulated day, monotonically; runs of equal samples are written in
+    promtool's expanding notation, missing ones as `_`."""
+    from alert_series import DAY, _notation
+
+    rec = Recording.load(os.path.join(DATA, "faults"))
+    b = rec.bounds
+    assert [rec.sim(t) for t in b] == [i * DAY for i in range(len(b))]
+    times = sorted(e["t"] for e in rec.manifest["events"])
+    assert all(rec.sim(x) <= rec.sim(y) for x, y in zip(times, times[1:], strict=False))
+    assert rec.sim((b[1] + b[2]) / 2) == 1.5 * DAY
+    assert _notation([None, None, 1.0, 1.0, 1.0, 2.5, None]) == "_x2 1.0+0x2 2.5 _"
