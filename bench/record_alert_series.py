@@ -271,7 +271,10 @@ def record(scenario: str, out_root: str) -> dict[str, Any]:
     with open(os.path.join(staging, "manifest.json"), "w") as fh:
         json.dump(rec.manifest(scenario, spec["argv"], summary), fh, indent=1)
     if any(summary["violations"].values()):
-        raise SystemExit(f"{scenario}: the fleet's invariants were violated, nothing recorded: {summary['violations']}")
+        raise SystemExit(
+            f"{scenario}: the fleet's invariants were violated, nothing recorded: {summary['violations']} "
+            f"(its logs and reports: {args.workdir})"
+        )
     shutil.rmtree(out, ignore_errors=True)
     os.rename(staging, out)
     shutil.rmtree(args.workdir, ignore_errors=True)
