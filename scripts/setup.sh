@@ -20,6 +20,22 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ "$missing" = 1 ]; 
     TANK_LOG_REQUIRE_NATIVE=1 .venv/bin/python -m pip install --quiet -e ".[dev,airflow]"
     echo "$want" > "$stamp"
 fi
+# promtool (Debian's prometheus package) checks and unit-tests the alert rules (conf/prometheus, tests/alerts/):
+# installed when missing and apt-get can run (as root, as in CI). The package's server is not wanted: under systemd
+# it is stopped and disabled again.
+if ! command -v promtool >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        install_prometheus() {
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+        }
+        install_prometheus || { apt-get update -qq && install_prometheus; }
+        if [ -d /run/systemd/system ]; then
+            systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+        fi
+    else
+        echo "setup: promtool is missing (Debian: apt-get install prometheus, as root); the alert tests need it" >&2
+    fi
+fi
 # Spark drivers map a class-data archive of their JDK and Spark jars (tank_spark/class_archive.py): ~4 s less per
 # job start. Built once (~40 s), again after Spark or the JDK changed; a driver without it just starts slower.
 .venv/bin/python -m tank_spark.class_archive --if-missing >/dev/null ||

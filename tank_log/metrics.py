@@ -5,8 +5,8 @@ never reads half a file).
 - `stats_registry`: per partition, from `tank-log stats` (bytes, segments, messages, last seq, the dirty ratio of
   `cleanup` partitions, and with an export table the export lag in messages and in seconds);
 - `report_registry`: per run, from a job's report (last run and last success timestamps, duration, exit status,
-  partitions by status, bytes kept back by `retention.keep_unexported`, data-loss events). Counters and the last
-  success survive the runs that do not set them: they are carried over from the file being replaced.
+  partitions by status, bytes kept back by `retention.keep_unexported` and their bound, data-loss events). Counters
+  and the last success survive the runs that do not set them: they are carried over from the file being replaced.
 """
 
 from __future__ import annotations
@@ -106,6 +106,12 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
         [*PARTITION, "table"],
         registry=reg,
     )
+    bound = Gauge(
+        f"{NS}_retention_holdback_limit_bytes",
+        "The bound on the bytes retention keeps back for the Delta table (max_holdback_size), where it keeps some",
+        [*PARTITION, "table"],
+        registry=reg,
+    )
     loss = Gauge(
         f"{NS}_retention_data_loss_events",
         "Partitions whose unexported data retention deleted past max_holdback, over all runs",
@@ -117,7 +123,10 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
             continue
         labels = (str(p.get("topic")), str(p.get("partition")))
         if p.get("kept_unexported"):
-            kept.labels(*labels, p["kept_unexported"]["table"]).set(p["kept_unexported"]["bytes"])
+            held = p["kept_unexported"]
+            kept.labels(*labels, held["table"]).set(held["bytes"])
+            if held.get("max_bytes"):
+                bound.labels(*labels, held["table"]).set(held["max_bytes"])
         before = previous.get(f'{NS}_retention_data_loss_events{{partition="{labels[1]}",topic="{labels[0]}"}}', 0)
         if p.get("status") == "data-loss" or before:
             loss.labels(*labels).set(before + (1 if p.get("status") == "data-loss" else 0))

@@ -262,6 +262,7 @@ def _retain(
                 "bytes": sum(s.size for s in held),
                 "first_seq": max(held[0].base, (guard.exported_last or 0) + 1),
                 "last_seq": held[-1].last,
+                "max_bytes": guard.max_holdback_bytes,  # the bound (0: none)
             }
             if past_bound:
                 res.deleted_unexported = [[max(s.base, (guard.exported_last or 0) + 1), s.last or s.base] for s in held]

@@ -78,6 +78,18 @@ def test_a_jobs_metrics_file_equals_its_report_across_runs(tmp_path):
     kept = rep["partitions"][0]["kept_unexported"]
     labels = (("partition", "0"), ("table", table), ("topic", "logs"))
     assert got[("tank_log_retention_kept_unexported_bytes", labels)] == kept["bytes"]
+    assert not any(name == "tank_log_retention_holdback_limit_bytes" for name, _ in got)  # no bound set
+
+    # within a bound: the bound beside what is kept (what an alert compares)
+    r, rep = _retention(
+        base, tmp_path, "bound", "--keep-unexported", table, "--max-holdback-size", "1mb", "--metrics-file", str(prom)
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = samples(prom.read_text())
+    assert rep["partitions"][0]["kept_unexported"]["max_bytes"] == 1 << 20
+    assert got[("tank_log_retention_kept_unexported_bytes", labels)] == rep["partitions"][0]["kept_unexported"]["bytes"]
+    assert got[("tank_log_retention_holdback_limit_bytes", labels)] == 1 << 20
+    first_success = got[("tank_log_job_last_success_timestamp_seconds", job)]
 
     # past the bound: data-loss; the run fails, the last success stays the earlier one, the loss is counted
     r, rep = _retention(
