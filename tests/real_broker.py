@@ -296,15 +296,16 @@ def _fleet_partitions(base: str) -> list[tuple[str, int, bool]]:
 
 def serve_main(argv: list[str] | None = None) -> int:
     """`python tests/real_broker.py -p BASE --port N --tank T --tank-cli C [--produce]`: the real broker as a fleet
-    host (bench/fleet.py --tank), in the stand-in's shape (tank_log/tools/standin_broker.py): it serves BASE, writes
-    its own pid to --pidfile (the broker's to PIDFILE.tank), and stops the broker on SIGINT (unless BASE/.stubborn
-    exists then, as a broker that will not stop tonight). With --produce, keyed messages (`standin_broker.fleet_message`)
-    go through the broker's produce path (`tank-cli produce`), a bundle at a time to each partition of every topic
-    whose config names a policy, at about --rate messages per second per partition; first every partition is
-    consumed once, which gives its next seq and opens its RO segments (the broker's compaction at a roll aborts
-    after a restart while some are unread, docs/FORMAT.md §11.14) and is checked: a message not as produced is
-    printed. Exits 0 once the broker stopped cleanly, 1 when it died or printed a fatal message (its output, --log,
-    says which)."""
+    host (bench/fleet.py --tank), in the stand-in's shape (tank_log/tools/standin_broker.py).
+
+    It serves BASE, writes its own pid to --pidfile (the broker's to PIDFILE.tank), and stops the broker on SIGINT
+    (unless BASE/.stubborn exists then, as a broker that will not stop tonight). With --produce, keyed messages
+    (`standin_broker.fleet_message`) go through the broker's produce path (`tank-cli produce`), a bundle at a time
+    to each partition of every topic whose config names a policy, at about --rate messages per second per
+    partition; first every partition is consumed once, which gives its next seq and opens its RO segments (the
+    broker's compaction at a roll aborts after a restart while some are unread, docs/FORMAT.md §11.14) and is
+    checked: a message not as produced is printed. Exits 0 once the broker stopped cleanly, 1 when it died or
+    printed a fatal message (its output, --log, says which)."""
     import argparse
 
     from tank_log.tools.standin_broker import fleet_message
