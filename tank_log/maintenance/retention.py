@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from tank_log.format.broker_config import PartitionConfig
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
@@ -51,7 +51,8 @@ class RetentionRules:
     @classmethod
     def from_config(cls, cfg: PartitionConfig, time_basis: str = "name") -> RetentionRules:
         """The broker's own limits of a partition (its `config` files, docs/FORMAT.md §1.5)."""
-        return cls(**{p.name: getattr(cfg, p.broker_field) for p in POLICIES}, time_basis=time_basis)
+        limits = {p.name: getattr(cfg, p.broker_field) if p.broker_field else 0 for p in POLICIES}
+        return cls(**limits, time_basis=time_basis)
 
     @property
     def active(self) -> bool:
@@ -70,16 +71,17 @@ class RemainingRO:
 class RetentionPolicy:
     """One retention limit (docs/FORMAT.md §5).
 
-    `name`: its field in RetentionRules and its key in the job config (`retention.topics.<topic>.<config_key>`);
-    `broker_field`: the PartitionConfig field holding the broker's value; `unit`: how the job config parses it
-    (count | size | duration); `exceeded(limit, segment, remaining, rules, now_s)`: why the front segment goes, or
-    None.
+    `name`: its field in RetentionRules (and TopicRetention's); `config_key`: its key in the job config
+    (`retention.topics.<topic>.<config_key>`); `broker_field`: the PartitionConfig field holding the broker's value,
+    None for a policy the broker lacks (off unless the job config sets it); `unit`: how the job config parses it;
+    `exceeded(limit, segment, remaining, rules, now_s)`: why the front segment goes, or None. A test holds
+    RetentionRules, TopicRetention and PartitionConfig to this table.
     """
 
     name: str
     config_key: str
-    broker_field: str
-    unit: str
+    broker_field: str | None
+    unit: Literal["count", "size", "duration"]
     exceeded: Callable[[int, Segment, RemainingRO, RetentionRules, float], str | None]
 
 
@@ -98,9 +100,9 @@ def _age_exceeded(limit: int, seg: Segment, left: RemainingRO, rules: RetentionR
     return f"{source} {t} older than log.retention.secs {limit}s" if t is not None and t + limit < now_s else None
 
 
-# Adding a policy: a field in RetentionRules, a row here, its key in the job config's TopicRetention
-# (jobs/config/models.py), and the broker's key in format/broker_config.py if the broker has one. The planner reads
-# this table.
+# Adding a policy: a row here, a field in RetentionRules, its key in the job config's TopicRetention
+# (jobs/config/models.py), and the broker's key in format/broker_config.py if the broker has one (else
+# broker_field None). The planner and the config's overrides read this table; a test holds the three to it.
 POLICIES: tuple[RetentionPolicy, ...] = (
     RetentionPolicy("segments_count", "segments_count", "retention_segments_count", "count", _count_exceeded),
     RetentionPolicy("max_bytes", "max_bytes", "retention_bytes", "size", _bytes_exceeded),

@@ -133,3 +133,26 @@ def test_live_partition_refused(tmp_path):
     part = make_partition(str(tmp_path / "p"))
     res = apply_retention(part, RetentionRules(segments_count=2), RetentionOptions())  # real clock: just written
     assert res.status == "failed" and "--broker-stopped" in res.error
+
+
+def test_the_policy_table_drives_the_rules_the_config_and_the_broker_keys():
+    """Each row of POLICIES has its field in RetentionRules, its key (config_key, parsed as its unit) in the job
+    config's per-topic overrides, and its field in the broker's PartitionConfig when the broker has the policy."""
+    import dataclasses
+
+    from tank_log.format.broker_config import PartitionConfig
+    from tank_log.jobs.config.models import TopicRetention
+    from tank_log.maintenance.retention import POLICIES
+
+    samples = {"count": (5, 5), "size": ("2kb", 2048), "duration": ("2days", 2 * 86400)}
+    rule_fields = {f.name for f in dataclasses.fields(RetentionRules)}
+    for policy in POLICIES:
+        assert policy.name in rule_fields
+        field = TopicRetention.model_fields[policy.name]
+        assert (field.alias or policy.name) == policy.config_key
+        text, value = samples[policy.unit]
+        assert getattr(TopicRetention.model_validate({policy.config_key: text}), policy.name) == value
+        assert TopicRetention.model_validate({policy.config_key: text}).limits == {policy.name: value}
+        if policy.broker_field is not None:
+            assert hasattr(PartitionConfig(), policy.broker_field)
+    assert set(TopicRetention.model_fields) - {p.name for p in POLICIES} == {"enabled", "time_basis", "keep_unexported"}
