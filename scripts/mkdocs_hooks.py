@@ -113,5 +113,17 @@ def link_prose(markdown: str, src_uri: str) -> str:
     return "\n".join(lines)
 
 
+def inline_snippets(markdown: str) -> str:
+    """A page that is a whole-file include (`--8<-- "bench/RESULTS.md"`) gets the file's text here, so its prose is
+    linked like any page's."""
+    root = os.path.dirname(DOCS)
+
+    def include(m: re.Match[str]) -> str:
+        with open(os.path.join(root, m.group(1)), encoding="utf-8") as fh:
+            return fh.read()
+
+    return re.sub(r'^--8<-- "([^"]+)"$', include, markdown, flags=re.MULTILINE)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    return link_prose(markdown, page.file.src_uri)
+    return link_prose(inline_snippets(markdown), page.file.src_uri)

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import textwrap
 
 from conftest import ROOT
 
@@ -126,3 +127,17 @@ def test_the_configuration_reference_spells_defaults_as_yaml_does():
         assert size_bytes(spell_size(n)) == n
     for s in (0, 1, 59, 60, 300, 43200, 86400 * 7, 86401):
         assert duration_ms(spell_duration(s)) == s * 1000
+
+
+def test_the_configuration_example_fits_the_page_and_reads_the_same():
+    """The reference's example config is wrapped to the docs' code width, and still loads to the same values."""
+    import yaml
+
+    from tank_log.jobs import config
+    from tank_log.tools.reference import HELP_COLUMNS, config_reference
+
+    page = config_reference()
+    shown = page.split("## An example with every section", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert max(len(line) for line in shown.split("\n")) <= HELP_COLUMNS
+    original = (config.__doc__ or "").split("\n\n", 2)[-1]
+    assert yaml.safe_load(shown) == yaml.safe_load(textwrap.dedent(original))

@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging; repair also prints clean partitions"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("dump", help="messages as JSON lines (or bundle headers with --bundles)")
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
@@ -431,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from tank_spark.entry_points import NAMES  # no Spark in it: the entry points' names and paths
 
-    p.add_argument("job", choices=NAMES, help="job")
+    p.add_argument("job", choices=NAMES, metavar="JOB", help="one of: " + ", ".join(NAMES))
     p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("config", help="the job configuration: its JSON Schema, or a file checked and shown in full")

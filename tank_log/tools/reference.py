@@ -58,9 +58,19 @@ def options_of(parser: argparse.ArgumentParser) -> list[str]:
     return out
 
 
+HELP_COLUMNS = 78  # the same wrapping on every machine, and within the docs site's content column on a laptop
+
+
 def _help(parser: argparse.ArgumentParser) -> str:
-    os.environ["COLUMNS"] = "110"  # the same wrapping on every machine
-    return parser.format_help()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)
+    try:
+        return parser.format_help()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
 
 
 def cli_reference() -> str:
@@ -149,11 +159,31 @@ def config_reference() -> str:
         "## An example with every section",
         "",
         "```yaml",
-        "\n".join(line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")),
+        _fit_yaml([line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")]),
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def _fit_yaml(lines: list[str], width: int = HELP_COLUMNS) -> str:
+    """YAML lines within `width`, read the same: trailing comments go on their own lines above their key, and a long
+    flow mapping continues on the next lines."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        code, sep, comment = line.partition("  # ")
+        indent = code[: len(code) - len(code.lstrip())]
+        if sep and code.strip():
+            out += textwrap.wrap(comment.strip(), width, initial_indent=indent + "# ", subsequent_indent=indent + "# ")
+            line = code.rstrip()
+        brace = line.find("{")
+        if len(line) > width and brace > 0 and line.endswith("}"):
+            out += textwrap.wrap(line, width, subsequent_indent=" " * (brace + 1), break_on_hyphens=False)
+        else:
+            out.append(line)
+    return "\n".join(out)
 
 
 def _yaml_default(field: Any) -> str:
