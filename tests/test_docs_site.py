@@ -358,3 +358,32 @@ def test_code_and_tables_fit_the_column(browser, served, site):
         if cut:
             wide[page] = cut
     assert wide == {}
+
+
+def test_common_questions_are_one_click_from_home(site):
+    """Each common question is answered in a section whose heading names it, linked from the home page."""
+    import re
+
+    home = (site / "index.html").read_text(encoding="utf-8")
+    questions = {
+        "nightly compaction on a cluster": "guides/cluster/#nightly-compaction-on-a-cluster",
+        "exit code 3": "operations/exit-codes/#exit-code-3-done-partially",
+        "retention that keeps what the lakehouse lacks": (
+            "guides/retention/#retention-that-keeps-what-the-lakehouse-lacks"
+        ),
+        "tank data in a dataframe": "guides/reading/",
+        "the key memory budget": "guides/compaction/#the-key-memory-budget",
+        "metrics and alerts": "operations/monitoring/",
+        "restoring a lost broker host from the lakehouse": (
+            "guides/import/#restoring-a-lost-broker-host-from-the-lakehouse"
+        ),
+    }
+    for words, target in questions.items():
+        assert f'href="{target}"' in home, target
+        page, _, anchor = target.partition("#")
+        html = (site / page / "index.html").read_text(encoding="utf-8")
+        if anchor:
+            heading = re.search(rf'<h[23] id="{anchor}">(.*?)<', html)
+        else:
+            heading = re.search(r"<h1[^>]*>(.*?)<", html)
+        assert heading and words in heading.group(1).lower(), (target, heading and heading.group(1))
