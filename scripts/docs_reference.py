@@ -60,9 +60,19 @@ def options_of(parser: argparse.ArgumentParser) -> list[str]:
     return out
 
 
+HELP_COLUMNS = 78  # the same wrapping on every machine, and within the docs site's content column on a laptop
+
+
 def _help(parser: argparse.ArgumentParser) -> str:
-    os.environ["COLUMNS"] = "110"  # the same wrapping on every machine
-    return parser.format_help()
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)
+    try:
+        return parser.format_help()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
 
 
 def cli_reference() -> str:
@@ -122,7 +132,7 @@ def _config_rows() -> list[tuple[str, str, str]]:
                 rows.append((key, "", (sub.__doc__ or "").strip().split("\n")[0]))
                 walk(sub, key + suffix)
                 continue
-            default = "" if field.is_required() else _yaml_value(field.get_default(call_default_factory=True))
+            default = "" if field.is_required() else _yaml_default(field)
             rows.append((key, default, field.description or ""))
 
     walk(JobConfig, "")
@@ -137,9 +147,8 @@ def config_reference() -> str:
         "Generated from the configuration models (`tank_log/jobs/config/models.py`) when the site is built. One YAML",
         "format for every job, validated at load: unknown keys and bad values are errors naming the key path;",
         "durations and sizes use the broker's grammar (`30s`, `15min`, `7days`; `64kb`, `1gb`; a bare number is",
-        "seconds or bytes) and are shown here in the unit the field holds (`_ms`, `_s`: milliseconds, seconds);",
-        "flags override the file; relative paths are relative to the file. `tank-log config schema` prints the",
-        "JSON Schema (for editors).",
+        "seconds or bytes), and the defaults below are spelled that way too; flags override the file; relative",
+        "paths are relative to the file. `tank-log config schema` prints the JSON Schema (for editors).",
         "",
         "| key | default | meaning |",
         "|---|---|---|",
@@ -152,11 +161,63 @@ def config_reference() -> str:
         "## An example with every section",
         "",
         "```yaml",
-        "\n".join(line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")),
+        _fit_yaml([line[4:] if line.startswith("    ") else line for line in sample[-1].strip("\n").split("\n")]),
         "```",
         "",
     ]
     return "\n".join(lines)
+
+
+def _fit_yaml(lines: list[str], width: int = HELP_COLUMNS) -> str:
+    """YAML lines within `width`, read the same: trailing comments go on their own lines above their key, and a long
+    flow mapping continues on the next lines."""
+    import textwrap
+
+    out = []
+    for line in lines:
+        code, sep, comment = line.partition("  # ")
+        indent = code[: len(code) - len(code.lstrip())]
+        if sep and code.strip():
+            out += textwrap.wrap(comment.strip(), width, initial_indent=indent + "# ", subsequent_indent=indent + "# ")
+            line = code.rstrip()
+        brace = line.find("{")
+        if len(line) > width and brace > 0 and line.endswith("}"):
+            out += textwrap.wrap(line, width, subsequent_indent=" " * (brace + 1), break_on_hyphens=False)
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def _yaml_default(field: Any) -> str:
+    """A field's default as a YAML file would spell it: sizes and durations in the broker's units (`256mb`, `7days`,
+    `12h`), not the bytes, seconds or milliseconds the model holds."""
+    from tank_log.jobs.config.units import DURATION_HELP, SIZE_HELP, duration_ms
+
+    value = field.get_default(call_default_factory=True)
+    helps = [getattr(m, "json_schema", {}).get("description") for m in field.metadata]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if SIZE_HELP in helps:
+            return spell_size(value)
+        if DURATION_HELP in helps:
+            millis = any(getattr(m, "func", None) is duration_ms for m in field.metadata)
+            return spell_duration(value // 1000 if millis else value)
+    return _yaml_value(value)
+
+
+def spell_size(n: int) -> str:
+    """Bytes in the largest unit of the broker's size grammar that holds them exactly: 268435456 → `256mb`."""
+    for unit, size in (("gb", 1 << 30), ("mb", 1 << 20), ("kb", 1 << 10)):
+        if n and n % size == 0:
+            return f"{n // size}{unit}"
+    return f"{n}b" if n else "0"
+
+
+def spell_duration(seconds: int) -> str:
+    """Seconds in the largest unit of the broker's duration grammar that holds them exactly: 43200 → `12h`."""
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s" if seconds else "0"
 
 
 def _yaml_value(value: object) -> str:

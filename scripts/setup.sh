@@ -40,3 +40,34 @@ fi
 # job start. Built once (~40 s), again after Spark or the JDK changed; a driver without it just starts slower.
 .venv/bin/python -m tank_spark.class_archive --if-missing >/dev/null ||
     echo "setup: no Spark class archive built; jobs start without it" >&2
+# The docs site's diagram library, served by the site itself so that it works offline (Material loads Mermaid from a
+# CDN unless the page has it): mermaid's browser bundle from the npm registry, pinned and checked, into the
+# git-ignored docs/assets/vendor/ (mkdocs.yml: extra_javascript).
+MERMAID_VERSION=11.17.2
+MERMAID_SHA256=581ed7d74bd9048d0e3a91363927d72ef22942d7722546b27f7cc29e35390eb8
+mermaid=docs/assets/vendor/mermaid.min.js
+if [ "$(sha256sum "$mermaid" 2>/dev/null | cut -d' ' -f1)" != "$MERMAID_SHA256" ]; then
+    if command -v npm >/dev/null; then
+        tmp=$(mktemp -d)
+        (cd "$tmp" && npm pack --silent "mermaid@$MERMAID_VERSION" >/dev/null &&
+            tar xzf "mermaid-$MERMAID_VERSION.tgz" package/dist/mermaid.min.js)
+        if [ "$(sha256sum "$tmp/package/dist/mermaid.min.js" | cut -d' ' -f1)" = "$MERMAID_SHA256" ]; then
+            mkdir -p "$(dirname "$mermaid")"
+            mv "$tmp/package/dist/mermaid.min.js" "$mermaid.tmp" && mv "$mermaid.tmp" "$mermaid"
+        else
+            echo "setup: mermaid@$MERMAID_VERSION from npm does not match its pinned checksum; not installed" >&2
+        fi
+        rm -rf "$tmp"
+    else
+        echo "setup: no npm: the docs site's diagrams need docs/assets/vendor/mermaid.min.js (mermaid@$MERMAID_VERSION)" >&2
+    fi
+fi
+# Headless Chromium and its WebDriver for the browser test of the docs site (tests/test_docs_site.py), from Debian's
+# packages, installed only when missing (as root; elsewhere that test is skipped and says why).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+    else
+        echo "setup: no chromium/chromedriver (apt-get install chromium chromium-driver); the docs browser test skips" >&2
+    fi
+fi

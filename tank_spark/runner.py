@@ -286,6 +286,10 @@ def run_job(
         report.end(ctx.report_path, "interrupted", summary=summary, partitions=stop.results)
         print(interrupted_message(job, stop.results), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM outside a drain: while Spark starts, or while a job sets up
+        report.end(ctx.report_path, "interrupted", summary={"partitions": 0, "by_status": {}}, partitions=[])
+        print(f"{job}: interrupted before any partition's result came back; a rerun does the work", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as err:
         report.end(ctx.report_path, "failed", error=_logged_failure(job, err))
         return EXIT_FAILED

@@ -3,6 +3,7 @@
 import os
 import re
 import subprocess
+import textwrap
 
 from conftest import ROOT, load_script
 
@@ -101,3 +102,36 @@ def test_the_docs_site_builds_strictly(tmp_path):
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "--keep-unexported" in cli and "--metrics-file" in cli
     assert 'class="mermaid"' in (tmp_path / "site" / "operations" / "crash-safety" / "index.html").read_text()
+
+
+def test_the_configuration_reference_spells_defaults_as_yaml_does():
+    """Sizes and durations appear as a config file would write them (`256mb`, `12h`), and each spelled default loads
+    back to the value the model holds."""
+    from tank_log.jobs.config.units import duration_ms, size_bytes
+
+    ref = load_script(os.path.join("scripts", "docs_reference.py"))
+    spell_duration, spell_size = ref.spell_duration, ref.spell_size
+    conf = ref.config_reference()
+    assert "| `compaction.key_state_budget` | `256mb` |" in conf
+    assert "| `export.orphan_horizon` | `12h` |" in conf
+    assert "| `live_window` | `5min` |" in conf
+    assert "268435456" not in conf and "43200000" not in conf
+    for n in (0, 1, 1023, 1024, 64 << 10, 256 << 20, 3 << 30, (1 << 30) + 1):
+        assert size_bytes(spell_size(n)) == n
+    for s in (0, 1, 59, 60, 300, 43200, 86400 * 7, 86401):
+        assert duration_ms(spell_duration(s)) == s * 1000
+
+
+def test_the_configuration_example_fits_the_page_and_reads_the_same():
+    """The reference's example config is wrapped to the docs' code width, and still loads to the same values."""
+    import yaml
+
+    from tank_log.jobs import config
+
+    ref = load_script(os.path.join("scripts", "docs_reference.py"))
+    HELP_COLUMNS = ref.HELP_COLUMNS
+    page = ref.config_reference()
+    shown = page.split("## An example with every section", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert max(len(line) for line in shown.split("\n")) <= HELP_COLUMNS
+    original = (config.__doc__ or "").split("\n\n", 2)[-1]
+    assert yaml.safe_load(shown) == yaml.safe_load(textwrap.dedent(original))

@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging; repair also prints clean partitions"
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("dump", help="messages as JSON lines (or bundle headers with --bundles)")
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
-    p.add_argument("job", choices=JOB_NAMES, help="job")
+    p.add_argument("job", choices=JOB_NAMES, metavar="JOB", help="one of: " + ", ".join(JOB_NAMES))
     p.set_defaults(func=_cmd_job_path)
 
     p = sub.add_parser("config", help="the job configuration: its JSON Schema, or a file checked and shown in full")

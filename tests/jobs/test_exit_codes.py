@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import many_small_partitions, run_job_script, standin_broker, start_standin
+from conftest import ROOT, many_small_partitions, run_job_script, standin_broker, start_standin
 
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 
@@ -61,3 +61,37 @@ def test_jobs_and_maintain_skipping_work_held_by_the_broker_exit_3(held_base, tm
         assert "done partially" in r.stderr.strip().splitlines()[-1]
     r = subprocess.run([*CLI, "maintain", base, "--broker-stopped"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 3 and "done partially" in r.stderr
+
+
+STOPPED_WHILE_SETTING_UP = """
+import os, signal, sys, time
+from tank_spark.runner import run_job
+
+def execute(ctx, prepared, spark):
+    os.kill(os.getpid(), signal.SIGTERM)  # an orchestrator's stop while the job sets up, outside any drain
+    time.sleep(30)
+    raise AssertionError("not stopped")
+
+sys.exit(run_job("setup-stop", "a job stopped while it sets up", lambda p: None, lambda c, a: None, execute,
+                 needs_spark=lambda c, p: False))
+"""
+
+
+def test_a_stop_while_a_job_sets_up_is_an_interruption_not_a_crash(tmp_path):
+    """SIGTERM that lands before any partition runs (while Spark starts, or a continuous export registers its
+    source) ends the run as interrupted: exit 130, one line, the report written, no traceback."""
+    from tank_log.tools.demo import write_demo
+
+    base = write_demo(str(tmp_path / "demo"))
+    report_path = tmp_path / "r.json"
+    r = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_SETTING_UP, "--data-dir", base, "--report", str(report_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert r.returncode == 130, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "setup-stop: interrupted" in r.stderr
+    report = json.loads(report_path.read_text())
+    assert report["status"] == "interrupted" and report["partitions"] == []
