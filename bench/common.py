@@ -47,6 +47,11 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average: every benchmark reports it beside its figures (the machine is shared)."""
+    return round(os.getloadavg()[0], 1)
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

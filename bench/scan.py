@@ -8,7 +8,7 @@ same compressed message sets (the ceiling for the Snappy cases). Each configurat
 The scans run with the allocator setting the export's readers make (jobs/allocator.py); `--glibc-default-allocator`
 leaves glibc's default, to measure what the setting saves.
 
-Run: python bench/scan.py [--messages 1000000] [--workdir DIR] [--runs 3] [--glibc-default-allocator]
+Run: python bench/scan.py [--messages 1000000] [--workdir DIR] [--runs 3] [--only LABEL] [--glibc-default-allocator]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cramjam  # noqa: E402
-from common import Timer, bundle_messages, machine  # noqa: E402
+from common import Timer, bundle_messages, load_average, machine  # noqa: E402
 
 from tank_log.format import native  # noqa: E402
 from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
@@ -55,9 +55,9 @@ def scan(part_dir: str) -> tuple[int, int, float, float]:
     return rows, nbytes, t.wall, t.cpu
 
 
-def snappy_ceiling(part_dir: str) -> tuple[float, int]:
-    """Seconds to raw-decompress every Snappy message set of the partition with the Snappy library (cramjam, the
-    backend python-snappy uses), one call per set (best of 3)."""
+def snappy_ceiling(part_dir: str) -> tuple[float, float, int]:
+    """Seconds (wall, CPU) to raw-decompress every Snappy message set of the partition with the Snappy library
+    (cramjam, the backend python-snappy uses), one call per set (best of 3)."""
     part = scan_partition(part_dir, "bench", 0)
     blocks = []
     for s in part.segments:
@@ -65,14 +65,14 @@ def snappy_ceiling(part_dir: str) -> tuple[float, int]:
         for h in s.bundles():
             if h.codec:
                 blocks.append(raw[h.set_offset : h.end])
-    best = None
+    best, best_cpu = float("inf"), float("inf")
     for _ in range(3):
         with Timer() as t:
             decompress = cramjam.snappy.decompress_raw
             for b in blocks:
                 decompress(b)
-        best = t.wall if best is None else min(best, t.wall)
-    return best or 0.0, len(blocks)
+        best, best_cpu = min(best, t.wall), min(best_cpu, t.cpu)
+    return best, best_cpu, len(blocks)
 
 
 def main() -> None:
@@ -81,6 +81,7 @@ def main() -> None:
     ap.add_argument("--workdir")
     ap.add_argument("--runs", type=int, default=3, help="scans per core (best is reported)")
     ap.add_argument("--json", help="write results here")
+    ap.add_argument("--only", help="only the configurations whose label contains this (e.g. '100-msg bundles, Snappy')")
     ap.add_argument("--glibc-default-allocator", action="store_true", help="without the readers' allocator setting")
     args = ap.parse_args()
     if not args.glibc_default_allocator:
@@ -94,6 +95,8 @@ def main() -> None:
         ("1-msg bundles, Snappy", 1, SnappyPolicy.ALWAYS),
     ]
     for label, per_bundle, snap in configs:
+        if args.only and args.only not in label:
+            continue
         d = os.path.join(work, label.replace(" ", "_").replace(",", ""))
         shutil.rmtree(d, ignore_errors=True)
         with Timer() as tw:
@@ -109,11 +112,12 @@ def main() -> None:
             for core in runs:
                 with native.use_pure(core == "pure"):
                     runs[core].append(scan(d))
-        res: dict = {"config": label, "write_s": round(tw.wall, 1)}
-        secs = 0.0
+        res: dict = {"config": label, "write_s": round(tw.wall, 1), "load_average": load_average()}
+        secs = cpu_secs = 0.0
         if snap is SnappyPolicy.ALWAYS:
-            secs, blocks = snappy_ceiling(d)
+            secs, cpu_secs, blocks = snappy_ceiling(d)
             res["snappy_decompress_only_s"] = round(secs, 3)
+            res["snappy_decompress_only_cpu_s"] = round(cpu_secs, 3)
             res["snappy_blocks"] = blocks
         for core, core_runs in runs.items():
             rows, nbytes, wall, cpu = min(core_runs, key=lambda r: r[2])
@@ -125,6 +129,7 @@ def main() -> None:
                 "msgs_per_s": round(rows / wall),
                 "mb_per_s": round(nbytes / wall / 1e6, 1),
                 "scan_over_decompress": round(wall / secs, 2) if secs else None,
+                "scan_over_decompress_cpu": round(cpu / cpu_secs, 2) if cpu_secs else None,
             }
         results.append(res)
         print(json.dumps(res), flush=True)
