@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -148,6 +149,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.jobs.config import load_job_config
 
     _require_base_path(args.path)
+    _mark_run(args)
     config = apply_flags(
         load_job_config(args.config),
         force=args.force,
@@ -176,6 +178,7 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
 
     _require_base_path(args.path)
+    _mark_run(args)
     config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
     config = apply_guard_flags(config, args)
     tasks, left_out = plan_maintenance(
@@ -190,6 +193,18 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
         processes=args.processes,
         metrics_file=args.metrics_file or config.metrics_file,
     )
+
+
+def _mark_run(args: argparse.Namespace) -> None:
+    """Mark this process as a tank-log run on its base path until it exits (`storage/locking.run_marker`): another
+    run of ours then waits for the partition lock or skips, never taking this one for the broker."""
+    from tank_log.storage.locking import run_marker
+
+    if not args.dry_run:
+        _RUN_MARKS.enter_context(run_marker([args.path]))
+
+
+_RUN_MARKS = contextlib.ExitStack()  # closed when the process exits
 
 
 def _require_base_path(path: str) -> None:
