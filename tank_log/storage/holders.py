@@ -209,6 +209,8 @@ def _named_by_command(pid: int, dirs: list[str], exact: set[str]) -> str | None:
     for arg in _argv(pid)[1:]:
         for candidate in (arg, arg.split("=", 1)[1] if "=" in arg else ""):
             if candidate and ("/" in candidate or candidate in (".", "..")):
+                if candidate.startswith(("/dev/", "/proc/")):  # e.g. `bash /dev/fd/3`: its fds, not ours to resolve
+                    continue
                 path = os.path.realpath(os.path.join(cwd, candidate))
                 if path in exact or _under(path, dirs):
                     return f"names {path} on its command line"
