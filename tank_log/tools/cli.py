@@ -23,6 +23,7 @@ from tank_log.jobs.guard_flags import add_keep_unexported  # noqa: E402
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
+    from tank_log.problems import Problem
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
@@ -54,6 +55,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from tank_log.maintenance.verify import verify_path
 
     problems = verify_path(args.path)
+    if args.config:
+        problems += _guard_problems(args.path, args.config)
     shown = [p for p in problems if args.warnings or p.severity == "error"]
     if args.json:
         for p in shown:
@@ -64,6 +67,25 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         errors = sum(p.severity == "error" for p in problems)
         print(f"{errors} error(s), {len(problems) - errors} warning(s)", file=sys.stderr)
     return 1 if any(p.severity == "error" for p in problems) else 0
+
+
+def _guard_problems(path: str, config_file: str) -> list[Problem]:
+    """A problem per topic under `path` that the job config's lakehouse guard covers while the topic's config lets
+    the broker delete segments itself (`maintenance.retention.broker_retention_problem`)."""
+    from tank_log.jobs.config import load_job_config
+    from tank_log.maintenance.retention import broker_retention_problem
+    from tank_log.problems import Problem
+    from tank_log.storage.datadir import partitions_at
+
+    retention = load_job_config(config_file).retention
+    out: dict[str, Problem] = {}
+    for part in partitions_at(path):
+        if part.topic in out or retention.guard_of(part.topic) is None:
+            continue
+        problem = broker_retention_problem(part.topic, part.config)
+        if problem:
+            out[part.topic] = Problem(os.path.dirname(part.path), None, "broker-retention", problem)
+    return list(out.values())
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -365,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
     p.add_argument("--json", action="store_true", help="one JSON object per problem")
     p.add_argument("--warnings", action="store_true", help="also print warnings")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the job configuration: also report topics retention's lakehouse guard (keep_unexported) cannot protect "
+        "because their config lets the broker delete segments itself",
+    )
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("stats", help="per-partition statistics")
