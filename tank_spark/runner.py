@@ -285,7 +285,12 @@ def _run_job(
         ctx = build_context(job, args, new_data_dir=new_data_dir)
         if not ctx.dry_run:  # another run of ours tells this one from the broker (storage/holders.py)
             marks.enter_context(run_marker(ctx.data_dirs))
-        report.metrics_path = args.metrics_file or ctx.config.metrics_file
+        metrics_path = args.metrics_file or ctx.config.metrics_file
+        if metrics_path:  # found now, not after all the work
+            from tank_log.metrics import check_metrics_path
+
+            check_metrics_path(metrics_path)
+        report.metrics_path = metrics_path
         prepared = prepare(ctx, args)
         report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:

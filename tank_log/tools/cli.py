@@ -257,6 +257,11 @@ def _run_tasks(
     from tank_log.jobs.stopping import Interrupted
     from tank_log.maintenance.outcome import Status
 
+    if metrics_file:  # found now, not after all the work
+        from tank_log.metrics import check_metrics_path
+
+        check_metrics_path(metrics_file)
+
     def print_entry(r: dict[str, Any]) -> None:
         if r["status"] != Status.INTERRUPTED:  # queued when the run was stopped: listed by the message below
             print(json.dumps(r), flush=True)
@@ -364,7 +369,10 @@ def _positive(value: str) -> int:
 
 
 def _topics(value: str) -> list[str]:
-    return [t for t in value.split(",") if t]
+    topics = [t for t in value.split(",") if t]
+    if not topics:  # `--topics ,` names no topic: not "every topic"
+        raise argparse.ArgumentTypeError(f"{value!r} names no topic (give T1,T2, or leave it out for every topic)")
+    return topics
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,88 @@
+"""Bad input is a usage error (exit 2) in one line naming the file, flag or key and the rule, found before any work
+is done, never a traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, many_small_partitions
+
+CLI = [sys.executable, "-m", "tank_log.tools.cli"]
+
+
+def _job(name, *args):
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "jobs", f"{name}.py"), *args], capture_output=True, text=True, env=env
+    )
+
+
+def _one_line_usage_error(r, *words):
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    for w in words:
+        assert w in last, last
+    return last
+
+
+def test_a_deeply_nested_or_non_utf8_config_is_a_usage_error_naming_the_file(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("retention:\n  topics: " + "[" * 5000 + "]" * 5000 + "\n")
+    _one_line_usage_error(
+        subprocess.run([*CLI, "config", "check", str(deep)], capture_output=True, text=True), str(deep), "nested"
+    )
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("retention:\n  topics:\n" + "".join("  " * (i + 2) + f"a{i}:\n" for i in range(40)))
+    _one_line_usage_error(
+        subprocess.run([*CLI, "config", "check", str(nested)], capture_output=True, text=True),
+        str(nested),
+        "nested deeper than",
+    )
+    binary = tmp_path / "latin1.yaml"
+    binary.write_bytes(b"retention:\n  time_basis: \xff\xfe\n")
+    _one_line_usage_error(
+        subprocess.run([*CLI, "config", "check", str(binary)], capture_output=True, text=True), str(binary), "not UTF-8"
+    )
+
+
+def test_a_table_path_under_a_file_is_a_usage_error(tmp_path):
+    base = many_small_partitions(tmp_path / "base", 1)
+    (tmp_path / "file").write_text("x")
+    for job, extra in (("export_delta", ["--data-dir", base]), ("import_delta", ["--data-dir", str(tmp_path / "n")])):
+        r = _job(job, *extra, "--table", str(tmp_path / "file" / "sub"))
+        _one_line_usage_error(r, f"{tmp_path / 'file'} is not a directory")
+
+
+def test_topics_naming_no_topic_is_a_usage_error_not_every_topic(tmp_path):
+    base = many_small_partitions(tmp_path / "base", 1)
+    r = subprocess.run([*CLI, "compact", base, "--topics", ",", "--dry-run"], capture_output=True, text=True)
+    _one_line_usage_error(r, "names no topic")
+    _one_line_usage_error(_job("compact", "--data-dir", base, "--topics", ",", "--dry-run"), "names no topic")
+
+
+def test_an_unwritable_metrics_file_is_refused_before_the_work(tmp_path):
+    base = many_small_partitions(tmp_path / "base", 2)
+    (tmp_path / "file").write_text("x")
+    prom = str(tmp_path / "file" / "m.prom")
+    before = sorted(os.listdir(os.path.join(base, "kv", "0")))
+    r = subprocess.run(
+        [*CLI, "compact", base, "--broker-stopped", "--metrics-file", prom], capture_output=True, text=True
+    )
+    _one_line_usage_error(r, "--metrics-file", prom)
+    assert r.stdout == ""  # no partition was worked on
+    r = _job("compact", "--data-dir", base, "--broker-stopped", "--metrics-file", prom)
+    _one_line_usage_error(r, "--metrics-file", prom)
+    assert sorted(os.listdir(os.path.join(base, "kv", "0"))) == before  # nothing compacted
+
+
+@pytest.mark.parametrize("budget", ["1kb", "100"])
+def test_a_key_budget_too_small_to_hold_keys_is_a_usage_error(tmp_path, budget):
+    conf = tmp_path / "job.yaml"
+    conf.write_text(f"compaction:\n  key_state_budget: {budget}\n")
+    base = many_small_partitions(tmp_path / "base", 1)
+    r = subprocess.run(
+        [*CLI, "compact", base, "--broker-stopped", "--config", str(conf)], capture_output=True, text=True
+    )
+    _one_line_usage_error(r, str(conf), "key_state_budget", "at least 64kb")
