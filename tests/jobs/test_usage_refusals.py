@@ -86,3 +86,24 @@ def test_a_key_budget_too_small_to_hold_keys_is_a_usage_error(tmp_path, budget):
         [*CLI, "compact", base, "--broker-stopped", "--config", str(conf)], capture_output=True, text=True
     )
     _one_line_usage_error(r, str(conf), "key_state_budget", "at least 64kb")
+
+
+def test_a_cleanup_log_record_with_an_empty_topic_is_dropped_as_the_broker_drops_it(tmp_path):
+    """The broker drops `.cleanup.log` records of topics it does not have (§1.6); no topic has an empty name. verify
+    names the record (a warning, with its offset), and compaction drops it at its rewrite instead of failing on it."""
+    import struct
+
+    from tank_log.storage.cleanup_marks import read_cleanup_log
+
+    base = many_small_partitions(tmp_path / "base", 1)
+    with open(os.path.join(base, ".cleanup.log"), "wb") as fh:
+        fh.write(b"\x02kv" + struct.pack("<HQ", 0, 3) + b"\x00" + struct.pack("<HQ", 0, 5))
+    r = subprocess.run([*CLI, "verify", base, "--warnings"], capture_output=True, text=True)
+    assert r.returncode == 0 and ".cleanup.log @13: [cleanup-log] a record with an empty topic" in r.stdout, r.stdout
+    r = subprocess.run([*CLI, "compact", base, "--broker-stopped", "--force"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from tank_log.format.cleanup_log import parse_cleanup_log
+
+    with open(os.path.join(base, ".cleanup.log"), "rb") as fh:
+        records = parse_cleanup_log(fh.read())
+    assert [r.topic for r in records] == ["kv"] and read_cleanup_log(base)[("kv", 0)] > 3  # compacted; dropped
