@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pyarrow as pa
@@ -26,9 +26,10 @@ import pyarrow.compute as pc
 
 from tank_log.errors import ImportRefused, JobConfigError, RunFailed
 from tank_log.format.arrow import skip_pandas_detection
+from tank_log.format.broker_config import parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
 from tank_log.maintenance.outcome import Status
-from tank_log.storage.fsutil import fsync_dir
+from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.holders import held_reason, holders
 from tank_log.storage.staging import (
     StagedPartition,
@@ -40,6 +41,7 @@ from tank_log.storage.staging import (
 )
 from tank_spark.context import JobContext
 from tank_spark.export.location import TableLocation
+from tank_spark.export.topic_config import LOOKBACK, recorded_topic_configs
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
@@ -71,6 +73,7 @@ class ImportSettings:
     append: bool
     segment_bytes: int | None
     value_is_text: bool
+    topic_configs: dict[str, str] = field(default_factory=dict)  # topic → the `config` text the export recorded
 
 
 Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
@@ -135,6 +138,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         args.append,
         segment_bytes,
         pa.types.is_string(value_type) or pa.types.is_large_string(value_type),
+        recorded_topic_configs(delta.history(limit=LOOKBACK)),
     )
     return settings, plan_import(settings, keys)
 
@@ -273,6 +277,7 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
             s = staged.get((r["topic"], r["partition"]))
             if s is not None:
                 r.update(status=Status.IMPORTED, segments=s.segments, bytes=s.bytes)
+    restored, not_restored = _restore_configs(settings, plans, dry_run=ctx.dry_run)
     elapsed = time.monotonic() - t0
     rows = sum(p.rows for p in work)
     summary = {
@@ -283,8 +288,44 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
         "rows": rows,
         "import_s": round(elapsed, 3),
         "rows_per_s": round(rows / elapsed) if elapsed and not ctx.dry_run else None,
+        "topic_configs_restored": restored,
+        "topic_configs_not_restored": not_restored,
     }
     return [{**r, "status": str(r["status"])} for r in results], summary
+
+
+def _restore_configs(
+    settings: ImportSettings, plans: list[ImportPlan], *, dry_run: bool
+) -> tuple[list[str], dict[str, str]]:
+    """Write each imported topic's `config` as the export recorded it (atomically), where the topic has none yet: its
+    policy and limits come back with its data (§1.5). Returns the topics restored (or, in a dry run, that would be)
+    and those not, with why: nothing recorded, the topic has a config of its own, or the recorded one would abort
+    the broker."""
+    restored: list[str] = []
+    not_restored: dict[str, str] = {}
+    for topic in sorted({p.topic for p in plans}):
+        text = settings.topic_configs.get(topic)
+        path = os.path.join(settings.base, topic, "config")
+        if text is None:
+            not_restored[topic] = f"none recorded in the table's last {LOOKBACK} commits (the topic had none?)"
+            continue
+        if os.path.exists(path):
+            with open(path, "rb") as fh:
+                if fh.read() != text.encode():
+                    not_restored[topic] = f"{path} exists and differs from the recorded one: kept"
+            continue
+        errors = [p for p in parse_config(text, path)[1] if p.severity == "error"]
+        if errors:
+            not_restored[topic] = f"the recorded config would abort the broker: {errors[0].message}"
+            continue
+        if not dry_run:
+            if not os.path.isdir(os.path.dirname(path)):
+                continue  # nothing of the topic was written (refused or failed)
+            atomic_write(path, text.encode())
+        restored.append(topic)
+    for topic, why in not_restored.items():
+        log.warning("import: the config of topic %s was not restored: %s", topic, why)
+    return restored, not_restored
 
 
 def _stage(sc: SparkContext, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:

@@ -315,3 +315,33 @@ def test_an_import_refused_in_a_task_says_why_in_one_line(tmp_path):
     assert "gap would precede the active segment" in error, error
     assert "\tat org.apache" not in r.stderr and "Traceback" not in r.stderr  # no stack trace, Java's or ours
     assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
+
+
+def test_an_imported_topic_gets_back_its_config(tmp_path):
+    """The export records each topic's `config` in the table (its commit info); the import writes it back atomically
+    where the topic has none: a `cleanup` topic comes back `cleanup`, its limits with it. A topic the table records
+    no config for, or one whose config exists and differs, is named in the report, not overwritten."""
+    from conftest import many_small_partitions
+    from deltalake import DeltaTable
+
+    src = many_small_partitions(tmp_path / "src", 2)
+    text = "log.cleanup.policy=cleanup\nlog.retention.secs=3days # kept as written\n"
+    with open(os.path.join(src, "kv", "config"), "w") as fh:
+        fh.write(text)
+    os.makedirs(os.path.join(src, "plain", "0"))
+    write_segment(os.path.join(src, "plain", "0"), [Message(s, 1_800_000_000_000, None, b"p") for s in range(1, 4)])
+    table = str(tmp_path / "table")
+    r = run_export("--data-dir", src, "--table", table, executors=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (commit,) = [h for h in DeltaTable(table).history() if "tank_log.topic_config.kv" in h]
+    assert commit["tank_log.topic_config.kv"] == text and "tank_log.topic_config.plain" not in commit
+    dst = str(tmp_path / "dst")
+    r = run_import("--data-dir", dst, "--table", table, "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.load(open(tmp_path / "r.json"))["summary"]
+    assert summary["topic_configs_restored"] == ["kv"]
+    assert list(summary["topic_configs_not_restored"]) == ["plain"]
+    assert open(os.path.join(dst, "kv", "config")).read() == text
+    assert not os.path.exists(os.path.join(dst, "plain", "config"))
+    assert [n for n in os.listdir(os.path.join(dst, "kv")) if n.startswith(".")] == []  # no temporary left
+    assert sorted(dump_lines(dst)) == sorted(dump_lines(src))
