@@ -254,7 +254,7 @@ def _run_tasks(
     from tank_log.jobs.exits import EXIT_PARTIAL, exit_code, missed_message
     from tank_log.jobs.processes import run_in_processes, usable_cpus
     from tank_log.jobs.progress import interrupted_message
-    from tank_log.jobs.stopping import Interrupted
+    from tank_log.jobs.stopping import Interrupted, handling
     from tank_log.maintenance.outcome import Status
 
     if metrics_file:  # found now, not after all the work
@@ -278,23 +278,30 @@ def _run_tasks(
             doc = {"job": f"tank-log {what}", "status": status, "duration_s": time.monotonic() - t0}
             write_report_metrics(metrics_file, {**doc, "summary": {"by_status": by_status}, "partitions": results})
 
-    try:
-        results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
-    except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
+    late: list[int] = []  # Ctrl-C/SIGTERM after every partition finished: the bookkeeping and the summary still run
+    with handling(lambda signum, frame: late.append(signum), signal.SIGINT, signal.SIGTERM):
+        try:
+            results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
+        except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
+            if not dry_run:
+                bookkeeping(stop.results)
+            print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
+            metrics("interrupted", stop.results)
+            return EXIT_INTERRUPTED
         if not dry_run:
-            bookkeeping(stop.results)
-        print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
-        metrics("interrupted", stop.results)
-        return EXIT_INTERRUPTED
-    if not dry_run:
-        bookkeeping(results)
-    for r in left_out:
-        print(json.dumps(r))
-    code = exit_code(results)
-    if code == EXIT_PARTIAL:
-        print(missed_message(f"tank-log {what}", results), file=sys.stderr)
-    metrics({0: "ok", EXIT_PARTIAL: "partial"}.get(code, "partial-failure"), results)
-    return code
+            bookkeeping(results)
+        for r in left_out:
+            print(json.dumps(r))
+        code = exit_code(results)
+        if code == EXIT_PARTIAL:
+            print(missed_message(f"tank-log {what}", results), file=sys.stderr)
+        metrics({0: "ok", EXIT_PARTIAL: "partial"}.get(code, "partial-failure"), results)
+        if late:
+            name = signal.Signals(late[0]).name
+            print(
+                f"tank-log {what}: {name} came after every partition had finished: the run is complete", file=sys.stderr
+            )
+        return code
 
 
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:

@@ -1,12 +1,15 @@
 """Bad input is a usage error (exit 2) in one line naming the file, flag or key and the rule, found before any work
 is done, never a traceback."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 from conftest import ROOT, many_small_partitions
+
+from tank_log.storage.cleanup_marks import read_cleanup_log
 
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 
@@ -93,8 +96,6 @@ def test_a_cleanup_log_record_with_an_empty_topic_is_dropped_as_the_broker_drops
     names the record (a warning, with its offset), and compaction drops it at its rewrite instead of failing on it."""
     import struct
 
-    from tank_log.storage.cleanup_marks import read_cleanup_log
-
     base = many_small_partitions(tmp_path / "base", 1)
     with open(os.path.join(base, ".cleanup.log"), "wb") as fh:
         fh.write(b"\x02kv" + struct.pack("<HQ", 0, 3) + b"\x00" + struct.pack("<HQ", 0, 5))
@@ -107,3 +108,31 @@ def test_a_cleanup_log_record_with_an_empty_topic_is_dropped_as_the_broker_drops
     with open(os.path.join(base, ".cleanup.log"), "rb") as fh:
         records = parse_cleanup_log(fh.read())
     assert [r.topic for r in records] == ["kv"] and read_cleanup_log(base)[("kv", 0)] > 3  # compacted; dropped
+
+
+SIGTERM_AFTER_THE_WORK = """
+import os, signal, sys
+from tank_log.jobs.compaction import apply_flags, plan_compaction, record_cleanup_marks
+from tank_log.jobs.config import load_job_config
+from tank_log.tools.cli import _run_tasks
+
+config = apply_flags(load_job_config(None), force=True, broker_stopped=True)
+tasks, left_out = plan_compaction([sys.argv[1]], None, config, dry_run=False)
+
+def bookkeeping(results):  # the orchestrator's SIGTERM arrives just after the last partition finished
+    os.kill(os.getpid(), signal.SIGTERM)
+    record_cleanup_marks(results)
+
+sys.exit(_run_tasks("compact", tasks, left_out, bookkeeping, dry_run=False, processes=1))
+"""
+
+
+def test_a_sigterm_after_every_partition_finished_still_ends_with_the_summary(tmp_path):
+    """A stop signal that comes once the work is done does not kill the run before its bookkeeping and summary
+    (it exited 143 with nothing said): the run completes, says so, and exits with its code."""
+    base = many_small_partitions(tmp_path / "base", 2)
+    r = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_THE_WORK, base], capture_output=True, text=True)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
+    assert "SIGTERM came after every partition had finished: the run is complete" in r.stderr
+    assert [json.loads(x)["status"] for x in r.stdout.splitlines()] == ["compacted", "compacted"]
+    assert read_cleanup_log(base) == {("kv", 0): 40, ("kv", 1): 40}  # the bookkeeping ran: the compacted range
