@@ -136,3 +136,17 @@ def test_a_sigterm_after_every_partition_finished_still_ends_with_the_summary(tm
     assert "SIGTERM came after every partition had finished: the run is complete" in r.stderr
     assert [json.loads(x)["status"] for x in r.stdout.splitlines()] == ["compacted", "compacted"]
     assert read_cleanup_log(base) == {("kv", 0): 40, ("kv", 1): 40}  # the bookkeeping ran: the compacted range
+
+
+def test_maintain_never_calls_clean_what_verify_does_not(tmp_path):
+    """A topic-level problem (a config value that aborts the broker's startup, §1.5) makes `tank-log verify` exit 1;
+    maintain's final verify reports it too: needs-attention, exit 1, not "clean"."""
+    base = many_small_partitions(tmp_path / "base", 1)
+    with open(os.path.join(base, "kv", "config"), "a") as fh:
+        fh.write("log.roll.secs=5m\n")
+    assert subprocess.run([*CLI, "verify", base], capture_output=True).returncode == 1
+    r = subprocess.run([*CLI, "maintain", base, "--broker-stopped"], capture_output=True, text=True)
+    assert r.returncode == 1, r.stderr[-3000:]
+    (entry,) = [json.loads(x) for x in r.stdout.splitlines()]
+    verify = entry["steps"]["verify"]
+    assert verify["status"] == "needs-attention" and verify["errors"][0]["code"] == "config-value", verify
