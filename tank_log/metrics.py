@@ -156,6 +156,30 @@ def read_samples(path: str) -> dict[str, float]:
     return out
 
 
+def check_metrics_path(path: str) -> None:
+    """Refuse, before a run does its work, a metrics file it could not write at the end: its directory is created
+    (as the write would) and a `.`-prefixed temporary file is created and removed in it.
+
+    Raises:
+        UsageError: naming the path and why.
+    """
+    import tempfile
+
+    from tank_log.errors import UsageError, describe_error
+
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        raise UsageError(f"--metrics-file {path}: is a directory")
+    try:
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with tempfile.NamedTemporaryFile(
+            dir=os.path.dirname(full), prefix=f".{os.path.basename(full)}.", suffix=".probe"
+        ):
+            pass
+    except OSError as err:
+        raise UsageError(f"--metrics-file {path}: cannot be written: {describe_error(err)}") from None
+
+
 def write_metrics(path: str, registry: CollectorRegistry) -> None:
     """Write the registry to `path` atomically (a temporary file renamed into place), creating its directory."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -63,6 +63,8 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
         if not os.path.isdir(parent):
             raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
     topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
+    if topics is not None and not topics:  # `--topics ,` names no topic: not "every topic"
+        raise JobConfigError(f"--topics {args.topics!r} names no topic (give T1,T2, or leave it out for every topic)")
     return JobContext(
         job,
         config,

@@ -42,6 +42,7 @@ from tank_log.jobs.processes import exit_with_parent, run_in_processes
 from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_message
 from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
+from tank_log.storage.locking import run_marker
 from tank_spark.context import JobContext, build_context, driver_cores, spark_context, spark_session, stop_spark
 from tank_spark.job_options import job_parser
 from tank_spark.report import RunReport, count_by, report_arg
@@ -241,6 +242,35 @@ def run_job(
     no (nothing to run on executors), Spark is not started and `spark` is None. The report's `timings` split the
     run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the tasks and the driver's
     bookkeeping) and `spark_stop_s`. With `new_data_dir` the data directory may not exist yet (`build_context`)."""
+    with contextlib.ExitStack() as marks:  # the run marker (storage/locking.py), once the data dirs are known
+        return _run_job(
+            job,
+            description,
+            add_options,
+            prepare,
+            execute,
+            argv,
+            marks,
+            sql=sql,
+            needs_spark=needs_spark,
+            new_data_dir=new_data_dir,
+        )
+
+
+def _run_job(
+    job: str,
+    description: str,
+    add_options: Callable[[argparse.ArgumentParser], None],
+    prepare: Callable[[JobContext, argparse.Namespace], Any],
+    execute: Callable[[JobContext, Any, Any], JobResult],
+    argv: list[str] | None,
+    marks: contextlib.ExitStack,
+    *,
+    sql: bool,
+    needs_spark: Callable[[JobContext, Any], bool] | None,
+    new_data_dir: bool,
+) -> int:
+    """`run_job`, with `marks` holding the run marker once the data dirs are known."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
     if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit: die with it (a scheduler kills spark-submit)
@@ -253,7 +283,14 @@ def run_job(
     try:
         args = parser.parse_args(argv)
         ctx = build_context(job, args, new_data_dir=new_data_dir)
-        report.metrics_path = args.metrics_file or ctx.config.metrics_file
+        if not ctx.dry_run:  # another run of ours tells this one from the broker (storage/holders.py)
+            marks.enter_context(run_marker(ctx.data_dirs))
+        metrics_path = args.metrics_file or ctx.config.metrics_file
+        if metrics_path:  # found now, not after all the work
+            from tank_log.metrics import check_metrics_path
+
+            check_metrics_path(metrics_path)
+        report.metrics_path = metrics_path
         prepared = prepare(ctx, args)
         report.phase_done("prepare_s")
     except (UsageError, JobConfigError) as err:

@@ -130,6 +130,20 @@ class PartitionConfig:
     flush_secs: int = 0  # flush.secs
 
 
+def broker_deletes(config: PartitionConfig) -> list[str]:
+    """The keys (`key=value`) with which the broker itself deletes RO segments at its next roll (§5): with
+    `log.cleanup.policy=delete`, a non-zero `log.retention.secs`, `log.retention.bytes` or
+    `retention.segments.count`. Empty when the broker deletes nothing by itself."""
+    if config.cleanup_policy != "delete":
+        return []
+    keys = (
+        ("log.retention.secs", config.retention_secs),
+        ("log.retention.bytes", config.retention_bytes),
+        ("retention.segments.count", config.retention_segments_count),
+    )
+    return [f"{key}={value}" for key, value in keys if value]
+
+
 def _uint32(value: str) -> int:
     if not value.isdigit():
         raise ValueError(f"{value!r} is not a decimal number (the broker's AsUint32 would read garbage)")

@@ -23,6 +23,8 @@ _ACTIVE_RE = re.compile(rf"{_NUM}(?:_{_NUM})?")
 _INDEX_RE = re.compile(rf"{_NUM}(_64)?")
 
 COMPACTION_SUFFIXES = (".cleaned", ".swap", ".old")
+MAX_PARTITIONS = 65530  # TANK_Limits::max_topic_partitions (§8): partition ids 0..65529
+MAX_TOPIC_NAME_BYTES = 255  # a topic name is a strwlen8_t (§1.3)
 SIDE_FILE = re.compile(r"^\.(?P<log>.+)\.torn-at-(?P<cut>0|[1-9][0-9]*)$")  # the bytes a salvage cut (§3.11)
 
 
@@ -102,6 +104,32 @@ def _parse_plain(name: str, stem: str, rest: str) -> FileName | None:
         if not m:
             raise SegmentNameError(f"not a valid index name (want <base>.index): {name!r}")
         return FileName(_num(m[1], name, U64_MAX, "base"), Kind.INDEX, wide=m[2] is not None)
+    return None
+
+
+def topic_name_problem(name: str | None) -> str | None:
+    """Why `name` cannot be a topic the broker loads from its base path, or None: a directory directly under the base
+    path whose name does not start with `.` (§1.2, §1.3), at most 255 bytes (§8). The `CreateTopic` API is stricter
+    (1..64 of `[A-Za-z0-9_-]`); the broker serves any such directory."""
+    if name is None:
+        return "is null (every row needs its topic)"
+    if not name or name in (".", ".."):
+        return "is not a directory name (§1.3: a topic is a directory under the base path)"
+    if "/" in name or "\0" in name:
+        return "contains '/' or NUL: not one directory under the base path (§1.3)"
+    if name.startswith("."):
+        return "starts with '.': the broker ignores such a directory as a stray topic (§1.2)"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_TOPIC_NAME_BYTES:
+        return f"is longer than {MAX_TOPIC_NAME_BYTES} bytes (§1.3, §8)"
+    return None
+
+
+def partition_id_problem(partition: int | None) -> str | None:
+    """Why `partition` cannot be a partition id, or None: ids are 0..65529 (u16, at most 65530 per topic, §8)."""
+    if partition is None:
+        return "is null (every row needs its partition)"
+    if not 0 <= partition < MAX_PARTITIONS:
+        return f"is outside 0..{MAX_PARTITIONS - 1} (partition ids are u16, at most {MAX_PARTITIONS} per topic, §8)"
     return None
 
 

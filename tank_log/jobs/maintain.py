@@ -6,6 +6,7 @@ entry per partition with each step's result. Shared by `jobs/maintain.py` (Spark
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Self
@@ -17,7 +18,7 @@ from tank_log.jobs.retention import ExportGuards, RetentionTask, clamp_cleanup_m
 from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
 from tank_log.maintenance.outcome import FAILING, PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.verify import check_partition
-from tank_log.storage.datadir import Partition
+from tank_log.storage.datadir import Partition, scan_topic
 from tank_log.storage.repair import repair_partition
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,10 @@ def _repair(part: Partition, safety: IndexJobOptions) -> PartitionOutcome:
 
 
 def _verify(part: Partition) -> dict[str, Any]:
-    """The final verify: what is still wrong after every step (errors make the partition need attention)."""
-    problems = check_partition(part)
+    """The final verify: what is still wrong after every step (errors make the partition need attention), with what
+    `tank-log verify` finds wrong with the partition's topic (its `config`, its partition directories: §1.3-§1.5),
+    so that maintain never calls clean what verify does not."""
+    problems = [*scan_topic(os.path.dirname(part.path), part.topic).problems, *check_partition(part)]
     errors = [p.to_dict() for p in problems if p.severity == "error"]
     status = Status.NEEDS_ATTENTION if errors else Status.CLEAN
     return {"status": str(status), "errors": errors, "warnings": len(problems) - len(errors)}

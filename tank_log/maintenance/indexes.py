@@ -86,6 +86,8 @@ def maintain_partition(part: Partition, options: IndexJobOptions = IndexJobOptio
 
 
 def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) -> None:
+    if not options.dry_run:  # under the lock now: another run of ours may have changed it since it was planned
+        part = scan_partition(part.path, part.topic, part.id, part.config)
     rep = repair_partition(part.path, dry_run=True)
     problems = check_partition(part)
     res.found = [p.to_dict() for p in problems]

@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 from tank_log.errors import NeedsAttention, PartitionLocked, PartitionLooksLive, TankFormatError, describe_error
-from tank_log.storage.holders import held_reason, partition_holders
+from tank_log.storage.holders import foreign, held_reason, partition_holders
 from tank_log.storage.locking import PartitionLock
 
 log = logging.getLogger(__name__)
@@ -81,13 +81,15 @@ def run_on_partition(
     """Run `body(outcome)` on the partition directory `path`, under its lock unless `dry_run`.
 
     First, another process holding the partition (the broker serving its base path, a file open or mapped,
-    `storage/holders.py`) → skipped, naming it (a dry run reports it in `held_by` and proceeds). Then expected
+    `storage/holders.py`) → skipped, naming it (a dry run reports it in `held_by` and proceeds). Another tank-log run
+    is no such holder: the partition lock decides (it holds the lock → skipped, "locked: another tank-log run (pid N,
+    job) holds it", no failure and not held by the broker). Then expected
     conditions become a status, never an exception: locked → skipped; NeedsAttention → needs-attention;
     bad data, a live partition or an OSError (errno and file) → failed with the reason. Anything else is a bug:
     failed with "internal error", traceback logged.
     """
     t0 = time.monotonic()
-    held = partition_holders(path)
+    held = foreign(partition_holders(path))
     if held:
         outcome.held_by = [str(h) for h in held]
         if not dry_run:  # verified, not trusted: even with --broker-stopped (§9 rule 1)
@@ -104,6 +106,7 @@ def run_on_partition(
                 body(outcome)
     except PartitionLocked as err:
         outcome.status, outcome.reason = Status.SKIPPED, f"locked: {err}"
+        log.info("%s of %s skipped: %s", job, path, err)
     except NeedsAttention as err:
         outcome.status, outcome.reason = Status.NEEDS_ATTENTION, str(err)
     except (TankFormatError, PartitionLooksLive) as err:

@@ -53,12 +53,15 @@ def preflight(
     part: Partition, job: str, safety: SafetyOptions, *, now: float | None = None
 ) -> tuple[Partition, dict[str, Any] | None]:
     """Name check, liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as
-    it is now and what repair did (None if nothing).
+    it is now and what repair did (None if nothing). Outside a dry run the partition is scanned again first (the
+    caller holds its lock now): another run of ours may have changed it since it was planned.
 
     Raises:
         NeedsAttention: a file name the broker would mis-parse, or a non-regular file under a segment/index name.
         PartitionLooksLive: the partition changed within `live_window_s`.
     """
+    if not safety.dry_run:
+        part = scan_partition(part.path, part.topic, part.id, part.config)
     misnamed = [p for p in part.problems if p.code == "bad-name"]
     if misnamed:
         raise NeedsAttention(

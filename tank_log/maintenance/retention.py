@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tank_log.format.broker_config import PartitionConfig
+from tank_log.errors import NeedsAttention
+from tank_log.format.broker_config import PartitionConfig, broker_deletes
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import SafetyOptions, preflight
 from tank_log.storage.datadir import Partition
@@ -228,9 +229,26 @@ def held_for_the_table(
     return received, too_large or too_old
 
 
+def broker_retention_problem(topic: str, config: PartitionConfig) -> str | None:
+    """Why the lakehouse guard cannot protect `topic`: its `config` lets the broker delete segments by age, size or
+    count at its next roll (§5), whether the table has them or not. None when the broker deletes nothing itself."""
+    keys = broker_deletes(config)
+    if not keys:
+        return None
+    return (
+        f"topic {topic}: keep_unexported guards it, but its config lets the broker delete segments itself at its next "
+        f"roll, exported or not ({', '.join(keys)}; §5): set them to 0 in the topic's config (and any partition's) "
+        "and let tank-log's retention apply the limits (docs/guides/retention.md)"
+    )
+
+
 def _retain(
     part: Partition, rules: RetentionRules, options: RetentionOptions, res: RetentionResult, guard: ExportGuard | None
 ) -> None:
+    if guard is not None:
+        problem = broker_retention_problem(part.topic, part.config)
+        if problem:
+            raise NeedsAttention(problem)
     now_s = time.time() if options.now_s is None else options.now_s
     part, res.repair = preflight(part, "retention", options, now=now_s)
     res.segments_before = len(part.ro)

@@ -14,7 +14,7 @@ from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
 from tank_log.format.names import SIDE_FILE, CompactionTemp, Kind, parse_name
 from tank_log.problems import Problem
-from tank_log.storage.cleanup_marks import read_cleanup_log
+from tank_log.storage.cleanup_marks import read_cleanup_log, unusable_records
 from tank_log.storage.fsutil import is_our_temp, is_regular_file
 from tank_log.storage.segment import Segment
 
@@ -235,6 +235,17 @@ def scan_data_dir(path: str | os.PathLike[str]) -> DataDir:
         dd.cleanup_marks = read_cleanup_log(path)
     except TankFormatError as err:
         dd.problems.append(Problem(os.path.join(path, CLEANUP_LOG), err.offset, "cleanup-log", err.message))
+    for offset, record in unusable_records(path):
+        dd.problems.append(
+            Problem(
+                os.path.join(path, CLEANUP_LOG),
+                offset,
+                "cleanup-log",
+                f"a record with an empty topic (partition {record.partition}, seq {record.seq}): no topic can have it; "
+                "the broker drops it, and so does the next rewrite (§1.6)",
+                "warning",
+            )
+        )
     for entry in sorted(os.listdir(path)):
         full = os.path.join(path, entry)
         if entry.startswith("."):

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tank_log.errors import PartitionHeld
+from tank_log.storage.locking import is_run_mark
 
 PROC = "/proc"
 
@@ -45,19 +46,27 @@ def partition_holders(partition_dir: str | os.PathLike[str]) -> list[Holder]:
 
 
 def check_not_held(partition_dir: str | os.PathLike[str]) -> None:
-    """Refuse a partition another process holds.
+    """Refuse a partition another process (the broker) holds; another tank-log run is left to the partition lock.
 
     Raises:
         PartitionHeld: another process holds the partition (naming it).
     """
-    held = partition_holders(partition_dir)
+    held = foreign(partition_holders(partition_dir))
     if held:
         raise PartitionHeld(held_reason(held))
 
 
+def foreign(held: list[Holder]) -> list[Holder]:
+    """The holders that are not runs of ours (the broker, a reader): they keep mutations out."""
+    return [h for h in held if not h.tank_log_run]
+
+
 def held_reason(held: list[Holder]) -> str:
-    """The one line a skipped partition reports."""
-    return f"held by another process (stop the broker first, §9 rule 1): {held[0]}"
+    """The one line a skipped partition reports: the broker (or another foreign holder) first."""
+    others = foreign(held)
+    if not others:
+        return f"another tank-log run (pid {held[0].pid}) holds it"
+    return f"held by another process (stop the broker first, §9 rule 1): {others[0]}"
 
 
 @dataclass(frozen=True)
@@ -67,9 +76,11 @@ class Holder:
     pid: int
     command: str  # its command line (arguments joined by spaces, shortened)
     how: str  # e.g. "has /data/t/0/1-9_1.ilog open"
+    tank_log_run: bool = False  # another run of ours (it or its family holds one of our locks or run markers)
 
     def __str__(self) -> str:
-        return f"pid {self.pid} ({self.command}) {self.how}"
+        run = ", another tank-log run" if self.tank_log_run else ""
+        return f"pid {self.pid} ({self.command}) {self.how}{run}"
 
 
 def holders(directories: Iterable[str | os.PathLike[str]], *, names: Iterable[str] = ()) -> list[Holder]:
@@ -88,8 +99,46 @@ def holders(directories: Iterable[str | os.PathLike[str]], *, names: Iterable[st
             continue
         how = _named_by_command(pid, dirs, exact) or _open_under(pid, dirs) or _mapped_under(pid, dirs)
         if how:
-            out.append(Holder(pid, _command(pid), how))
+            out.append(Holder(pid, _command(pid), how, _in_tank_log_run(pid, parents)))
     return out
+
+
+JOBS = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")  # entry_points.NAMES
+
+
+def _runs_ours(argv: list[str]) -> bool:
+    """Whether a command line runs one of our programs (from its start: before it can mark itself)."""
+    for i, arg in enumerate(argv):
+        name = os.path.basename(arg)
+        parent = os.path.basename(os.path.dirname(arg))
+        if name == "tank-log" or (parent in ("jobs", "entry_points") and name.removesuffix(".py") in JOBS):
+            return True
+        if arg.startswith(("tank_spark.", "tank_log.tools")) and i and argv[i - 1] == "-m":
+            return True
+    return False
+
+
+def _in_tank_log_run(pid: int, parents: dict[int, int]) -> bool:
+    """Whether `pid` is a tank-log run: its command line runs one of our programs, or it, an ancestor or a descendant
+    of it holds one of our locks or run markers open (its driver, its worker processes, the JVM and spark-submit
+    between them)."""
+    if _runs_ours(_argv(pid)):
+        return True
+    family = {pid}
+    p = parents.get(pid, 0)
+    while p > 1 and p not in family:
+        family.add(p)
+        p = parents.get(p, 0)
+    todo = [pid]
+    children: dict[int, list[int]] = {}
+    for child, parent in parents.items():
+        children.setdefault(parent, []).append(child)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in family:
+                family.add(child)
+                todo.append(child)
+    return any(is_run_mark(target) for member in family for target in _links(member))
 
 
 def _real(path: str | os.PathLike[str]) -> str:
@@ -160,6 +209,8 @@ def _named_by_command(pid: int, dirs: list[str], exact: set[str]) -> str | None:
     for arg in _argv(pid)[1:]:
         for candidate in (arg, arg.split("=", 1)[1] if "=" in arg else ""):
             if candidate and ("/" in candidate or candidate in (".", "..")):
+                if candidate.startswith(("/dev/", "/proc/")):  # e.g. `bash /dev/fd/3`: its fds, not ours to resolve
+                    continue
                 path = os.path.realpath(os.path.join(cwd, candidate))
                 if path in exact or _under(path, dirs):
                     return f"names {path} on its command line"

@@ -1,22 +1,38 @@
-"""Per-partition lock so that two tank-log jobs never mutate the same partition.
+"""Per-partition lock so that two tank-log jobs never mutate the same partition, and the mark a run of ours carries
+so that another run tells it from the broker.
 
 The lock is a `.`-prefixed file in the partition directory (the broker ignores such names, docs/FORMAT.md §1.7)
 held with `flock`: the kernel releases it when the holder dies, so a crashed job never leaves a stale lock. The
-file's content (pid, host, job, start time) is only for humans. The broker itself takes no lock (§1.1), which is
-why mutations also require it to be stopped (§9).
+holder unlinks the file before it lets go of the lock, so no lock file stays behind after a run; a process that
+opened the file before the unlink finds, once it holds the lock, that the inode it locked is no longer the one at
+the path, and tries again (the usual protocol for unlinked lock files). Only a run killed while it held the lock
+leaves the file; the next run takes it and removes it. The file's content (pid, host, job, start time) is only for
+humans. The broker itself takes no lock (§1.1), which is why mutations also require it to be stopped (§9).
+
+`run_marker` is held open by every mutating run for its whole life: a `.tank-log.run-<pid>` file in each base path,
+unlinked as soon as it is created (so it never stays behind, not even after a SIGKILL). `storage/holders.py` tells a
+process holding a marker or a lock (or one in its process family) as another tank-log run, never as the broker.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import socket
 import time
+from collections.abc import Iterable, Iterator
 
 from tank_log.errors import PartitionLocked
 
 LOCK_NAME = ".tank-log.lock"
+MARK_PREFIX = ".tank-log."  # the lock files' and the run markers' names start with it
+
+
+def is_run_mark(path: str) -> bool:
+    """Whether an open file (as /proc shows it: a path, maybe ` (deleted)`) is a lock or run marker of ours."""
+    return os.path.basename(path.removesuffix(" (deleted)")).startswith(MARK_PREFIX)
 
 
 class PartitionLock:
@@ -33,15 +49,21 @@ class PartitionLock:
         """Raises:
         PartitionLocked: another tank-log process holds the lock (non-blocking mode).
         """
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise PartitionLocked(
-                f"{os.path.dirname(self.path)} is locked by another job ({holder or 'unknown'})"
-            ) from None
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if self.blocking else fcntl.LOCK_NB))
+            except BlockingIOError:
+                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+                os.close(fd)
+                raise PartitionLocked(f"another tank-log run {_describe(holder)} holds it") from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder we waited for unlinked it: lock the file at the path now
         info = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "job": self.job, "since": time.time()})
         os.ftruncate(fd, 0)
         os.pwrite(fd, info.encode(), 0)
@@ -50,6 +72,8 @@ class PartitionLock:
 
     def release(self) -> None:
         if self._fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)  # still ours: nobody else can hold the lock of this inode
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -59,3 +83,31 @@ class PartitionLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _describe(holder: str) -> str:
+    """`(pid N, job J)` from a lock file's content, or `(pid unknown)`."""
+    try:
+        info = json.loads(holder)
+        return f"(pid {info['pid']}, {info.get('job', 'tank-log')})"
+    except (ValueError, KeyError, TypeError):
+        return "(pid unknown)"
+
+
+@contextlib.contextmanager
+def run_marker(base_paths: Iterable[str | os.PathLike[str]]) -> Iterator[None]:
+    """Mark this process as a tank-log run on `base_paths` while the block runs (see the module doc). A base path
+    that does not exist or cannot be written is not marked (the run finds that out itself)."""
+    fds = []
+    try:
+        for base in base_paths:
+            path = os.path.join(os.fspath(base), f"{MARK_PREFIX}run-{os.getpid()}")
+            try:
+                fds.append(os.open(path, os.O_RDONLY | os.O_CREAT, 0o644))
+                os.unlink(path)
+            except OSError:
+                continue
+        yield
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -36,7 +36,16 @@ import numpy as np
 
 from tank_log.errors import ImportAborted, ImportRefused
 from tank_log.format.messages import MessageColumns
-from tank_log.format.names import FileName, Kind, format_ro_name, name_ts_from_message_ts, parse_name
+from tank_log.format.names import (
+    MAX_PARTITIONS,
+    FileName,
+    Kind,
+    format_ro_name,
+    name_ts_from_message_ts,
+    parse_name,
+    partition_id_problem,
+    topic_name_problem,
+)
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.partition_writer import PartitionWriter
@@ -131,6 +140,17 @@ def _writers_stopped(root: str, wait_s: float) -> Iterator[None]:
         os.close(fd)
 
 
+def check_target(topic: str | None, partition: int | None) -> None:
+    """Raises ImportRefused (naming the value and the rule) unless `topic`/`partition` is a partition the broker
+    would serve: a topic directory name (§1.3) and an id in 0..65529 (§8)."""
+    problem = topic_name_problem(topic)
+    if problem:
+        raise ImportRefused(f"topic {topic!r} {problem}")
+    problem = partition_id_problem(partition)
+    if problem:
+        raise ImportRefused(f"topic {topic!r}: partition {partition!r} {problem}")
+
+
 def existing_last_seq(target_dir: str, topic: str, partition: int) -> int | None:
     """The last seq of an existing partition (None: it does not exist or holds no segment).
 
@@ -178,9 +198,12 @@ def stage_partition(
     """Write one partition's messages (increasing seqs, in chunks of columns) as segments into the staging area.
 
     Raises:
-        ImportRefused: the partition exists and `append` is false; the messages do not start above its last seq;
-            seqs do not increase; or a gap before the new active segment cannot be avoided (§9 rule 3).
+        ImportRefused: the topic or partition cannot be one the broker serves (`names.topic_name_problem`,
+            `partition_id_problem`: never a path outside `base`); the partition exists and `append` is false; the
+            messages do not start above its last seq; seqs do not increase; or a gap before the new active segment
+            cannot be avoided (§9 rule 3).
     """
+    check_target(topic, partition)
     target = os.path.join(base, topic, str(partition))
     part = _existing(target, topic, partition)
     last = _last_seq(part)
@@ -346,8 +369,9 @@ def _fill_partition_ids(topic_dirs: list[str]) -> None:
     """Create the empty partition directories a topic lacks below its highest one: the broker counts digit-named
     entries and serves partitions 0..count-1 (§1.4), so a topic with only `1/` would lose it (or abort startup)."""
     for topic_dir in topic_dirs:
-        ids = [int(n) for n in os.listdir(topic_dir) if n.isdigit()]
-        missing = [i for i in range(max(ids, default=-1) + 1) if not os.path.exists(os.path.join(topic_dir, str(i)))]
+        names = set(os.listdir(topic_dir))
+        top = max((int(n) for n in names if n.isascii() and n.isdigit() and int(n) < MAX_PARTITIONS), default=-1)
+        missing = [i for i in range(top + 1) if str(i) not in names]  # bounded: ids are below 65530 (§8)
         for i in missing:
             os.mkdir(os.path.join(topic_dir, str(i)))
         if missing:

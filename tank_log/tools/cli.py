@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from tank_log.jobs.flags import (  # noqa: E402
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
+    from tank_log.problems import Problem
 
 
 def _cmd_dump(args: argparse.Namespace) -> int:
@@ -63,6 +65,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from tank_log.maintenance.verify import verify_path
 
     problems = verify_path(args.path)
+    if args.config:
+        problems += _guard_problems(args.path, args.config)
     shown = [p for p in problems if args.warnings or p.severity == "error"]
     if args.json:
         for p in shown:
@@ -73,6 +77,25 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         errors = sum(p.severity == "error" for p in problems)
         print(f"{errors} error(s), {len(problems) - errors} warning(s)", file=sys.stderr)
     return 1 if any(p.severity == "error" for p in problems) else 0
+
+
+def _guard_problems(path: str, config_file: str) -> list[Problem]:
+    """A problem per topic under `path` that the job config's lakehouse guard covers while the topic's config lets
+    the broker delete segments itself (`maintenance.retention.broker_retention_problem`)."""
+    from tank_log.jobs.config import load_job_config
+    from tank_log.maintenance.retention import broker_retention_problem
+    from tank_log.problems import Problem
+    from tank_log.storage.datadir import partitions_at
+
+    retention = load_job_config(config_file).retention
+    out: dict[str, Problem] = {}
+    for part in partitions_at(path):
+        if part.topic in out or retention.guard_of(part.topic) is None:
+            continue
+        problem = broker_retention_problem(part.topic, part.config)
+        if problem:
+            out[part.topic] = Problem(os.path.dirname(part.path), None, "broker-retention", problem)
+    return list(out.values())
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
@@ -162,6 +185,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from tank_log.jobs.config import load_job_config
 
     _require_base_path(args.path)
+    _mark_run(args)
     config = apply_flags(
         load_job_config(args.config),
         force=args.force,
@@ -190,6 +214,7 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
     from tank_log.jobs.maintain import plan_maintenance, record_maintenance_marks
 
     _require_base_path(args.path)
+    _mark_run(args)
     config = apply_flags(load_job_config(args.config), force=args.force, broker_stopped=args.broker_stopped)
     config = apply_guard_flags(config, args)
     tasks, left_out = plan_maintenance(
@@ -204,6 +229,18 @@ def _cmd_maintain(args: argparse.Namespace) -> int:
         processes=args.processes,
         metrics_file=args.metrics_file or config.metrics_file,
     )
+
+
+def _mark_run(args: argparse.Namespace) -> None:
+    """Mark this process as a tank-log run on its base path until it exits (`storage/locking.run_marker`): another
+    run of ours then waits for the partition lock or skips, never taking this one for the broker."""
+    from tank_log.storage.locking import run_marker
+
+    if not args.dry_run:
+        _RUN_MARKS.enter_context(run_marker([args.path]))
+
+
+_RUN_MARKS = contextlib.ExitStack()  # closed when the process exits
 
 
 def _require_base_path(path: str) -> None:
@@ -231,8 +268,13 @@ def _run_tasks(
     from tank_log.jobs.exits import EXIT_PARTIAL, exit_code, missed_message
     from tank_log.jobs.processes import run_in_processes, usable_cpus
     from tank_log.jobs.progress import interrupted_message
-    from tank_log.jobs.stopping import Interrupted
+    from tank_log.jobs.stopping import Interrupted, handling
     from tank_log.maintenance.outcome import Status
+
+    if metrics_file:  # found now, not after all the work
+        from tank_log.metrics import check_metrics_path
+
+        check_metrics_path(metrics_file)
 
     def print_entry(r: dict[str, Any]) -> None:
         if r["status"] != Status.INTERRUPTED:  # queued when the run was stopped: listed by the message below
@@ -250,23 +292,30 @@ def _run_tasks(
             doc = {"job": f"tank-log {what}", "status": status, "duration_s": time.monotonic() - t0}
             write_report_metrics(metrics_file, {**doc, "summary": {"by_status": by_status}, "partitions": results})
 
-    try:
-        results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
-    except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
+    late: list[int] = []  # Ctrl-C/SIGTERM after every partition finished: the bookkeeping and the summary still run
+    with handling(lambda signum, frame: late.append(signum), signal.SIGINT, signal.SIGTERM):
+        try:
+            results = run_in_processes(tasks, processes or usable_cpus(), what=what, on_finished=print_entry)
+        except Interrupted as stop:  # what finished keeps its bookkeeping; the rest is crash-safe
+            if not dry_run:
+                bookkeeping(stop.results)
+            print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
+            metrics("interrupted", stop.results)
+            return EXIT_INTERRUPTED
         if not dry_run:
-            bookkeeping(stop.results)
-        print(interrupted_message(f"tank-log {what}", stop.results), file=sys.stderr)
-        metrics("interrupted", stop.results)
-        return EXIT_INTERRUPTED
-    if not dry_run:
-        bookkeeping(results)
-    for r in left_out:
-        print(json.dumps(r))
-    code = exit_code(results)
-    if code == EXIT_PARTIAL:
-        print(missed_message(f"tank-log {what}", results), file=sys.stderr)
-    metrics({0: "ok", EXIT_PARTIAL: "partial"}.get(code, "partial-failure"), results)
-    return code
+            bookkeeping(results)
+        for r in left_out:
+            print(json.dumps(r))
+        code = exit_code(results)
+        if code == EXIT_PARTIAL:
+            print(missed_message(f"tank-log {what}", results), file=sys.stderr)
+        metrics({0: "ok", EXIT_PARTIAL: "partial"}.get(code, "partial-failure"), results)
+        if late:
+            name = signal.Signals(late[0]).name
+            print(
+                f"tank-log {what}: {name} came after every partition had finished: the run is complete", file=sys.stderr
+            )
+        return code
 
 
 def _cmd_rebuild_index(args: argparse.Namespace) -> int:
@@ -331,7 +380,10 @@ def _positive(value: str) -> int:
 
 
 def _topics(value: str) -> list[str]:
-    return [t for t in value.split(",") if t]
+    topics = [t for t in value.split(",") if t]
+    if not topics:  # `--topics ,` names no topic: not "every topic"
+        raise argparse.ArgumentTypeError(f"{value!r} names no topic (give T1,T2, or leave it out for every topic)")
+    return topics
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -354,6 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
     p.add_argument("--json", action="store_true", help="one JSON object per problem")
     p.add_argument("--warnings", action="store_true", help="also print warnings")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the job configuration: also report topics retention's lakehouse guard (keep_unexported) cannot protect "
+        "because their config lets the broker delete segments itself",
+    )
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("stats", help="per-partition statistics")

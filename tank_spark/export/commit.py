@@ -13,6 +13,7 @@ from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse import recorded_version
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 from tank_spark.export.run_id import COMMIT_KEY
+from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.schema import TS_RAW
 
 if TYPE_CHECKING:
@@ -136,7 +137,10 @@ def commit(
             mode="append",
             schema=schema,
             partition_by=list(settings.partition_by),
-            commit_properties=CommitProperties(app_transactions=txns, custom_metadata={COMMIT_KEY: run_id}),
+            commit_properties=CommitProperties(
+                app_transactions=txns,
+                custom_metadata={COMMIT_KEY: run_id, **topic_config_metadata((p.base_path, p.topic) for p in plans)},
+            ),
         )
     except CommitFailedError as err:
         if landed(settings, run_id):

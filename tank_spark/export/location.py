@@ -45,7 +45,7 @@ class TableLocation:
     @classmethod
     def of(cls, table: str, options: dict[str, str] | None = None) -> TableLocation:
         """Raises:
-        ValueError: an unsupported URI scheme.
+        ValueError: an unsupported URI scheme, or a local path under a file.
         """
         scheme = urlparse(table).scheme if "://" in table else ""
         if scheme == "file":
@@ -55,6 +55,12 @@ class TableLocation:
                 f"table {table}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, az://)"
             )
         uri = table if scheme and scheme != "file" else os.path.abspath(table)
+        if "://" not in uri:  # a local table: no file where a directory of its path must be
+            at = uri
+            while not os.path.lexists(at) and os.path.dirname(at) != at:
+                at = os.path.dirname(at)
+            if os.path.lexists(at) and not os.path.isdir(at):
+                raise ValueError(f"table {uri}: {at} is not a directory")
         return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()})
 
     @property

@@ -54,4 +54,4 @@ def test_atomic_update_leaves_no_temp(tmp_path):
     write_cleanup_log(tmp_path, {("a", 0): 5, ("b", 1): 7})
     update_cleanup_log(tmp_path, {("a", 0): None, ("c", 2): 3})
     assert read_cleanup_log(tmp_path) == {("b", 1): 7, ("c", 2): 3}
-    assert sorted(os.listdir(tmp_path)) == [".cleanup.log", ".tank-log.lock"]  # the base lock, no temporary
+    assert sorted(os.listdir(tmp_path)) == [".cleanup.log"]  # no temporary, and no lock file after the rewrite

@@ -234,3 +234,114 @@ def test_a_partition_refused_in_its_task_fails_the_run_and_nothing_is_written(tm
     rep = json.load(open(tmp_path / "r.json"))
     assert rep["status"] == "failed" and "gap would precede the active segment" in rep["error"]
     assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
+
+
+def _table(path, rows, *, value_nullable_rows=()):
+    import datetime as dt
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    ts = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", "UTC")),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+        ]
+    )
+    records = [
+        {"topic": t, "partition": p, "seq": s, "ts": ts, "key": None, "value": None if v is None else b"v"}
+        for t, p, s, v in rows
+    ]
+    write_deltalake(str(path), pa.Table.from_pylist(records, schema))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ([("../../escaped", 0, 1, 1)], "column topic: '../../escaped' contains '/'"),
+        ([("a/b", 0, 1, 1)], "column topic: 'a/b' contains '/'"),
+        ([("", 0, 1, 1)], "column topic: '' is not a directory name"),
+        ([(".", 0, 1, 1)], "column topic: '.' is not a directory name"),
+        ([(".hidden", 0, 1, 1)], "column topic: '.hidden' starts with '.'"),
+        ([("t" * 256, 0, 1, 1)], "is longer than 255 bytes"),
+        ([(None, 0, 1, 1), ("ok", 0, 1, 1)], "column topic: null in 1 row(s)"),
+        ([("t", -1, 1, 1)], "column partition: -1 (topic 't') is outside 0..65529"),
+        ([("t", 2147483647, 1, 1)], "column partition: 2147483647 (topic 't') is outside 0..65529"),
+        ([("t", 65530, 1, 1)], "column partition: 65530 (topic 't') is outside 0..65529"),
+        ([("t", None, 1, 1)], "column partition: null in 1 row(s)"),
+        ([("t", 0, 0, 1), ("t", 0, 1, 1)], "column seq: 0 (topic 't', partition 0) is below 1"),
+        ([("t", 0, 5, 1), ("t", 0, 5, 1)], "column seq: 5 appears more than once in topic 't' partition 0"),
+        ([("t", 0, 1, 1), ("t", 0, 2, None)], "column value: null in 1 row(s)"),
+    ],
+)
+def test_import_refuses_a_hostile_table_before_writing_anything(tmp_path, rows, expected):
+    """A table is input like any other: a topic that is not a directory name the broker loads (or would take the write
+    outside the base path), a partition id outside 0..65529, a null key column, a seq below 1 or twice in a partition,
+    a null value: exit 2 with one line naming the column, the value and the rule; nothing is written — not the base
+    path, no staging, nothing beside the base path — in bounded time."""
+    import time
+
+    table = _table(tmp_path / "table", rows)
+    base = tmp_path / "x" / "base"
+    os.makedirs(base.parent)
+    t0 = time.monotonic()
+    r = run_import("--data-dir", str(base), "--table", table)
+    assert time.monotonic() - t0 < 120
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert expected in last and "nothing was imported" in last, last
+    assert os.listdir(tmp_path / "x") == []  # not even the base path
+
+
+def test_an_import_refused_in_a_task_says_why_in_one_line(tmp_path):
+    """A refusal only a task can make (rows that cannot continue an existing partition) ends the run with one line
+    naming the partition and the rule, not a Java stack trace; nothing is written."""
+    dst = str(tmp_path / "dst")
+    os.makedirs(os.path.join(dst, "t", "0"))
+    write_segment(os.path.join(dst, "t", "0"), [Message(s, 1_800_000_000_000, None, b"old") for s in range(1, 6)])
+    table = _table(tmp_path / "table", [("t", 0, s, 1) for s in (3, 4, 10)])
+    before = tree(dst)
+    r = run_import("--data-dir", dst, "--table", table, "--append", "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    error = json.load(open(tmp_path / "r.json"))["error"]
+    assert error.startswith("import refused, nothing was imported: ") and "\n" not in error, error
+    assert "gap would precede the active segment" in error, error
+    assert "\tat org.apache" not in r.stderr and "Traceback" not in r.stderr  # no stack trace, Java's or ours
+    assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
+
+
+def test_an_imported_topic_gets_back_its_config(tmp_path):
+    """The export records each topic's `config` in the table (its commit info); the import writes it back atomically
+    where the topic has none: a `cleanup` topic comes back `cleanup`, its limits with it. A topic the table records
+    no config for, or one whose config exists and differs, is named in the report, not overwritten."""
+    from conftest import many_small_partitions
+    from deltalake import DeltaTable
+
+    src = many_small_partitions(tmp_path / "src", 2)
+    text = "log.cleanup.policy=cleanup\nlog.retention.secs=3days # kept as written\n"
+    with open(os.path.join(src, "kv", "config"), "w") as fh:
+        fh.write(text)
+    os.makedirs(os.path.join(src, "plain", "0"))
+    write_segment(os.path.join(src, "plain", "0"), [Message(s, 1_800_000_000_000, None, b"p") for s in range(1, 4)])
+    table = str(tmp_path / "table")
+    r = run_export("--data-dir", src, "--table", table, executors=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (commit,) = [h for h in DeltaTable(table).history() if "tank_log.topic_config.kv" in h]
+    assert commit["tank_log.topic_config.kv"] == text and "tank_log.topic_config.plain" not in commit
+    dst = str(tmp_path / "dst")
+    r = run_import("--data-dir", dst, "--table", table, "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.load(open(tmp_path / "r.json"))["summary"]
+    assert summary["topic_configs_restored"] == ["kv"]
+    assert list(summary["topic_configs_not_restored"]) == ["plain"]
+    assert open(os.path.join(dst, "kv", "config")).read() == text
+    assert not os.path.exists(os.path.join(dst, "plain", "config"))
+    assert [n for n in os.listdir(os.path.join(dst, "kv")) if n.startswith(".")] == []  # no temporary left
+    assert sorted(dump_lines(dst)) == sorted(dump_lines(src))

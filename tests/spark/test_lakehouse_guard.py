@@ -30,12 +30,24 @@ def _segment(pdir: str, first: int, n: int, *, active: bool = False, step: int =
     write_segment(pdir, msgs, active=active, ts=1_700_000_000 + first)
 
 
+GUARDED_LIMITS = {"retention": {"topics": {"logs": {"segments_count": 2}}}}
+
+
+def _job_config(base: str) -> str:
+    """The job config of a guarded topic: its limit (keep 2 RO segments) is tank-log's, not the broker's, which would
+    delete segments the table lacks at its next roll (the guard refuses such a topic: needs-attention)."""
+    path = os.path.join(os.path.dirname(base), f"{os.path.basename(base)}-job.json")
+    with open(path, "w") as fh:
+        json.dump(GUARDED_LIMITS, fh)
+    return path
+
+
 def _logs(base: str, ro: list[tuple[int, int]], active: int, step: int = 1) -> str:
-    """Topic `logs` (delete policy, keeps 2 RO segments), partition 0: RO segments (first, n), then the active one."""
+    """Topic `logs` (delete policy; the job config keeps 2 RO segments), partition 0: RO segments (first, n), then
+    the active one."""
     pdir = os.path.join(base, "logs", "0")
     os.makedirs(pdir, exist_ok=True)
-    with open(os.path.join(base, "logs", "config"), "w") as fh:
-        fh.write("retention.segments.count=2\n")
+    _job_config(base)
     for first, n in ro:
         _segment(pdir, first, n, step=step)
     _segment(pdir, active, 10, active=True, step=step)
@@ -62,6 +74,8 @@ def _retention(base, tmp_path, name, *flags, env=None):
         "--broker-stopped",
         "--report",
         str(report),
+        "--config",
+        _job_config(base),
         *flags,
         where="driver",
         env_extra=env,
@@ -140,12 +154,44 @@ def test_an_unreadable_table_deletes_nothing(tmp_path):
     assert _files(pdir) == before
     # the same through the configuration (and `tank-log maintain`)
     conf = tmp_path / "job.yaml"
-    conf.write_text(json.dumps({"retention": {"keep_unexported": {"table": str(tmp_path / "no-table")}}}))
+    guard = {"keep_unexported": {"table": str(tmp_path / "no-table")}}
+    conf.write_text(json.dumps({"retention": {**GUARDED_LIMITS["retention"], **guard}}))
     r = subprocess.run(
         [*TANK_LOG, "maintain", base, "--broker-stopped", "--config", str(conf)], capture_output=True, text=True
     )
     entries = [json.loads(x) for x in r.stdout.splitlines()]
     assert r.returncode == 1 and entries[0]["steps"]["retention"]["status"] == "needs-attention"
+    assert _files(pdir) == before
+
+
+def test_a_guarded_topic_the_broker_deletes_from_by_itself_needs_attention(tmp_path):
+    """keep_unexported cannot keep what the broker's own retention deletes at its next roll (§5): a guarded topic
+    whose config lets the broker delete by age, size or count is reported, naming the topic and the key, by the
+    retention job, `tank-log maintain` and `tank-log verify --config`; nothing is deleted by us meanwhile."""
+    lake = Lake(tmp_path)
+    base = str(tmp_path / "base")
+    pdir = _logs(base, [(1, 10), (11, 10), (21, 10), (31, 10)], 41)
+    assert run_export("--data-dir", base, "--table", lake.uri, executors=False).returncode == 0
+    _roll(pdir, [51], 61)  # the table lacks 41..
+    with open(os.path.join(base, "logs", "config"), "w") as fh:
+        fh.write("log.retention.secs=3days\n")
+    before = _files(pdir)
+    r, rep = _retention(base, tmp_path, "broker", "--keep-unexported", lake.uri)
+    assert r.returncode == 1, r.stderr[-3000:]
+    (p,) = rep["partitions"]
+    assert p["status"] == "needs-attention"
+    assert "topic logs:" in p["reason"] and "log.retention.secs=259200" in p["reason"]
+    conf = tmp_path / "guarded.json"
+    conf.write_text(json.dumps({"retention": {**GUARDED_LIMITS["retention"], "keep_unexported": {"table": lake.uri}}}))
+    r = subprocess.run(
+        [*TANK_LOG, "maintain", base, "--broker-stopped", "--config", str(conf)], capture_output=True, text=True
+    )
+    (entry,) = [json.loads(x) for x in r.stdout.splitlines()]
+    assert r.returncode == 1 and entry["steps"]["retention"]["status"] == "needs-attention"
+    assert "log.retention.secs=259200" in entry["steps"]["retention"]["reason"]
+    r = subprocess.run([*TANK_LOG, "verify", base, "--config", str(conf)], capture_output=True, text=True)
+    assert r.returncode == 1 and "[broker-retention]" in r.stdout and "log.retention.secs=259200" in r.stdout
+    assert subprocess.run([*TANK_LOG, "verify", base], capture_output=True).returncode == 0  # no guard, no problem
     assert _files(pdir) == before
 
 
@@ -180,8 +226,6 @@ def test_compacted_and_imported_partitions(tmp_path):
         env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"),
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    with open(os.path.join(new, "logs", "config"), "w") as fh:
-        fh.write("retention.segments.count=2\n")
     _roll(os.path.join(new, "logs", "0"), [61, 71], 81)  # the new cluster's broker appended: the table lacks 61..
     r, rep = _retention(new, tmp_path, "imported", "--keep-unexported", lake.uri)
     assert r.returncode == 0, r.stderr[-3000:]

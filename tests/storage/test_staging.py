@@ -144,3 +144,28 @@ def test_an_abort_gives_up_on_a_hung_writer_and_the_next_recovery_removes_its_fi
     assert leftover == [os.path.basename(stage_root(base, "r"))]  # the writer outlived the wait
     assert recover_imports(base) == [f"removed the uncommitted import {leftover[0]}"]
     assert os.listdir(base) == []
+
+
+@pytest.mark.parametrize(
+    ("topic", "partition", "rule"),
+    [
+        ("../escaped", 0, "contains '/'"),
+        ("a/b", 0, "contains '/'"),
+        ("", 0, "not a directory name"),
+        (".", 0, "not a directory name"),
+        ("..", 0, "not a directory name"),
+        (".t", 0, "stray topic"),
+        ("t", -1, "outside 0..65529"),
+        ("t", 65530, "outside 0..65529"),
+        ("t", 2**31 - 1, "outside 0..65529"),
+    ],
+)
+def test_a_writer_refuses_a_partition_the_broker_would_not_serve(tmp_path, topic, partition, rule):
+    """The `tank` data source writer's last line of defence: nothing is staged, nothing outside the base path."""
+    base = tmp_path / "base"
+    base.mkdir()
+    open_import(str(base), "r")
+    with pytest.raises(ImportRefused, match=rule):
+        stage_partition(str(base), "r", "0-0", topic, partition, chunks(msgs(1, 3)), append=False, segment_bytes=1)
+    assert os.listdir(tmp_path) == ["base"] and os.listdir(base) == [os.path.basename(stage_root(str(base), "r"))]
+    assert os.listdir(stage_root(str(base), "r")) == [".writers.lock"]

@@ -102,6 +102,24 @@ def _inner(annotation: Any) -> Any:
     return None
 
 
+MAX_DEPTH = 32  # far above any job config; deeper documents are refused before validation recurses into them
+
+
+def _depth(doc: Any, limit: int = MAX_DEPTH + 1) -> int:
+    """How deeply `doc` nests (counted up to `limit`, without recursion)."""
+    deepest, todo = 0, [(doc, 0)]
+    while todo:
+        node, d = todo.pop()
+        deepest = max(deepest, d)
+        if deepest >= limit:
+            return deepest
+        if isinstance(node, dict):
+            todo.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, d + 1) for v in node)
+    return deepest
+
+
 def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
     """Read and validate a YAML job config; None = defaults. Relative paths in it (`data_dirs`, a local
     `export.table`) are relative to the config file's directory, so a config works from any working directory
@@ -113,14 +131,24 @@ def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
     if path is None:
         return JobConfig()
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             doc = yaml.load(fh, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise JobConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as err:
+        raise JobConfigError(f"{path}: byte {err.start} is not UTF-8 (a job config is UTF-8 text)") from None
+    except OSError as err:
+        raise JobConfigError(f"{path}: cannot be read: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise JobConfigError(f"{path}: not valid YAML: {err}") from None
     except JobConfigError as err:
         raise JobConfigError(f"{path}: {err}") from None
+    except RecursionError:
+        raise JobConfigError(f"{path}: nested too deeply (a job config is a few levels of mappings)") from None
+    if _depth(doc) > MAX_DEPTH:
+        raise JobConfigError(
+            f"{path}: nested deeper than {MAX_DEPTH} levels (a job config is a few levels of mappings)"
+        )
     try:
         config = parse_job_config(doc or {}, os.fspath(path))
     except JobConfigError as err:

@@ -69,6 +69,9 @@ class TopicCompaction(Section):
     min_cleanable_ratio: Ratio | None = Field(default=None, description="compact only past this dirty ratio")
 
 
+MIN_KEY_STATE_BUDGET = 64 << 10
+
+
 class CompactionSettings(Section):
     """`compaction`."""
 
@@ -95,6 +98,17 @@ class CompactionSettings(Section):
         default=DEFAULT_KEY_STATE_BUDGET, description="memory for a partition's keys (~24 B each); more spill to disk"
     )
     topics: Annotated[dict[str, TopicCompaction], BeforeValidator(keyed_by_name)] = Field(default_factory=dict)
+
+    @field_validator("key_state_budget")
+    @classmethod
+    def _budget_floor(cls, n: int) -> int:
+        if (
+            n < MIN_KEY_STATE_BUDGET
+        ):  # a key map this small holds next to no key: the spill splits and splits for nothing
+            raise ValueError(
+                f"must be at least {MIN_KEY_STATE_BUDGET >> 10}kb (a key takes ~24 bytes plus the map's own)"
+            )
+        return n
 
     @field_validator("segment_bytes")
     @classmethod
