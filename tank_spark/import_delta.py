@@ -103,6 +103,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     delta = location.open()
     if delta is None:
         raise JobConfigError(f"no Delta table at {location}")
+    check_readable(location, delta)
     names = {f.name: f for f in pa.schema(delta.schema().to_arrow())}
     missing = [c for c in REQUIRED if c not in names]
     if missing:
@@ -134,6 +135,24 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         pa.types.is_string(value_type) or pa.types.is_large_string(value_type),
     )
     return settings, plan_import(ctx, settings, delta)
+
+
+def check_readable(location: TableLocation, delta: DeltaTable) -> None:
+    """Refuse, before anything is written, a table delta-rs cannot read all of: e.g. deletion vectors (Spark's DELETE,
+    UPDATE or MERGE on a table with `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
+
+    Raises:
+        JobConfigError: one line naming the table and the feature.
+    """
+    from deltalake.exceptions import DeltaProtocolError
+
+    try:
+        delta.to_pyarrow_dataset()
+    except DeltaProtocolError as err:
+        raise JobConfigError(
+            f"table {location}: delta-rs cannot read it: {err} (Spark can drop the feature: ALTER TABLE ... DROP "
+            "FEATURE <feature>)"
+        ) from None
 
 
 def plan_import(ctx: JobContext, settings: ImportSettings, delta: DeltaTable) -> list[ImportPlan]:

@@ -42,11 +42,16 @@ def create_table(settings: ExportSettings, schema: pa.Schema) -> DeltaTable:
 def check_compatible(settings: ExportSettings, schema: pa.Schema, table: DeltaTable) -> bool:
     """Refuse an existing table whose columns (names, order, types, nullability) or partitioning differ from what
     this export writes — before anything is written (a table written with other types can become unreadable) —, or
-    that delta-rs cannot append to (`check_features`; delta-spark can); return whether it only lacks `ts_raw` (a
+    that delta-rs cannot append to (`check_features`; delta-spark can, and computes generated columns, which the
+    delta-spark engine therefore accepts beside its own); return whether it only lacks `ts_raw` (a
     table made before that column: `add_ts_raw` evolves it)."""
     from deltalake import Schema
 
-    have = _columns(table.schema())
+    if settings.engine != "spark" or settings.continuous:  # delta-rs commits (the continuous export's too)
+        check_features(settings, table)
+    else:
+        check_plannable(settings, table)
+    have = [c for c in _columns(table.schema()) if settings.engine != "spark" or c[0] not in generated_columns(table)]
     want = _columns(Schema.from_arrow(schema))
     lacks_ts_raw = have == want[:-1] and want[-1][0] == TS_RAW.name
     if have != want and not lacks_ts_raw:
@@ -59,8 +64,6 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table: DeltaTa
         raise JobConfigError(
             f"existing table {settings.table} is partitioned by {parts}, not {list(settings.partition_by)}"
         )
-    if settings.engine != "spark" or settings.continuous:  # delta-rs commits (the continuous export's too)
-        check_features(settings, table)
     return lacks_ts_raw
 
 
@@ -77,7 +80,7 @@ APPENDABLE_FEATURES = frozenset(
         "changeDataFeed",  # an append writes no change files
         "generatedColumns",  # a generated column is refused below
         "deletionVectors",  # new files have none
-        "v2Checkpoint",
+        "v2Checkpoint",  # delta-rs reads the recorded versions through them (its data reader refuses the feature)
         "timestampNtz",
         "vacuumProtocolCheck",
     }
@@ -98,6 +101,29 @@ def table_features(table: DeltaTable) -> set[str]:
     if protocol.min_writer_version >= 7:
         return set(protocol.writer_features or ()) | set(protocol.reader_features or ())
     return {f for v, fs in LEGACY_WRITER_FEATURES.items() if protocol.min_writer_version >= v for f in fs}
+
+
+def generated_columns(table: DeltaTable) -> set[str]:
+    return {
+        f["name"]
+        for f in json.loads(table.schema().to_json())["fields"]
+        if "delta.generationExpression" in (f.get("metadata") or {})
+    }
+
+
+def check_plannable(settings: ExportSettings, table: DeltaTable) -> None:
+    """The delta-spark engine plans (each partition's recorded version) through delta-rs, which cannot read a table
+    with column mapping once it holds rows: refuse it from the start.
+
+    Raises:
+        JobConfigError: one line naming the table and the feature.
+    """
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise JobConfigError(
+            f"table {settings.table} uses table feature columnMapping (delta.columnMapping.mode={mode}): this export "
+            "plans with delta-rs, which cannot read such tables"
+        )
 
 
 def check_features(settings: ExportSettings, table: DeltaTable) -> None:
