@@ -138,14 +138,21 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
 
 
 def check_readable(location: TableLocation, delta: DeltaTable) -> None:
-    """Refuse, before anything is written, a table delta-rs cannot read all of: e.g. deletion vectors (Spark's DELETE,
-    UPDATE or MERGE on a table with `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
+    """Refuse, before anything is written, a table delta-rs cannot read all of: column mapping, or a reader feature its
+    reader refuses, e.g. deletion vectors (Spark's DELETE, UPDATE or MERGE on a table with
+    `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
 
     Raises:
         JobConfigError: one line naming the table and the feature.
     """
     from deltalake.exceptions import DeltaProtocolError
 
+    mode = delta.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":  # delta-rs reads the columns of such a table's files as nulls (checked with delta-spark's)
+        raise JobConfigError(
+            f"table {location} uses table feature columnMapping (delta.columnMapping.mode={mode}), which delta-rs "
+            "does not read (its columns would come back null)"
+        )
     try:
         delta.to_pyarrow_dataset()
     except DeltaProtocolError as err:

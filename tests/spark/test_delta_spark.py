@@ -12,7 +12,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump
+from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump, run_job_script
 from test_job_export import Lake, roll_and_append
 
 from tank_log.errors import JobConfigError
@@ -173,17 +173,18 @@ FEATURES = {
 
 
 def check_delta_rs_reads(table, spark_read, refusal):
-    """delta-rs reads the rows Spark reads (what the import reads), or refuses naming the feature."""
-    from deltalake import DeltaTable
+    """delta-rs, as the import reads a table (`check_readable`, then its data), reads the rows Spark reads, or
+    refuses naming the feature."""
+    from tank_spark.import_delta import check_readable
 
+    loc = TableLocation.of(table)
     if refusal is None:
-        d = DeltaTable(table).to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
+        check_readable(loc, loc.open())
+        d = loc.open().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
         assert sorted(zip(d["topic"], d["partition"], d["seq"], strict=True)) == [r[:3] for r in spark_read]
         return
-    with pytest.raises((JobConfigError, Exception), match=refusal):
-        opened = TableLocation.of(table).open()
-        assert opened is not None
-        opened.to_pyarrow_table()
+    with pytest.raises(JobConfigError, match=refusal):
+        check_readable(loc, loc.open())
 
 
 def _reference(spark, tmp_path):
@@ -258,15 +259,16 @@ def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, 
         check_delta_rs_reads(table, got, read_refusal)
 
 
-def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_path, capsys):
+def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_path):
     """Spark writes the rows (the export's columns), OPTIMIZE ZORDER, VACUUM: the import (delta-rs) restores
-    exactly what Spark reads. After a DELETE with deletion vectors, the import refuses, naming the feature."""
+    exactly what Spark reads. Once Spark turned on deletion vectors and deleted rows, the import refuses, naming the
+    feature, before it writes anything."""
     table = str(tmp_path / "t")
     ref = str(tmp_path / "ours")
     assert export("--data-dir", data_dir("C_misc"), "--table", ref) == 0
     rows = spark.read.format("delta").load(ref)
-    spark_made(spark, table, rows.schema, {"delta.enableDeletionVectors": "true"})
-    for part in (0, 1):  # two Spark writes, compacted into one file per partition directory by OPTIMIZE
+    spark_made(spark, table, rows.schema)
+    for part in (0, 1):  # two Spark writes, compacted by OPTIMIZE, the old files vacuumed
         rows.where(f"partition = {part}").write.format("delta").mode("append").save(table)
     spark.sql(f"OPTIMIZE delta.`{table}` ZORDER BY (seq)")
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
@@ -275,13 +277,15 @@ def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_pat
     r = _import(restored, table)
     assert r.returncode == 0, r.stderr[-3000:]
     again = str(tmp_path / "again")
-    assert export("--data-dir", restored, "--table", again) == 0
+    assert export("--data-dir", restored, "--table", again) == 0  # what was imported, as our export reads it
     assert spark_rows(spark, again) == spark_rows(spark, table)
 
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     spark.sql(f"DELETE FROM delta.`{table}` WHERE seq % 10 = 0")
     r = _import(str(tmp_path / "restored2"), table)
     assert r.returncode == 2 and "deletionVectors" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert not os.path.exists(tmp_path / "restored2")
+    assert len([x for x in r.stderr.splitlines() if x.startswith("import_delta:")]) == 1
+    assert not os.path.exists(tmp_path / "restored2")  # refused before the base path was made
 
 
 def _import(base, table):
@@ -314,18 +318,12 @@ def test_engine_spark_exactly_once_rerun_crash_and_alternating_engines(spark, tm
     _, summary = export_on(spark, *args, "--engine", "spark")  # nothing new: nothing committed
     assert summary["rows"] == 0 and lake.table().version() == version
 
-    # new messages in the 3 partitions of events; the driver dies after the first partition's commit
+    # new messages in the 3 partitions of events; the job's driver dies after the first partition's commit
     appended = roll_and_append(base, "events", 20)
-    monkeypatch.setenv("TANK_LOG_EXPORT_CRASH", "before-commit")
-    pid = os.fork()
-    if pid == 0:  # the run dies as a killed driver would: no cleanup
-        try:
-            export_on(spark, *args, "--engine", "spark")
-        finally:
-            os._exit(0)
-    _, status = os.waitpid(pid, 0)
-    monkeypatch.delenv("TANK_LOG_EXPORT_CRASH")
-    assert os.WEXITSTATUS(status) == 137
+    r = run_job_script(
+        "export_delta", *args, "--engine", "spark", env_extra={**lake.env, "TANK_LOG_EXPORT_CRASH": "before-commit"}
+    )
+    assert r.returncode == 137, r.stderr[-3000:]
     assert lake.table().version() == version + 1  # one partition committed, the others not
     _, summary = export_on(spark, *args, "--engine", "spark")
     assert summary["rows"] == 40 and summary["by_status"] == {"exported": 2, "up-to-date": 2}
@@ -354,7 +352,7 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path):
     table = str(tmp_path / "t")
     args = ["--data-dir", base, "--table", table, "--topics", "seqgap,small", "--engine", "spark"]
     hold = str(tmp_path / "release")
-    submit = os.path.join(os.path.dirname(os.path.realpath(sys.executable)), "spark-submit")
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", TANK_LOG_EXPORT_HOLD=hold, PYTHONPATH=ROOT)
     env["PATH"] = os.path.dirname(submit) + os.pathsep + env["PATH"]  # spark-submit finds its Spark through python
     a = subprocess.Popen(
@@ -369,7 +367,8 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path):
         assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
         assert export(*[x for x in args if x not in ("--engine", "spark")]) == 0  # B: the delta-rs engine
         open(hold, "w").close()
-        _, err = a.communicate(timeout=400)
+        out, err = a.communicate(timeout=400)
+        err = out + err  # spark-submit passes the driver's stderr to its stdout
     finally:
         if a.poll() is None:
             a.kill()
