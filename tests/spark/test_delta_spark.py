@@ -116,7 +116,9 @@ def test_spark_reads_what_the_delta_rs_export_writes(spark, tmp_path, name):
     # data skipping: a filter on seq reads only the files whose [min, max] of seq can hold it
     stats = pa.table(ours.get_add_actions(flatten=True)).to_pydict()
     assert files_read(df) == len(stats["path"])
-    assert files_read(df.where("seq <= 3")) == sum(lo <= 3 for lo in stats["min.seq"]) < len(stats["path"])
+    holding = sum(lo <= 3 for lo in stats["min.seq"])  # the files whose seq range can hold seq <= 3
+    assert files_read(df.where("seq <= 3")) == holding
+    assert holding < len(stats["path"]) or name != "A_multi"  # A_multi's partitions span several files
 
 
 def spark_made(spark, uri, columns, props=None, cluster_by=None, generated=None, options=None):
