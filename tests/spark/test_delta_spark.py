@@ -346,19 +346,20 @@ def test_engine_spark_exactly_once_rerun_crash_and_alternating_engines(spark, tm
     assert sorted(zip(d["topic"], d["partition"], d["seq"], strict=True)) == want
 
 
-def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path):
-    """Under spark-submit without flags (Delta's jars come from the checkout): run A plans and waits before its
-    commits; run B exports the same partitions; A finds the recorded versions moved, re-plans, commits nothing
-    twice."""
+def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path, lake, monkeypatch):
+    """Under spark-submit without flags (Delta's jars come from the checkout): run A (delta-spark) plans and waits
+    before its commits; run B (delta-rs) exports the same partitions; A finds the recorded versions moved, re-plans,
+    commits nothing twice. Locally and on S3."""
+    for k, v in lake.env.items():
+        monkeypatch.setenv(k, v)
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
-    table = str(tmp_path / "t")
-    args = ["--data-dir", base, "--table", table, "--topics", "seqgap,small", "--engine", "spark"]
+    args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "seqgap,small"]
     hold = str(tmp_path / "release")
     submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", TANK_LOG_EXPORT_HOLD=hold, PYTHONPATH=ROOT)
     env["PATH"] = os.path.dirname(submit) + os.pathsep + env["PATH"]  # spark-submit finds its Spark through python
     a = subprocess.Popen(
-        [submit, "--master", "local[2]", os.path.join(ROOT, "jobs", "export_delta.py"), *args,
+        [submit, "--master", "local[2]", os.path.join(ROOT, "jobs", "export_delta.py"), *args, "--engine", "spark",
          "--report", str(tmp_path / "a.json")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -367,7 +368,7 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path):
         while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
             time.sleep(0.5)
         assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
-        assert export(*[x for x in args if x not in ("--engine", "spark")]) == 0  # B: the delta-rs engine
+        assert export(*args) == 0  # B: the delta-rs engine
         open(hold, "w").close()
         out, err = a.communicate(timeout=400)
         err = out + err  # spark-submit passes the driver's stderr to its stdout
@@ -379,8 +380,6 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path):
     assert "re-planning" in err
     report = json.load(open(tmp_path / "a.json"))
     assert report["summary"]["rows"] == 0 and report["summary"]["engine"] == "spark"
-    from deltalake import DeltaTable
-
-    d = DeltaTable(table).to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
+    d = lake.table().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
     got = sorted(zip(d["topic"], d["partition"], d["seq"], strict=True))
     assert got == [r[:3] for r in dump_rows("A_multi", {"seqgap", "small"})]
