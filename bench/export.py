@@ -1,7 +1,8 @@
-"""Delta export benchmark: >= 1M messages through jobs/export_delta.py on local[2] (with its default settings, and
-forced onto Spark's executors with --in-driver-max-bytes 0), beside writing the same rows from a Parquet copy into
-Delta with the same engine (deltalake's write_deltalake); then the way back: the table through jobs/import_delta.py
-into an empty base path, beside the library's writer (write_partition) writing the same rows in process.
+"""Delta export benchmark: >= 1M messages through jobs/export_delta.py on local[2] (with its default settings,
+forced onto Spark's executors with --in-driver-max-bytes 0, and through delta-spark with --engine spark), beside
+writing the same rows from a Parquet copy into Delta with the same engine (deltalake's write_deltalake); then the
+way back: the table through jobs/import_delta.py into an empty base path, beside the library's writer
+(write_partition) writing the same rows in process.
 
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
      python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
@@ -131,6 +132,8 @@ def main() -> None:
     wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)  # default settings
     s = rep["summary"]
     executors_wall, e = export_on_executors(base, os.path.join(work, "table-on-executors"), s["rows"])
+    spark_table = os.path.join(work, "table-delta-spark")
+    spark_wall, sp = export_on_executors(base, spark_table, s["rows"], ["--engine", "spark"])
 
     # the same rows from a Parquet copy into Delta with the same engine
     import pyarrow as pa
@@ -200,6 +203,10 @@ def main() -> None:
         "executors_process_wall_s": round(executors_wall, 2),
         "executors_export_s": e["export_s"],
         "ratio_executors_vs_parquet_to_delta": round(e["export_s"] / parquet_to_delta, 2),
+        "delta_spark_process_wall_s": round(spark_wall, 2),
+        "delta_spark_export_s": sp["export_s"],
+        "ratio_delta_spark_vs_parquet_to_delta": round(sp["export_s"] / parquet_to_delta, 2),
+        "ratio_delta_spark_vs_executors": round(sp["export_s"] / e["export_s"], 2),
         "import_process_wall_s": round(import_wall, 2),
         "import_job_s": imp["import_s"],
         "rows_per_s_import_job": imp["rows_per_s"],

@@ -36,6 +36,10 @@ if ! command -v promtool >/dev/null; then
         echo "setup: promtool is missing (Debian: apt-get install prometheus, as root); the alert tests need it" >&2
     fi
 fi
+# Delta's jars for Spark (delta-spark, delta-storage; hadoop-aws and its AWS SDK for s3a://), fetched once with Maven
+# into .jars/ (tank_spark/jars.py; ~700 MB, mostly the AWS SDK, cached in ~/.m2): skipped when present for this
+# scripts/spark-jars/pom.xml and pyspark. Jobs never fetch anything. Needs mvn (apt-get install maven).
+.venv/bin/python -m tank_spark.jars install
 # Spark drivers map a class-data archive of their JDK and Spark jars (tank_spark/class_archive.py): ~4 s less per
 # job start. Built once (~40 s), again after Spark or the JDK changed; a driver without it just starts slower.
 .venv/bin/python -m tank_spark.class_archive --if-missing >/dev/null ||

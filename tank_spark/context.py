@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.stopping import handling
-from tank_spark import class_archive, worker_daemon
+from tank_spark import class_archive, jars, worker_daemon
 from tank_spark.tasks import driver_processes
 
 if TYPE_CHECKING:
@@ -82,10 +82,12 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
     )
 
 
-def spark_context(ctx: JobContext) -> SparkContext:
+def spark_context(ctx: JobContext, *, delta: bool = False) -> SparkContext:
     """A SparkContext; the master comes from spark-submit when present, else --master, the config, local[*]. The
     jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
-    more per run (bench/RESULTS.md)."""
+    more per run (bench/RESULTS.md). With `delta`, the driver loads Delta's jars (`jars.configure`: those
+    scripts/setup.sh fetched) and Delta's SQL extension and catalog; only the runs that use Delta through Spark ask
+    for them (the jars on a local driver's classpath keep it from mapping the class archive: ~4 s more)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
@@ -104,6 +106,8 @@ def spark_context(ctx: JobContext) -> SparkContext:
     worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
     if not under_spark_submit:
         class_archive.use_default(conf)  # ~4 s less start-up once the host's archive is built
+    if delta:
+        jars.configure(conf, submitted=under_spark_submit)
     _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
     jvm = SparkContext._jvm
     assert jvm is not None
@@ -133,11 +137,11 @@ def driver_cores(ctx: JobContext) -> int:
     return driver_processes(job_master(ctx))
 
 
-def spark_session(ctx: JobContext) -> SparkSession:
-    """A SparkSession over `spark_context(ctx)` (the jobs that read or write DataFrames)."""
+def spark_session(ctx: JobContext, *, delta: bool = False) -> SparkSession:
+    """A SparkSession over `spark_context(ctx, delta=delta)` (the jobs that read or write DataFrames)."""
     from pyspark.sql import SparkSession
 
-    spark_context(ctx)
+    spark_context(ctx, delta=delta)
     return SparkSession.builder.getOrCreate()
 
 

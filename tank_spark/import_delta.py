@@ -108,6 +108,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     delta = location.open()
     if delta is None:
         raise JobConfigError(f"no Delta table at {location}")
+    check_readable(location, delta)
     names = {f.name: f for f in pa.schema(delta.schema().to_arrow())}
     missing = [c for c in REQUIRED if c not in names]
     if missing:
@@ -142,6 +143,31 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         recorded_topic_configs(delta.history(limit=LOOKBACK)),
     )
     return settings, plan_import(settings, keys)
+
+
+def check_readable(location: TableLocation, delta: DeltaTable) -> None:
+    """Refuse, before anything is written, a table delta-rs cannot read all of: column mapping, or a reader feature its
+    reader refuses, e.g. deletion vectors (Spark's DELETE, UPDATE or MERGE on a table with
+    `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
+
+    Raises:
+        JobConfigError: one line naming the table and the feature.
+    """
+    from deltalake.exceptions import DeltaProtocolError
+
+    mode = delta.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":  # delta-rs reads the columns of such a table's files as nulls (checked with delta-spark's)
+        raise JobConfigError(
+            f"table {location} uses table feature columnMapping (delta.columnMapping.mode={mode}), which delta-rs "
+            "does not read (its columns would come back null)"
+        )
+    try:
+        delta.to_pyarrow_dataset()
+    except DeltaProtocolError as err:
+        raise JobConfigError(
+            f"table {location}: delta-rs cannot read it: {err} (Spark can drop the feature: ALTER TABLE ... DROP "
+            "FEATURE <feature>)"
+        ) from None
 
 
 def checked_keys(ctx: JobContext, location: TableLocation, delta: DeltaTable) -> pa.Table:

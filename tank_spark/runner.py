@@ -234,12 +234,14 @@ def run_job(
     *,
     sql: bool = True,
     needs_spark: Callable[[JobContext, Any], bool] | None = None,
+    needs_delta: Callable[[JobContext, Any], bool] | None = None,
     new_data_dir: bool = False,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. `spark` is a
     SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext; when `needs_spark(ctx, prepared)` says
-    no (nothing to run on executors), Spark is not started and `spark` is None. The report's `timings` split the
+    no (nothing to run on executors), Spark is not started and `spark` is None; when `needs_delta(ctx, prepared)`
+    says yes, the session loads Delta's jars (`context.spark_context`). The report's `timings` split the
     run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the tasks and the driver's
     bookkeeping) and `spark_stop_s`. With `new_data_dir` the data directory may not exist yet (`build_context`)."""
     with contextlib.ExitStack() as marks:  # the run marker (storage/locking.py), once the data dirs are known
@@ -253,6 +255,7 @@ def run_job(
             marks,
             sql=sql,
             needs_spark=needs_spark,
+            needs_delta=needs_delta,
             new_data_dir=new_data_dir,
         )
 
@@ -268,6 +271,7 @@ def _run_job(
     *,
     sql: bool,
     needs_spark: Callable[[JobContext, Any], bool] | None,
+    needs_delta: Callable[[JobContext, Any], bool] | None,
     new_data_dir: bool,
 ) -> int:
     """`run_job`, with `marks` holding the run marker once the data dirs are known."""
@@ -303,7 +307,7 @@ def _run_job(
     try:
         if needs_spark is None or needs_spark(ctx, prepared):
             if sql:
-                spark = spark_session(ctx)
+                spark = spark_session(ctx, delta=needs_delta is not None and needs_delta(ctx, prepared))
                 sc = spark.sparkContext
             else:
                 spark = sc = spark_context(ctx)

@@ -181,7 +181,8 @@ def fixture_copy(tmp_path):
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local Spark session for the in-process Spark tests (UTC, no UI)."""
+    """One local Spark session for the in-process Spark tests (UTC, no UI), with Delta's jars, SQL extension and
+    catalog (`tank_spark.jars`: those scripts/setup.sh fetched) for the cross-engine tests."""
     import sys
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -189,12 +190,13 @@ def spark():
     from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
-    from tank_spark import worker_daemon
+    from tank_spark import jars, worker_daemon
 
     conf = SparkConf().setMaster("local[2]").setAppName("tank-log-tests")
     conf.set("spark.ui.enabled", "false").set("spark.ui.showConsoleProgress", "false")
     conf.set("spark.sql.session.timeZone", "UTC").set("spark.sql.shuffle.partitions", "4")
     worker_daemon.configure(conf)  # as the jobs run
+    jars.configure(conf)
     session = SparkSession.builder.config(conf=conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     from tank_spark.source import register

@@ -12,8 +12,8 @@ right before committing.
 
 Engines: `deltalake` (delta-rs; default, no JVM jars) commits as above. `spark` (delta-spark) writes through
 `df.write.format("delta")` with `txnAppId`/`txnVersion` per partition (one commit per partition: idempotent per
-partition but not atomic across partitions); it needs Delta's jars on the Spark classpath (spark-submit
---packages io.delta:delta-spark_2.13:<version>), which are checked first with a clear error.
+partition but not atomic across partitions); its Spark loads Delta's jars (`tank_spark/jars.py`: those
+scripts/setup.sh fetched, or the submission's own), which are checked first with a clear error.
 
 Table layout: partition columns (default `topic`, `date` — the UTC date of ts), target file size; values as
 `binary` (default), `utf8`, or `json` with a schema (DDL) giving typed columns. Rows whose value cannot be decoded
@@ -138,6 +138,11 @@ def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
     return any(p.has_work for p in plans) and not in_driver(ctx, settings, plans)
 
 
+def uses_delta_spark(ctx: JobContext, prepared: Prepared) -> bool:
+    """The delta-spark engine writes through Spark: its session loads Delta's jars."""
+    return prepared[0].engine == "spark"
+
+
 def in_driver(ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]) -> bool:
     """Whether this export reads at most `in_driver_max_bytes` of segment data (binary or utf8 values, delta-rs): then
     the driver reads and writes it itself. Starting Spark and its first job's Python workers costs seconds
@@ -195,11 +200,42 @@ def _export(
         results = _results(plans)
     if settings.engine == "spark":
         assert spark is not None
-        _, cut = _pre_pass(workers, ctx, settings, plans)
-        version = write_with_delta_spark(
-            decoded_frame(spark, ctx, settings, cut.plans), settings, [p for p in cut.plans if p.has_work]
-        )
+        session = spark
+        if evolve:
+            log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
+            add_ts_raw(table)
+        written: dict[tuple[str, int], list[RangeOutcome]] = {}  # the partitions committed, over the attempts
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            outcomes, cut = _pre_pass(workers, ctx, settings, plans)
+            hold(HOLD_BEFORE_COMMIT)  # test hook
+            done: list[PartitionPlan] = []
+            try:
+                version = write_with_delta_spark(
+                    lambda p: decoded_frame(session, ctx, settings, [p]),
+                    settings,
+                    [p for p in cut.plans if p.has_work],
+                    new_run_id(),
+                    done,
+                )
+            except ConcurrentExport as conflict:
+                if attempt == COMMIT_ATTEMPTS:
+                    raise ConcurrentExport(
+                        f"{conflict}; {COMMIT_ATTEMPTS} attempts: another export commits to these partitions "
+                        f"meanwhile (a continuous export of the same topics?)"
+                    ) from None
+                log.warning("export: %s; re-planning (attempt %d)", conflict, attempt + 1)
+                plans, _ = plan_export(ctx, settings)
+                continue
+            finally:
+                keys = {(p.topic, p.partition) for p in done}
+                written.update({k: [o for o in outcomes if o.key == k and o.index in cut.kept] for k in keys})
+            break
         files: list[dict[str, Any]] = []
+        results = _results(plans)
+        for key, kept in written.items():
+            for o in kept:
+                _count(results[key], o.rows, o.min_seq, o.max_seq)
+            results[key]["status"] = "exported"
     else:
         if evolve:
             log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
@@ -359,4 +395,5 @@ def main(argv: list[str] | None = None) -> int:
         execute,
         argv,
         needs_spark=needs_spark,
+        needs_delta=uses_delta_spark,
     )

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from tank_log.errors import RunFailed
+from tank_log.errors import JobConfigError, RunFailed
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -120,6 +120,35 @@ class TableLocation:
             out["scheme"] = parsed.scheme
         return out
 
+    def spark_path(self) -> str:
+        """The table's path for Spark's Delta reader and writer: `s3://` through Hadoop's s3a filesystem
+        (hadoop-aws, among Delta's jars: `tank_spark/jars.py`)."""
+        parsed = urlparse(self.uri)
+        return self.uri.replace("s3://", "s3a://", 1) if parsed.scheme == "s3" else self.uri
+
+    def spark_options(self) -> dict[str, str]:
+        """These storage options as the Hadoop settings delta-spark takes per read or write (its `fs.`-prefixed
+        options): the s3a endpoint, credentials and region; the environment supplies the rest (s3a reads
+        `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` itself). Other stores: Spark's own configuration."""
+        if urlparse(self.uri).scheme not in ("s3", "s3a"):
+            return {}
+        out = {}
+        for key, names in (
+            ("fs.s3a.access.key", ("AWS_ACCESS_KEY_ID",)),
+            ("fs.s3a.secret.key", ("AWS_SECRET_ACCESS_KEY",)),
+            ("fs.s3a.session.token", ("AWS_SESSION_TOKEN",)),
+            ("fs.s3a.endpoint.region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
+        ):
+            value = self._option(*names)
+            if value:
+                out[key] = value
+        endpoint = self._option("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+        if endpoint:  # an S3-compatible server (MinIO, moto): path-style requests, plain HTTP if it says so
+            out["fs.s3a.endpoint"] = endpoint
+            out["fs.s3a.path.style.access"] = "true"
+            out["fs.s3a.connection.ssl.enabled"] = str(not endpoint.startswith("http://")).lower()
+        return out
+
     def open_parquet(self, rel: str, schema: pa.Schema) -> pq.ParquetWriter:
         """A `pyarrow.parquet.ParquetWriter` writing a Parquet file at `rel` under the table (close it to finish)."""
         import pyarrow.parquet as pq
@@ -162,12 +191,45 @@ class TableLocation:
     def open(self) -> DeltaTable | None:
         """The Delta table at its latest version; None if there is none."""
         from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        from deltalake.exceptions import DeltaError, TableNotFoundError
 
         try:
             return DeltaTable(self.uri, storage_options=self.options or None)
         except TableNotFoundError:
             return None
+        except DeltaError as err:  # e.g. a table delta-spark made with column mapping
+            raise JobConfigError(f"delta-rs cannot read the table {self}: {err}{self._features_hint()}") from None
+
+    def _features_hint(self) -> str:
+        """The table features its log's latest protocol lists (what delta-rs may not support), read from the commit
+        files themselves; "" when there are none or they cannot be read."""
+        import json
+
+        from pyarrow import fs
+
+        try:
+            filesystem, root = self.filesystem()
+            log_dir = f"{root}/_delta_log"
+            commits = sorted(
+                i.path
+                for i in filesystem.get_file_info(fs.FileSelector(log_dir))
+                if i.path.endswith(".json") and i.base_name[:20].isdigit()
+            )
+            protocol, config = None, None
+            for path in commits:
+                with filesystem.open_input_stream(path) as f:
+                    for line in f.read().decode().splitlines():
+                        action = json.loads(line) if line.strip() else {}
+                        protocol = action.get("protocol", protocol)
+                        config = action["metaData"].get("configuration", config) if "metaData" in action else config
+        except (OSError, ValueError, KeyError):
+            return ""
+        if protocol is None:
+            return ""
+        features = sorted(set(protocol.get("readerFeatures") or ()) | set(protocol.get("writerFeatures") or ()))
+        mode = (config or {}).get("delta.columnMapping.mode", "none")
+        out = f" (table features: {', '.join(features) or 'none'}"
+        return out + (f"; delta.columnMapping.mode={mode})" if mode != "none" else ")")
 
     def existing(self) -> DeltaTable:
         """The Delta table at its latest version, which this run created or planned against.

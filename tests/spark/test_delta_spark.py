@@ -1,0 +1,385 @@
+"""delta-spark, Delta's own engine, against our export and import, both ways, on one shared Spark session with Delta's
+jars (conftest `spark`): Spark reads every table the delta-rs export writes; the export appends exactly once to tables
+Spark made and maintains, with the features Spark users turn on, or refuses them before writing; the import reads
+what Spark wrote; the delta-spark engine (`--engine spark`) exports exactly once, alone, rerun, crashed, beside
+another export and alternating with the delta-rs engine, locally and on S3 through s3a."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pytest
+from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump, run_job_script
+from test_job_export import Lake, roll_and_append
+
+from tank_log.errors import JobConfigError
+from tank_log.lakehouse import app_id, table_id
+from tank_spark.export.location import TableLocation
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+SPARK_SCHEMA = (
+    "struct<topic:string,partition:int,seq:bigint,ts:timestamp,key:binary,value:binary,date:date,ts_raw:decimal(20,0)>"
+)
+
+
+def export(*argv):
+    """The export job in this process (`main`: its options, plan and exit code), small enough for the driver: the
+    delta-rs engine without Spark."""
+    from tank_spark.export.job import main
+
+    return main(["--master", "local[1]", *argv])
+
+
+def export_on(spark, *argv):
+    """The export job's own `prepare` and `execute` on the shared session (what `main` runs once Spark started):
+    the delta-spark engine without a Spark start per run."""
+    from tank_spark.context import build_context
+    from tank_spark.export import job
+    from tank_spark.job_options import job_parser
+
+    parser = job_parser("export_delta", "")
+    job.add_options(parser)
+    args = parser.parse_args(["--master", "local[2]", *argv])
+    ctx = build_context("export_delta", args)
+    return job.execute(ctx, job.prepare(ctx, args), spark)
+
+
+def spark_rows(spark, uri, options=None):
+    """(topic, partition, seq, ts ms, key, value) of every row delta-spark reads, sorted."""
+    loc = TableLocation.of(uri, options)
+    df = spark.read.format("delta").options(**loc.spark_options()).load(loc.spark_path())
+    df = df.selectExpr("topic", "partition", "seq", "coalesce(unix_millis(ts), cast(ts_raw as bigint))", "key", "value")
+    return sorted(
+        (r[0], r[1], r[2], r[3], bytes(r[4]) if r[4] is not None else None, bytes(r[5])) for r in df.collect()
+    )
+
+
+def dump_rows(name, topics=None):
+    return sorted(
+        (t, p, seq, ts, key, value)
+        for (t, p), msgs in load_dump(name).items()
+        if topics is None or t in topics
+        for seq, ts, key, value in msgs
+    )
+
+
+def spark_transactions(spark, uri):
+    """The app transactions delta-spark's own snapshot of the table holds: {app id: version}."""
+    jvm = spark._jvm
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog
+    delta_log.clearCache()
+    txns = delta_log.forTable(spark._jsparkSession, uri).unsafeVolatileSnapshot().transactions()
+    it = txns.iterator()
+    out = {}
+    while it.hasNext():
+        kv = it.next()
+        out[kv._1()] = kv._2()
+    return out
+
+
+def files_read(df):
+    """How many files a query's scans read (Spark's `numFiles` metric, after data skipping)."""
+    df.collect()
+    leaves = df._jdf.queryExecution().executedPlan().collectLeaves()
+    n = 0
+    for i in range(leaves.size()):
+        metrics = leaves.apply(i).metrics()
+        if metrics.contains("numFiles"):
+            n += metrics.apply("numFiles").value()
+    return n
+
+
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_spark_reads_what_the_delta_rs_export_writes(spark, tmp_path, name):
+    """Every fixture: the same rows as the broker's dump, the types, the partition values (the UTC date of ts), the
+    app transactions, and file statistics Spark skips files with."""
+    from deltalake import DeltaTable
+
+    table = str(tmp_path / "t")
+    assert export("--data-dir", data_dir(name), "--table", table, "--target-file-size", "64kb") == 0
+    expected = dump_rows(name)
+    assert spark_rows(spark, table) == expected
+    df = spark.read.format("delta").load(table)
+    assert df.schema.simpleString() == SPARK_SCHEMA
+    assert df.where("date <> to_date(ts) OR (ts IS NULL) <> (date IS NULL)").count() == 0  # session time zone: UTC
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{table}`").first()
+    assert list(detail.partitionColumns) == ["topic", "date"]
+    ours = DeltaTable(table)
+    recorded = spark_transactions(spark, table)
+    for (topic, partition), msgs in load_dump(name).items():
+        aid = app_id(table_id(ours), topic, partition)
+        assert recorded[aid] == ours.transaction_version(aid) >= msgs[-1][0]
+    # data skipping: a filter on seq reads only the files whose [min, max] of seq can hold it
+    stats = pa.table(ours.get_add_actions(flatten=True)).to_pydict()
+    assert files_read(df) == len(stats["path"])
+    holding = sum(lo <= 3 for lo in stats["min.seq"])  # the files whose seq range can hold seq <= 3
+    assert files_read(df.where("seq <= 3")) == holding
+    assert holding < len(stats["path"]) or name != "A_multi"  # A_multi's partitions span several files
+
+
+def spark_made(spark, uri, columns, props=None, cluster_by=None, generated=None, options=None):
+    """A table delta-spark creates with the export's columns (optionally plus a generated one), its partitioning
+    (none for a clustered table) and table properties."""
+    from delta.tables import DeltaTable
+
+    loc = TableLocation.of(uri, options)
+    for k, v in loc.spark_options().items():
+        spark.conf.set(f"spark.hadoop.{k}", v)
+    b = DeltaTable.create(spark).location(loc.spark_path()).addColumns(columns)
+    if generated:
+        b = b.addColumn(generated[0], generated[1], generatedAlwaysAs=generated[2])
+    b = b.clusterBy(*cluster_by) if cluster_by else b.partitionedBy("topic", "date")
+    for k, v in (props or {}).items():
+        b = b.property(k, v)
+    b.execute()
+
+
+def delta_version(spark, uri):
+    return spark.sql(f"DESCRIBE HISTORY delta.`{uri}` LIMIT 1").first().version
+
+
+# feature: (table properties, Spark's own work on the table, what the refusal of the delta-rs engine names (None:
+# it appends), of the delta-spark engine, and of delta-rs reading the table (the import; None: it reads what Spark
+# reads))
+DV = {"delta.enableDeletionVectors": "true"}
+FEATURES = {
+    "defaults": ({}, None, None, None, None),
+    "deletion vectors after a DELETE": (
+        {"delta.enableDeletionVectors": "true"},
+        "DELETE",
+        None,
+        None,
+        "deletionVectors",
+    ),
+    "column mapping by name": ({"delta.columnMapping.mode": "name"}, None, *["columnMapping"] * 3),
+    "v2 checkpoints": (
+        {"delta.checkpointPolicy": "v2", "delta.checkpointInterval": "1"},
+        None,
+        None,
+        None,
+        "v2Checkpoint",
+    ),
+    "a checkpoint every commit": ({"delta.checkpointInterval": "1"}, None, None, None, None),
+    "OPTIMIZE ZORDER and VACUUM": ({}, "OPTIMIZE", None, None, None),
+    "a CHECK constraint": ({}, "CHECK", "checkConstraints", None, None),
+    "a generated column": ({}, "GENERATED", "generatedColumns", None, None),
+    "liquid clustering": ({}, "CLUSTER", "clustering", None, None),
+    "row tracking": ({"delta.enableRowTracking": "true"}, None, "rowTracking", None, None),
+    "in-commit timestamps": ({"delta.enableInCommitTimestamps": "true"}, None, "inCommitTimestamp", None, None),
+    "change data feed": ({"delta.enableChangeDataFeed": "true"}, None, None, None, None),
+}
+
+
+def check_delta_rs_reads(table, spark_read, refusal):
+    """delta-rs, as the import reads a table (`check_readable`, then its data), reads the rows Spark reads, or
+    refuses naming the feature."""
+    from tank_spark.import_delta import check_readable
+
+    loc = TableLocation.of(table)
+    if refusal is None:
+        check_readable(loc, loc.open())
+        d = loc.open().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
+        assert sorted(zip(d["topic"], d["partition"], d["seq"], strict=True)) == [r[:3] for r in spark_read]
+        return
+    with pytest.raises(JobConfigError, match=refusal):
+        check_readable(loc, loc.open())
+
+
+def _reference(spark, tmp_path):
+    """A table the delta-rs export made of C_misc's timeroll topic: its Spark schema, and its rows for Spark to
+    write itself."""
+    ref = str(tmp_path / "ref")
+    assert export("--data-dir", data_dir("C_misc"), "--table", ref, "--topics", "timeroll") == 0
+    df = spark.read.format("delta").load(ref)
+    return df.schema, df
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, feature, capsys):
+    """Spark creates the table with the feature; each engine exports to its own such table, Spark maintains it
+    (DELETE, OPTIMIZE ZORDER, VACUUM), new messages come, each engine exports again: Spark reads every message once
+    (less what it deleted). Or the delta-rs engine refuses before writing, in one line naming the feature; the
+    delta-spark engine writes every such table Spark reads."""
+    props, upkeep, *refusals, read_refusal = FEATURES[feature]
+    columns, rows = _reference(spark, tmp_path)
+    for engine, refused in zip(("deltalake", "spark"), refusals, strict=True):
+        base = copy_tree(data_dir("C_misc"), str(tmp_path / f"data-{engine}"))
+        table = str(tmp_path / f"t-{engine}")
+        generated = ("seq_bucket", "BIGINT", "seq DIV 100") if upkeep == "GENERATED" else None
+        cluster = ["topic", "seq"] if upkeep == "CLUSTER" else None
+        spark_made(spark, table, columns, props, cluster_by=cluster, generated=generated)
+        if upkeep == "CHECK":
+            spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT seq_positive CHECK (seq > 0)")
+        args = ["--data-dir", base, "--table", table, "--topics", "timeroll", "--engine", engine]
+        if cluster:
+            args.append("--partition-by=")
+        version = delta_version(spark, table)
+        if refused and engine == "deltalake":
+            capsys.readouterr()
+            code = export(*args)  # the refusal comes before anything is written, without Spark
+            err = capsys.readouterr().err
+            assert code == 2, err[-2000:]
+            line = [x for x in err.splitlines() if x.startswith("export_delta:")]
+            assert len(line) == 1 and refused in line[0] and "Traceback" not in err, err[-2000:]
+        elif refused:
+            with pytest.raises(JobConfigError, match=refused):
+                export_on(spark, *args)
+        if refused:
+            assert delta_version(spark, table) == version  # nothing committed ...
+            assert [f for _, _, fs in os.walk(table) for f in fs if f.endswith(".parquet")] == []  # ... or written
+            rows.write.format("delta").mode("append").save(table)  # Spark writes them itself
+            check_delta_rs_reads(table, spark_rows(spark, table), read_refusal)
+            continue
+        if engine == "deltalake":
+            assert export(*args) == 0
+        else:
+            export_on(spark, *args)
+        expected = dump_rows("C_misc", {"timeroll"})
+        assert spark_rows(spark, table) == expected, feature
+        if upkeep == "DELETE":
+            spark.sql(f"DELETE FROM delta.`{table}` WHERE seq % 10 = 0")
+            expected = [r for r in expected if r[2] % 10]
+            metrics = spark.sql(f"DESCRIBE HISTORY delta.`{table}` LIMIT 1").first().operationMetrics
+            assert int(metrics["numDeletionVectorsAdded"]) > 0  # rows deleted through deletion vectors
+        elif upkeep == "OPTIMIZE":
+            spark.sql(f"OPTIMIZE delta.`{table}` ZORDER BY (seq)")
+            spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+        appended = roll_and_append(base, "timeroll", 30)
+        if engine == "deltalake":
+            assert export(*args) == 0
+        else:
+            export_on(spark, *args)
+        got = spark_rows(spark, table)
+        assert [r[:3] for r in got] == sorted([r[:3] for r in expected] + [a[:3] for a in appended]), feature
+        if generated:
+            assert spark.read.format("delta").load(table).where("seq_bucket <> seq DIV 100").count() == 0
+        check_delta_rs_reads(table, got, read_refusal)
+
+
+def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_path):
+    """Spark writes the rows (the export's columns), OPTIMIZE ZORDER, VACUUM: the import (delta-rs) restores
+    exactly what Spark reads. Once Spark turned on deletion vectors and deleted rows, the import refuses, naming the
+    feature, before it writes anything."""
+    table = str(tmp_path / "t")
+    ref = str(tmp_path / "ours")
+    assert export("--data-dir", data_dir("C_misc"), "--table", ref) == 0
+    rows = spark.read.format("delta").load(ref)
+    spark_made(spark, table, rows.schema)
+    for part in (0, 1):  # two Spark writes, compacted by OPTIMIZE, the old files vacuumed
+        rows.where(f"partition = {part}").write.format("delta").mode("append").save(table)
+    spark.sql(f"OPTIMIZE delta.`{table}` ZORDER BY (seq)")
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
+    restored = str(tmp_path / "restored")
+    r = _import(restored, table)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = str(tmp_path / "again")
+    assert export("--data-dir", restored, "--table", again) == 0  # what was imported, as our export reads it
+    assert spark_rows(spark, again) == spark_rows(spark, table)
+
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE seq % 10 = 0")
+    r = _import(str(tmp_path / "restored2"), table)
+    assert r.returncode == 2 and "deletionVectors" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len([x for x in r.stderr.splitlines() if x.startswith("import_delta:")]) == 1
+    assert not os.path.exists(tmp_path / "restored2")  # refused before the base path was made
+
+
+def _import(base, table):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "jobs", "import_delta.py"), "--master", "local[1]", "--data-dir", base,
+         "--table", table],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"),
+    )  # fmt: skip
+
+
+@pytest.fixture(params=["local", "s3"])
+def lake(request, tmp_path):
+    return Lake(tmp_path, request.getfixturevalue("s3_server") if request.param == "s3" else None)
+
+
+def test_engine_spark_exactly_once_rerun_crash_and_alternating_engines(spark, tmp_path, lake, monkeypatch):
+    """The delta-spark engine: a first export, a rerun with nothing new, a run that dies after one partition's
+    commit and its rerun, then runs alternating with the delta-rs engine on the same table — each (topic, partition,
+    seq) exactly once, read by Spark and by delta-rs."""
+    for k, v in lake.env.items():
+        monkeypatch.setenv(k, v)
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events,seqgap"]
+    results, summary = export_on(spark, *args, "--engine", "spark")
+    expected = dump_rows("A_multi", {"events", "seqgap"})
+    assert summary["rows"] == len(expected) and summary["engine"] == "spark"
+    assert spark_rows(spark, lake.uri, lake.options) == expected
+    version = lake.table().version()
+
+    _, summary = export_on(spark, *args, "--engine", "spark")  # nothing new: nothing committed
+    assert summary["rows"] == 0 and lake.table().version() == version
+
+    # new messages in the 3 partitions of events; the job's driver dies after the first partition's commit
+    appended = roll_and_append(base, "events", 20)
+    r = run_job_script(
+        "export_delta", *args, "--engine", "spark", env_extra={**lake.env, "TANK_LOG_EXPORT_CRASH": "before-commit"}
+    )
+    assert r.returncode == 137, r.stderr[-3000:]
+    assert lake.table().version() == version + 1  # one partition committed, the others not
+    _, summary = export_on(spark, *args, "--engine", "spark")
+    assert summary["rows"] == 40 and summary["by_status"] == {"exported": 2, "up-to-date": 2}
+    assert [r[:3] for r in spark_rows(spark, lake.uri, lake.options)] == sorted(
+        [r[:3] for r in expected] + [a[:3] for a in appended]
+    )
+
+    # alternating with the delta-rs engine on the same table
+    for engine in ("deltalake", "spark", "deltalake"):
+        appended += roll_and_append(base, "events", 10)
+        if engine == "deltalake":
+            assert export(*args) == 0
+        else:
+            export_on(spark, *args, "--engine", "spark")
+    want = sorted([r[:3] for r in expected] + [a[:3] for a in appended])
+    assert [r[:3] for r in spark_rows(spark, lake.uri, lake.options)] == want
+    d = lake.table().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
+    assert sorted(zip(d["topic"], d["partition"], d["seq"], strict=True)) == want
+
+
+def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path, lake, monkeypatch):
+    """Under spark-submit without flags (Delta's jars come from the checkout): run A (delta-spark) plans and waits
+    before its commits; run B (delta-rs) exports the same partitions; A finds the recorded versions moved, re-plans,
+    commits nothing twice. Locally and on S3."""
+    for k, v in lake.env.items():
+        monkeypatch.setenv(k, v)
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "seqgap,small"]
+    hold = str(tmp_path / "release")
+    submit = os.path.join(os.path.dirname(sys.executable), "spark-submit")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", TANK_LOG_EXPORT_HOLD=hold, PYTHONPATH=ROOT)
+    env["PATH"] = os.path.dirname(submit) + os.pathsep + env["PATH"]  # spark-submit finds its Spark through python
+    a = subprocess.Popen(
+        [submit, "--master", "local[2]", os.path.join(ROOT, "jobs", "export_delta.py"), *args, "--engine", "spark",
+         "--report", str(tmp_path / "a.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 400
+        while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
+            time.sleep(0.5)
+        assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+        assert export(*args) == 0  # B: the delta-rs engine
+        open(hold, "w").close()
+        out, err = a.communicate(timeout=400)
+        err = out + err  # spark-submit passes the driver's stderr to its stdout
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
+    assert a.returncode == 0, err[-3000:]
+    assert "re-planning" in err
+    report = json.load(open(tmp_path / "a.json"))
+    assert report["summary"]["rows"] == 0 and report["summary"]["engine"] == "spark"
+    d = lake.table().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
+    got = sorted(zip(d["topic"], d["partition"], d["seq"], strict=True))
+    assert got == [r[:3] for r in dump_rows("A_multi", {"seqgap", "small"})]
