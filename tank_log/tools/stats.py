@@ -15,8 +15,8 @@ from tank_log.format.bundle import CODEC_MASK, SPARSE
 from tank_log.lakehouse import ExportedSeqs
 from tank_log.maintenance.compaction.passes import dirty_ratio
 from tank_log.storage.cleanup_marks import read_cleanup_log
+from tank_log.storage.completeness import SegmentAudit, segment_loss
 from tank_log.storage.datadir import Partition, Unread, scan_partitions
-from tank_log.tools.dump import tail_loss
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,11 @@ def partition_stats(
         st.export_lag_messages = 0
     for sf in part.segments:
         st.bytes += sf.size
+        audit = SegmentAudit(sf)
         walk = sf.chunks()
         for chunk in walk:
             c = chunk.cols
+            audit.observe(chunk.file_offset, chunk.table, c.seq)
             if not len(c):
                 continue
             flags = np.array(chunk.table.flags, dtype=np.uint8)
@@ -104,7 +106,7 @@ def partition_stats(
                 for i in np.flatnonzero(keyed).tolist():
                     keys.add(c.key(i))  # type: ignore[arg-type]
         st.torn_bytes += walk.tail.torn_bytes if walk.tail else 0
-        loss = tail_loss(sf, walk.tail)
+        loss = segment_loss(audit, walk.tail)
         if loss is not None and unread is not None:
             unread.append(loss)
     st.distinct_keys = len(keys)
