@@ -6,6 +6,12 @@ reported `failed` with the file and byte offset, and the run exits 1. `--on-corr
   next run starts right after it and stops at the same place until the data is repaired (nothing duplicated, nothing
   skipped; `jobs/rebuild_indexes.py --salvage` or an operator fixes the segment);
 - `skip`: nothing of that partition; its recorded version stays where it was.
+
+A hole counts as malformed data: a read that cannot return every seq the partition claims (a truncated RO segment,
+a bundle cut out or duplicated, a directory in place of a segment: `storage/completeness.py`) fails its range with
+the file, offset and seq range. `prefix` then keeps the rows up to the last seq before the hole that the evidence
+trusts; a range that had read rows past that seq (renumbered by a cut or duplicated bundle) is read again up to it
+(`Cut.reread`). The recorded version never passes a hole, so retention's `keep_unexported` guard keeps its data.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class RangeOutcome:
     min_seq: int | None = None
     max_seq: int | None = None
     error: str | None = None  # the TankFormatError (file @offset: message) that stopped the read
+    trusted_through: int | None = None  # with a hole (`HoleError`): the last seq before it the rows can be kept to
 
     @property
     def key(self) -> tuple[str, int]:
@@ -55,6 +62,7 @@ class Cut:
     plans: list[PartitionPlan]
     kept: set[int]
     failures: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
+    reread: dict[int, int] = field(default_factory=dict)  # range → the seq to read it again up to (`prefix`)
 
 
 def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], mode: str) -> Cut:
@@ -66,9 +74,18 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
             first_bad[o.key] = o
     kept: set[int] = set()
     last_kept: dict[tuple[str, int], int] = {}
+    reread: dict[int, int] = {}
     for o in outcomes:
         bad = first_bad.get(o.key)
         if bad is not None and (mode == "skip" or o.index > bad.index):
+            continue
+        trusted = o.trusted_through if o is bad else None
+        if trusted is not None and o.max_seq is not None and o.max_seq > trusted:
+            # rows past the hole's trusted seq were read (a bundle cut out or duplicated renumbers what follows it):
+            # none of this range's rows are kept; those up to the trusted seq are read again, bounded by it
+            if o.min_seq is not None and trusted >= o.min_seq:
+                reread[o.index] = trusted
+                last_kept[o.key] = max(trusted, last_kept.get(o.key, trusted))
             continue
         kept.add(o.index)
         if bad is not None and o.max_seq is not None:
@@ -93,7 +110,7 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
                 else "malformed data: nothing of this partition exported"
             ),
         }
-    return Cut(cut_plans, kept, failures)
+    return Cut(cut_plans, kept, failures, reread)
 
 
 def scan_ranges(workers: Workers, ranges: Sequence[SegmentRange]) -> list[RangeOutcome]:
@@ -139,5 +156,10 @@ class TrackedRead:
             yield b
 
     def outcome(self) -> RangeOutcome:
+        from tank_log.storage.completeness import HoleError
+
         error = str(self.stopped[0]) if self.stopped else None
-        return RangeOutcome(self.index, self.range.topic, self.range.partition, self.rows, self.lo, self.hi, error)
+        hole = self.stopped[0] if self.stopped and isinstance(self.stopped[0], HoleError) else None
+        trusted = None if hole is None else hole.hole.trusted_through
+        r = self.range
+        return RangeOutcome(self.index, r.topic, r.partition, self.rows, self.lo, self.hi, error, trusted)
