@@ -20,7 +20,7 @@ from tank_log.format.arrow import skip_pandas_detection, to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.completeness import SegmentAudit, non_file_hole
+from tank_log.storage.completeness import SegmentAudit, audited, non_file_hole
 from tank_log.storage.datadir import MOVE_RETRIES, Partition, Unread, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
@@ -210,8 +210,9 @@ def segment_ranges(topic: str, pid: int, sf: Segment, b: Bounds, split_bytes: in
     if cuts != [(0, 0)]:  # read from index entries: they must agree with the data, or seqs would differ from a scan
         try:
             sf.check_headers()
-        except TankFormatError as err:
-            at = (err.message, err.path, err.offset)
+        except TankFormatError as err:  # none of the segment is read: its seqs are the hole
+            seqs = f"seqs {sf.base}..{'' if sf.last is None else sf.last}"
+            at = (f"{seqs} not read: {err.message}", err.path, err.offset)
             return [SegmentRange(topic, pid, sf.path, sf.base, 0, sf.base, None, None, None, None, None, *at)]
         except FileNotFoundError:  # rolled, compacted or deleted since the scan: the read follows it (§9 rule 2)
             cuts = [(0, 0)]
@@ -316,9 +317,8 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     stop_seq = r.stop_seq if r.stop is not None else None
     audit = SegmentAudit(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
     chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
-    for chunk in chunks:
+    for chunk in audited(chunks, audit):
         c = chunk.cols
-        audit.observe(chunk.file_offset, chunk.table, c.seq)
         in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
         sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
         if r.min_ts is not None:

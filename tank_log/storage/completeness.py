@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ from tank_log.format.index import disagreeing_entries, usable_entries
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Unread
 from tank_log.storage.salvage import data_beyond_break
-from tank_log.storage.segment import Segment, Tail
+from tank_log.storage.segment import Chunk, Segment, SegmentWalk, Tail
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +211,18 @@ class SegmentAudit:
             return Hole(self.seg.path, at, trusted + 1, claimed, "index-data", reason, trusted)
         return self._end_of_file(tail)
 
+    def failed(self, err: TankFormatError) -> Hole:
+        """The read stopped at malformed data (`err`): everything after the last message it returned is missing (a
+        malformed bundle fails the whole decoded chunk it is in, so the hole starts after the last chunk out)."""
+        if self.mismatch is not None:
+            hole = self.finish(None)
+            assert hole is not None
+            return hole
+        got = self.start_seq - 1 if self.last_seq is None else self.last_seq
+        claimed = self._claimed_last()
+        at = err.offset if err.path in (None, self.seg.path) else self.end
+        return Hole(self.seg.path, at, got + 1, claimed, "format", err.message, got)
+
     def _end_of_file(self, tail: Tail) -> Hole | None:
         seg = self.seg
         got = self.start_seq - 1 if self.last_seq is None else self.last_seq
@@ -234,6 +247,19 @@ class SegmentAudit:
             reason = f"name says last {seg.last}, the content ends at seq {got} (a bundle duplicated?)"
             return Hole(seg.path, at, trusted + 1, seg.last, "name-last", reason, trusted)
         return None
+
+
+def audited(walk: SegmentWalk[Chunk], audit: SegmentAudit) -> Iterator[Chunk]:
+    """The walk's chunks, each shown to `audit` first; malformed data raises the hole it leaves instead (`HoleError`:
+    file, offset, the seqs from the last chunk out)."""
+    try:
+        for chunk in walk:
+            audit.observe(chunk.file_offset, chunk.table, chunk.cols.seq)
+            yield chunk
+    except TankFormatError as err:
+        if isinstance(err, HoleError):
+            raise
+        raise audit.failed(err).error() from None
 
 
 def segment_problems(audit: SegmentAudit, tail: Tail) -> list[Problem]:

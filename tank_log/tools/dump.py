@@ -14,7 +14,7 @@ from typing import Any
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.messages import MessageColumns
-from tank_log.storage.completeness import SegmentAudit, segment_loss
+from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
 from tank_log.storage.segment import Segment
 
@@ -31,10 +31,13 @@ def message_chunks(
     prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
     audit = SegmentAudit(segment)
     walk = segment.chunks(chunk_bytes=CHUNK_BYTES)
-    for chunk in walk:
-        audit.observe(chunk.file_offset, chunk.table, chunk.cols.seq)
-        if len(chunk.cols):
-            yield prefix, chunk.cols
+    try:
+        for chunk in audited(walk, audit):
+            if len(chunk.cols):
+                yield prefix, chunk.cols
+    except HoleError as err:  # malformed data: the rest of the segment is a hole from the last message out
+        _note(unread, err.hole.unread(segment.size))
+        return
     _note(unread, segment_loss(audit, walk.tail))
 
 
@@ -104,20 +107,24 @@ def _json_text(raw: bytes) -> str:
 def bundle_records(segment: Segment, unread: list[Unread]) -> Iterator[dict[str, Any]]:
     audit = SegmentAudit(segment)
     walk = segment.tables()
-    for file_offset, table in walk:
-        audit.observe(file_offset, table)
-        for h in table.headers(file_offset):
-            yield {
-                "file": os.path.basename(segment.path),
-                "offset": h.offset,
-                "length": h.size,
-                "codec": "snappy" if h.codec else "none",
-                "count": h.count,
-                "varint_count": h.varint_count,
-                "sparse": h.sparse,
-                "first_seq": h.first_seq,
-                "last_seq": h.last_seq,
-            }
+    try:
+        for file_offset, table in walk:
+            audit.observe(file_offset, table)
+            for h in table.headers(file_offset):
+                yield {
+                    "file": os.path.basename(segment.path),
+                    "offset": h.offset,
+                    "length": h.size,
+                    "codec": "snappy" if h.codec else "none",
+                    "count": h.count,
+                    "varint_count": h.varint_count,
+                    "sparse": h.sparse,
+                    "first_seq": h.first_seq,
+                    "last_seq": h.last_seq,
+                }
+    except TankFormatError as err:  # the rest of the segment: a hole from the last bundle out
+        _note(unread, audit.failed(err).unread(segment.size))
+        return
     _note(unread, segment_loss(audit, walk.tail))
 
 

@@ -15,7 +15,7 @@ from tank_log.format.bundle import CODEC_MASK, SPARSE
 from tank_log.lakehouse import ExportedSeqs
 from tank_log.maintenance.compaction.passes import dirty_ratio
 from tank_log.storage.cleanup_marks import read_cleanup_log
-from tank_log.storage.completeness import SegmentAudit, segment_loss
+from tank_log.storage.completeness import SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, scan_partitions
 
 log = logging.getLogger(__name__)
@@ -75,9 +75,8 @@ def partition_stats(
         st.bytes += sf.size
         audit = SegmentAudit(sf)
         walk = sf.chunks()
-        for chunk in walk:
+        for chunk in audited(walk, audit):
             c = chunk.cols
-            audit.observe(chunk.file_offset, chunk.table, c.seq)
             if not len(c):
                 continue
             flags = np.array(chunk.table.flags, dtype=np.uint8)
