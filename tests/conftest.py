@@ -29,14 +29,19 @@ ROOT = os.path.dirname(HERE)  # the repository
 FIXTURES = os.path.join(HERE, "data", "fixtures")
 
 
-def load_fleet():
-    """bench/fleet.py (the fleet soak) as a module: its short mode and its checker are tested."""
+def load_bench(name: str):
+    """bench/<name>.py as a module (a benchmark whose small mode or checker is tested)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fleet", os.path.join(ROOT, "bench", "fleet.py"))
-    module = sys.modules["fleet"] = importlib.util.module_from_spec(spec)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", f"{name}.py"))
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_fleet():
+    """bench/fleet.py (the fleet soak) as a module: its short mode and its checker are tested."""
+    return load_bench("fleet")
 
 
 # every data directory with its ground-truth dump
