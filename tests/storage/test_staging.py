@@ -25,6 +25,7 @@ from tank_log.storage.staging import (
     stage_partition,
     stage_root,
 )
+from tank_log.storage.writer import BundlePolicy
 
 
 def msgs(lo, hi, step=1):
@@ -144,3 +145,16 @@ def test_an_abort_gives_up_on_a_hung_writer_and_the_next_recovery_removes_its_fi
     assert leftover == [os.path.basename(stage_root(base, "r"))]  # the writer outlived the wait
     assert recover_imports(base) == [f"removed the uncommitted import {leftover[0]}"]
     assert os.listdir(base) == []
+
+
+def test_appending_to_a_partition_with_an_unreadable_segment_is_refused(tmp_path):
+    """A directory in place of an RO segment: the import counted on the other segments and appended after them,
+    though the partition claims seqs nobody can read (storage/completeness.py)."""
+    base = str(tmp_path)
+    write_partition(os.path.join(base, "t", "0"), msgs(1, 40), segment_bytes=200, policy=BundlePolicy(max_messages=5))
+    seg = partitions_at(base)[0].ro[0]
+    os.unlink(seg.path)
+    os.mkdir(seg.path)
+    open_import(base, "r")
+    with pytest.raises(ImportRefused, match=rf"{seg.path}: not read, seqs {seg.base}\.\.{seg.last} "):
+        stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(41, 45)), append=True, segment_bytes=1 << 20)
