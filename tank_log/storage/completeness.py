@@ -23,8 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from tank_log.errors import TankFormatError
+from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable
 from tank_log.format.index import disagreeing_entries, usable_entries
+from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Unread
 from tank_log.storage.salvage import data_beyond_break
@@ -201,8 +203,8 @@ class SegmentAudit:
             if self.stop_offset is None or self.stop_seq is None:
                 return None
             nxt = self.start_seq if self.last_seq is None else self.last_seq + 1
-            if self.end == self.stop_offset and (self.bundles == 0 or nxt == self.stop_seq):
-                return None
+            if self.end == self.stop_offset and (nxt == self.stop_seq or self._sparse_at(self.stop_offset)):
+                return None  # a sparse bundle carries its own first seq: the next range checks it (§3.3)
             trusted, at = self._trusted()
             reason = (
                 f"the index says seq {self.stop_seq} starts at offset {self.stop_offset}; the bundles read end at "
@@ -222,6 +224,17 @@ class SegmentAudit:
         claimed = self._claimed_last()
         at = err.offset if err.path in (None, self.seg.path) else self.end
         return Hole(self.seg.path, at, got + 1, claimed, "format", err.message, got)
+
+    def _sparse_at(self, offset: int) -> bool:
+        """Whether the bundle starting at `offset` is sparse (its header's flags byte, after the length varint)."""
+        with open(self.seg.path, "rb") as fh:
+            fh.seek(offset)
+            head = fh.read(6)
+        try:
+            _, pos = decode_varint(head, 0)
+        except TankFormatError:
+            return False
+        return pos < len(head) and bool(head[pos] & SPARSE)
 
     def _end_of_file(self, tail: Tail) -> Hole | None:
         seg = self.seg
