@@ -69,6 +69,7 @@ def test_hole_sweep_dump_and_stats(tmp_path):
     sweep = sweep_mod.run_sweep(cases, str(tmp_path), exports=[], spark=None)
     figures = sweep.figures()
     assert sweep.failures() == []
-    assert figures["dump"]["runs"] == figures["stats"]["runs"] == len(cases) == 70
-    assert figures["dump"]["losses"] == len(cases) and figures["dump"]["silent"] == 0
+    assert figures["dump"]["runs"] == figures["stats"]["runs"] == len(cases) == 74  # 4 undamaged controls
+    assert figures["dump"]["losses"] == len(cases) - 4 and figures["dump"]["silent"] == 0
     assert figures["stats"]["silent"] == 0 and figures["invisible_to_verify"] == 0
+    assert figures["dump"]["false_alarms"] == figures["stats"]["false_alarms"] == 0
