@@ -15,7 +15,7 @@ and the `tank` Spark data source, and compares what each returned with the undam
 A damage that `verify` does not see either (a sparse bundle cut out after the last index entry: nothing on disk
 tells) is counted apart, as `invisible`: no reader can know.
 
-    python bench/hole_sweep.py [--max-per-segment N] [--max-segments N] [--no-spark] [--json OUT]
+    python bench/hole_sweep.py [--max-per-segment N] [--max-segments N] [--no-spark | --no-source] [--json OUT]
 """
 
 from __future__ import annotations
@@ -370,6 +370,7 @@ def main() -> int:
     ap.add_argument("--max-per-segment", type=int, help="bundle positions per kind and segment (default: all)")
     ap.add_argument("--max-segments", type=int, help="RO segments per partition (default: all)")
     ap.add_argument("--no-spark", action="store_true", help="dump, stats and the export in the driver only")
+    ap.add_argument("--no-source", action="store_true", help="not the tank data source (one Spark job per read)")
     ap.add_argument("--json", metavar="OUT", help="write the figures as JSON")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the readers warn about every hole: the figures say it
@@ -379,7 +380,11 @@ def main() -> int:
         exports += [("executors", "prefix"), ("executors", "skip")]
     with tempfile.TemporaryDirectory(prefix="hole-sweep-") as work:
         sweep = run_sweep(
-            cases, work, exports=exports, spark=None if args.no_spark else new_spark, log=lambda s: print(s, flush=True)
+            cases,
+            work,
+            exports=exports,
+            spark=None if args.no_spark or args.no_source else new_spark,
+            log=lambda s: print(s, flush=True),
         )
     for line in iter_report(sweep):
         print(line)
