@@ -217,7 +217,8 @@ class Sweep:
                 "false_alarms": sum(r.rc != 0 and not r.loss for r in runs),
                 "silent": sum(r.damage.topic not in self.invisible for r in silent),
                 "silent_invisible": sum(r.damage.topic in self.invisible for r in silent),
-                "records_past_hole": sum(r.past_hole for r in runs),
+                "records_past_hole": sum(r.past_hole and r.damage.topic not in self.invisible for r in runs),
+                "records_past_hole_invisible": sum(r.past_hole and r.damage.topic in self.invisible for r in runs),
             }
         return out
 
@@ -227,7 +228,7 @@ class Sweep:
             f"{r.reader} {r.damage.topic}: rc {r.rc}, wrong seqs from {r.wrong[0] if r.wrong else '-'}"
             f"{', recorded ' + str(r.recorded) + ' past a hole' if r.past_hole else ''}: {r.message[:300]}"
             for r in self.runs
-            if (r.silent and r.damage.topic not in self.invisible) or r.past_hole or (r.rc != 0 and not r.loss)
+            if ((r.silent or r.past_hole) and r.damage.topic not in self.invisible) or (r.rc != 0 and not r.loss)
         ]
 
 
@@ -358,7 +359,8 @@ def iter_report(sweep: Sweep) -> Iterator[str]:
         if isinstance(f, dict):
             yield (
                 f"{reader:24} runs {f['runs']:5}  losses {f['losses']:5}  silent {f['silent']:3}  "
-                f"(+{f['silent_invisible']} invisible)  records past a hole {f['records_past_hole']}  "
+                f"(+{f['silent_invisible']} invisible)  records past a hole {f['records_past_hole']} "
+                f"(+{f['records_past_hole_invisible']} invisible)  "
                 f"false alarms {f['false_alarms']}"
             )
     for line in sweep.failures():
@@ -386,8 +388,8 @@ def main() -> int:
             spark=None if args.no_spark or args.no_source else new_spark,
             log=lambda s: print(s, flush=True),
         )
-    for line in iter_report(sweep):
-        print(line)
+        for line in iter_report(sweep):  # before the work directory is removed (slow on some disks)
+            print(line, flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(sweep.figures(), fh, indent=2)

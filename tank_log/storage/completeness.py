@@ -122,7 +122,9 @@ class SegmentAudit:
         self.messages = 0
         self.bundles = 0
         self.last_bundle_offset = start
-        self.trusted_entry: tuple[int, int] | None = None  # (seq, offset) of the last entry that agreed so far
+        # (its seq - 1, its offset) of the last index entry that agreed so far: a bundle cut out or duplicated after
+        # it renumbers what follows, so a read can keep what it returned before it
+        self.trusted_entry: tuple[int, int] | None = None
         self.mismatch: tuple[int, int, str] | None = None  # (seq, offset, why) of the first entry that did not
 
     def observe(self, file_offset: int, table: BundleTable, seq: np.ndarray | None = None) -> None:
@@ -155,8 +157,9 @@ class SegmentAudit:
         starts = table.offsets + file_offset
         bad = disagreeing_entries(inside, starts, table.firsts, self.seg.base)
         good = inside if not len(bad) else inside[: bad[0]]
-        if len(good):
-            self.trusted_entry = (self.seg.base + int(good[-1, 0]), int(good[-1, 1]))
+        if len(good):  # an entry that agrees vouches for what precedes it (not for its own bundle: one cut out
+            # there leaves the next bundle at the entry's offset, numbered with the entry's seq)
+            self.trusted_entry = (self.seg.base + int(good[-1, 0]) - 1, int(good[-1, 1]))
         if len(bad):
             rel, off = (int(v) for v in inside[bad[0]])
             self.mismatch = (
@@ -168,11 +171,11 @@ class SegmentAudit:
     # ---- when the read ends ---------------------------------------------------------------------------------------
 
     def _trusted(self) -> tuple[int, int]:
-        """(last seq, file offset) before the last index entry that agreed with the data (or the read's start)."""
+        """(last seq, file offset after it) of what the index vouches for: what precedes the last index entry that
+        agreed with the data (before the read's start: nothing)."""
         if self.trusted_entry is None:
             return self.start_seq - 1, self.start
-        seq, off = self.trusted_entry
-        return seq - 1, off
+        return self.trusted_entry
 
     def _claimed_last(self) -> int | None:
         if self.stop_seq is not None:
@@ -248,13 +251,17 @@ class SegmentAudit:
             return None  # a torn tail of the active segment is an append in flight (§3.11)
         assert seg.last is not None  # an RO name carries its last seq
         if got < seg.last:
-            if tail.torn_bytes:
+            if tail.torn_bytes:  # cut inside a bundle: a truncation, what precedes it is as written
                 code, reason = "torn-tail", f"RO segment truncated: {tail.torn_bytes} bytes after the last bundle"
-            elif self.last_seq is None and self.start == 0:
+                return Hole(seg.path, tail.valid_end, got + 1, seg.last, code, reason, got)
+            if self.last_seq is None and self.start == 0:
                 code, reason = "empty-segment", "RO segment without any complete bundle"
-            else:
-                code, reason = "name-last", f"name says last {seg.last}, the content ends at seq {got}"
-            return Hole(seg.path, tail.valid_end, got + 1, seg.last, code, reason, got)
+                return Hole(seg.path, 0, seg.base, seg.last, code, reason, seg.base - 1)
+            # truncated at a bundle boundary, or a bundle cut out after the last index entry (the bundles after it
+            # renumbered): only what the index vouches for is kept
+            trusted, at = self._trusted()
+            reason = f"name says last {seg.last}, the content ends at seq {got} (truncated, or a bundle cut out)"
+            return Hole(seg.path, at, trusted + 1, seg.last, "name-last", reason, trusted)
         if got > seg.last:  # more than the name says: a bundle duplicated (or appended) somewhere after the trust
             trusted, at = self._trusted()
             reason = f"name says last {seg.last}, the content ends at seq {got} (a bundle duplicated?)"

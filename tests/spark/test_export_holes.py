@@ -7,9 +7,13 @@ restored said "up-to-date", and retention then deleted the segment."""
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
-from conftest import data_dir, load_dump, run_job_script
+from conftest import ROOT, data_dir, load_dump, run_job_script
 from deltalake import DeltaTable
 from test_job_export import run_job as run_export
 
@@ -75,3 +79,48 @@ def test_a_truncated_segment_stops_the_recorded_version_before_its_hole(tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     assert p["status"] == "exported" and p["from_seq"] == 4383
     assert _rows(table) == _want(10**9)
+
+
+def _continuous(base, tmp_path, table, mode):
+    args = ["--data-dir", base, "--table", table, "--checkpoint", str(tmp_path / f"ck-{mode}"), "--continuous"]
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[2]", *args,
+         "--trigger-interval", "1s", "--on-data-loss", mode, "--report", str(tmp_path / f"{mode}.json")],
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"), stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / f"{mode}.log", "w"), start_new_session=True,
+    )  # fmt: skip
+
+
+def _caught_up(table):
+    try:
+        rows = _rows(table)
+    except Exception:  # the table is being created
+        return False
+    return bool(rows) and rows[-1][0] == 8496
+
+
+def test_the_continuous_export_fails_on_a_hole_or_skips_it_saying_so(tmp_path):
+    base, pdir = _base(tmp_path)
+    hole = f"{pdir / SEGMENT} @27826: seqs 4383..4682 not read"
+
+    # fail (the default): the query stops before committing the batch, exit 1, naming the hole
+    table = str(tmp_path / "fail-table")
+    job = _continuous(base, tmp_path, table, "fail")
+    assert job.wait(600) == 1, open(tmp_path / "fail.log").read()[-3000:]
+    log = open(tmp_path / "fail.log").read()
+    assert "could not be read (a hole)" in log and hole in log
+    assert _rows(table) == []
+
+    # skip: every other seq is exported, the hole's range is reported with its file and offset
+    table = str(tmp_path / "skip-table")
+    job = _continuous(base, tmp_path, table, "skip")
+    deadline = time.monotonic() + 600
+    while not _caught_up(table):
+        assert job.poll() is None and time.monotonic() < deadline, open(tmp_path / "skip.log").read()[-3000:]
+        time.sleep(1)
+    os.killpg(job.pid, signal.SIGTERM)
+    assert job.wait(120) == 0, open(tmp_path / "skip.log").read()[-3000:]
+    assert _rows(table) == [r for r in _want(10**9) if not 4383 <= r[0] <= 4682]
+    (lost,) = json.load(open(tmp_path / "skip.json"))["summary"]["data_loss"]
+    assert (lost["topic"], lost["partition"], lost["from_seq"], lost["to_seq"]) == ("t", 0, 4383, 4682)
+    assert lost["hole"].startswith(hole)
