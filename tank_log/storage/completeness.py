@@ -122,9 +122,6 @@ class SegmentAudit:
         self.messages = 0
         self.bundles = 0
         self.last_bundle_offset = start
-        # (its seq - 1, its offset) of the last index entry that agreed so far: a bundle cut out or duplicated after
-        # it renumbers what follows, so a read can keep what it returned before it
-        self.trusted_entry: tuple[int, int] | None = None
         self.mismatch: tuple[int, int, str] | None = None  # (seq, offset, why) of the first entry that did not
 
     def observe(self, file_offset: int, table: BundleTable, seq: np.ndarray | None = None) -> None:
@@ -156,10 +153,6 @@ class SegmentAudit:
             return
         starts = table.offsets + file_offset
         bad = disagreeing_entries(inside, starts, table.firsts, self.seg.base)
-        good = inside if not len(bad) else inside[: bad[0]]
-        if len(good):  # an entry that agrees vouches for what precedes it (not for its own bundle: one cut out
-            # there leaves the next bundle at the entry's offset, numbered with the entry's seq)
-            self.trusted_entry = (self.seg.base + int(good[-1, 0]) - 1, int(good[-1, 1]))
         if len(bad):
             rel, off = (int(v) for v in inside[bad[0]])
             self.mismatch = (
@@ -170,12 +163,12 @@ class SegmentAudit:
 
     # ---- when the read ends ---------------------------------------------------------------------------------------
 
-    def _trusted(self) -> tuple[int, int]:
-        """(last seq, file offset after it) of what the index vouches for: what precedes the last index entry that
-        agreed with the data (before the read's start: nothing)."""
-        if self.trusted_entry is None:
-            return self.start_seq - 1, self.start
-        return self.trusted_entry
+    def _renumbered(self, at: int | None, code: str, why: str) -> Hole:
+        """The name or index contradicts the bundles without a torn tail: a bundle cut out or duplicated renumbers
+        every message after it, and where it happened nothing tells for sure (bundles of one size and count keep
+        later index entries agreeing). None of the segment is trusted."""
+        reason = f"{why}: a bundle cut out or duplicated renumbers the messages after it; none of the file is trusted"
+        return Hole(self.seg.path, at, self.seg.base, self.seg.last, code, reason, self.seg.base - 1)
 
     def _claimed_last(self) -> int | None:
         if self.stop_seq is not None:
@@ -193,10 +186,8 @@ class SegmentAudit:
         else:
             stopped_by_seq = False
         if self.mismatch is not None:
-            trusted, at = self._trusted()
-            seq, off, why = self.mismatch
-            reason = f"index entry at offset {off}: {why}, the data disagrees (a bundle cut out, duplicated or torn)"
-            return Hole(self.seg.path, at, trusted + 1, claimed, "index-data", reason, trusted)
+            _, off, why = self.mismatch
+            return self._renumbered(off, "index-data", f"index entry at offset {off}: {why}, the data disagrees")
         if self.start == 0 and self.first_seq is not None and self.first_seq != self.seg.base:
             reason = f"name says base {self.seg.base}, first message has seq {self.first_seq}"
             return Hole(self.seg.path, 0, self.seg.base, claimed, "name-base", reason, self.seg.base - 1)
@@ -208,12 +199,11 @@ class SegmentAudit:
             nxt = self.start_seq if self.last_seq is None else self.last_seq + 1
             if self.end == self.stop_offset and (nxt == self.stop_seq or self._sparse_at(self.stop_offset)):
                 return None  # a sparse bundle carries its own first seq: the next range checks it (§3.3)
-            trusted, at = self._trusted()
-            reason = (
+            why = (
                 f"the index says seq {self.stop_seq} starts at offset {self.stop_offset}; the bundles read end at "
                 f"offset {self.end} before seq {nxt}"
             )
-            return Hole(self.seg.path, at, trusted + 1, claimed, "index-data", reason, trusted)
+            return self._renumbered(self.end, "index-data", why)
         return self._end_of_file(tail)
 
     def failed(self, err: TankFormatError) -> Hole:
@@ -257,15 +247,12 @@ class SegmentAudit:
             if self.last_seq is None and self.start == 0:
                 code, reason = "empty-segment", "RO segment without any complete bundle"
                 return Hole(seg.path, 0, seg.base, seg.last, code, reason, seg.base - 1)
-            # truncated at a bundle boundary, or a bundle cut out after the last index entry (the bundles after it
-            # renumbered): only what the index vouches for is kept
-            trusted, at = self._trusted()
-            reason = f"name says last {seg.last}, the content ends at seq {got} (truncated, or a bundle cut out)"
-            return Hole(seg.path, at, trusted + 1, seg.last, "name-last", reason, trusted)
-        if got > seg.last:  # more than the name says: a bundle duplicated (or appended) somewhere after the trust
-            trusted, at = self._trusted()
-            reason = f"name says last {seg.last}, the content ends at seq {got} (a bundle duplicated?)"
-            return Hole(seg.path, at, trusted + 1, seg.last, "name-last", reason, trusted)
+            # truncated at a bundle boundary, or a bundle cut out anywhere (the ones after it renumbered)
+            why = f"name says last {seg.last}, the content ends at seq {got} (truncated at a bundle boundary or not)"
+            return self._renumbered(tail.valid_end, "name-last", why)
+        if got > seg.last:  # more than the name says: a bundle duplicated somewhere
+            why = f"name says last {seg.last}, the content ends at seq {got}"
+            return self._renumbered(self.last_bundle_offset, "name-last", why)
         return None
 
 

@@ -10,8 +10,9 @@ reported `failed` with the file and byte offset, and the run exits 1. `--on-corr
 A hole counts as malformed data: a read that cannot return every seq the partition claims (a truncated RO segment,
 a bundle cut out or duplicated, a directory in place of a segment: `storage/completeness.py`) fails its range with
 the file, offset and seq range. `prefix` then keeps the rows up to the last seq before the hole that the evidence
-trusts; a range that had read rows past that seq (renumbered by a cut or duplicated bundle) is read again up to it
-(`Cut.reread`). The recorded version never passes a hole, so retention's `keep_unexported` guard keeps its data.
+trusts (`Hole.trusted_through`: a name or index that contradicts the bundles without a torn tail trusts none of the
+segment, since a bundle cut out or duplicated renumbers the messages after it); a range holding rows past that seq is
+not kept. The recorded version never passes a hole, so retention's `keep_unexported` guard keeps its data.
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ class Cut:
     plans: list[PartitionPlan]
     kept: set[int]
     failures: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
-    reread: dict[int, int] = field(default_factory=dict)  # range → the seq to read it again up to (`prefix`)
 
 
 def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], mode: str) -> Cut:
@@ -74,18 +74,14 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
             first_bad[o.key] = o
     kept: set[int] = set()
     last_kept: dict[tuple[str, int], int] = {}
-    reread: dict[int, int] = {}
     for o in outcomes:
         bad = first_bad.get(o.key)
         if bad is not None and (mode == "skip" or o.index > bad.index):
             continue
-        trusted = o.trusted_through if o is bad else None
+        trusted = bad.trusted_through if bad is not None else None
         if trusted is not None and o.max_seq is not None and o.max_seq > trusted:
-            # rows past the hole's trusted seq were read (a bundle cut out or duplicated renumbers what follows it):
-            # none of this range's rows are kept; those up to the trusted seq are read again, bounded by it
-            if o.min_seq is not None and trusted >= o.min_seq:
-                reread[o.index] = trusted
-                last_kept[o.key] = max(trusted, last_kept.get(o.key, trusted))
+            # rows past the hole's trusted seq were read, in this range or an earlier one of the same segment (a
+            # bundle cut out or duplicated renumbers what follows it): none of the range's rows are kept
             continue
         kept.add(o.index)
         if bad is not None and o.max_seq is not None:
@@ -110,7 +106,7 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
                 else "malformed data: nothing of this partition exported"
             ),
         }
-    return Cut(cut_plans, kept, failures, reread)
+    return Cut(cut_plans, kept, failures)
 
 
 def scan_ranges(workers: Workers, ranges: Sequence[SegmentRange]) -> list[RangeOutcome]:

@@ -43,19 +43,12 @@ ROW_GROUP_BYTES = 32 << 20  # rows (in memory) per Parquet row group: each goes 
 
 
 def make_file_writer(
-    location: TableLocation,
-    schema: pa.Schema,
-    partition_by: tuple[str, ...],
-    target_bytes: int,
-    run_id: str,
-    first_file: int = 0,
+    location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...], target_bytes: int, run_id: str
 ) -> FileWriter:
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
     `location`), return their metadata. A file is written a row group at a time as its rows arrive (an object
     store uploads its parts meanwhile) and closed at `target_bytes` of rows."""
-    n = itertools.count(
-        first_file
-    )  # numbers the task's files: each Spark task gets its own copy of this function (called once
+    n = itertools.count()  # numbers the task's files: each Spark task gets its own copy of this function (called once
     # per range, or once by mapInArrow); in the driver, threads share it (`tasks.in_threads`: `next` is atomic)
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -149,21 +142,14 @@ class _ParquetFile:
 
 
 def write_direct(
-    workers: Workers,
-    ranges: Sequence[SegmentRange],
-    settings: ExportSettings,
-    schema: pa.Schema,
-    run_id: str,
-    first_file: int = 0,
+    workers: Workers, ranges: Sequence[SegmentRange], settings: ExportSettings, schema: pa.Schema, run_id: str
 ) -> tuple[list[dict[str, Any]], list[RangeOutcome]]:
     """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`, or the driver's
     threads: `workers`). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
     malformed chunk stops that range, not the run)."""
     from tank_spark.export.corruption import TrackedRead
 
-    writer = make_file_writer(
-        settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id, first_file
-    )
+    writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
 
     def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[tuple[str, Any]]:
         from tank_spark.ranges import read_range

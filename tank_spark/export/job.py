@@ -76,8 +76,6 @@ if TYPE_CHECKING:
     from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
-    from tank_spark.ranges import SegmentRange
-
 log = logging.getLogger(__name__)
 
 
@@ -345,50 +343,11 @@ def _write_files(
         log.info("export: %d partitions with new messages, %d read tasks", sum(p.has_work for p in plans), len(ranges))
         written, outcomes = write_direct(workers, ranges, settings, schema, run_id)
         cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
-        if cut.reread:
-            written, cut = _reread_to_holes(workers, settings, schema, run_id, plans, ranges, written, outcomes, cut)
         files = [f for f in written if f["range"] in cut.kept]
         remove_uncommitted(settings, [f for f in written if f["range"] not in cut.kept])
     log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
     crash_before_commit(len(files))  # test hook
     return files, cut
-
-
-REREAD_FIRST_FILE = 100_000  # file numbers of the second pass (`_reread_to_holes`): never a first-pass file's name
-
-
-def _reread_to_holes(
-    workers: Workers,
-    settings: ExportSettings,
-    schema: pa.Schema,
-    run_id: str,
-    plans: list[PartitionPlan],
-    ranges: list[SegmentRange],
-    written: list[dict[str, Any]],
-    outcomes: list[RangeOutcome],
-    cut: Cut,
-) -> tuple[list[dict[str, Any]], Cut]:
-    """`--on-corruption prefix` over a hole that renumbers the rows after it (a bundle cut out or duplicated): the
-    range's files hold rows past the last trusted seq, so they are removed and the range is read again up to that
-    seq (`corruption.Cut.reread`). Returns the files and the cut of both passes."""
-    order = sorted(cut.reread)
-    remove_uncommitted(settings, [f for f in written if f["range"] in cut.reread])
-    kept = [f for f in written if f["range"] not in cut.reread]
-    again = [replace(ranges[i], max_seq=cut.reread[i]) for i in order]
-    log.info("export: reading %d range(s) again up to the last seq before a hole", len(again))
-    more, second = write_direct(workers, again, settings, schema, run_id, first_file=REREAD_FIRST_FILE)
-    failed = {order[o.index] for o in second if o.error is not None}  # the bounded read failed too: none of it
-    remove_uncommitted(settings, [f for f in more if order[f["range"]] in failed])
-    kept += [{**f, "range": order[f["range"]]} for f in more if order[f["range"]] not in failed]
-    by_index = {o.index: o for o in outcomes}
-    for o in second:
-        i = order[o.index]
-        first = by_index[i]  # the hole stays the partition's failure; the rows are the second pass's
-        if i in failed:
-            by_index[i] = replace(first, rows=0, min_seq=None, max_seq=None)
-        else:
-            by_index[i] = replace(first, rows=o.rows, min_seq=o.min_seq, max_seq=o.max_seq)
-    return kept, cut_at_corruption(plans, list(by_index.values()), settings.on_corruption)
 
 
 def main(argv: list[str] | None = None) -> int:
