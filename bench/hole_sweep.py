@@ -215,6 +215,7 @@ class Sweep:
                 "runs": len(runs),
                 "losses": sum(r.loss for r in runs),
                 "false_alarms": sum(r.rc != 0 and not r.loss for r in runs),
+                "exit_0_losses": sum(r.loss and r.rc == 0 for r in runs),
                 "silent": sum(r.damage.topic not in self.invisible for r in silent),
                 "silent_invisible": sum(r.damage.topic in self.invisible for r in silent),
                 "records_past_hole": sum(r.past_hole and r.damage.topic not in self.invisible for r in runs),
@@ -360,8 +361,8 @@ def iter_report(sweep: Sweep) -> Iterator[str]:
             yield (
                 f"{reader:24} runs {f['runs']:5}  losses {f['losses']:5}  silent {f['silent']:3}  "
                 f"(+{f['silent_invisible']} invisible)  records past a hole {f['records_past_hole']} "
-                f"(+{f['records_past_hole_invisible']} invisible)  "
-                f"false alarms {f['false_alarms']}"
+                f"(+{f['records_past_hole_invisible']} invisible)  false alarms {f['false_alarms']}  "
+                f"exit 0 with a loss {f['exit_0_losses']}"
             )
     for line in sweep.failures():
         yield "FAIL " + line
