@@ -20,7 +20,8 @@ from tank_log.format.arrow import skip_pandas_detection, to_record_batch
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.datadir import MOVE_RETRIES, Partition, rescan_partition
+from tank_log.storage.completeness import SegmentAudit, audited, non_file_hole
+from tank_log.storage.datadir import MOVE_RETRIES, Partition, Unread, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
@@ -160,11 +161,37 @@ def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, sp
         pb = _partition_bounds(b, part.key)
         if pb is None:
             continue
-        segments = part.ro + ([part.active] if part.active and include_active else [])
+        segments: list[Segment | Unread] = [*part.ro, *(u for u in part.unread if u.first_seq is not None)]
+        segments.sort(key=lambda s: s.base if isinstance(s, Segment) else s.first_seq or 0)
+        segments += [part.active] if part.active and include_active else []
         for sf in segments:
-            if pb.max_seq is not None and sf.base > pb.max_seq:
+            base, last = (sf.base, sf.last) if isinstance(sf, Segment) else (sf.first_seq or 0, sf.last_seq)
+            if pb.max_seq is not None and base > pb.max_seq:
                 continue
-            if pb.min_seq is not None and sf.last is not None and sf.last < pb.min_seq:
+            if pb.min_seq is not None and last is not None and last < pb.min_seq:
+                continue
+            if isinstance(sf, Unread):  # a segment no reader can open (a directory, a FIFO): its seqs are a hole
+                hole = non_file_hole(sf.path, base, last)
+                stop_seq = None if last is None else last + 1
+                out.append(
+                    SegmentRange(
+                        part.topic,
+                        part.id,
+                        sf.path,
+                        base,
+                        0,
+                        base,
+                        None,
+                        pb.min_seq,
+                        pb.max_seq,
+                        None,
+                        None,
+                        str(hole.error().message),
+                        sf.path,
+                        None,
+                        stop_seq,
+                    )
+                )
                 continue
             out += segment_ranges(part.topic, part.id, sf, pb, split_bytes)
     return out
@@ -183,8 +210,9 @@ def segment_ranges(topic: str, pid: int, sf: Segment, b: Bounds, split_bytes: in
     if cuts != [(0, 0)]:  # read from index entries: they must agree with the data, or seqs would differ from a scan
         try:
             sf.check_headers()
-        except TankFormatError as err:
-            at = (err.message, err.path, err.offset)
+        except TankFormatError as err:  # none of the segment is read: its seqs are the hole
+            seqs = f"seqs {sf.base}..{'' if sf.last is None else sf.last}"
+            at = (f"{seqs} not read: {err.message}", err.path, err.offset)
             return [SegmentRange(topic, pid, sf.path, sf.base, 0, sf.base, None, None, None, None, None, *at)]
         except FileNotFoundError:  # rolled, compacted or deleted since the scan: the read follows it (§9 rule 2)
             cuts = [(0, 0)]
@@ -231,9 +259,14 @@ def read_range(
     (§5) while the broker ran (§9 rule 2): its seqs are read from the partition as it is now, and those deleted
     (below the first segment of a `delete`-policy partition) are appended to `lost`.
 
+    Every read goes through the completeness check (`storage.completeness.SegmentAudit`): a range that cannot return
+    every seq its segment's name and index claim raises `HoleError` (file, offset, seq range) once its batches are
+    out; the error says up to which seq they can be trusted (`Hole.trusted_through`).
+
     Raises:
-        TankFormatError: malformed data (file and offset) — unless `stopped_by` is given: then the read stops at the
-            first malformed chunk and the error is appended there (the batches before it were complete).
+        TankFormatError: malformed data or a hole (file and offset) — unless `stopped_by` is given: then the read
+            stops at the first malformed chunk and the error is appended there (the batches before it were complete;
+            with a `HoleError`, up to its `trusted_through`).
         FileNotFoundError: the range's segment vanished again on every one of `MOVE_RETRIES` re-plans.
     """
     reuse_freed_buffers()  # an executor's Python worker decodes chunk after chunk (jobs/allocator.py)
@@ -281,8 +314,10 @@ def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> It
 def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())
+    stop_seq = r.stop_seq if r.stop is not None else None
+    audit = SegmentAudit(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
     chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
-    for chunk in chunks:
+    for chunk in audited(chunks, audit):
         c = chunk.cols
         in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
         sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
@@ -316,3 +351,6 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
             ],
             schema=ROW_SCHEMA,
         )
+    hole = audit.finish(chunks.tail, limit_seq=r.max_seq)
+    if hole is not None:  # the read could not return every seq the segment claims (storage/completeness.py)
+        raise hole.error()

@@ -13,8 +13,10 @@ Options: `topics`, `partitions`, `min_ts`, `split_bytes` as the batch reader; `s
 `failOnDataLoss` (default true, as Kafka's source); `dataLossLog` = a local file that gets one JSON line per lost range.
 
 Data loss: messages of a `delete`-policy partition that retention (§5) deleted before the query read them — the
-partition's first segment now starts above the offset, or a planned segment vanished before its task read it. With
-`failOnDataLoss=true` the query fails (`DataLost`, naming the partition and seqs); with `false` the lost range is
+partition's first segment now starts above the offset, or a planned segment vanished before its task read it — and
+holes: seqs a segment's name or index claims that a read cannot return (a truncated RO segment, a bundle cut out or
+duplicated, a directory in place of a segment; `storage/completeness.py`). With `failOnDataLoss=true` the query fails
+(`DataLost`, naming the partition and seqs, and for a hole the file and offset); with `false` the lost range is
 logged and written to `dataLossLog`, and the query goes on. A `cleanup`-policy partition's missing seqs are
 compaction's doing (superseded keys), never a loss. Segments rolled or compacted between planning and reading are
 read under their new names (`ranges.read_range`).
@@ -35,6 +37,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, Suppor
 
 from tank_log.errors import TankLogError
 from tank_log.jobs.planning import select_partitions
+from tank_log.storage.completeness import HoleError
 from tank_log.storage.datadir import Partition, last_complete_seq
 from tank_spark.ranges import (
     Bounds,
@@ -50,6 +53,9 @@ from tank_spark.ranges import (
 log = logging.getLogger(__name__)
 
 Offset = dict[str, int]  # "topic/partition" → next seq to read
+
+
+HOLE_TEXT = "could not be read (a hole)"  # how a hole is told from retention's deletions in messages
 
 
 class DataLost(TankLogError, RuntimeError):
@@ -144,24 +150,34 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentRange)  # what `partitions` plans
         lost: list[LostRange] = []
-        yield from read_range(partition, lost=lost)
+        try:
+            yield from read_range(partition, lost=lost)
+        except HoleError as err:  # seqs the partition claims that cannot be read (storage/completeness.py)
+            h = err.hole
+            last = h.last_seq if h.last_seq is not None else partition.seqs[1]
+            gone = (partition.topic, partition.partition, h.first_seq, h.first_seq if last is None else last)
+            self._lost([gone], "reading", hole=str(err))
         if lost:
             self._lost(lost, "reading")
 
-    def _lost(self, lost: list[LostRange], when: str) -> None:
-        """Report lost ranges: fail the query, or log them (and append them to `dataLossLog`) and go on."""
+    def _lost(self, lost: list[LostRange], when: str, hole: str | None = None) -> None:
+        """Report lost ranges (deleted by retention, or a `hole`: the file, offset and why): fail the query, or log
+        them (and append them to `dataLossLog`) and go on."""
         text = describe_lost(lost)
+        what = "deleted before they were read" if hole is None else f"{HOLE_TEXT}: {hole}"
         if self.fail_on_data_loss:
             raise DataLost(
-                f"tank stream: deleted before they were read ({when}): {text}; restart with option "
-                f"failOnDataLoss=false to skip them (they are then logged)"
+                f"tank stream: {what} ({when}): {text}; restart with option failOnDataLoss=false to skip them "
+                f"(they are then logged)"
             )
-        log.warning("tank stream: data loss, deleted before they were read (%s): %s", when, text)
+        log.warning("tank stream: data loss, %s (%s): %s", what, when, text)
         if self.data_loss_log:
             os.makedirs(os.path.dirname(os.path.abspath(self.data_loss_log)), exist_ok=True)
             with open(self.data_loss_log, "a") as fh:
                 for t, p, lo, hi in lost:
                     record = {"topic": t, "partition": p, "from_seq": lo, "to_seq": hi, "detected": when}
+                    if hole is not None:
+                        record["hole"] = hole
                     fh.write(json.dumps({**record, "at_ms": int(time.time() * 1000)}) + "\n")
 
 

@@ -14,6 +14,8 @@ import os
 import struct
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from tank_log.errors import IndexFormatError, TankFormatError
 from tank_log.format.bundle import BundleHeader
 from tank_log.format.varint import unframed_size
@@ -126,16 +128,46 @@ def build_compaction_rule(headers: Iterable[BundleHeader], base: int) -> list[En
 # ---- verification -----------------------------------------------------------------------------------------------
 
 
+NOT_A_BUNDLE_START = 1  # `entry_disagreements`: no bundle starts at the entry's offset
+OTHER_SEQ = 2  # a bundle starts there, with another first seq
+
+
+def entry_disagreements(entries: np.ndarray, starts: np.ndarray, firsts: np.ndarray, base: int) -> np.ndarray:
+    """Per index entry (rows of (rel, offset)): 0 when a bundle of `starts` (file offsets, increasing; `firsts`
+    their first seqs) starts at its offset with seq base + rel, else why not (`NOT_A_BUNDLE_START`, `OTHER_SEQ`).
+    The check of §4.4 that `verify_index` reports and every reader's completeness check (storage/completeness.py)
+    applies, in bulk."""
+    out = np.zeros(len(entries), dtype=np.int8)
+    if not len(entries):
+        return out
+    offs = entries[:, 1].astype(np.int64)
+    pos = np.searchsorted(starts, offs)
+    found = pos < len(starts)
+    found[found] = starts[pos[found]] == offs[found]
+    out[~found] = NOT_A_BUNDLE_START
+    want = (entries[:, 0].astype(np.int64) + base).astype(np.uint64)
+    seq_ok = np.zeros(len(entries), dtype=bool)
+    seq_ok[found] = firsts[pos[found]] == want[found]
+    out[found & ~seq_ok] = OTHER_SEQ
+    return out
+
+
+def disagreeing_entries(entries: np.ndarray, starts: np.ndarray, firsts: np.ndarray, base: int) -> np.ndarray:
+    """Indices of the entries `entry_disagreements` finds wrong, in order."""
+    return np.flatnonzero(entry_disagreements(entries, starts, firsts, base))
+
+
 def verify_index(
     index_path: str,
     data: bytes | None,
-    headers: Sequence[BundleHeader],
+    headers: Sequence[BundleHeader] | tuple[np.ndarray, np.ndarray],
     base: int,
     log_size: int,
     *,
     active: bool,
 ) -> list[Problem]:
     """Check an index against its log's bundle headers (§4.1, §4.2); `data` None = the index file is missing.
+    `headers`: the bundles, or their file offsets and first seqs as arrays (increasing offsets).
 
     What kafka-dump-log checks for Kafka: first entry (0,0), strictly increasing, each entry at a bundle start whose
     first seq matches, no offset past the end, size a multiple of 8. Plus the broker's crash cases: a 0-byte RO
@@ -157,15 +189,16 @@ def verify_index(
         else:
             bad(None, "index-missing", "active segment index missing (rebuilt at open; fails in -r mode)", "warning")
         return problems
+    has_bundles = bool(len(headers[0]) if isinstance(headers, tuple) else len(headers))
     if not data:
-        if not active and headers:
+        if not active and has_bundles:
             bad(
                 0,
                 "index-empty",
                 "0-byte RO index: the broker aborts on the first read (§4.2); delete or rebuild it",
                 aborts=True,
             )
-        elif active and headers:
+        elif active and has_bundles:
             bad(0, "index-empty", "empty active index (the broker rebuilds it at open)", "warning")
         return problems
     if len(data) % ENTRY.size:
@@ -182,7 +215,13 @@ def verify_index(
         return problems
     if entries[0] != (0, 0):
         bad(0, "index-first-entry", f"first entry is {entries[0]}, must be (0, 0)")
-    starts = {h.offset: h.first_seq for h in headers}
+    if isinstance(headers, tuple):
+        starts, firsts = headers
+    else:
+        starts = np.array([h.offset for h in headers], dtype=np.int64)
+        firsts = np.array([h.first_seq for h in headers], dtype=np.uint64)
+    arr = np.array(entries, dtype=np.int64).reshape(-1, 2)
+    why = entry_disagreements(arr, starts, firsts, base)
     prev: Entry | None = None
     for i, (rel, off) in enumerate(entries):
         pos = i * ENTRY.size
@@ -200,12 +239,13 @@ def verify_index(
             else:
                 bad(pos, "index-past-eof", f"entry {i} offset {off} >= log size {log_size}")
             continue
-        if off not in starts:
+        if why[i] == NOT_A_BUNDLE_START:
             bad(pos, "index-not-bundle-start", f"entry {i} offset {off} is not the start of a bundle")
-        elif starts[off] != base + rel:
+        elif why[i] == OTHER_SEQ:
+            there = int(firsts[int(np.searchsorted(starts, off))])
             bad(
                 pos,
                 "index-seq-mismatch",
-                f"entry {i} says seq {base + rel} at offset {off}, the bundle there starts at seq {starts[off]}",
+                f"entry {i} says seq {base + rel} at offset {off}, the bundle there starts at seq {there}",
             )
     return problems

@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tank_log.errors import TankFormatError
 from tank_log.format.index import verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.problems import Problem
+from tank_log.storage.completeness import SegmentAudit, segment_problems
 from tank_log.storage.datadir import Partition, classify_path, partitions_at, rescan_partition, scan_data_dir
 from tank_log.storage.holders import partition_holders
-from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment
 
 
@@ -30,71 +32,37 @@ class SegmentCheck:
 
 
 def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentCheck:
-    """Decode every bundle and message of a segment; compare with its name and index."""
+    """Decode every bundle and message of a segment; compare with its name and index (the evidence every reader's
+    completeness check uses, `storage.completeness`)."""
     if isinstance(seg, str):
         parsed = parse_name(os.path.basename(seg), seg)
         if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
             return SegmentCheck(seg, problems=[Problem(seg, None, "bad-name", "not a segment file name")])
         seg = Segment(seg, name=parsed)
     result = SegmentCheck(seg.path)
-    headers = []
+    audit = SegmentAudit(seg)
+    starts: list[np.ndarray] = []
+    firsts: list[np.ndarray] = []
     walk = seg.chunks()
     try:
         for chunk in walk:
-            headers += chunk.table.headers(chunk.file_offset)
-            if len(chunk.cols):
-                if result.first_seq is None:
-                    result.first_seq = int(chunk.cols.seq[0])
-                result.last_seq = int(chunk.cols.seq[-1])
-                result.messages += len(chunk.cols)
+            audit.observe(chunk.file_offset, chunk.table, chunk.cols.seq)
+            starts.append(chunk.table.offsets + chunk.file_offset)
+            firsts.append(chunk.table.firsts)
     except TankFormatError as err:
         result.problems.append(Problem(seg.path, err.offset, "format", err.message))
         return result
     except OSError as err:
         result.problems.append(Problem(seg.path, None, "io", str(err)))
         return result
-    result.bundles = len(headers)
+    result.first_seq, result.last_seq = audit.first_seq, audit.last_seq
+    result.messages, result.bundles = audit.messages, audit.bundles
     tail = walk.tail
     assert tail is not None
     result.valid_end = tail.valid_end
-    beyond = data_beyond_break(seg, tail) if tail.torn_bytes else None
-    if beyond is not None:
-        result.problems.append(
-            Problem(
-                seg.path,
-                tail.valid_end,
-                "mid-file-corruption",
-                f"the bytes here do not form a bundle, but data follows ({beyond}): corruption inside the file, "
-                f"not a torn tail; readers stop here and salvage cuts nothing; needs a human",
-                aborts=seg.is_active,
-            )
-        )
-    elif tail.torn_bytes:
-        if seg.is_active:
-            msg = (
-                f"torn tail: {tail.torn_bytes} bytes after the last complete bundle (an append in flight if the "
-                f"broker runs; offline the broker exits at open, §3.11; `rebuild_indexes --salvage` fixes it)"
-            )
-        else:
-            msg = f"torn tail in an RO segment: {tail.torn_bytes} bytes after the last complete bundle (§3.11)"
-        result.problems.append(Problem(seg.path, tail.valid_end, "torn-tail", msg, aborts=seg.is_active))
-    if not headers:
-        if not seg.is_active:
-            result.problems.append(Problem(seg.path, 0, "empty-segment", "RO segment without any complete bundle"))
+    result.problems += segment_problems(audit, tail)
+    if not audit.bundles:
         return result
-    if result.first_seq != seg.base:
-        result.problems.append(
-            Problem(seg.path, 0, "name-base", f"name says base {seg.base}, first message has seq {result.first_seq}")
-        )
-    if not seg.is_active and result.last_seq != seg.last:
-        result.problems.append(
-            Problem(
-                seg.path,
-                headers[-1].offset,
-                "name-last",
-                f"name says last {seg.last}, last message has seq {result.last_seq} (routing uses the name, §4.4)",
-            )
-        )
     if check_index:
         index_path = seg.index_path
         try:
@@ -102,7 +70,8 @@ def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentChe
                 data: bytes | None = fh.read()
         except FileNotFoundError:
             data = None
-        result.problems += verify_index(index_path, data, headers, seg.base, seg.size, active=seg.is_active)
+        bundles = (np.concatenate(starts), np.concatenate(firsts))
+        result.problems += verify_index(index_path, data, bundles, seg.base, seg.size, active=seg.is_active)
     return result
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from tank_log.errors import SegmentNameError, TankFormatError, UsageError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
-from tank_log.format.names import SIDE_FILE, CompactionTemp, Kind, parse_name
+from tank_log.format.names import SIDE_FILE, CompactionTemp, FileName, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.cleanup_marks import read_cleanup_log, unusable_records
 from tank_log.storage.fsutil import is_our_temp, is_regular_file
@@ -31,10 +31,14 @@ class Unread:
     reason: str
     offset: int | None = None
     size: int | None = None
+    first_seq: int | None = None  # the seqs the partition claims there (None: none known)
+    last_seq: int | None = None  # (None with a first_seq: up to an end nobody knows)
 
     def __str__(self) -> str:
         where = self.path if self.offset is None else f"{self.path} @{self.offset}"
         what = "not read" if self.size is None else f"{self.size} bytes not read"
+        if self.first_seq is not None:
+            what += f", seqs {self.first_seq}..{'' if self.last_seq is None else self.last_seq}"
         return f"{where}: {what} ({self.reason})"
 
 
@@ -107,6 +111,8 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
             continue
         if (parsed is not None or _job_touches_unparsed(entry)) and _not_regular(full):
             part.problems.append(_not_a_file(full))
+            if isinstance(parsed, FileName) and parsed.kind is not Kind.INDEX:  # a segment nobody can read
+                part.unread.append(Unread(full, _not_a_file(full).message, first_seq=parsed.base, last_seq=parsed.last))
             continue
         if parsed is None:
             if is_our_temp(entry):
@@ -310,7 +316,12 @@ def _looks_like_segment_file(name: str) -> bool:
 
 
 def _subdirs(path: str) -> list[str]:
-    return [e for e in os.listdir(path) if not e.startswith(".") and os.path.isdir(os.path.join(path, e))]
+    """Directories in `path`, but for those under segment or index names (a partition's `not-a-file` problem)."""
+    return [
+        e
+        for e in os.listdir(path)
+        if not e.startswith(".") and os.path.isdir(os.path.join(path, e)) and not _looks_like_segment_file(e)
+    ]
 
 
 def classify_path(path: str | os.PathLike[str]) -> str:

@@ -46,6 +46,7 @@ from tank_log.format.names import (
     partition_id_problem,
     topic_name_problem,
 )
+from tank_log.storage.completeness import SegmentAudit
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.partition_writer import PartitionWriter
@@ -165,16 +166,26 @@ def _existing(target_dir: str, topic: str, partition: int) -> Partition | None:
 
 
 def _last_seq(part: Partition | None) -> int | None:
-    """The partition's last seq, walking its whole active segment (a torn or malformed one is refused, not sealed)."""
-    if part is None or not part.segments:
+    """The partition's last seq, walking its whole active segment (a torn or malformed one is refused, not sealed;
+    so is a partition whose segments claim seqs no reader can return: `storage/completeness.py`)."""
+    if part is None:
+        return None
+    unreadable = [u for u in part.unread if u.first_seq is not None]
+    if unreadable:
+        raise ImportRefused(f"{unreadable[0]}: move it away or restore the segment before appending")
+    if not part.segments:
         return None
     last = part.segments[-1]
     if not last.is_active:
         return last.last
-    walk = last.bundles()
-    seq = None
-    for h in walk:
-        seq = h.last_seq
+    audit = SegmentAudit(last)
+    walk = last.tables()
+    for file_offset, table in walk:
+        audit.observe(file_offset, table)
+    seq = audit.last_seq
+    hole = audit.finish(walk.tail)
+    if hole is not None:
+        raise ImportRefused(f"{hole}: repair the partition before appending")
     if walk.tail is not None and walk.tail.torn_bytes:
         raise ImportRefused(
             f"{last.path}: the active segment ends in a torn bundle at byte {walk.tail.valid_end}: salvage it "

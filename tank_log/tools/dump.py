@@ -14,9 +14,9 @@ from typing import Any
 from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.messages import MessageColumns
+from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
-from tank_log.storage.salvage import data_beyond_break
-from tank_log.storage.segment import Segment, Tail
+from tank_log.storage.segment import Segment
 
 try:
     from tank_log.tools import _dump_lines
@@ -28,39 +28,22 @@ _PRINTABLE = bytes(range(0x20, 0x7F))
 log = logging.getLogger(__name__)
 
 
-def tail_loss(segment: Segment, tail: Tail | None) -> Unread | None:
-    """After a whole segment was read: what its complete bundles left out. A torn tail of the active segment is an
-    append in flight while the broker runs (§3.11): a warning, nothing lost. A torn tail of an RO segment, or corrupt
-    bytes with data after them (in any segment), is data the read could not return."""
-    if tail is None or not tail.torn_bytes:
-        return None
-    beyond = data_beyond_break(segment, tail)
-    if beyond is not None:
-        reason = f"corrupt bytes inside the file, data follows ({beyond}); the rest of the file is not read"
-        return Unread(segment.path, reason, tail.valid_end, tail.torn_bytes)
-    if not segment.is_active:
-        reason = "torn tail after the last complete bundle of an RO segment: data lost at the end"
-        return Unread(segment.path, reason, tail.valid_end, tail.torn_bytes)
-    log.warning(
-        "%s @%d: torn tail of %d bytes after the last complete bundle (an append in flight if the broker runs)",
-        segment.path,
-        tail.valid_end,
-        tail.torn_bytes,
-    )
-    return None
-
-
 def message_chunks(
     segment: Segment, topic: str | None, partition: int | None, unread: list[Unread]
 ) -> Iterator[tuple[str, MessageColumns]]:
     """A segment's messages, a decoded chunk at a time, with the prefix of their JSON lines (`json_lines`); what the
     read could not return is appended to `unread`."""
     prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
+    audit = SegmentAudit(segment)
     walk = segment.chunks(chunk_bytes=CHUNK_BYTES)
-    for chunk in walk:
-        if len(chunk.cols):
-            yield prefix, chunk.cols
-    _note(unread, tail_loss(segment, walk.tail))
+    try:
+        for chunk in audited(walk, audit):
+            if len(chunk.cols):
+                yield prefix, chunk.cols
+    except HoleError as err:  # malformed data: the rest of the segment is a hole from the last message out
+        _note(unread, err.hole.unread(segment.size))
+        return
+    _note(unread, segment_loss(audit, walk.tail))
 
 
 Block = bytes | tuple[str, MessageColumns]  # lines ready, or a chunk whose lines `json_lines` makes
@@ -126,20 +109,27 @@ def _json_text(raw: bytes) -> str:
 
 
 def bundle_records(segment: Segment, unread: list[Unread]) -> Iterator[dict[str, Any]]:
-    walk = segment.bundles()
-    for h in walk:
-        yield {
-            "file": os.path.basename(segment.path),
-            "offset": h.offset,
-            "length": h.size,
-            "codec": "snappy" if h.codec else "none",
-            "count": h.count,
-            "varint_count": h.varint_count,
-            "sparse": h.sparse,
-            "first_seq": h.first_seq,
-            "last_seq": h.last_seq,
-        }
-    _note(unread, tail_loss(segment, walk.tail))
+    audit = SegmentAudit(segment)
+    walk = segment.tables()
+    try:
+        for file_offset, table in walk:
+            audit.observe(file_offset, table)
+            for h in table.headers(file_offset):
+                yield {
+                    "file": os.path.basename(segment.path),
+                    "offset": h.offset,
+                    "length": h.size,
+                    "codec": "snappy" if h.codec else "none",
+                    "count": h.count,
+                    "varint_count": h.varint_count,
+                    "sparse": h.sparse,
+                    "first_seq": h.first_seq,
+                    "last_seq": h.last_seq,
+                }
+    except TankFormatError as err:  # the rest of the segment: a hole from the last bundle out
+        _note(unread, audit.failed(err).unread(segment.size))
+        return
+    _note(unread, segment_loss(audit, walk.tail))
 
 
 def _segment_location(path: str) -> tuple[str | None, int | None]:

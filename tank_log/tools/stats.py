@@ -15,8 +15,8 @@ from tank_log.format.bundle import CODEC_MASK, SPARSE
 from tank_log.lakehouse import ExportedSeqs
 from tank_log.maintenance.compaction.passes import dirty_ratio
 from tank_log.storage.cleanup_marks import read_cleanup_log
+from tank_log.storage.completeness import SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, scan_partitions
-from tank_log.tools.dump import tail_loss
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,9 @@ def partition_stats(
         st.export_lag_messages = 0
     for sf in part.segments:
         st.bytes += sf.size
+        audit = SegmentAudit(sf)
         walk = sf.chunks()
-        for chunk in walk:
+        for chunk in audited(walk, audit):
             c = chunk.cols
             if not len(c):
                 continue
@@ -104,7 +105,7 @@ def partition_stats(
                 for i in np.flatnonzero(keyed).tolist():
                     keys.add(c.key(i))  # type: ignore[arg-type]
         st.torn_bytes += walk.tail.torn_bytes if walk.tail else 0
-        loss = tail_loss(sf, walk.tail)
+        loss = segment_loss(audit, walk.tail)
         if loss is not None and unread is not None:
             unread.append(loss)
     st.distinct_keys = len(keys)

@@ -48,7 +48,7 @@ from tank_spark.export.plan import ExportSettings, PartitionPlan, recorded_versi
 from tank_spark.export.rows import table_frame
 from tank_spark.export.run_id import new_run_id
 from tank_spark.ranges import partition_key
-from tank_spark.stream import DataLost, describe_lost
+from tank_spark.stream import HOLE_TEXT, DataLost, describe_lost
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -155,7 +155,7 @@ class BatchExporter:
         if lost and settings.on_data_loss == "fail":
             remove_uncommitted(settings, files)
             raise DataLost(
-                f"deleted before they were read: {_ranges_text(lost)}; nothing of batch {batch_id} was committed; "
+                f"{_loss_kind(lost)}: {_ranges_text(lost)}; nothing of batch {batch_id} was committed; "
                 f"restart with --on-data-loss skip to go on without them"
             )
         self._record_loss(lost)
@@ -217,7 +217,7 @@ class BatchExporter:
     def _record_loss(self, lost: list[dict[str, Any]]) -> None:
         if not lost:
             return
-        log.warning("continuous export: skipping messages deleted before they were read: %s", _ranges_text(lost))
+        log.warning("continuous export: skipping messages %s: %s", _loss_kind(lost), _ranges_text(lost))
         self.totals.data_loss += lost
         if self.loss_file:
             with open(self.loss_file, "a") as fh:
@@ -225,7 +225,14 @@ class BatchExporter:
 
 
 def _ranges_text(lost: list[dict[str, Any]]) -> str:
-    return describe_lost((r["topic"], r["partition"], r["from_seq"], r["to_seq"]) for r in lost)
+    text = describe_lost((r["topic"], r["partition"], r["from_seq"], r["to_seq"]) for r in lost)
+    holes = sorted({r["hole"] for r in lost if r.get("hole")})
+    return text + (f" ({'; '.join(holes)})" if holes else "")
+
+
+def _loss_kind(lost: list[dict[str, Any]]) -> str:
+    kinds = {HOLE_TEXT if r.get("hole") else "deleted before they were read" for r in lost}
+    return " or ".join(sorted(kinds))
 
 
 def starting_offsets(ctx: JobContext, settings: ExportSettings, table: DeltaTable) -> dict[str, int]:
@@ -321,7 +328,7 @@ def run_continuous(
 def _reason(err: Exception) -> str:
     """The line of a query failure that says what happened (its message carries the whole Python traceback)."""
     text = str(err)
-    for marker in ("deleted before they were read", "TankFormatError", "RunTooOld", "ConcurrentExport"):
+    for marker in ("deleted before they were read", HOLE_TEXT, "TankFormatError", "RunTooOld", "ConcurrentExport"):
         for line in text.splitlines():
             if marker in line:
                 return line.strip()

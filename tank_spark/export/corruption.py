@@ -6,6 +6,13 @@ reported `failed` with the file and byte offset, and the run exits 1. `--on-corr
   next run starts right after it and stops at the same place until the data is repaired (nothing duplicated, nothing
   skipped; `jobs/rebuild_indexes.py --salvage` or an operator fixes the segment);
 - `skip`: nothing of that partition; its recorded version stays where it was.
+
+A hole counts as malformed data: a read that cannot return every seq the partition claims (a truncated RO segment,
+a bundle cut out or duplicated, a directory in place of a segment: `storage/completeness.py`) fails its range with
+the file, offset and seq range. `prefix` then keeps the rows up to the last seq before the hole that the evidence
+trusts (`Hole.trusted_through`: a name or index that contradicts the bundles without a torn tail trusts none of the
+segment, since a bundle cut out or duplicated renumbers the messages after it); a range holding rows past that seq is
+not kept. The recorded version never passes a hole, so retention's `keep_unexported` guard keeps its data.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ class RangeOutcome:
     min_seq: int | None = None
     max_seq: int | None = None
     error: str | None = None  # the TankFormatError (file @offset: message) that stopped the read
+    trusted_through: int | None = None  # with a hole (`HoleError`): the last seq before it the rows can be kept to
 
     @property
     def key(self) -> tuple[str, int]:
@@ -69,6 +77,11 @@ def cut_at_corruption(plans: list[PartitionPlan], outcomes: list[RangeOutcome], 
     for o in outcomes:
         bad = first_bad.get(o.key)
         if bad is not None and (mode == "skip" or o.index > bad.index):
+            continue
+        trusted = bad.trusted_through if bad is not None else None
+        if trusted is not None and o.max_seq is not None and o.max_seq > trusted:
+            # rows past the hole's trusted seq were read, in this range or an earlier one of the same segment (a
+            # bundle cut out or duplicated renumbers what follows it): none of the range's rows are kept
             continue
         kept.add(o.index)
         if bad is not None and o.max_seq is not None:
@@ -139,5 +152,10 @@ class TrackedRead:
             yield b
 
     def outcome(self) -> RangeOutcome:
+        from tank_log.storage.completeness import HoleError
+
         error = str(self.stopped[0]) if self.stopped else None
-        return RangeOutcome(self.index, self.range.topic, self.range.partition, self.rows, self.lo, self.hi, error)
+        hole = self.stopped[0] if self.stopped and isinstance(self.stopped[0], HoleError) else None
+        trusted = None if hole is None else hole.hole.trusted_through
+        r = self.range
+        return RangeOutcome(self.index, r.topic, r.partition, self.rows, self.lo, self.hi, error, trusted)

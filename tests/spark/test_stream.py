@@ -105,3 +105,26 @@ def test_data_deleted_before_it_was_read(spark, tmp_path):
     strict = Stream(spark, base, str(tmp_path / "ck2"), startingOffsets='{"t/0": 41}')
     with pytest.raises(Exception, match="deleted before they were read"):
         strict.step()
+
+
+def test_a_hole_fails_the_stream_or_is_logged(spark, tmp_path):
+    """An RO segment truncated in the middle (its name says 4682, the content ends at 4382): the stream returned the
+    short read silently. It now fails naming the file, offset and seqs, or with failOnDataLoss=false logs them."""
+    base = copy_tree(os.path.join(data_dir("A_multi"), "events"), str(tmp_path / "base" / "t"))
+    for p in ("0", "2"):
+        os.rename(os.path.join(base, p), str(tmp_path / f"unused-{p}"))  # events/1 alone, as t/0
+    os.rename(os.path.join(base, "1"), os.path.join(base, "0"))
+    segment = os.path.join(base, "0", "2829-4682_1795261032.ilog")
+    os.truncate(segment, 30000)
+    base = str(tmp_path / "base")
+    strict = Stream(spark, base, str(tmp_path / "ck"))
+    with pytest.raises(Exception, match=r"could not be read \(a hole\): .*@27826: seqs 4383\.\.4682 not read"):
+        strict.step()
+    loss_log = str(tmp_path / "loss.jsonl")
+    s = Stream(spark, base, str(tmp_path / "ck2"), failOnDataLoss="false", dataLossLog=loss_log).step()
+    want = [seq for seq, _, _, _ in load_dump("A_multi")[("events", 1)] if not 4383 <= seq <= 4682]
+    assert s.seqs() == {("t", 0): want}
+    (entry,) = read_data_loss_log(loss_log)
+    assert (entry["topic"], entry["partition"], entry["from_seq"], entry["to_seq"]) == ("t", 0, 4383, 4682)
+    assert entry["hole"].startswith(f"{segment} @27826: seqs 4383..4682 not read")
+    s.stop()

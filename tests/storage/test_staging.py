@@ -25,6 +25,7 @@ from tank_log.storage.staging import (
     stage_partition,
     stage_root,
 )
+from tank_log.storage.writer import BundlePolicy
 
 
 def msgs(lo, hi, step=1):
@@ -169,3 +170,16 @@ def test_a_writer_refuses_a_partition_the_broker_would_not_serve(tmp_path, topic
         stage_partition(str(base), "r", "0-0", topic, partition, chunks(msgs(1, 3)), append=False, segment_bytes=1)
     assert os.listdir(tmp_path) == ["base"] and os.listdir(base) == [os.path.basename(stage_root(str(base), "r"))]
     assert os.listdir(stage_root(str(base), "r")) == [".writers.lock"]
+
+
+def test_appending_to_a_partition_with_an_unreadable_segment_is_refused(tmp_path):
+    """A directory in place of an RO segment: the import counted on the other segments and appended after them,
+    though the partition claims seqs nobody can read (storage/completeness.py)."""
+    base = str(tmp_path)
+    write_partition(os.path.join(base, "t", "0"), msgs(1, 40), segment_bytes=200, policy=BundlePolicy(max_messages=5))
+    seg = partitions_at(base)[0].ro[0]
+    os.unlink(seg.path)
+    os.mkdir(seg.path)
+    open_import(base, "r")
+    with pytest.raises(ImportRefused, match=rf"{seg.path}: not read, seqs {seg.base}\.\.{seg.last} "):
+        stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(41, 45)), append=True, segment_bytes=1 << 20)

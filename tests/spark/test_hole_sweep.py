@@ -1,0 +1,24 @@
+"""The hole sweep's Spark part (bench/hole_sweep.py), small and deterministic: the first RO segment of four fixture
+partitions (plain, dense index, sparse, compacted) truncated at and in its first bundle, that bundle cut out or
+duplicated, a directory and a FIFO in its place, and each partition undamaged (no false alarm); through the export
+on Spark's executors (prefix and skip) and in the driver, and the `tank` data source (whole segments and split at
+every index entry). No silent loss, no recorded version past a hole."""
+
+import os
+
+from conftest import load_script
+
+
+def test_hole_sweep_export_and_source(spark, tmp_path):
+    sweep_mod = load_script(os.path.join("bench", "hole_sweep.py"))
+    cases = sweep_mod.damages(max_per_segment=1, max_segments=1)
+    exports = [("executors", "prefix"), ("executors", "skip"), ("driver", "prefix")]
+    sweep = sweep_mod.run_sweep(cases, str(tmp_path), exports=exports, spark=lambda: spark)
+    figures = sweep.figures()
+    assert sweep.failures() == []
+    assert len(cases) == 28  # with an undamaged control per partition
+    for reader in ("export-executors-prefix", "export-executors-skip", "export-driver-prefix", "source-whole"):
+        f = figures[reader]
+        assert f["runs"] == len(cases) and f["losses"] == len(cases) - 4
+        assert f["silent"] == 0 and f["records_past_hole"] == 0 and f["false_alarms"] == 0
+    assert figures["source-split"]["silent"] == figures["source-split"]["false_alarms"] == 0
