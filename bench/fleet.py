@@ -37,10 +37,18 @@ tests/real_broker.py: the messages go through the broker's produce path (`tank-c
 compacts its `cleanup` topics itself, and the `delete` topics' retention moves from the topic config to the job
 configuration (the broker would apply it at every roll, exported or not). At every start the broker serves every
 partition once, whole (checked against what was produced); `verify` then also counts the broker's aborts, fatal
-messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log).
+messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log). Real mode adds:
+  kill-broker   each host's broker SIGKILLed every --broker-kill-every nights while a produce is in flight (a torn
+                append), then started again; the broker's recovery of it is what the next checks read
+  raw topics    a third topic per host whose retention is the broker's own (unguarded: a deleted prefix is counted
+                apart, a hole above it is a data violation)
+  served        a seventh invariant: after every night, producing paused, every partition consumed through the
+                broker equals `tank-log dump` of the host's data (the same before and after the consume) and what
+                was produced
+On the --airflow-nights, each host's maintain job reads its own configuration (`brokers[].job_config`).
 
 Run: python bench/fleet.py --hosts 8 --nights 30 --airflow-nights 3 [--seed 1] [--workdir DIR]
-     python bench/fleet.py --hosts 2 --nights 3 --tank PATH --tank-cli PATH     (the real broker)
+     python bench/fleet.py --hosts 4 --nights 20 --airflow-nights 4,10,16 --tank PATH --tank-cli PATH  (real)
      python bench/fleet.py --short      (2 hosts, 3 nights, one through Airflow: what the test suite runs)
 """
 
