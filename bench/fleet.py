@@ -100,9 +100,11 @@ FAULTS = (
     "full-disk",
     "double-export",
 )
-REAL_FAULTS = ("kill-broker",)  # with the real broker: SIGKILL of the broker while a produce is in flight
+# with the real broker also: its SIGKILL while a produce is in flight (kill-broker, every few nights), and a torn
+# tail left in a partition while it is stopped (the broker's own short write on a full disk, docs/FORMAT.md §3.11)
+REAL_FAULTS = ("torn-tail",)
 WORK_STARTS = "process(es) of the driver's"  # what a partition job logs as its partitions' work begins
-WINDOW_FAULTS = ("kill-job", "kill-cli", "kill-step", "full-disk")  # faults of a window the soak runs itself
+WINDOW_FAULTS = ("kill-job", "kill-cli", "kill-step", "full-disk", "torn-tail")  # of a window the soak runs itself
 RSS_BOUND_MIB = {"python": 700, "spark": 2500}  # a job in the driver's processes; one that starts a JVM
 BUCKET = "fleet"
 
@@ -258,6 +260,10 @@ class Fleet:
         self.broker_kills: Counter[str] = Counter()  # SIGKILLs of a host's real broker (the supervisor says each)
         self.broker_kills_seen: Counter[str] = Counter()
         self.kills_in_flight = 0
+        self.left_by_kills: Counter[str] = Counter()
+        self.torn: list[str] = []  # active segments given a torn tail while their broker was stopped
+        self.aborts_on_torn = 0  # starts at which the broker exited on such a tail (then salvaged, started again)
+        self.expected_fatal: dict[str, list[tuple[int, int]]] = {}  # a log's byte ranges of those exits
         self.served: dict[tuple[str, int], np.ndarray] = {}  # the seqs each partition's broker served tonight
         self.nights: list[dict[str, Any]] = []
         self.parts = {
@@ -432,6 +438,7 @@ class Fleet:
         for h in self.hosts:
             if self.rng.random() < self.args.fault_rate:
                 kinds = [k for k in FAULTS if k != "kill-continuous" or h.name in self.continuous]
+                kinds += list(REAL_FAULTS) if h.real is not None else []
                 plan[h.name].append(self.rng.choice(kinds))
         every = self.args.broker_kill_every
         for h in self.hosts:  # the real broker SIGKILLed mid-append: every host every few nights, staggered
@@ -505,6 +512,11 @@ class Fleet:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and os.path.exists(f"/proc/{supervisor}") and "Z" not in _state(supervisor):
             time.sleep(0.05)
+        from tank_log.maintenance.verify import verify_path
+
+        # what the crash left, as `tank-log verify` names it (a torn tail, an index entry past the end, no active
+        # segment after a roll: §3.11, §2.6, §9 rule 4); the broker recovers, or not, at its restart
+        self.left_by_kills.update(p.code for p in verify_path(h.base) if p.severity == "error")
         self.start_broker(h)
 
     def upkeep(self) -> None:
@@ -561,12 +573,55 @@ class Fleet:
         finally:
             if os.path.exists(stubborn):
                 os.unlink(stubborn)
+        torn = stopped and "torn-tail" in kinds and self.tear_tail(h)
         if stopped:
             self.maintain(n, h, kinds)
+        logs = {path: _size(path) for path in (h.broker_log, h.supervisor_log)}
         self.step(h, "start", kill="kill-step" in kinds and stopped)
+        if torn:
+            self.after_torn_start(h, logs)
         if self.step(h, "ready") != 0:  # a start killed before it launched the broker: the operator starts it
             self.start_broker(h)
         self.step(h, "verify")
+
+    def tear_tail(self, h: Host) -> bool:
+        """Append the first bytes of a bundle to the active segment of one of the host's partitions, as the broker's
+        own short write leaves them (§3.11): the broker exits at the partition's open on it. Whether one was torn."""
+        from tank_log.storage.datadir import scan_data_dir
+
+        actives = [p.active.path for p in scan_data_dir(h.base).partitions() if p.active and p.active.size > 16]
+        if not actives:
+            return False
+        path = self.rng.choice(sorted(actives))
+        with open(path, "rb") as fh:
+            head = fh.read(self.rng.randint(6, 16))  # a bundle's length and header, not its end
+        with open(path, "ab") as fh:
+            fh.write(head)
+        self.torn.append(path)
+        return True
+
+    def after_torn_start(self, h: Host, logs: dict[str, int]) -> None:
+        """The broker started over a torn tail that is not ours: it must exit at the partition's open (what it
+        prints then is no violation), the operator salvages (`tank-log maintain --salvage`) and starts it again."""
+        deadline, said = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and not any(m in said for m in ("the broker failed", "BrokerFailed")):
+            time.sleep(0.1)  # its supervisor's last words: the broker exited (at its start, or at the first open)
+            with open(h.supervisor_log, "rb") as fh:
+                fh.seek(logs[h.supervisor_log])
+                said = fh.read().decode("utf-8", "replace")
+        if not any(m in said for m in ("the broker failed", "BrokerFailed")):
+            self.violation("verify", h.name, "the broker kept serving a partition with a torn tail", self.torn[-1])
+            return
+        time.sleep(1)  # the supervisor exits right after
+        for path, start in logs.items():
+            self.expected_fatal.setdefault(path, []).append((start, _size(path)))
+        cmd = [os.path.join(BIN, "tank-log"), "maintain", h.base, "--broker-stopped", "--salvage"]
+        cmd += ["--config", self.config_of(h), "--keep-unexported", "export"]
+        if self.run("salvage", h, cmd) != 0:
+            self.violation("verify", h.name, "the salvage of a torn tail failed", self.log_of(len(self.ran) - 1))
+        self.record_losses(self.log_of(len(self.ran) - 1))
+        self.aborts_on_torn += 1
+        self.start_broker(h)
 
     def step(self, h: Host, step: str, kill: bool = False) -> int:
         code = (
@@ -805,8 +860,13 @@ class Fleet:
                     text = fh.read()
             except OSError:
                 continue
-            self.log_checked[path] = self.log_checked.get(path, 0) + len(text)
-            for line in text.decode("utf-8", "replace").splitlines():
+            at = self.log_checked.get(path, 0)
+            self.log_checked[path] = at + len(text)
+            for raw in text.splitlines(keepends=True):
+                at += len(raw)
+                line = raw.decode("utf-8", "replace")
+                if any(a < at <= b for a, b in self.expected_fatal.get(path, [])):
+                    continue  # the broker's exit on a torn tail the soak left (not ours)
                 if "the broker was SIGKILLed" in line:
                     self.broker_kills_seen[h.name] += 1
                     if self.broker_kills_seen[h.name] > self.broker_kills[h.name]:
@@ -940,6 +1000,9 @@ class Fleet:
             "kills": sum(1 for r in self.ran if r.killed),
             "broker_kills": sum(self.broker_kills.values()),
             "broker_kills_with_a_produce_in_flight": self.kills_in_flight,
+            "left_by_broker_kills": dict(self.left_by_kills),
+            "torn_tails": len(self.torn),
+            "broker_exits_on_torn_tails": self.aborts_on_torn,
             "served_compared": sum(n.get("served_compared", 0) for n in self.nights),
             "deleted_by_broker_unguarded": last.get("deleted_by_broker_unguarded", 0),
             "violations": {
@@ -1044,6 +1107,13 @@ def _peak_rss_kib(ran: Ran, ru_maxrss_kib: int) -> int:
     above the soak's peak at the run's start; the samples of its tree count always."""
     genuine = ru_maxrss_kib if ru_maxrss_kib > ran.spawner_hwm_kib else 0
     return max(genuine, ran.sampled_kib)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _children(pid: int) -> list[int]:
