@@ -288,3 +288,48 @@ def test_the_fleet_host_supervisor(tmp_path):
     (cdc,) = partitions_at(str(base), ["cdc"])[:1]
     assert len(cdc.ro) >= 1 and any(b.sparse for s in cdc.ro for b in s.bundles())  # the broker's compaction
     assert "Assertion" not in open(log).read()
+
+
+def test_the_fleet_host_supervisor_holds_still_when_paused_and_names_a_sigkill(tmp_path):
+    """What the fleet's checks rely on: while PIDFILE.pause exists the host produces nothing (PIDFILE.paused says
+    so), so its files hold still and `verify` reads no roll in progress (the broker renames the active segment,
+    applies its retention, then creates the next one, docs/FORMAT.md §2.5: a live roll is a moment without an active
+    segment); once the pause is gone it produces again; a SIGKILL of the broker makes it exit 3, saying so."""
+    assert not isinstance(BINARIES, str)
+    base = tmp_path / "host"
+    os.makedirs(base / "raw" / "0")
+    config = "log.cleanup.policy=delete\nretention.segments.count=2\nlog.segment.bytes=1024\n"
+    (base / "raw" / "config").write_text(config)
+    pidfile = str(tmp_path / "host.pid")
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "real_broker.py"), "-p", str(base)]
+    cmd += ["--tank", BINARIES[0], "--tank-cli", BINARIES[1], "--pidfile", pidfile, "--produce", "--rate", "200"]
+    proc = subprocess.Popen([*cmd, "--port", str(free_port())], stderr=subprocess.PIPE)
+
+    def files() -> dict[str, int]:
+        return {f: os.path.getsize(f) for f in glob.glob(f"{base}/raw/0/*")}
+
+    try:
+        deadline = time.monotonic() + 30
+        while len(glob.glob(f"{base}/raw/0/*.ilog")) < 2:  # rolling, and its retention deleting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.1)
+        open(pidfile + ".pause", "w").close()
+        while not os.path.exists(pidfile + ".paused"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        still = files()
+        for _ in range(10):
+            assert [str(p) for p in verify_path(str(base)) if p.severity == "error"] == []
+            time.sleep(0.1)
+        assert files() == still
+        os.unlink(pidfile + ".pause")
+        while files() == still:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.05)
+        os.kill(int(open(pidfile + ".tank").read()), signal.SIGKILL)
+        assert proc.wait(30) == 3
+        assert b"the broker was SIGKILLed" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
