@@ -341,7 +341,11 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_sigint)
     broker = RealBroker(args.tank, args.tank_cli, args.base, port=args.port, log_path=args.log)
-    broker.start()
+    try:
+        broker.start()
+    except BrokerFailed as e:  # it exited on what it found, or never listened: its output says why
+        print(f"the broker failed: {str(e)[:4000]}", file=sys.stderr, flush=True)
+        return 1
     if args.pidfile:
         with open(args.pidfile + ".tank", "w") as fh:
             fh.write(str(broker.proc.pid if broker.proc else ""))

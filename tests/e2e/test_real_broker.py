@@ -333,3 +333,28 @@ def test_the_fleet_host_supervisor_holds_still_when_paused_and_names_a_sigkill(t
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_fleet_host_supervisor_says_why_the_broker_would_not_start(tmp_path):
+    """A broker that exits on what it finds (a torn tail of an active segment, §3.11: at the partition's first open
+    here; before it listens when it opens the partition at its start, as the fleet saw for compacted ones) makes the
+    host's supervisor exit 1 with a line saying so and the broker's output, never a traceback (the fleet waits for
+    those words, then salvages)."""
+    assert not isinstance(BINARIES, str)
+    base = tmp_path / "host"
+    os.makedirs(base / "ev" / "0")
+    (base / "ev" / "config").write_text("log.cleanup.policy=delete\n")
+    with broker(base) as b:
+        for i in range(3):
+            b.produce("ev", 0, b"k%d" % i, b"v%d" % i)
+    (active,) = glob.glob(f"{base}/ev/0/*.log")
+    with open(active, "rb") as fh:
+        head = fh.read(8)
+    with open(active, "ab") as fh:
+        fh.write(head)  # a bundle's first bytes: its end is past the end of the file
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "real_broker.py"), "-p", str(base)]
+    cmd += ["--tank", BINARIES[0], "--tank-cli", BINARIES[1], "--port", str(free_port()), "--produce"]
+    done = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr.decode()[-2000:]
+    assert done.stderr.startswith(b"the broker failed: "), done.stderr.decode()[-2000:]
+    assert b"Traceback" not in done.stderr and b"Likely corrupt" in done.stderr
