@@ -37,10 +37,18 @@ tests/real_broker.py: the messages go through the broker's produce path (`tank-c
 compacts its `cleanup` topics itself, and the `delete` topics' retention moves from the topic config to the job
 configuration (the broker would apply it at every roll, exported or not). At every start the broker serves every
 partition once, whole (checked against what was produced); `verify` then also counts the broker's aborts, fatal
-messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log).
+messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log). Real mode adds:
+  kill-broker   each host's broker SIGKILLed every --broker-kill-every nights while a produce is in flight (a torn
+                append), then started again; the broker's recovery of it is what the next checks read
+  raw topics    a third topic per host whose retention is the broker's own (unguarded: a deleted prefix is counted
+                apart, a hole above it is a data violation)
+  served        a seventh invariant: after every night, producing paused, every partition consumed through the
+                broker equals `tank-log dump` of the host's data (the same before and after the consume) and what
+                was produced
+On the --airflow-nights, each host's maintain job reads its own configuration (`brokers[].job_config`).
 
 Run: python bench/fleet.py --hosts 8 --nights 30 --airflow-nights 3 [--seed 1] [--workdir DIR]
-     python bench/fleet.py --hosts 2 --nights 3 --tank PATH --tank-cli PATH     (the real broker)
+     python bench/fleet.py --hosts 4 --nights 20 --airflow-nights 4,10,16 --tank PATH --tank-cli PATH  (real)
      python bench/fleet.py --short      (2 hosts, 3 nights, one through Airflow: what the test suite runs)
 """
 
@@ -92,8 +100,11 @@ FAULTS = (
     "full-disk",
     "double-export",
 )
+# with the real broker also: its SIGKILL while a produce is in flight (kill-broker, every few nights), and a torn
+# tail left in a partition while it is stopped (the broker's own short write on a full disk, docs/FORMAT.md §3.11)
+REAL_FAULTS = ("torn-tail",)
 WORK_STARTS = "process(es) of the driver's"  # what a partition job logs as its partitions' work begins
-WINDOW_FAULTS = ("kill-job", "kill-cli", "kill-step", "full-disk")  # faults of a window the soak runs itself
+WINDOW_FAULTS = ("kill-job", "kill-cli", "kill-step", "full-disk", "torn-tail")  # of a window the soak runs itself
 RSS_BOUND_MIB = {"python": 700, "spark": 2500}  # a job in the driver's processes; one that starts a JVM
 BUCKET = "fleet"
 
@@ -124,8 +135,20 @@ class Host:
 
     @property
     def topics(self) -> dict[str, bool]:
-        """topic → cleanup policy."""
-        return {f"cdc{self.index}": True, f"ev{self.index}": False}
+        """topic → cleanup policy (with the real broker, a third topic: `broker_retention`)."""
+        extra = {f"raw{self.index}": False} if self.real else {}
+        return {f"cdc{self.index}": True, f"ev{self.index}": False, **extra}
+
+    @property
+    def broker_retention(self) -> set[str]:
+        """Topics whose retention the real broker applies itself, at its rolls: unguarded (what it deletes before
+        an export read it is gone, unreported), so only a prefix of such a partition may be missing."""
+        return {f"raw{self.index}"} if self.real else set()
+
+    @property
+    def config(self) -> str:
+        """The configuration of this host's jobs."""
+        return os.path.join(self.work, f"{self.name}.yaml")
 
     @property
     def broker_log(self) -> str:
@@ -148,6 +171,7 @@ class Host:
         return {
             "name": self.name,
             "data_dirs": [self.base],
+            **({"job_config": self.config} if self.real else {}),
             "start_command": start,
             "stop_command": f"kill -INT $(cat {self.pidfile})",
             "ready_check": f"tcp://127.0.0.1:{self.port}",
@@ -161,7 +185,8 @@ class Host:
         for topic, cleanup in self.topics.items():
             for p in range(2):
                 os.makedirs(os.path.join(self.base, topic, str(p)))
-            retention = "" if self.real else f"\n{RETENTION[self.index % 3]}"
+            guarded_by_job = self.real and topic not in self.broker_retention
+            retention = "" if guarded_by_job else f"\n{RETENTION[self.index % 3]}"
             policy = "log.cleanup.policy=cleanup" if cleanup else f"log.cleanup.policy=delete{retention}"
             with open(os.path.join(self.base, topic, "config"), "w") as fh:
                 fh.write(f"{policy}\nlog.segment.bytes=4096\n")
@@ -232,6 +257,15 @@ class Fleet:
         self.violations: Counter[str] = Counter()
         self.repro: list[dict[str, Any]] = []
         self.losses: dict[tuple[str, int], set[int]] = {}
+        self.broker_kills: Counter[str] = Counter()  # SIGKILLs of a host's real broker (the supervisor says each)
+        self.broker_kills_seen: Counter[str] = Counter()
+        self.kills_in_flight = 0
+        self.left_by_kills: Counter[str] = Counter()
+        self.paused_verify: dict[str, list[Any]] = {}  # a real host's `verify` errors, taken while it was paused
+        self.torn: list[str] = []  # active segments given a torn tail while their broker was stopped
+        self.aborts_on_torn = 0  # starts at which the broker exited on such a tail (then salvaged, started again)
+        self.expected_fatal: dict[str, list[tuple[int, int]]] = {}  # a log's byte ranges of those exits
+        self.served: dict[tuple[str, int], np.ndarray] = {}  # the seqs each partition's broker served tonight
         self.nights: list[dict[str, Any]] = []
         self.parts = {
             (topic, p): PartState(topic, p, cleanup)
@@ -304,7 +338,7 @@ class Fleet:
             self.start_continuous(h)
 
     def config_of(self, h: Host) -> str:
-        return os.path.join(self.work, f"{h.name}.yaml")
+        return h.config
 
     def env(self, tag: str) -> dict[str, str]:
         return {
@@ -405,7 +439,12 @@ class Fleet:
         for h in self.hosts:
             if self.rng.random() < self.args.fault_rate:
                 kinds = [k for k in FAULTS if k != "kill-continuous" or h.name in self.continuous]
+                kinds += list(REAL_FAULTS) if h.real is not None else []
                 plan[h.name].append(self.rng.choice(kinds))
+        every = self.args.broker_kill_every
+        for h in self.hosts:  # the real broker SIGKILLed mid-append: every host every few nights, staggered
+            if h.real is not None and every and night % every == h.index % every:
+                plan[h.name].append("kill-broker")
         for forced in self.args.force_fault:  # NIGHT:HOST:FAULT
             n, host, kind = forced.split(":")
             if int(n) == night:
@@ -420,7 +459,7 @@ class Fleet:
             faults = {h: [k for k in kinds if k not in WINDOW_FAULTS] for h, kinds in faults.items()}
         for kinds in faults.values():
             self.faults.update(kinds)
-        time.sleep(self.args.night_s)
+        self.produce(faults)
         self.exports(n, faults)
         self.continuous_faults(faults)
         if through_airflow:
@@ -437,6 +476,49 @@ class Fleet:
         self.nights.append(figures)
         print(json.dumps(figures), flush=True)
         return figures
+
+    def produce(self, faults: dict[str, list[str]]) -> None:
+        """The producers run for --night-s seconds; a kill-broker host's broker is SIGKILLed at a random moment of
+        it, while a `tank-cli produce` of its supervisor is in flight (a torn append), and started again once its
+        supervisor has exited (as an init system restarts a crashed service)."""
+        t0 = time.monotonic()
+        victims = sorted(
+            (
+                (self.rng.uniform(0.2, 0.8) * self.args.night_s, h)
+                for h in self.hosts
+                if "kill-broker" in faults[h.name]
+            ),
+            key=lambda x: x[0],
+        )
+        for at, h in victims:
+            time.sleep(max(0.0, t0 + at - time.monotonic()))
+            self.kill_broker(h)
+        time.sleep(max(0.0, t0 + self.args.night_s - time.monotonic()))
+
+    def kill_broker(self, h: Host) -> None:
+        try:
+            supervisor, broker = (int(open(p).read()) for p in (h.pidfile, h.pidfile + ".tank"))
+        except (OSError, ValueError):
+            self.violation("verify", h.name, "kill-broker: the host's broker is not running")
+            return
+        deadline, in_flight = time.monotonic() + 3, False
+        while time.monotonic() < deadline and not in_flight:  # wait for an append in flight
+            in_flight = any(" produce " in _cmdline(c) for c in _children(supervisor))
+            if not in_flight:
+                time.sleep(0.001)
+        os.kill(broker, signal.SIGKILL)
+        self.ran.append(Ran("kill-broker", h.name, ["tank", str(broker)], code=-9, killed=True))
+        self.broker_kills[h.name] += 1
+        self.kills_in_flight += in_flight
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{supervisor}") and "Z" not in _state(supervisor):
+            time.sleep(0.05)
+        from tank_log.maintenance.verify import verify_path
+
+        # what the crash left, as `tank-log verify` names it (a torn tail, an index entry past the end, no active
+        # segment after a roll: §3.11, §2.6, §9 rule 4); the broker recovers, or not, at its restart
+        self.left_by_kills.update(p.code for p in verify_path(h.base) if p.severity == "error")
+        self.start_broker(h)
 
     def upkeep(self) -> None:
         """The table's upkeep (optimize): the files it writes are at most 2 per table partition (topic, date), and it
@@ -492,12 +574,55 @@ class Fleet:
         finally:
             if os.path.exists(stubborn):
                 os.unlink(stubborn)
+        torn = stopped and "torn-tail" in kinds and self.tear_tail(h)
         if stopped:
             self.maintain(n, h, kinds)
+        logs = {path: _size(path) for path in (h.broker_log, h.supervisor_log)}
         self.step(h, "start", kill="kill-step" in kinds and stopped)
+        if torn:
+            self.after_torn_start(h, logs)
         if self.step(h, "ready") != 0:  # a start killed before it launched the broker: the operator starts it
             self.start_broker(h)
         self.step(h, "verify")
+
+    def tear_tail(self, h: Host) -> bool:
+        """Append the first bytes of a bundle to the active segment of one of the host's partitions, as the broker's
+        own short write leaves them (§3.11): the broker exits at the partition's open on it. Whether one was torn."""
+        from tank_log.storage.datadir import scan_data_dir
+
+        actives = [p.active.path for p in scan_data_dir(h.base).partitions() if p.active and p.active.size > 16]
+        if not actives:
+            return False
+        path = self.rng.choice(sorted(actives))
+        with open(path, "rb") as fh:
+            head = fh.read(self.rng.randint(6, 16))  # a bundle's length and header, not its end
+        with open(path, "ab") as fh:
+            fh.write(head)
+        self.torn.append(path)
+        return True
+
+    def after_torn_start(self, h: Host, logs: dict[str, int]) -> None:
+        """The broker started over a torn tail that is not ours: it must exit at the partition's open (what it
+        prints then is no violation), the operator salvages (`tank-log maintain --salvage`) and starts it again."""
+        deadline, said = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and not any(m in said for m in ("the broker failed", "BrokerFailed")):
+            time.sleep(0.1)  # its supervisor's last words: the broker exited (at its start, or at the first open)
+            with open(h.supervisor_log, "rb") as fh:
+                fh.seek(logs[h.supervisor_log])
+                said = fh.read().decode("utf-8", "replace")
+        if not any(m in said for m in ("the broker failed", "BrokerFailed")):
+            self.violation("verify", h.name, "the broker kept serving a partition with a torn tail", self.torn[-1])
+            return
+        time.sleep(1)  # the supervisor exits right after
+        for path, start in logs.items():
+            self.expected_fatal.setdefault(path, []).append((start, _size(path)))
+        cmd = [os.path.join(BIN, "tank-log"), "maintain", h.base, "--broker-stopped", "--salvage"]
+        cmd += ["--config", self.config_of(h), "--keep-unexported", "export"]
+        if self.run("salvage", h, cmd) != 0:
+            self.violation("verify", h.name, "the salvage of a torn tail failed", self.log_of(len(self.ran) - 1))
+        self.record_losses(self.log_of(len(self.ran) - 1))
+        self.aborts_on_torn += 1
+        self.start_broker(h)
 
     def step(self, h: Host, step: str, kill: bool = False) -> int:
         code = (
@@ -611,9 +736,11 @@ class Fleet:
         from tank_log.maintenance.verify import verify_path
 
         before = dict(self.violations)
+        self.served.clear()
+        served = sum(self.check_served(h) for h in self.hosts if h.real is not None)
         in_tank = self.read_tank()
         self.read_table(full=upkeep)
-        produced = exported = compacted = deleted = reported_lost = 0
+        produced = exported = compacted = deleted = reported_lost = broker_deleted = served_in_table = 0
         for h in self.hosts:
             for topic, cleanup in h.topics.items():
                 for p in range(2):
@@ -634,9 +761,22 @@ class Fleet:
                         if seq <= top:
                             lost[seq] = True
                     reported_lost += int((missing & lost).sum())
+                    missing &= ~lost
+                    if topic in h.broker_retention:  # the broker's own retention: a prefix, gone unreported
+                        held = np.flatnonzero(tank[1:]) + 1
+                        horizon = int(held[0]) if len(held) else top + 1
+                        broker_deleted += int(missing[:horizon].sum())
+                        missing[:horizon] = False
+                    seqs = self.served.get((topic, p))
+                    if seqs is not None:
+                        served_in_table += int(state.in_table[seqs[seqs <= top]].sum())
                     for seq in np.flatnonzero(missing & ~state.superseded[: top + 1] & ~lost)[:20].tolist():
                         self.violation("data", h.name, f"{topic}/{p} seq {seq}: in neither TANK nor the table")
-            problems = [p for p in verify_path(h.base) if p.severity == "error"]
+            # a real broker's files only while its producing is paused: a roll (its rename of the active segment,
+            # its retention, then the new active one, §2.5) is otherwise a moment without an active segment
+            problems = self.paused_verify.pop(h.name, None) if h.real is not None else None
+            if problems is None:
+                problems = [p for p in verify_path(h.base) if p.severity == "error"]
             if problems:
                 self.violation("verify", h.name, f"{len(problems)} error(s)", [str(p) for p in problems[:5]])
             if h.real is not None:
@@ -654,10 +794,69 @@ class Fleet:
             "compacted_away": compacted,
             "deleted": deleted,
             "lost_reported": reported_lost,
+            "deleted_by_broker_unguarded": broker_deleted,
+            "served_compared": served,
+            "served_in_table": served_in_table,
             "table_files": files,
             "violations": {k: self.violations[k] - before.get(k, 0) for k in self.violations},
             "peak_rss_mib": round(max((r.peak_rss_mib for r in self.ran), default=0)),
         }
+
+    def check_served(self, h: Host) -> int:
+        """What consumers see: the host's producing paused, every partition consumed through the broker equals
+        `tank-log dump` of its data dirs (taken before and after the consume, the same both times), each message as
+        produced. The messages compared (their seqs kept in `served`, to count those the table holds)."""
+        from real_broker import BrokerFailed, consume_from, dump, partitions
+
+        from tank_log.maintenance.verify import verify_path
+
+        assert h.real is not None
+        pause, paused = h.pidfile + ".pause", h.pidfile + ".paused"
+        if os.path.exists(paused):  # left by a supervisor that died paused
+            os.unlink(paused)
+        open(pause, "w").close()
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(paused):
+                if time.monotonic() > deadline:
+                    self.violation("served", h.name, "its supervisor did not pause producing in 60 s")
+                    return 0
+                time.sleep(0.05)
+            for _attempt in range(3):
+                before = dump(h.base)
+                try:
+                    got = {
+                        (t, p): consume_from(h.real[1], f"127.0.0.1:{h.port}", t, p)
+                        for t, p in partitions(h.base)
+                        if (t, p) in self.parts
+                    }
+                except BrokerFailed as e:
+                    self.violation("served", h.name, f"a consume failed: {e}")
+                    return 0
+                if dump(h.base) == before:
+                    self.paused_verify[h.name] = [p for p in verify_path(h.base) if p.severity == "error"]
+                    break
+            else:
+                self.violation("served", h.name, "its files kept changing while producing was paused")
+                return 0
+        finally:
+            os.unlink(pause)
+        compared = 0
+        for (topic, p), msgs in got.items():
+            want = before.get((topic, p), [])
+            if msgs != want:
+                i = next(
+                    (i for i, (a, b) in enumerate(zip(msgs, want, strict=False)) if a != b), min(len(msgs), len(want))
+                )
+                what = f"{topic}/{p}: served {len(msgs)} messages, tank-log dump {len(want)}; first difference at #{i}"
+                self.violation("served", h.name, what)
+            cleanup = self.parts[(topic, p)].cleanup
+            wrong = [m.seq for m in msgs if (m.key, m.value) != fleet_message(topic, p, m.seq, cleanup)]
+            if wrong:
+                self.violation("served", h.name, f"{topic}/{p} seqs {wrong[:10]}: served, not as produced")
+            self.served[(topic, p)] = np.array([m.seq for m in msgs], np.int64)
+            compared += len(msgs)
+        return compared
 
     def check_real_broker(self, h: Host) -> None:
         """The real broker served everything since the last check: it neither aborted nor exited on our output, and
@@ -671,8 +870,17 @@ class Fleet:
                     text = fh.read()
             except OSError:
                 continue
-            self.log_checked[path] = self.log_checked.get(path, 0) + len(text)
-            for line in text.decode("utf-8", "replace").splitlines():
+            at = self.log_checked.get(path, 0)
+            self.log_checked[path] = at + len(text)
+            for raw in text.splitlines(keepends=True):
+                at += len(raw)
+                line = raw.decode("utf-8", "replace")
+                if any(a < at <= b for a, b in self.expected_fatal.get(path, [])):
+                    continue  # the broker's exit on a torn tail the soak left (not ours)
+                if "the broker was SIGKILLed" in line:
+                    self.broker_kills_seen[h.name] += 1
+                    if self.broker_kills_seen[h.name] > self.broker_kills[h.name]:
+                        self.violation("verify", h.name, f"the real broker died, not by the soak: {line.strip()}")
                 if any(mark in line for mark in (*FATAL_MARKS, "the broker failed", "not as produced")):
                     self.violation("verify", h.name, f"the real broker: {line.strip()[:300]}", path)
 
@@ -800,8 +1008,16 @@ class Fleet:
             "faults": dict(self.faults),
             "faults_total": sum(self.faults.values()),
             "kills": sum(1 for r in self.ran if r.killed),
+            "broker_kills": sum(self.broker_kills.values()),
+            "broker_kills_with_a_produce_in_flight": self.kills_in_flight,
+            "left_by_broker_kills": dict(self.left_by_kills),
+            "torn_tails": len(self.torn),
+            "broker_exits_on_torn_tails": self.aborts_on_torn,
+            "served_compared": sum(n.get("served_compared", 0) for n in self.nights),
+            "deleted_by_broker_unguarded": last.get("deleted_by_broker_unguarded", 0),
             "violations": {
-                k: self.violations[k] for k in ("data", "exactly_once", "verify", "processes", "table_files", "rss")
+                k: self.violations[k]
+                for k in ("data", "exactly_once", "verify", "served", "processes", "table_files", "rss")
             },
             "wall_s_per_night": [n["wall_s"] for n in self.nights],
             "peak_rss_mib": {
@@ -903,6 +1119,25 @@ def _peak_rss_kib(ran: Ran, ru_maxrss_kib: int) -> int:
     return max(genuine, ran.sampled_kib)
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    """A process's children (of every thread)."""
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out += [int(c) for c in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def _ancestor_in(pid: int, pids: set[int]) -> bool:
     while pid > 1:
         try:
@@ -938,11 +1173,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--short", action="store_true", help="2 hosts, 3 nights, night 1 through Airflow")
     ap.add_argument("--tank", metavar="PATH", help="the real broker (a TANK build's `tank`) serves every host")
     ap.add_argument("--tank-cli", metavar="PATH", help="its client, through which the hosts' messages are produced")
+    ap.add_argument(
+        "--broker-kill-every",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --tank: each host's broker SIGKILLed every N nights",
+    )
     args = ap.parse_args(argv)
     if bool(args.tank) != bool(args.tank_cli):
         ap.error("--tank and --tank-cli go together")
-    if args.tank and (args.short or args.airflow_nights):
-        ap.error("--tank runs no night through Airflow (its DAG's one configuration would name every host's topics)")
     for flag, path in (("--tank", args.tank), ("--tank-cli", args.tank_cli)):
         if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
             ap.error(f"{flag} {path}: not an executable file")

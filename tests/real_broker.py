@@ -283,6 +283,18 @@ def consume_all(broker: RealBroker) -> Iterator[tuple[tuple[str, int], list[Cons
         yield (topic, partition), broker.consume(topic, partition)
 
 
+def consume_from(tank_cli: str, endpoint: str, topic: str, partition: int, timeout: float = 60.0) -> list[Consumed]:
+    """Every message of a partition, from the first available seq, as any client of the broker at `endpoint` sees it
+    (`tank-cli get -d`; a broker this process does not own, e.g. a fleet host's)."""
+    cmd = [tank_cli, "-b", endpoint, "-t", topic, "-p", str(partition), "get", "-F", "ts_ms,seqnum,size,key,content"]
+    done = subprocess.run(
+        [*cmd, "-d", "0"], capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout, check=False
+    )
+    if done.returncode:
+        raise BrokerFailed(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.decode('utf-8', 'replace')[-500:]}")
+    return parse_get_output(done.stdout)
+
+
 def _fleet_partitions(base: str) -> list[tuple[str, int, bool]]:
     """(topic, partition, cleanup) of every partition under `base` whose topic's config names a policy."""
     out = []
@@ -304,7 +316,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     to each partition of every topic whose config names a policy, at about --rate messages per second per
     partition; first every partition is consumed once, which gives its next seq and opens its RO segments (the
     broker's compaction at a roll aborts after a restart while some are unread, docs/FORMAT.md §11.14) and is
-    checked: a message not as produced is printed. Exits 0 once the broker stopped cleanly, 1 when it died or
+    checked: a message not as produced is printed. While PIDFILE.pause exists it produces nothing and says so with
+    PIDFILE.paused (the fleet's checker then compares what the broker serves with `tank-log dump`). Exits 0 once
+    the broker stopped cleanly, 3 when it was SIGKILLed (a crash: the fleet's fault), 1 when it died otherwise or
     printed a fatal message (its output, --log, says which)."""
     import argparse
 
@@ -329,7 +343,11 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_sigint)
     broker = RealBroker(args.tank, args.tank_cli, args.base, port=args.port, log_path=args.log)
-    broker.start()
+    try:
+        broker.start()
+    except BrokerFailed as e:  # it exited on what it found, or never listened: its output says why
+        print(f"the broker failed: {str(e)[:4000]}", file=sys.stderr, flush=True)
+        return 1
     if args.pidfile:
         with open(args.pidfile + ".tank", "w") as fh:
             fh.write(str(broker.proc.pid if broker.proc else ""))
@@ -346,9 +364,16 @@ def serve_main(argv: list[str] | None = None) -> int:
             if wrong:
                 print(f"{topic}/{partition} seqs {wrong[:10]}: served, not as produced", file=sys.stderr, flush=True)
         next_at = time.monotonic()
+        pause = f"{args.pidfile}.pause" if args.pidfile else None
         while not stop:
             if broker.fatal() is not None:
                 break
+            if pause and os.path.exists(pause):  # the fleet's checker compares what the broker serves: hold still
+                open(f"{pause}d", "w").close()
+                time.sleep(0.02)
+                continue
+            if pause and os.path.exists(f"{pause}d"):
+                os.unlink(f"{pause}d")
             if not targets or time.monotonic() < next_at:
                 time.sleep(0.02)
                 continue
@@ -368,6 +393,9 @@ def serve_main(argv: list[str] | None = None) -> int:
     finally:
         failed = failed or broker.fatal()
         code = broker.stop()
+    if code == -signal.SIGKILL and not any(mark in broker.log() for mark in FATAL_MARKS):  # a crash, no abort
+        print(f"the broker was SIGKILLed (exit {code})", file=sys.stderr, flush=True)
+        return 3
     if failed or code != 0:
         print(f"the broker failed: {failed or f'exit {code} at SIGINT'}", file=sys.stderr, flush=True)
         return 1

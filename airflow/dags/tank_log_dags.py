@@ -382,7 +382,7 @@ def maintain(broker: str, run_id: str | None = None) -> dict:
     report_path = os.path.join(_window_reports(), f"maintain-{broker}-{file_name(run_id or 'run')}.json")
     py_files = Variable.get("tank_log_py_files", default="")
     cmd = ["spark-submit", "--master", config.window.spark_master, *(["--py-files", py_files] if py_files else [])]
-    cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", WINDOW_CONFIG, "--broker-stopped"]
+    cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", b.job_config or WINDOW_CONFIG, "--broker-stopped"]
     cmd += [arg for d in b.data_dirs for arg in ("--data-dir", d)] + ["--report", report_path]
     print("running:", " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")])))

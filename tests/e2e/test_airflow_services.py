@@ -228,3 +228,32 @@ def test_a_fleet_of_brokers_over_nights_with_faults_keeps_every_invariant(airflo
     # produced, exported most of it despite the faults, and compacted the cleanup topics
     assert out["produced"] > 2_000 and out["exported"] > out["produced"] // 2 and out["compacted_away"] > 0
     assert out["kills"] >= 3 and out["faults_total"] == len(faults), out["faults"]
+
+
+def test_a_fleet_of_real_brokers_keeps_every_invariant(airflow, tmp_path):
+    """bench/fleet.py's short mode with every host the real TANK broker (TANK_BIN, TANK_CLI; skipped without them):
+    the messages go through the broker's produce path, the broker compacts its `cleanup` topics and applies its own
+    retention to an unguarded topic, each host's broker is SIGKILLed mid-append once, the second night's window runs
+    through the DAG under the scheduler (each host's maintain job with its own configuration). After every night what
+    the broker serves equals `tank-log dump`, and every invariant holds."""
+    from real_broker import binaries
+
+    found = binaries()
+    if isinstance(found, str):
+        pytest.skip(found)
+    fleet = load_fleet()
+    hosts = airflow.env["TANK_LOG_WINDOW_CONFIG"]
+    with open(hosts, "rb") as fh:
+        saved = fh.read()
+    faults = ["0:h0:kill-job", "1:h1:stubborn", "2:h1:kill-step"]
+    argv = ["--short", "--fault-rate", "0", "--night-s", "3", "--workdir", str(tmp_path / "fleet"), "--seed", "5"]
+    argv += ["--tank", found[0], "--tank-cli", found[1], "--broker-kill-every", "2"]
+    try:
+        out = fleet.main([*argv, *(f"--force-fault={f}" for f in faults)], airflow=airflow, hosts_file=hosts)
+    finally:
+        atomic_write(hosts, saved)  # the dag-processor parses the DAGs meanwhile
+    assert out["violations"] == dict.fromkeys(out["violations"], 0), out["reproductions"]
+    assert out["nights"] == 3 and out["through_airflow"] == 1 and out["hosts"] == 2
+    assert out["broker_kills"] == 3 and out["faults"]["kill-broker"] == 3, out["faults"]  # h0 nights 0, 2; h1 night 1
+    assert out["served_compared"] > 1_000 and out["produced"] > 2_000 and out["compacted_away"] > 0
+    assert out["deleted_by_broker_unguarded"] > 0

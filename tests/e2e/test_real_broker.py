@@ -288,3 +288,73 @@ def test_the_fleet_host_supervisor(tmp_path):
     (cdc,) = partitions_at(str(base), ["cdc"])[:1]
     assert len(cdc.ro) >= 1 and any(b.sparse for s in cdc.ro for b in s.bundles())  # the broker's compaction
     assert "Assertion" not in open(log).read()
+
+
+def test_the_fleet_host_supervisor_holds_still_when_paused_and_names_a_sigkill(tmp_path):
+    """What the fleet's checks rely on: while PIDFILE.pause exists the host produces nothing (PIDFILE.paused says
+    so), so its files hold still and `verify` reads no roll in progress (the broker renames the active segment,
+    applies its retention, then creates the next one, docs/FORMAT.md §2.5: a live roll is a moment without an active
+    segment); once the pause is gone it produces again; a SIGKILL of the broker makes it exit 3, saying so."""
+    assert not isinstance(BINARIES, str)
+    base = tmp_path / "host"
+    os.makedirs(base / "raw" / "0")
+    config = "log.cleanup.policy=delete\nretention.segments.count=2\nlog.segment.bytes=1024\n"
+    (base / "raw" / "config").write_text(config)
+    pidfile = str(tmp_path / "host.pid")
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "real_broker.py"), "-p", str(base)]
+    cmd += ["--tank", BINARIES[0], "--tank-cli", BINARIES[1], "--pidfile", pidfile, "--produce", "--rate", "200"]
+    proc = subprocess.Popen([*cmd, "--port", str(free_port())], stderr=subprocess.PIPE)
+
+    def files() -> dict[str, int]:
+        return {f: os.path.getsize(f) for f in glob.glob(f"{base}/raw/0/*")}
+
+    try:
+        deadline = time.monotonic() + 30
+        while len(glob.glob(f"{base}/raw/0/*.ilog")) < 2:  # rolling, and its retention deleting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-3000:]
+            time.sleep(0.1)
+        open(pidfile + ".pause", "w").close()
+        while not os.path.exists(pidfile + ".paused"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        still = files()
+        for _ in range(10):
+            assert [str(p) for p in verify_path(str(base)) if p.severity == "error"] == []
+            time.sleep(0.1)
+        assert files() == still
+        os.unlink(pidfile + ".pause")
+        while files() == still:
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.05)
+        os.kill(int(open(pidfile + ".tank").read()), signal.SIGKILL)
+        assert proc.wait(30) == 3
+        assert b"the broker was SIGKILLed" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_fleet_host_supervisor_says_why_the_broker_would_not_start(tmp_path):
+    """A broker that exits on what it finds (a torn tail of an active segment, §3.11: at the partition's first open
+    here; before it listens when it opens the partition at its start, as the fleet saw for compacted ones) makes the
+    host's supervisor exit 1 with a line saying so and the broker's output, never a traceback (the fleet waits for
+    those words, then salvages)."""
+    assert not isinstance(BINARIES, str)
+    base = tmp_path / "host"
+    os.makedirs(base / "ev" / "0")
+    (base / "ev" / "config").write_text("log.cleanup.policy=delete\n")
+    with broker(base) as b:
+        for i in range(3):
+            b.produce("ev", 0, b"k%d" % i, b"v%d" % i)
+    (active,) = glob.glob(f"{base}/ev/0/*.log")
+    with open(active, "rb") as fh:
+        head = fh.read(8)
+    with open(active, "ab") as fh:
+        fh.write(head)  # a bundle's first bytes: its end is past the end of the file
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "..", "real_broker.py"), "-p", str(base)]
+    cmd += ["--tank", BINARIES[0], "--tank-cli", BINARIES[1], "--port", str(free_port()), "--produce"]
+    done = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr.decode()[-2000:]
+    assert done.stderr.startswith(b"the broker failed: "), done.stderr.decode()[-2000:]
+    assert b"Traceback" not in done.stderr and b"Likely corrupt" in done.stderr

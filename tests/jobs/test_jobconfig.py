@@ -1,6 +1,7 @@
 """The jobs' YAML configuration: validated at load with clear errors, broker units."""
 
 import glob
+import json
 import os
 
 import pytest
@@ -130,6 +131,16 @@ def test_brokers_of_the_maintenance_window():
     assert b.data_dirs == ("/srv/b",) and b.queue is None
     two_hosts = [{**BROKER, "queue": "host-a"}, {**BROKER, "name": "b", "queue": "host-b"}]
     assert len(parse_job_config({"brokers": two_hosts}).brokers) == 2  # one path, two disks
+
+
+def test_a_broker_may_name_its_own_job_config(tmp_path):
+    """A broker's maintain job may read its own configuration (e.g. retention of topics only its data dirs hold: a
+    job refuses a topic it cannot find); a relative path is the window config's directory's."""
+    path = tmp_path / "hosts.yaml"
+    brokers = [{**BROKER, "job_config": "a.yaml"}, {**BROKER, "name": "b", "data_dirs": ["/srv/b"]}]
+    path.write_text(json.dumps({"brokers": brokers}))
+    a, b = load_job_config(path).brokers
+    assert a.job_config == str(tmp_path / "a.yaml") and b.job_config is None
 
 
 @pytest.mark.parametrize(

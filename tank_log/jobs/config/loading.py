@@ -179,7 +179,15 @@ def relative_to(config: JobConfig, directory: str) -> JobConfig:
             },
         }
     )
-    brokers = tuple(b.model_copy(update={"data_dirs": tuple(resolve(d) for d in b.data_dirs)}) for b in config.brokers)
+    brokers = tuple(
+        b.model_copy(
+            update={
+                "data_dirs": tuple(resolve(d) for d in b.data_dirs),
+                "job_config": None if b.job_config is None else resolve(b.job_config),
+            }
+        )
+        for b in config.brokers
+    )
     return config.model_copy(
         update={
             "data_dirs": tuple(resolve(d) for d in config.data_dirs),

@@ -286,6 +286,9 @@ class BrokerHost(Section):
     )
     ready_timeout_s: Seconds = Field(default=300, alias="ready_timeout", description="until ready_check accepts")
     queue: Text | None = Field(default=None, description="the Airflow queue of a worker on that host (null: default)")
+    job_config: Text | None = Field(
+        default=None, description="the configuration of its maintain job, when not the window's (e.g. its topics)"
+    )
 
     @field_validator("data_dirs")
     @classmethod
