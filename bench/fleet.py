@@ -171,7 +171,7 @@ class Host:
         return {
             "name": self.name,
             "data_dirs": [self.base],
-            **({"job_config": self.config} if self.real else {}),
+            "job_config": self.config,
             "start_command": start,
             "stop_command": f"kill -INT $(cat {self.pidfile})",
             "ready_check": f"tcp://127.0.0.1:{self.port}",
@@ -185,7 +185,7 @@ class Host:
         for topic, cleanup in self.topics.items():
             for p in range(2):
                 os.makedirs(os.path.join(self.base, topic, str(p)))
-            guarded_by_job = self.real and topic not in self.broker_retention
+            guarded_by_job = topic not in self.broker_retention
             retention = "" if guarded_by_job else f"\n{RETENTION[self.index % 3]}"
             policy = "log.cleanup.policy=cleanup" if cleanup else f"log.cleanup.policy=delete{retention}"
             with open(os.path.join(self.base, topic, "config"), "w") as fh:
@@ -305,8 +305,10 @@ class Fleet:
 
     def job_config(self, host: Host | None = None) -> dict[str, Any]:
         """The jobs' configuration (of one host's jobs, or of all): the export's table, retention's guard on it
-        (bounded), compaction at once; with the real broker, the retention of the host's `delete` topic (a job
-        refuses a topic its data dirs do not hold, so a configuration of all hosts cannot name it)."""
+        (bounded), compaction at once; with a host, the retention of its `delete` topic (a job refuses a topic its
+        data dirs do not hold, so a configuration of all hosts cannot name it). The retention of a guarded topic is
+        the job's, never its topic config's: the broker would apply that itself, exported or not (docs/FORMAT.md §5),
+        and the jobs refuse such a topic as needs-attention."""
         data_dirs = [host.base] if host else None
         return {
             **({"data_dirs": data_dirs} if data_dirs else {}),
@@ -314,7 +316,7 @@ class Fleet:
             "retention": {
                 "time_basis": "message",
                 "keep_unexported": {"table": "export", "max_holdback_size": "2mb", "max_holdback_age": "10min"},
-                "topics": {f"ev{host.index}": RETENTION_JOB[host.index % 3]} if host and host.real else {},
+                "topics": {f"ev{host.index}": RETENTION_JOB[host.index % 3]} if host else {},
             },
             "compaction": {"min_cleanable_ratio": 0.2},
             "maintenance_window": {"spark_master": "local[1]"},
