@@ -21,7 +21,7 @@ from typing import Any
 
 from tank_log.errors import WindowStepFailed
 from tank_log.jobs.config import BrokerHost
-from tank_log.storage.holders import Holder, holders
+from tank_log.storage.holders import Holder, foreign, holders
 
 log = logging.getLogger("tank_log.window")
 
@@ -43,8 +43,10 @@ class StepResult:
 
 
 def broker_holders(broker: BrokerHost) -> list[Holder]:
-    """Processes (other than ours) that hold the broker's data dirs: the broker itself while it runs."""
-    return holders(broker.data_dirs, names=broker.data_dirs)
+    """Processes that hold the broker's data dirs, other than ours and other runs of ours (an export reading them
+    holds its run marker there for its whole run; the locks keep it and the maintenance job apart): the broker
+    itself while it runs."""
+    return foreign(holders(broker.data_dirs, names=broker.data_dirs))
 
 
 def run_command(broker: BrokerHost, step: str, command: str, timeout_s: float) -> str:

@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -103,4 +105,33 @@ def test_start_repairs_what_a_killed_maintenance_left_before_the_broker_opens_it
         assert window.wait_ready(b).done and window.verify(b).done
     finally:
         window.wait_ready(b)  # it has written its pidfile: the stop finds it
+        window.stop(b)
+
+
+def test_another_run_of_ours_on_the_data_is_not_taken_for_the_broker(tmp_path, base):
+    """An export of ours holds its run marker in the base path for its whole run: the window's stop must not wait
+    for it, and its start must not take it for a broker that still runs (the maintenance job and the export keep
+    apart through the partition locks)."""
+    entry = standin_broker(str(tmp_path), "a", base)
+    b = _broker(entry)
+    start_standin(entry)
+    pidfile, marked = tmp_path / "run.pid", tmp_path / "run.held"
+    code = (
+        "import os, time\nfrom tank_log.storage.locking import run_marker\n"
+        f"open({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+        f"with run_marker([{base!r}]):\n    open({str(marked)!r}, 'w').close()\n    time.sleep(60)\n"
+    )
+    # re-parented, as an export the scheduler started elsewhere: not a descendant of this process
+    subprocess.run(["sh", "-c", f'setsid {sys.executable} -c "$0" > /dev/null 2>&1 < /dev/null &', code], check=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not marked.exists():
+            assert time.monotonic() < deadline, "the run never held its marker"
+            time.sleep(0.05)
+        assert window.stop(b).done and window.broker_holders(b) == []
+        started = window.start(b)
+        assert started.done, started.detail
+        assert window.wait_ready(b).done
+    finally:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
         window.stop(b)
