@@ -12,17 +12,10 @@ import sys
 import time
 import urllib.request
 
-from conftest import ROOT, kill_session, session_processes, wait_for_port
+from conftest import ROOT, kill_session, load_script, session_processes, wait_for_port
 
 BIN = os.path.dirname(sys.executable)
-DAG_IDS = (
-    "tank_compaction_nightly",
-    "tank_retention_hourly",
-    "tank_index_verify_weekly",
-    "tank_export_adhoc",
-    "tank_export_nightly",
-    "tank_maintenance_window",
-)
+DAG_IDS = load_script(os.path.join("scripts", "airflow_demo.py")).DAG_IDS  # the DAGs' ids, in one place
 
 
 def airflow_env(
