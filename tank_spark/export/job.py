@@ -315,7 +315,8 @@ def _latest(
 ) -> JobResult:
     """--mode latest (`latest.py`): read, reduce to the latest per key and MERGE in one commit; the same report, with
     each partition's keys merged, tombstones among them and keyless messages skipped."""
-    run = merge_latest(ctx, workers, settings, schema, plans, new_run_id())
+    run = merge_latest(ctx, workers, settings, schema, plans, COMMIT_ATTEMPTS)
+    results = _results(run.plans)
     for o in run.outcomes:
         _count(results[o.key], o.rows, o.min_seq, o.max_seq)
     for p in run.cut.plans:

@@ -22,12 +22,12 @@ import pyarrow as pa
 from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
 from tank_log.lakehouse import recorded_version
-from tank_spark.export.commit import ConcurrentExport, commit
+from tank_spark.export.commit import ConcurrentExport, commit, landed
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
-from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared
+from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
 from tank_spark.export.rows import direct_ranges, table_batches
-from tank_spark.export.run_id import COMMIT_KEY
+from tank_spark.export.run_id import COMMIT_KEY, new_run_id
 from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.tasks import Workers, map_dealt
 
@@ -83,9 +83,10 @@ def check_mode(prepared: Prepared) -> None:
 
 @dataclass
 class LatestRun:
-    """What a latest run read and merged: the plans after corruption (`cut`), the kept ranges' outcomes, per
+    """What a latest run read and merged: its plans, those after corruption (`cut`), the kept ranges' outcomes, per
     partition the keys merged and the keyless messages skipped, delta-rs's MERGE metrics, the table version."""
 
+    plans: list[PartitionPlan]  # as planned (after a concurrent commit: re-planned)
     cut: Cut
     outcomes: list[RangeOutcome]
     keys: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -101,18 +102,41 @@ def merge_latest(
     settings: ExportSettings,
     schema: pa.Schema,
     plans: list[PartitionPlan],
-    run_id: str,
+    attempts: int,
 ) -> LatestRun:
     """Read and reduce every partition's new range, then MERGE it into the table with the new versions, in one
-    commit.
+    commit; after a concurrent commit, re-plan and read again (at most `attempts` runs in all).
 
     Raises:
-        ConcurrentExport: a partition's recorded version moved since planning (nothing committed).
+        ConcurrentExport: another export kept committing to these partitions (nothing committed).
     """
+    attempt = 1
+    while True:
+        try:
+            return _merge_once(ctx, workers, settings, schema, plans, new_run_id())
+        except ConcurrentExport as conflict:
+            if attempt == attempts:
+                raise ConcurrentExport(
+                    f"{conflict}; nothing committed after {attempts} attempts: another export commits to these "
+                    "partitions meanwhile"
+                ) from None
+            attempt += 1
+            log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt)
+            plans, _ = plan_export(ctx, settings)
+
+
+def _merge_once(
+    ctx: JobContext,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    run_id: str,
+) -> LatestRun:
     reduced, outcomes = _read_reduced(workers, direct_ranges(ctx, settings, plans), settings, schema)
     cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
     kept = [o for o in outcomes if o.index in cut.kept]
-    run = LatestRun(cut, kept)
+    run = LatestRun(plans, cut, kept)
     parts = [t for i, t, _ in reduced if i in cut.kept]
     by_index = {o.index: o for o in outcomes}
     for i, _, keyless in reduced:
@@ -179,6 +203,7 @@ def _merge(
     """One MERGE commit with every partition's new version, against the table's latest version (an empty source
     commits the versions alone)."""
     from deltalake import CommitProperties, Transaction
+    from deltalake.exceptions import CommitFailedError
 
     table = settings.location.existing()
     for p in work:  # delta-rs does not skip an already-recorded version by itself
@@ -193,7 +218,7 @@ def _merge(
     txns = [Transaction(p.app_id, p.end) for p in work if p.app_id and p.end is not None]
     metadata = {COMMIT_KEY: run_id, **topic_config_metadata((p.base_path, p.topic) for p in work)}
     newer = "s.seq > t.seq"
-    metrics = (
+    merger = (
         table.merge(
             source,
             predicate=MERGE_PREDICATE,
@@ -204,8 +229,14 @@ def _merge(
         .when_matched_delete(predicate=f"s.{TOMBSTONE} AND {newer}")
         .when_matched_update_all(predicate=f"NOT s.{TOMBSTONE} AND {newer}", except_cols=[TOMBSTONE])
         .when_not_matched_insert_all(predicate=f"NOT s.{TOMBSTONE}", except_cols=[TOMBSTONE])
-        .execute()
     )
+    try:
+        metrics = merger.execute()
+    except CommitFailedError as err:
+        if not landed(settings, run_id):  # a lost response to a commit that stands: `commit.landed`
+            raise ConcurrentExport(f"MERGE commit conflict: {err}") from None
+        log.warning("export: delta-rs reported %s, but this run's MERGE is in the table: committed", err)
+        metrics = {}
     version = settings.location.existing().version()
     log.info("export: merged %d keys into table version %s: %s", source.num_rows, version, metrics)
     return version, {k: int(v) for k, v in metrics.items() if k.startswith("num_target_rows_")}

@@ -4,11 +4,13 @@ twice, two runs equal to one, keyless messages counted, and a table's mode fixed
 JVM."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
-from conftest import DATASETS, copy_tree, data_dir, run_job_script
+from conftest import DATASETS, ROOT, copy_tree, data_dir, run_job_script
 from deltalake import DeltaTable
 from test_delta_spark import export
 
@@ -162,3 +164,29 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
         "export_delta: --mode latest does not take --engine spark: its MERGE runs in batch runs on delta-rs, with "
         "binary or utf8 values"
     )
+
+
+def test_a_concurrent_latest_export_makes_the_other_replan(tmp_path):
+    """Run A reads and reduces, then waits before its MERGE; run B merges the same messages; A re-reads the recorded
+    versions, re-plans, finds nothing left and commits nothing: each message is merged once."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "data"))
+    uri = str(tmp_path / "table")
+    args = ["--data-dir", base, "--table", uri, "--mode", "latest"]
+    assert export(*args) == 0
+    produce(base, "kv")
+    hold = str(tmp_path / "release")
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TANK_LOG_EXPORT_HOLD": hold}
+    job = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]", *args]
+    a = subprocess.Popen([*job, "--report", str(tmp_path / "a.json")], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
+        time.sleep(0.2)
+    assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+    assert export(*args) == 0 and DeltaTable(uri).version() == 2
+    merged = state(uri)
+    open(hold, "w").close()
+    _, err = a.communicate(timeout=300)
+    assert a.returncode == 0, err[-3000:]
+    assert "re-planning (attempt 2)" in err
+    assert report(tmp_path / "a.json")["partitions"][0]["status"] == "up-to-date"
+    assert DeltaTable(uri).version() == 2 and state(uri) == merged
