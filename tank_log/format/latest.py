@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from tank_log.format.messages import tombstones
 
 TOMBSTONE = "tombstone"  # the bool column `latest_per_key` adds: the key's latest message is a tombstone
+ROW = "__row"  # a row number, within the reduction only
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,8 @@ def latest_per_key(rows: pa.Table, scope: Sequence[str] = ()) -> LatestRows:
         lengths = pc.binary_length(rows["value"]).to_numpy(zero_copy_only=False)
         rows = rows.append_column(TOMBSTONE, pa.array(tombstones(np.ones(len(lengths), bool), lengths)))
     by = [*scope, "key"]
-    rows = rows.sort_by([(c, "ascending") for c in [*by, "seq"]]).combine_chunks()
-    n = len(rows)
-    if n < 2:
-        return LatestRows(rows, keyless)
-    last = np.ones(n, dtype=bool)  # the last row of each run of equal (scope, key): its highest seq
-    ends = np.zeros(n - 1, dtype=bool)
-    for c in by:
-        col = rows[c]
-        ends |= pc.not_equal(col.slice(0, n - 1), col.slice(1)).to_numpy(zero_copy_only=False)
-    last[:-1] = ends
-    return LatestRows(rows.filter(pa.array(last)), keyless)
+    # by seq, then the highest row number of each (scope, key) in a hash aggregation: faster than sorting by the keys
+    rows = rows.sort_by("seq")
+    numbered = rows.select(by).append_column(ROW, pa.array(np.arange(len(rows), dtype=np.int64)))
+    last = numbered.group_by(by).aggregate([(ROW, "max")])[f"{ROW}_max"].to_numpy()
+    return LatestRows(rows.take(pa.array(np.sort(last))), keyless)  # in seq order
