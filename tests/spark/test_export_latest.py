@@ -1,7 +1,7 @@
 """The export's current-state tables (`--mode latest`, tank_spark/export/latest.py) on real Delta tables: key by key
 what `tank-log compact` keeps of every `cleanup` fixture, tombstones deleting, reruns and crashes changing nothing
 twice, two runs equal to one, keyless messages counted, and a table's mode fixed. Small runs: in the driver, no
-JVM."""
+JVM; one test reads a table back with Spark's Delta reader on the suite's shared session."""
 
 import json
 import os
@@ -12,9 +12,10 @@ import time
 import pytest
 from conftest import DATASETS, ROOT, copy_tree, data_dir, run_job_script
 from deltalake import DeltaTable
-from test_delta_spark import export
+from test_delta_spark import export, spark_transactions
 
 from tank_log.format.bundle import Message
+from tank_log.lakehouse import app_id, table_id
 from tank_log.storage.appender import PartitionAppender
 from tank_log.storage.datadir import partitions_at
 
@@ -157,6 +158,13 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
             f"export_delta: table {uri} was created with export mode {other}, this run's mode is {mode}: a table's "
             "mode is fixed when it is created (export to another table)"
         )
+    for flags in (
+        ["--continuous", "--checkpoint", str(tmp_path / "c")],
+        ["--value-format", "json", "--value-schema", "a int"],
+    ):
+        capsys.readouterr()
+        assert export("--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", *flags) == 2
+        assert f"--mode latest does not take {flags[0]}" in capsys.readouterr().err
     r = run_job_script(
         "export_delta", "--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", "--engine", "spark"
     )
@@ -190,3 +198,17 @@ def test_a_concurrent_latest_export_makes_the_other_replan(tmp_path):
     assert "re-planning (attempt 2)" in err
     assert report(tmp_path / "a.json")["partitions"][0]["status"] == "up-to-date"
     assert DeltaTable(uri).version() == 2 and state(uri) == merged
+
+
+def test_spark_reads_a_latest_table(spark, tmp_path):
+    """Delta's own reader (the suite's shared session) reads a table two MERGEs wrote: the same keys and rows as
+    delta-rs, and the same recorded versions."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "data"))
+    uri = str(tmp_path / "table")
+    assert export("--data-dir", base, "--table", uri, "--mode", "latest") == 0
+    produce(base, "kv")
+    assert export("--data-dir", base, "--table", uri, "--mode", "latest") == 0
+    rows = spark.read.format("delta").load(uri).select("topic", "partition", "key", "seq", "value").collect()
+    assert {(r[0], r[1], bytes(r[2])): (r[3], bytes(r[4])) for r in rows} == state(uri) and len(rows) == len(state(uri))
+    aid = app_id(table_id(DeltaTable(uri)), "kv", 0)
+    assert spark_transactions(spark, uri) == {aid: DeltaTable(uri).transaction_version(aid)} == {aid: 8810 + 5}
