@@ -12,6 +12,7 @@ import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import CODEC_MASK, SPARSE
+from tank_log.format.messages import tombstones
 from tank_log.lakehouse import ExportedSeqs
 from tank_log.maintenance.compaction.passes import dirty_ratio
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -94,7 +95,7 @@ def partition_stats(
             st.keyed += int(keyed.sum())
             st.keyless += int((~keyed).sum())
             st.keyless_empty += int((~keyed & empty).sum())
-            st.tombstones += int((keyed & empty).sum())
+            st.tombstones += int(tombstones(keyed, c.val_len).sum())
             if after is not None:
                 behind = c.seq > after
                 if behind.any():

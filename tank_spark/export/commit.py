@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def create_table(settings: ExportSettings, schema: pa.Schema) -> DeltaTable:
+def create_table(
+    settings: ExportSettings, schema: pa.Schema, configuration: dict[str, str] | None = None
+) -> DeltaTable:
+    """A new table; `configuration`: keys of ours it records (`latest.table_configuration`)."""
     from deltalake import DeltaTable
 
     loc = settings.location
@@ -36,7 +39,9 @@ def create_table(settings: ExportSettings, schema: pa.Schema) -> DeltaTable:
         schema=schema,
         partition_by=list(settings.partition_by),
         mode="error",
+        configuration=configuration,
         storage_options=loc.options or None,
+        raise_if_key_not_exists=configuration is None,  # delta-rs knows only delta.* keys
     )
 
 

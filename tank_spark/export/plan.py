@@ -74,6 +74,7 @@ class ExportSettings:
     checkpoint: str | None = None
     on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
     in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process (ExportConfig's default)
+    mode: str = "append"  # latest.py: one row per live key (fixed per table)
 
     @property
     def location(self) -> TableLocation:
@@ -130,6 +131,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=("fail", "skip"),
         help="with --continuous: messages retention deleted before they were exported fail the query (fail, "
         "default) or are reported (log, report, <checkpoint>/tank-data-loss.jsonl) and skipped",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("append", "latest"),
+        help="append (default): every message; latest: one row per live key of each partition, a tombstone deleting "
+        "its key (a table's mode is fixed when it is created)",
     )
     p.add_argument(
         "--since",
@@ -198,6 +205,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             if args.in_driver_max_bytes is not None
             else cfg.in_driver_max_bytes
         ),
+        mode=args.mode or cfg.mode,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):

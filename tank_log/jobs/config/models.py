@@ -36,6 +36,7 @@ SnappyChoice = Annotated[str, OneOf(*(p.value for p in SnappyPolicy))]
 TimeBasis = Annotated[str, OneOf(*TIME_BASES)]
 Engine = Annotated[str, OneOf("deltalake", "spark")]
 ValueFormat = Annotated[str, OneOf("binary", "utf8", "json")]
+ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
 
 
@@ -237,6 +238,10 @@ class ExportConfig(Section):
     # leaves room for data that compresses well (bench/RESULTS.md, "Export to Delta, and the way back").
     in_driver_max_bytes: Size = Field(
         default=128 << 20, description="an export this small runs in the driver (0: never)"
+    )
+    mode: ExportMode = Field(
+        default="append",
+        description="append: every message | latest: one row per live key (docs/guides/export-latest.md)",
     )
 
     @field_validator("orphan_horizon_ms")
