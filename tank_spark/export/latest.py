@@ -72,6 +72,8 @@ def check_mode(prepared: Prepared) -> None:
         "--continuous": settings.continuous,
         "--engine spark": settings.engine == "spark",
         "--value-format json": settings.value_format == "json",
+        # producer timestamps are not ordered by seq: a cut by time could keep an older value of a key as its latest
+        "--since": settings.since_ms is not None,
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:

@@ -161,6 +161,7 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
     for flags in (
         ["--continuous", "--checkpoint", str(tmp_path / "c")],
         ["--value-format", "json", "--value-schema", "a int"],
+        ["--since", "2024-01-01"],
     ):
         capsys.readouterr()
         assert export("--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", *flags) == 2
