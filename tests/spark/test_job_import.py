@@ -395,14 +395,20 @@ IMPORT_DIGEST = "5f17c0e6145ef8ae05687520cea251914bc305a7d6598d922ba389d89495aee
 
 @pytest.mark.parametrize("where", ["default", "executors"])
 def test_import_writes_the_same_bytes_as_before(tmp_path, where):
-    """The import's segment and index files, byte for byte, whichever way the rows reach the writer."""
+    """The import's segment and index files, byte for byte, whichever way the rows reach the writer: a table this
+    small is written by the driver without a JVM (no Spark in the report), or forced onto Spark's executors."""
     import hashlib
 
     table = _pinned_table(tmp_path / "table")
     dst = str(tmp_path / "dst")
     flags = ["--in-driver-max-bytes", "0"] if where == "executors" else []
-    r = run_import("--data-dir", dst, "--table", table, "--segment-bytes", "64kb", *flags)
+    r = run_import(
+        "--data-dir", dst, "--table", table, "--segment-bytes", "64kb", *flags, "--report", str(tmp_path / "r")
+    )
     assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(tmp_path / "r"))
+    assert rep["executed_on"] == rep["summary"]["executed_on"] == ("executors" if flags else "driver")
+    assert ("spark" in rep) == bool(flags)
     digest = hashlib.sha256()
     files = 0
     for d, _, names in sorted(os.walk(dst)):
