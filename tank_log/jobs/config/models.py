@@ -334,8 +334,8 @@ class JobConfig(Section):
     # A partition job (compact, retention, rebuild_indexes, maintain) whose partitions hold at most this many bytes of
     # segment data runs in the driver's processes, without Spark (0: always on executors). Spark's start, first job
     # and stop cost 5-7 s; one core compacts ~200 MB/s, so below ~1 GB the driver's cores beat any cluster
-    # (bench/RESULTS.md, "Spark's fixed costs"). The export has its own,
-    # `export.in_driver_max_bytes`.
+    # (bench/RESULTS.md, "Spark's fixed costs"). The import reads it as the size of its table's files (in the driver's
+    # threads). The export has its own, `export.in_driver_max_bytes`.
     in_driver_max_bytes: Size = Field(
         default=1 << 30, description="partition jobs reading at most this run in the driver's processes (0: never)"
     )
