@@ -113,6 +113,8 @@ POLICIES: tuple[RetentionPolicy, ...] = (
 
 @dataclass(frozen=True)
 class RetentionOptions(SafetyOptions):
+    """How `apply_retention` runs: the safety options (and, for tests, the time it takes as now)."""
+
     now_s: float | None = None  # for tests
 
 
@@ -130,6 +132,8 @@ class ExportGuard:
 
 @dataclass
 class RetentionResult(PartitionOutcome):
+    """What `apply_retention` did to one partition: the rules, and the segments and bytes before and deleted."""
+
     rules: dict[str, Any] = field(default_factory=dict)
     segments_before: int = 0
     bytes_before: int = 0

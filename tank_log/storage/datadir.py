@@ -44,6 +44,8 @@ class Unread:
 
 @dataclass
 class Partition:
+    """One partition directory (§2.6): its RO segments by base, the active one, and what the scan found wrong."""
+
     topic: str
     id: int
     path: str
@@ -67,6 +69,8 @@ class Partition:
 
 @dataclass
 class Topic:
+    """One topic directory (§1.2): its config and partitions."""
+
     name: str
     path: str
     config: PartitionConfig
@@ -77,6 +81,8 @@ class Topic:
 
 @dataclass
 class DataDir:
+    """A broker base path as scanned (`scan_data_dir`): its topics, `.cleanup.log` marks and problems."""
+
     path: str
     topics: list[Topic] = field(default_factory=list)
     cleanup_marks: dict[tuple[str, int], int] = field(default_factory=dict)
