@@ -152,6 +152,13 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
         except FileNotFoundError:  # renamed/unlinked by a live broker since the listing (§9 rule 2)
             continue
         logs.append(Segment(full, name=parsed, size=size))
+    _place_segments(part, logs)
+    return part
+
+
+def _place_segments(part: Partition, logs: list[Segment]) -> None:
+    """The partition's segments as the broker opens them (§2.6): RO by base, the last `.log` active (others are
+    reported and not read), a 0-byte active one reported."""
     ro = sorted((s for s in logs if not s.is_active), key=lambda s: (s.base, s.last or 0))
     actives = sorted((s for s in logs if s.is_active), key=lambda s: s.base)
     part.ro = ro
@@ -177,7 +184,6 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
                 "warning",
             )
         )
-    return part
 
 
 def rescan_partition(path: str, topic: str, pid: int) -> Partition:
