@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
+from tank_log.format.codecs import Codec
 from tank_log.format.messages import MessageColumns
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
@@ -150,7 +151,7 @@ def bundle_records(segment: Segment, unread: list[Unread]) -> Iterator[dict[str,
                     "file": os.path.basename(segment.path),
                     "offset": h.offset,
                     "length": h.size,
-                    "codec": "snappy" if h.codec else "none",
+                    "codec": Codec(h.codec).name.lower(),  # none, snappy: the codec's name in `format/codecs/`
                     "count": h.count,
                     "varint_count": h.varint_count,
                     "sparse": h.sparse,
