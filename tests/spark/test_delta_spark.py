@@ -20,8 +20,6 @@ from test_job_export import Lake, roll_and_append
 from tank_log.errors import JobConfigError
 from tank_log.lakehouse import app_id, table_id
 from tank_spark.export.location import TableLocation
-from tank_spark.import_delta import main as import_main
-from tank_spark.runner import exit_code
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -193,24 +191,23 @@ def check_delta_rs_reads(table, spark_read, refusal):
         check_readable(loc, loc.open())
 
 
-@pytest.fixture(scope="module")
-def reference(spark, tmp_path_factory):
+def _reference(spark, tmp_path):
     """A table the delta-rs export made of C_misc's timeroll topic: its Spark schema, and its rows for Spark to
-    write itself (made once for every feature)."""
-    ref = str(tmp_path_factory.mktemp("reference") / "ref")
+    write itself."""
+    ref = str(tmp_path / "ref")
     assert export("--data-dir", data_dir("C_misc"), "--table", ref, "--topics", "timeroll") == 0
     df = spark.read.format("delta").load(ref)
     return df.schema, df
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, feature, capsys, reference):
+def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, feature, capsys):
     """Spark creates the table with the feature; each engine exports to its own such table, Spark maintains it
     (DELETE, OPTIMIZE ZORDER, VACUUM), new messages come, each engine exports again: Spark reads every message once
     (less what it deleted). Or the delta-rs engine refuses before writing, in one line naming the feature; the
     delta-spark engine writes every such table Spark reads."""
     props, upkeep, *refusals, read_refusal = FEATURES[feature]
-    columns, rows = reference
+    columns, rows = _reference(spark, tmp_path)
     for engine, refused in zip(("deltalake", "spark"), refusals, strict=True):
         base = copy_tree(data_dir("C_misc"), str(tmp_path / f"data-{engine}"))
         table = str(tmp_path / f"t-{engine}")
@@ -266,7 +263,7 @@ def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, 
         check_delta_rs_reads(table, got, read_refusal)
 
 
-def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_path, capsys):
+def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_path):
     """Spark writes the rows (the export's columns), OPTIMIZE ZORDER, VACUUM: the import (delta-rs) restores
     exactly what Spark reads. Once Spark turned on deletion vectors and deleted rows, the import refuses, naming the
     feature, before it writes anything."""
@@ -281,34 +278,26 @@ def test_the_import_reads_what_spark_wrote_optimized_and_vacuumed(spark, tmp_pat
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
     restored = str(tmp_path / "restored")
-    results = import_on(spark, "--data-dir", restored, "--table", table)
-    assert exit_code(results) == 0, results
+    r = _import(restored, table)
+    assert r.returncode == 0, r.stderr[-3000:]
     again = str(tmp_path / "again")
     assert export("--data-dir", restored, "--table", again) == 0  # what was imported, as our export reads it
     assert spark_rows(spark, again) == spark_rows(spark, table)
 
     spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     spark.sql(f"DELETE FROM delta.`{table}` WHERE seq % 10 = 0")
-    capsys.readouterr()
-    code = import_main(["--master", "local[1]", "--data-dir", str(tmp_path / "restored2"), "--table", table])
-    err = capsys.readouterr().err  # the refusal comes before Spark starts
-    assert code == 2 and "deletionVectors" in err and "Traceback" not in err, err[-3000:]
-    assert len([x for x in err.splitlines() if x.startswith("import_delta:")]) == 1
+    r = _import(str(tmp_path / "restored2"), table)
+    assert r.returncode == 2 and "deletionVectors" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert len([x for x in r.stderr.splitlines() if x.startswith("import_delta:")]) == 1
     assert not os.path.exists(tmp_path / "restored2")  # refused before the base path was made
 
 
-def import_on(spark, *argv):
-    """The import job's own `prepare` and `execute` on the shared session's context (what `main` runs once Spark
-    started): its per-partition results."""
-    from tank_spark import import_delta
-    from tank_spark.context import build_context
-    from tank_spark.job_options import job_parser
-
-    parser = job_parser("import_delta", "")
-    import_delta.add_options(parser)
-    args = parser.parse_args(["--master", "local[2]", *argv])
-    ctx = build_context("import_delta", args, new_data_dir=True)
-    return import_delta.execute(ctx, import_delta.prepare(ctx, args), spark.sparkContext)[0]
+def _import(base, table):
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "jobs", "import_delta.py"), "--master", "local[1]", "--data-dir", base,
+         "--table", table],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"),
+    )  # fmt: skip
 
 
 @pytest.fixture(params=["local", "s3"])
