@@ -14,6 +14,7 @@ from tank_log.errors import JobConfigError
 from tank_log.jobs.flags import add_storage_option
 from tank_log.lakehouse import recorded_version, storage_options
 from tank_spark.export.location import TableLocation
+from tank_spark.export.other_writers import check_other_writers
 from tank_spark.export.upkeep import check_vacuum_retention
 
 if TYPE_CHECKING:
@@ -267,7 +268,11 @@ Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], DeltaTable | N
 
 def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], DeltaTable | None]:
     """Per partition: the range to export, against the table's latest version (also used to re-plan after a
-    concurrent commit)."""
+    concurrent commit).
+
+    Raises:
+        OtherWriter: another writer added rows of a partition past its recorded version (`other_writers.py`).
+    """
     from tank_log.jobs.planning import select_partitions
     from tank_log.storage.datadir import last_complete_seq
 
@@ -283,4 +288,8 @@ def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[Partiti
         seen[part.key] = base
         aid, previous = (None, None) if table is None else recorded_version(table, settings.table, part.topic, part.id)
         plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
+    if table is not None and not settings.upkeep_only:
+        check_other_writers(
+            settings.table, settings.location, table, {(p.topic, p.partition): p.previous for p in plans}
+        )
     return plans, table
