@@ -112,56 +112,32 @@ def _files(root: str) -> dict[str, bytes]:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--messages", type=int, default=1_000_000)
-    ap.add_argument("--partitions", type=int, default=2)
-    ap.add_argument("--workdir")
-    ap.add_argument("--s3", action="store_true", help="export to a loopback S3 server (moto) instead of a local path")
-    args = ap.parse_args()
-    if args.s3:
-        export_to_s3(args)
-        return
-    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-")
-    base, table, report = (os.path.join(work, n) for n in ("data", "table", "report.json"))
-    for p in (base, table):
-        shutil.rmtree(p, ignore_errors=True)
-    generate(base, args.messages, args.partitions)
-    data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
-
-    wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)  # default settings
-    s = rep["summary"]
-    executors_wall, e = export_on_executors(base, os.path.join(work, "table-on-executors"), s["rows"])
-    spark_table = os.path.join(work, "table-delta-spark")
-    spark_wall, sp = export_on_executors(base, spark_table, s["rows"], ["--engine", "spark"])
-
-    # the same rows from a Parquet copy into Delta with the same engine
-    import pyarrow as pa
-    import pyarrow.compute as pc
+def parquet_to_delta_s(rows, work: str) -> float:
+    """Seconds to write the same rows from a Parquet copy into Delta with the export's engine (the reference)."""
     import pyarrow.parquet as pq
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
-    rows = DeltaTable(table).to_pyarrow_table()
     copy = os.path.join(work, "copy.parquet")
     pq.write_table(rows, copy)
     other = os.path.join(work, "table-from-parquet")
     shutil.rmtree(other, ignore_errors=True)
     t1 = time.perf_counter()
     write_deltalake(other, pq.read_table(copy), partition_by=["topic", "date"])
-    parquet_to_delta = time.perf_counter() - t1
+    return time.perf_counter() - t1
 
-    # the way back: Delta → TANK through the import job, beside the library's writer on the same rows
-    imported, import_report = os.path.join(work, "imported"), os.path.join(work, "import.json")
-    shutil.rmtree(imported, ignore_errors=True)
-    os.makedirs(imported)
-    import_wall, imported_rep = run_job("import_delta", "--data-dir", imported, "--table", table, report=import_report)
-    imp = imported_rep["summary"]
+
+def library_writer_s(rows, work: str, partitions: int) -> dict[str, float]:
+    """Seconds of the library's writer on the same rows, one Message each ("messages") or from Arrow ("columns");
+    both must write the same files."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     library_writer = {}
     for how in ("messages", "columns"):  # the library's writer on the same rows: one Message each, or from Arrow
         written = os.path.join(work, f"written-{how}")
         shutil.rmtree(written, ignore_errors=True)
         t3 = time.perf_counter()
-        for p in range(args.partitions):
+        for p in range(partitions):
             part = rows.filter(pc.equal(rows["partition"], p)).sort_by("seq")
             directory = os.path.join(written, "bench", str(p))
             if how == "columns":
@@ -185,6 +161,48 @@ def main() -> None:
             )
         library_writer[how] = time.perf_counter() - t3
     assert _files(os.path.join(work, "written-messages")) == _files(os.path.join(work, "written-columns"))
+    return library_writer
+
+
+def import_back(table: str, work: str) -> tuple[float, dict]:
+    """The way back: Delta → TANK through the import job; its process's wall seconds and its report's summary."""
+    imported, import_report = os.path.join(work, "imported"), os.path.join(work, "import.json")
+    shutil.rmtree(imported, ignore_errors=True)
+    os.makedirs(imported)
+    wall, rep = run_job("import_delta", "--data-dir", imported, "--table", table, report=import_report)
+    return wall, rep["summary"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--workdir")
+    ap.add_argument("--s3", action="store_true", help="export to a loopback S3 server (moto) instead of a local path")
+    args = ap.parse_args()
+    if args.s3:
+        export_to_s3(args)
+        return
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-")
+    base, table, report = (os.path.join(work, n) for n in ("data", "table", "report.json"))
+    for p in (base, table):
+        shutil.rmtree(p, ignore_errors=True)
+    generate(base, args.messages, args.partitions)
+    data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
+
+    wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)  # default settings
+    s = rep["summary"]
+    executors_wall, e = export_on_executors(base, os.path.join(work, "table-on-executors"), s["rows"])
+    spark_table = os.path.join(work, "table-delta-spark")
+    spark_wall, sp = export_on_executors(base, spark_table, s["rows"], ["--engine", "spark"])
+
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(table).to_pyarrow_table()
+    parquet_to_delta = parquet_to_delta_s(rows, work)
+
+    import_wall, imp = import_back(table, work)  # beside the library's writer on the same rows
+    library_writer = library_writer_s(rows, work, args.partitions)
 
     out = {
         "machine": machine(),

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import typing
 from typing import Any
 
 from tank_log.jobs import config
@@ -227,3 +229,127 @@ def _yaml_value(value: object) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value, default=str)
+
+
+ENUM_REPR = re.compile(r"<(\w+\.\w+): [^>]*>")  # an enum member's repr, as its source spells it: SnappyPolicy.NEVER
+LIBRARY_API = "<!-- the public API: generated from tank_log.__all__ by scripts/docs_reference.py -->"
+
+
+def library_groups() -> list[tuple[str, list[str]]]:
+    """`tank_log.__all__` by the groups `tank_log/__init__.py` declares them in: (its comment, the names)."""
+    import tank_log
+
+    groups: list[tuple[str, list[str]]] = [("the package", ["__version__"])]
+    with open(tank_log.__file__, encoding="utf-8") as fh:
+        source = fh.read()
+    body = source[source.index("_EXPORTS = {") : source.index("\n}\n")]
+    for line in body.splitlines()[1:]:
+        line = line.strip()
+        if line.startswith("# "):
+            groups.append((line[2:], []))
+        elif line.startswith('"'):
+            groups[-1][1].append(line.split('"')[1])
+    return groups
+
+
+class _Annotation:
+    """An annotation as its source spells it (the modules use `from __future__ import annotations`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _annotation(annotation: Any) -> Any:
+    """A string or forward reference as the source spells it; anything else as it is."""
+    if isinstance(annotation, typing.ForwardRef):
+        return _Annotation(annotation.__forward_arg__)
+    return _Annotation(annotation) if isinstance(annotation, str) else annotation
+
+
+def _default(value: Any) -> Any:
+    """A default that is its class's own default instance as `Class()`; anything else as it is."""
+    kind = type(value)
+    try:
+        plain = kind.__module__ != "builtins" and value == kind()
+    except Exception:  # a class that needs arguments, or compares otherwise
+        plain = False
+    return _Annotation(f"{kind.__name__}()") if plain else value
+
+
+def _signature(name: str, obj: object, width: int = 80) -> str:
+    """`name(parameters)` as Python declares it (a class: its constructor), or `name = value`; one parameter a line
+    when it is wider than `width`."""
+    import inspect
+
+    if not callable(obj):
+        return f"{name} = {obj!r}"
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+    params = [
+        p.replace(annotation=_annotation(p.annotation), default=_default(p.default)) for p in sig.parameters.values()
+    ]
+    ret = inspect.Signature.empty if inspect.isclass(obj) else sig.return_annotation
+    sig = sig.replace(parameters=params, return_annotation=_Annotation(ret) if isinstance(ret, str) else ret)
+    head = f"{'class ' if inspect.isclass(obj) else ''}{name}"
+    text = ENUM_REPR.sub(r"\1", f"{head}{sig}")
+    if len(text) <= width or not params:
+        return text
+    returns = "" if sig.return_annotation is inspect.Signature.empty else f" -> {sig.return_annotation!r}"
+    lines, star = [], False
+    for p in params:
+        if p.kind is p.KEYWORD_ONLY and not star:
+            lines.append("    *,")
+            star = True
+        star = star or p.kind is p.VAR_POSITIONAL
+        lines.append(f"    {p},")
+    return ENUM_REPR.sub(r"\1", f"{head}(\n" + "\n".join(lines) + f"\n){returns}")
+
+
+def _docstring(obj: object) -> str:
+    """A docstring as Markdown: paragraphs joined, an indented block (`Raises:` entries, examples) as a list."""
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    out: list[str] = []
+    for para in doc.split("\n\n"):
+        lines = para.splitlines()
+        if lines and lines[-1].endswith("::"):
+            lines[-1] = lines[-1][:-1]
+        head = [ln for ln in lines if not ln.startswith(" ")]
+        items: list[str] = []  # the indented lines, a more indented one continuing the item above it
+        indent = None
+        for ln in lines:
+            if not ln.startswith(" "):
+                continue
+            depth = len(ln) - len(ln.lstrip())
+            if indent is None or depth <= indent or not items:
+                indent = depth if indent is None else min(indent, depth)
+                items.append(ln.strip().removeprefix("- "))
+            else:
+                items[-1] += " " + ln.strip()
+        if head:
+            out.append(" ".join(head))
+        if items:
+            out.append("\n".join(f"- {item}" for item in items))
+    return "\n\n".join(out)
+
+
+def library_reference() -> str:
+    """The library's public API: every name of `tank_log.__all__` with its signature and docstring, by group."""
+    import tank_log
+
+    parts = []
+    for title, names in library_groups():
+        parts.append(f"### {title[0].upper()}{title[1:]}\n")
+        for name in names:
+            obj = getattr(tank_log, name)
+            doc = _docstring(obj) if name != "__version__" else "The package's version; job reports record it."
+            parts.append(f"#### `{name}`\n\n```python\n{_signature(name, obj)}\n```\n")
+            if doc:
+                parts.append(doc + "\n")
+    return "\n".join(parts)

@@ -14,7 +14,7 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # docs_reference.py, beside this file
 
-from docs_reference import cli_reference, config_reference  # noqa: E402
+from docs_reference import LIBRARY_API, cli_reference, config_reference, library_reference  # noqa: E402
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 GLOSSARY = "glossary.md"
@@ -129,4 +129,6 @@ def inline_snippets(markdown: str) -> str:
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if LIBRARY_API in markdown:  # reference/library.md: its prose, then the public API from the code
+        markdown = markdown.replace(LIBRARY_API, library_reference())
     return link_prose(inline_snippets(markdown), page.file.src_uri)

@@ -8,6 +8,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Problem:
+    """Something wrong in the data that is reported, not raised: the file, the offset, a stable code, a message."""
+
     path: str
     offset: int | None  # byte offset in the file (or line number for config files), None if not applicable
     code: str  # short stable identifier, e.g. "index-entry-mismatch"

@@ -6,9 +6,11 @@ each, the target partition's last seq. A partition that exists is refused (repor
 which imports only its rows above that last seq (so re-running an import adds nothing twice). Values come back
 byte for byte from `binary` tables and from `utf8` tables (`raw_value` holds the rows that were not UTF-8); a `json`
 table holds decoded columns, not the producer's bytes, and is refused. The write is one Spark job of a few tasks per
-core: each reads its partitions' rows from the table (delta-rs, any storage the export supports), sorted by seq, and
-stages them (the rows never cross into the JVM: a SparkContext is all the job starts); the driver's commit moves
-every partition into place at once (a failed job leaves nothing).
+core, or, for a table of at most `in_driver_max_bytes` (the files of the selected topics), the driver's threads
+without Spark: each reads its partitions' rows from the table (delta-rs, any storage the export supports) file by
+file in seq order, as Arrow batches straight into the segment writer (the rows never cross into the JVM, nor become
+Python objects: a SparkContext is all the job starts), and stages them; the driver's commit moves every partition
+into place at once (a failed run leaves nothing).
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ from tank_log.storage.staging import (
     open_import,
     recover_imports,
 )
-from tank_spark.context import JobContext
+from tank_spark.context import JobContext, driver_cores
 from tank_spark.export.topic_config import LOOKBACK, recorded_topic_configs
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
 from tank_spark.schema import ROW_SCHEMA, TS_RAW
 from tank_spark.sink import REQUIRED, commit_staged, stage_rows
-from tank_spark.tasks import deal
+from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -73,6 +75,7 @@ class ImportSettings:
     append: bool
     segment_bytes: int | None
     value_is_text: bool
+    table_bytes: int  # the size of the table's files holding the selected topics (`in_driver`)
     topic_configs: dict[str, str] = field(default_factory=dict)  # topic → the `config` text the export recorded
 
 
@@ -139,6 +142,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         args.append,
         segment_bytes,
         pa.types.is_string(value_type) or pa.types.is_large_string(value_type),
+        _table_bytes(delta, ctx.topics),
         recorded_topic_configs(delta.history(limit=LOOKBACK)),
     )
     return settings, plan_import(settings, keys)
@@ -247,15 +251,38 @@ def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
     return [ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)]) for t, p in sorted(existing)]
 
 
+def _table_bytes(delta: LakeTable, topics: frozenset[str] | None) -> int:
+    """The size of the table's files that hold rows of `topics` (all, when the table is not partitioned by topic)."""
+    files = delta.file_stats()
+    if topics is not None and "partition.topic" in files.column_names:
+        files = files.filter(pc.is_in(files["partition.topic"], pa.array(sorted(topics))))
+    return int(pc.sum(files["size_bytes"]).as_py() or 0)
+
+
 def _has_work(settings: ImportSettings, p: ImportPlan) -> bool:
     return bool(p.rows) and (p.existing_last is None or settings.append)
 
 
 def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
-    """Spark starts only to write rows: a dry run, or a run that finds nothing to import (every partition refused or
-    up to date), is decided on the driver."""
+    """Spark starts only to write rows of more than `in_driver_max_bytes` of table files: a dry run, a run that finds
+    nothing to import (every partition refused or up to date) and a small import run on the driver, without a JVM."""
     settings, plans = prepared
-    return not ctx.dry_run and any(_has_work(settings, p) for p in plans)
+    return not ctx.dry_run and any(_has_work(settings, p) for p in plans) and not in_driver(ctx, settings)
+
+
+def in_driver(ctx: JobContext, settings: ImportSettings) -> bool:
+    """Whether the driver's threads write the import themselves: its table files (of the selected topics) hold at
+    most `in_driver_max_bytes`. Spark's start, first job and stop cost seconds (bench/RESULTS.md), more than such an
+    import takes in the driver."""
+    within = bool(ctx.in_driver_max_bytes) and settings.table_bytes <= ctx.in_driver_max_bytes
+    log.info(
+        "import: %s bytes of table files, %s in_driver_max_bytes (%s bytes): %s",
+        f"{settings.table_bytes:,}",
+        "within" if within else "more than",
+        f"{ctx.in_driver_max_bytes:,}",
+        "in the driver" if within else "on Spark's executors",
+    )
+    return within
 
 
 def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> JobResult:
@@ -282,8 +309,8 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
         results.append(r)
     if work and not ctx.dry_run:
         log.info("import: writing %d partitions (%d rows) into %s", len(work), sum(p.rows for p in work), settings.base)
-        assert sc is not None  # `needs_spark`: rows to write start Spark
-        staged = {(s.topic, s.partition): s for s in _stage(sc, settings, work)}
+        workers: Workers = sc if sc is not None else driver_cores(ctx)  # None: `in_driver`
+        staged = {(s.topic, s.partition): s for s in _stage(workers, settings, work)}
         for r in results:
             s = staged.get((r["topic"], r["partition"]))
             if s is not None:
@@ -298,6 +325,7 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
         "by_status": count_by(results),
         "rows": rows,
         "import_s": round(elapsed, 3),
+        "executed_on": "executors" if sc is not None else "driver",
         "rows_per_s": round(rows / elapsed) if elapsed and not ctx.dry_run else None,
         "topic_configs_restored": restored,
         "topic_configs_not_restored": not_restored,
@@ -339,9 +367,10 @@ def _restore_configs(
     return restored, not_restored
 
 
-def _stage(sc: SparkContext, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
-    """Executors read each partition's rows from the table and stage it (`sink.stage_rows`: Arrow straight into the
-    segment encoder, rows never pass through the JVM); the driver commits them all at once (`sink.commit_staged`).
+def _stage(workers: Workers, settings: ImportSettings, work: list[ImportPlan]) -> list[StagedPartition]:
+    """Executors (or the driver's threads) read each partition's rows from the table and stage it
+    (`sink.stage_rows`: Arrow straight into the segment encoder, rows never pass through the JVM); the driver commits
+    them all at once (`sink.commit_staged`).
     A failed task fails the run and leaves nothing: the abort waits for the tasks still running (`staging`'s writers'
     lock). A partition a task refuses (`ImportRefused`: rows that cannot continue it) comes back as its message, so
     the run fails with that one line (RunFailed), not a Java stack trace, and leaves nothing either."""
@@ -362,7 +391,7 @@ def _stage(sc: SparkContext, settings: ImportSettings, work: list[ImportPlan]) -
                 return
 
     try:
-        done = deal(sc, work).mapPartitions(task).collect()
+        done = map_dealt(workers, work, task)
     except BaseException:
         abort_import(base, run_id)
         raise
@@ -378,20 +407,48 @@ def _stage(sc: SparkContext, settings: ImportSettings, work: list[ImportPlan]) -
 
 def _read(dataset: ds.Dataset, value_is_text: bool, p: ImportPlan) -> Iterator[pa.RecordBatch]:
     """One partition's rows from the table's dataset (above its existing last seq), sorted by seq, as the writer's
-    rows."""
+    rows, file by file: the files holding its rows in the order of their first seq, each one's share sorted, so
+    memory holds one file's share of the partition, never the whole table (files whose seq ranges interleave are
+    read together and sorted as one)."""
     import pyarrow.dataset as ds
 
     cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
     if p.existing_last is not None:
         cond = cond & (ds.field("seq") > p.existing_last)
     cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
-    t = dataset.to_table(filter=cond, columns=cols).sort_by("seq")
-    value = t["value"]
-    if value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
-        value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
-    ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
-    out = pa.table([t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA)
-    yield from out.to_batches(max_chunksize=64 * 1024)
+    spans = []  # (first seq, last seq, file) of each file with rows of the partition
+    for fragment in dataset.get_fragments(filter=cond):
+        seq = _files(dataset, [fragment]).to_table(filter=cond, columns=["seq"], use_threads=False)["seq"]
+        if len(seq):
+            spans.append((pc.min(seq).as_py(), pc.max(seq).as_py(), fragment))
+    spans.sort(key=lambda s: s[0])
+    groups: list[list[Any]] = []
+    end = None
+    for first, last, fragment in spans:
+        if groups and end is not None and first <= end:  # interleaves with the previous file(s)
+            groups[-1].append(fragment)
+        else:
+            groups.append([fragment])
+        end = last if end is None else max(end, last)
+    for group in groups:
+        t = _files(dataset, group).to_table(filter=cond, columns=cols, use_threads=False)
+        seq = t["seq"]
+        if len(seq) > 1 and not pc.all(pc.greater(seq.slice(1), seq.slice(0, len(seq) - 1))).as_py():
+            t = t.sort_by("seq")
+        value = t["value"]
+        if value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
+            value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
+        ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
+        out = pa.table([t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA)
+        del t, value
+        yield from out.to_batches(max_chunksize=64 * 1024)
+
+
+def _files(dataset: ds.Dataset, fragments: list[Any]) -> ds.Dataset:
+    """The dataset of some of `dataset`'s files (their partition values kept)."""
+    import pyarrow.dataset as ds
+
+    return ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,9 +40,9 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--in-driver-max-bytes",
         metavar="SIZE",
-        help="a run reading at most this much segment data runs in the driver's processes without starting Spark "
-        "(default: the config's in_driver_max_bytes, 1gb; the export's: export.in_driver_max_bytes, 128mb, with "
-        "binary/utf8 values and engine deltalake); 0: always on executors",
+        help="a run reading at most this much segment data (the import: table files) runs in the driver without "
+        "starting Spark (default: the config's in_driver_max_bytes, 1gb; the export's: export.in_driver_max_bytes, "
+        "128mb, with binary/utf8 values and engine deltalake); 0: always on executors",
     )
     p.add_argument(
         "--spark-log-level",

@@ -49,7 +49,7 @@ from tank_spark.report import RunReport, count_by, report_arg
 from tank_spark.tasks import deal
 
 if TYPE_CHECKING:
-    from pyspark import AccumulatorParam, SparkContext
+    from pyspark import Accumulator, AccumulatorParam, SparkContext
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("tank_log.job")
@@ -90,19 +90,7 @@ def run_on_executors(
     driver = (socket.gethostname(), os.getpid())  # on its host, the driver's process family is not a holder
     stop_flag = os.path.join(tempfile.gettempdir(), f".tank-log-stop-{os.getpid()}-{uuid.uuid4().hex}")
 
-    def run(items: Iterable[tuple[int, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
-        from tank_log.storage.holders import also_ours
-
-        for i, task in items:
-            if os.path.exists(stop_flag):  # the driver was interrupted: start no new partition
-                r = interrupted_entry(task)
-            else:
-                with also_ours(*driver):
-                    r = fn(task)
-            finished.add([(i, r)])
-            yield i, r
-
-    rdd = deal(sc, tasks).mapPartitions(run)
+    rdd = deal(sc, tasks).mapPartitions(_spark_task(fn, finished, driver, stop_flag))
     box: dict[str, Any] = {}
     done = threading.Event()  # set when the job ended: never `Thread.join` under a signal, see `_drain`
 
@@ -138,6 +126,30 @@ def run_on_executors(
             raise box["error"]
         report_new(box["results"])
     return [r for _, r in sorted(box["results"], key=lambda x: x[0])]
+
+
+def _spark_task(
+    fn: Callable[[Any], dict[str, Any]],
+    finished: Accumulator[list[Any]],
+    driver: tuple[str, int],
+    stop_flag: str,
+) -> Callable[[Iterable[tuple[int, Any]]], Iterator[tuple[int, dict[str, Any]]]]:
+    """What one Spark task runs over its dealt items: `fn` of each (the driver's processes not taken for holders),
+    each result also added to `finished`; once the driver's `stop_flag` exists, `interrupted` for the rest."""
+
+    def run(items: Iterable[tuple[int, Any]]) -> Iterator[tuple[int, dict[str, Any]]]:
+        from tank_log.storage.holders import also_ours
+
+        for i, task in items:
+            if os.path.exists(stop_flag):  # the driver was interrupted: start no new partition
+                r = interrupted_entry(task)
+            else:
+                with also_ours(*driver):
+                    r = fn(task)
+            finished.add([(i, r)])
+            yield i, r
+
+    return run
 
 
 def _drain(sc: SparkContext, done: threading.Event, stop_flag: str) -> None:
@@ -275,10 +287,7 @@ def _run_job(
     new_data_dir: bool,
 ) -> int:
     """`run_job`, with `marks` holding the run marker once the data dirs are known."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
-    if "PYSPARK_GATEWAY_PORT" in os.environ:  # started by spark-submit: die with it (a scheduler kills spark-submit)
-        exit_with_parent(os.getppid())
+    _start_driver()
     parser = job_parser(job, description)
     add_options(parser)
     report = RunReport(job)
@@ -286,17 +295,7 @@ def _run_job(
     argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != ""]  # empty: omitted templated options
     try:
         args = parser.parse_args(argv)
-        ctx = build_context(job, args, new_data_dir=new_data_dir)
-        if not ctx.dry_run:  # another run of ours tells this one from the broker (storage/holders.py)
-            marks.enter_context(run_marker(ctx.data_dirs))
-        metrics_path = args.metrics_file or ctx.config.metrics_file
-        if metrics_path:  # found now, not after all the work
-            from tank_log.metrics import check_metrics_path
-
-            check_metrics_path(metrics_path)
-        report.metrics_path = metrics_path
-        prepared = prepare(ctx, args)
-        report.phase_done("prepare_s")
+        ctx, prepared = _prepare_run(job, args, prepare, marks, report, new_data_dir=new_data_dir)
     except (UsageError, JobConfigError) as err:
         print(f"{job}: {err}", file=sys.stderr)
         report.end(getattr(args, "report", None) or report_arg(argv), "usage-error", error=str(err))
@@ -306,13 +305,7 @@ def _run_job(
     signal.signal(signal.SIGTERM, on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         if needs_spark is None or needs_spark(ctx, prepared):
-            if sql:
-                spark = spark_session(ctx, delta=needs_delta is not None and needs_delta(ctx, prepared))
-                sc = spark.sparkContext
-            else:
-                spark = sc = spark_context(ctx)
-            report.phase_done("spark_start_s")
-            report.doc["spark"] = {"master": sc.master, "app_id": sc.applicationId}
+            spark = _start_spark(ctx, report, sql=sql, delta=needs_delta is not None and needs_delta(ctx, prepared))
         else:
             log.info("%s: Spark is not started", job)
         results, summary = execute(ctx, prepared, spark)
@@ -338,6 +331,62 @@ def _run_job(
         if spark is not None:
             stop_spark(spark)
     report.phase_done("spark_stop_s")
+    return _end_run(job, report, ctx.report_path, results, summary)
+
+
+def _start_driver() -> None:
+    """The driver's logging; under spark-submit, its death with it (a scheduler kills spark-submit)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection chatter is not the job's output
+    if "PYSPARK_GATEWAY_PORT" in os.environ:
+        exit_with_parent(os.getppid())
+
+
+def _prepare_run(
+    job: str,
+    args: argparse.Namespace,
+    prepare: Callable[[JobContext, argparse.Namespace], Any],
+    marks: contextlib.ExitStack,
+    report: RunReport,
+    *,
+    new_data_dir: bool,
+) -> tuple[JobContext, Any]:
+    """The run's context, its run marker, its metrics file checked, and the job's plan (`prepare`).
+
+    Raises:
+        UsageError, JobConfigError: the flags or the job configuration.
+    """
+    ctx = build_context(job, args, new_data_dir=new_data_dir)
+    if not ctx.dry_run:  # another run of ours tells this one from the broker (storage/holders.py)
+        marks.enter_context(run_marker(ctx.data_dirs))
+    metrics_path = args.metrics_file or ctx.config.metrics_file
+    if metrics_path:  # found now, not after all the work
+        from tank_log.metrics import check_metrics_path
+
+        check_metrics_path(metrics_path)
+    report.metrics_path = metrics_path
+    prepared = prepare(ctx, args)
+    report.phase_done("prepare_s")
+    return ctx, prepared
+
+
+def _start_spark(ctx: JobContext, report: RunReport, *, sql: bool, delta: bool) -> SparkSession | SparkContext:
+    """The run's Spark: a session (`sql`, with Delta's jars if `delta`) or a context, recorded in the report."""
+    spark: SparkSession | SparkContext
+    if sql:
+        spark = spark_session(ctx, delta=delta)
+        sc = spark.sparkContext
+    else:
+        spark = sc = spark_context(ctx)
+    report.phase_done("spark_start_s")
+    report.doc["spark"] = {"master": sc.master, "app_id": sc.applicationId}
+    return spark
+
+
+def _end_run(
+    job: str, report: RunReport, report_path: str | None, results: list[dict[str, Any]], summary: dict[str, Any]
+) -> int:
+    """A run that finished: its report, a log line per failing partition and its summary; its exit code."""
     failed = [r for r in results if r.get("status") in FAILING]  # needs-attention too
     code = exit_code(results)
     ending = {EXIT_FAILED: "partial-failure", EXIT_PARTIAL: "partial"}.get(code, "ok")
@@ -345,7 +394,7 @@ def _run_job(
     if code == EXIT_PARTIAL:
         summary["skipped_needing_work"] = [f"{r.get('topic')}/{r.get('partition')}" for r in missed(results)]
         extra["error"] = missed_message(job, results)
-    report.end(ctx.report_path, ending, summary=summary, partitions=results, **extra)
+    report.end(report_path, ending, summary=summary, partitions=results, **extra)
     for r in failed:
         log.error(
             "%s/%s %s: %s",

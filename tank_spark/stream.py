@@ -10,7 +10,11 @@ picked up at the next trigger. `trigger(availableNow=True)` reads what exists wh
 
 Options: `topics`, `partitions`, `min_ts`, `split_bytes` as the batch reader; `startingOffsets` = `earliest`
 (default), `latest`, or JSON `{"topic/partition": next_seq}` (used only by a query without a checkpoint);
-`failOnDataLoss` (default true, as Kafka's source); `dataLossLog` = a local file that gets one JSON line per lost range.
+`failOnDataLoss` (default true, as Kafka's source); `dataLossLog` = a local file that gets one JSON line per lost range;
+`startAfterTable` = a Delta table the export wrote (a path or URI; credentials from the environment): a query without a
+checkpoint starts each partition after the last seq the table records for it (the export's app transactions), so a
+streaming query writing to that table continues where the export stopped; the other partitions start as
+`startingOffsets` says.
 
 Data loss: messages of a `delete`-policy partition that retention (§5) deleted before the query read them — the
 partition's first segment now starts above the offset, or a planned segment vanished before its task read it — and
@@ -37,6 +41,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, Suppor
 
 from tank_log.errors import TankLogError
 from tank_log.jobs.planning import select_partitions
+from tank_log.lakehouse import ExportedSeqs
 from tank_log.storage.completeness import HoleError
 from tank_log.storage.datadir import Partition, last_complete_seq
 from tank_spark.ranges import (
@@ -71,6 +76,7 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.fail_on_data_loss = str(options.get("failOnDataLoss", "true")).lower() != "false"
         self.data_loss_log = options.get("dataLossLog")
         self.available_now: Offset | None = None
+        self.after_table = options.get("startAfterTable")
         if self.starting not in ("earliest", "latest"):
             self._parse_offset(self.starting)  # a bad JSON fails when the query is defined
 
@@ -78,10 +84,28 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offset:
         if self.starting == "earliest":
-            return {}
-        if self.starting == "latest":
-            return self._latest(self._scan())
-        return self._parse_offset(self.starting)
+            offset: Offset = {}
+        elif self.starting == "latest":
+            offset = self._latest(self._scan())
+        else:
+            offset = self._parse_offset(self.starting)
+        if self.after_table:
+            offset.update(self._after_table(self.after_table))
+        return offset
+
+    def _after_table(self, table: str) -> Offset:
+        """Each partition's next seq after the last one `table` records (the export's app transactions).
+
+        Raises:
+            TableUnreadable: the table is missing, unreachable or not a tank-log export.
+        """
+        exported = ExportedSeqs(table)
+        out = {}
+        for topic, pid in self._scan():
+            last = exported.last_seq(topic, pid)
+            if last is not None:
+                out[partition_key(topic, pid)] = last + 1
+        return out
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         if not isinstance(limit, ReadAllAvailable):

@@ -206,6 +206,21 @@ def spark():
     session.stop()
 
 
+def pytest_configure(config):
+    """Every process the tests start carries this run's marker in its environment; tests/reaper.py SIGKILLs those
+    still running once pytest has exited, however it exited (a SIGKILLed run leaves no Airflow, broker or JVM)."""
+    if os.environ.get("TANK_LOG_TEST_RUN"):  # a run inside a run (or an xdist worker): the outer one reaps
+        return
+    marker = f"{os.getpid()}-{time.time_ns()}"
+    subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "reaper.py"), str(os.getpid()), marker],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    os.environ["TANK_LOG_TEST_RUN"] = marker
+
+
 # Markers: `spark` (starts Spark, in-process or through a job) and `slow` (more than a few seconds). Tests under
 # tests/spark and tests/e2e are both; `bash scripts/test.sh -m "not slow"` is the fast inner loop.
 SLOW_ELSEWHERE = {

@@ -87,7 +87,8 @@ def test_the_generated_references_list_every_option_and_key():
 
 def test_the_docs_site_builds_strictly(tmp_path):
     """`mkdocs build --strict` (also in scripts/test.sh): every page of the nav exists, every link resolves, the
-    generated pages build, the Mermaid diagrams are there."""
+    generated pages build (the library reference with a heading for every public name), the Mermaid diagrams are
+    there."""
     import sys
 
     mkdocs = os.path.join(os.path.dirname(sys.executable), "mkdocs")
@@ -102,6 +103,28 @@ def test_the_docs_site_builds_strictly(tmp_path):
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "--keep-unexported" in cli and "--metrics-file" in cli
     assert 'class="mermaid"' in (tmp_path / "site" / "operations" / "crash-safety" / "index.html").read_text()
+    library = (tmp_path / "site" / "reference" / "library" / "index.html").read_text()
+    import tank_log
+
+    headed = set(re.findall(r'<h4 id="[^"]*"><code>([^<]+)</code>', library))
+    assert [name for name in tank_log.__all__ if name not in headed] == []
+
+
+def test_the_library_reference_gives_every_public_name_its_signature_and_docstring():
+    """The generated API section: each name of `tank_log.__all__` once, with a signature and a docstring of its own
+    (not the one dataclasses make from the fields)."""
+    import tank_log
+
+    ref = load_script(os.path.join("scripts", "docs_reference.py"))
+    page = ref.library_reference()
+    sections = re.split(r"^#### ", page, flags=re.M)[1:]
+    names = [section.split("`")[1] for section in sections]
+    assert names == [n for _, group in ref.library_groups() for n in group]
+    assert sorted(names) == sorted(tank_log.__all__)
+    for name, section in zip(names, sections, strict=True):
+        signature, doc = section.split("```python\n", 1)[1].split("\n```\n", 1)
+        assert name in signature
+        assert doc.strip() and not doc.strip().startswith(f"{name}("), name
 
 
 def test_the_configuration_reference_spells_defaults_as_yaml_does():

@@ -1,9 +1,12 @@
-"""Types of the compiled codec core (`_codec.pyx`); the pure-Python contract is in decode.py, bundle.py, arrow.py."""
+"""Types of the compiled codec core (`_codec.pyx`), wrapped by decode.py's `CompiledWalker`, bundle.py's
+`CompiledEncoder` and arrow.py's `compiled_gather`."""
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import numpy as np
+
+from tank_log.format.messages import Message
 
 Data: TypeAlias = bytes | bytearray | memoryview | np.ndarray
 # per codec id 0..3: (decompress_into, max_expansion, raw_snappy), or None for a codec the format lacks
@@ -40,7 +43,7 @@ def decode(
     firsts: np.ndarray,
     lasts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...
-def encode_message_set(messages: Sequence[Any], sparse: bool) -> bytes | None: ...
+def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes | None: ...
 def encode_columns(
     data: Data,
     seq: np.ndarray,

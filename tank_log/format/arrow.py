@@ -3,13 +3,16 @@
 Keys and values sit interleaved with message headers in the decoded buffer. The compiled core copies them into one
 buffer of the exact size (`gather_spans`); the pure-Python core views the buffer as one binary array whose elements
 alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and has Arrow `take` the
-value elements (a kernel that grows its output as it goes: 0.03 s more per 1M 100-byte messages).
+value elements (a kernel that grows its output as it goes: 0.03 s more per 1M 100-byte messages). `GATHER` holds the
+one in use (`compiled_gather` or `pure_gather`, see `format.native`).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -67,18 +70,30 @@ def _gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray 
     n = len(off)
     if n == 0:
         return pa.array([], pa.binary())
-    got = (
-        _codec.gather_spans(data, np.ascontiguousarray(off), np.ascontiguousarray(length))
-        if native.compiled()
-        else None
-    )
-    if got is not None:  # one copy into a buffer of the exact size
-        offsets, values = got
-        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
-        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(values)]
-        return pa.BinaryArray.from_buffers(pa.binary(), n, buffers, null_count=nulls)
+    return GATHER.impl(data, off, length, valid)
+
+
+# `_gather` of n > 0 spans: data, off, length, valid -> the binary array
+Gather: TypeAlias = Callable[[bytes, np.ndarray, np.ndarray, np.ndarray | None], pa.Array]
+
+
+def pure_gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """The pure-Python gather: Arrow's `take` over the buffer (`_take_spans`)."""
     return _take_spans(pa.py_buffer(data), off, length, valid)
+
+
+def compiled_gather(data: bytes, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    """The compiled gather (`_codec.gather_spans`): one copy into a buffer of the exact size; spans it declines
+    (outside `data`, or past int32 offsets) go to `_take_spans`."""
+    got = _codec.gather_spans(data, np.ascontiguousarray(off), np.ascontiguousarray(length))
+    if got is None:
+        return _take_spans(pa.py_buffer(data), off, length, valid)
+    offsets, values = got
+    n = len(off)
+    validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
+    buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(values)]
+    return pa.BinaryArray.from_buffers(pa.binary(), n, buffers, null_count=nulls)
 
 
 def _take_spans(data: pa.Buffer, off: np.ndarray, length: np.ndarray, valid: np.ndarray | None) -> pa.Array:
@@ -150,3 +165,6 @@ def _spans(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, byt
     if arr.null_count:
         off = np.where(arr.is_null().to_numpy(zero_copy_only=False), -1, off)
     return off, np.diff(offsets), data
+
+
+GATHER: native.Choice[Gather] = native.Choice(pure_gather, lambda: compiled_gather)

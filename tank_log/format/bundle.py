@@ -11,7 +11,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -175,14 +175,7 @@ def encode_message_set(messages: Sequence[Message], sparse: bool) -> bytes:
     Raises:
         ValueError: a key over 255 bytes, or seqs not increasing / a gap of 2**32 or more (§3.5, §3.6).
     """
-    if native.compiled():
-        try:
-            encoded: bytes | None = _codec.encode_message_set(messages, sparse)
-        except (OverflowError, TypeError):  # a ts outside u64 or a non-bytes field: the pure encoder says which
-            encoded = None
-        if encoded is not None:
-            return encoded
-    return _encode_message_set_pure(messages, sparse)
+    return ENCODER.impl.message_set(messages, sparse)
 
 
 def _encode_message_set_pure(messages: Sequence[Message], sparse: bool) -> bytes:
@@ -226,13 +219,7 @@ def _encode_message_set_pure(messages: Sequence[Message], sparse: bool) -> bytes
 def encode_message_set_columns(cols: MessageColumns, sparse: bool) -> bytes:
     """`encode_message_set` of messages given as columns over `cols.data`: the same bytes (compiled core, or the
     pure encoder over Message tuples)."""
-    if native.compiled():
-        encoded: bytes | None = _codec.encode_columns(
-            cols.data, cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len, sparse
-        )
-        if encoded is not None:
-            return encoded
-    return _encode_message_set_pure(messages_of(cols), sparse)
+    return ENCODER.impl.columns(cols, sparse)
 
 
 def messages_of(cols: MessageColumns) -> list[Message]:
@@ -328,22 +315,13 @@ def frame_bundles(
     Raises:
         ValueError: as `encode_bundle`.
     """
-    if native.compiled():
-        got = _codec.encode_bundles(
-            cols.data,
-            cols.seq,
-            cols.ts,
-            cols.key_off,
-            cols.key_len,
-            cols.val_off,
-            cols.val_len,
-            bounds,
-            expected or 0,
-            _POLICY_CODES[policy],
-            block_codec(Codec.SNAPPY).compress,
-        )
-        if got is not None:
-            return got
+    return ENCODER.impl.bundles(cols, bounds, expected, policy)
+
+
+def _frame_bundles_pure(
+    cols: MessageColumns, bounds: np.ndarray, expected: int | None, policy: SnappyPolicy
+) -> tuple[bytes, np.ndarray]:
+    """`frame_bundles` one bundle at a time."""
     parts = []
     for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         rows = cols.slice(lo, hi)
@@ -392,3 +370,75 @@ def _bundle(
 def frame(bundle: bytes) -> bytes:
     """Prefix a bundle with its length varint (§3.1)."""
     return encode_varint(len(bundle)) + bundle
+
+
+class Encoder(Protocol):
+    """The message and bundle encoders of this module, compiled or pure Python: the same bytes and errors."""
+
+    def message_set(self, messages: Sequence[Message], sparse: bool) -> bytes:
+        """`encode_message_set`."""
+        ...
+
+    def columns(self, cols: MessageColumns, sparse: bool) -> bytes:
+        """`encode_message_set_columns`."""
+        ...
+
+    def bundles(
+        self, cols: MessageColumns, bounds: np.ndarray, expected: int | None, policy: SnappyPolicy
+    ) -> tuple[bytes, np.ndarray]:
+        """`frame_bundles`."""
+        ...
+
+
+class PureEncoder:
+    """The pure-Python encoders (above)."""
+
+    def message_set(self, messages: Sequence[Message], sparse: bool) -> bytes:
+        return _encode_message_set_pure(messages, sparse)
+
+    def columns(self, cols: MessageColumns, sparse: bool) -> bytes:
+        return _encode_message_set_pure(messages_of(cols), sparse)
+
+    def bundles(
+        self, cols: MessageColumns, bounds: np.ndarray, expected: int | None, policy: SnappyPolicy
+    ) -> tuple[bytes, np.ndarray]:
+        return _frame_bundles_pure(cols, bounds, expected, policy)
+
+
+class CompiledEncoder:
+    """The compiled encoders (`_codec.pyx`); what they decline (a value out of range, a field of another type) goes
+    to the pure ones, which raise the precise error."""
+
+    def message_set(self, messages: Sequence[Message], sparse: bool) -> bytes:
+        try:
+            encoded = _codec.encode_message_set(messages, sparse)
+        except (OverflowError, TypeError):  # a ts outside u64 or a non-bytes field: the pure encoder says which
+            encoded = None
+        return _encode_message_set_pure(messages, sparse) if encoded is None else encoded
+
+    def columns(self, cols: MessageColumns, sparse: bool) -> bytes:
+        encoded = _codec.encode_columns(
+            cols.data, cols.seq, cols.ts, cols.key_off, cols.key_len, cols.val_off, cols.val_len, sparse
+        )
+        return _encode_message_set_pure(messages_of(cols), sparse) if encoded is None else encoded
+
+    def bundles(
+        self, cols: MessageColumns, bounds: np.ndarray, expected: int | None, policy: SnappyPolicy
+    ) -> tuple[bytes, np.ndarray]:
+        got = _codec.encode_bundles(
+            cols.data,
+            cols.seq,
+            cols.ts,
+            cols.key_off,
+            cols.key_len,
+            cols.val_off,
+            cols.val_len,
+            bounds,
+            expected or 0,
+            _POLICY_CODES[policy],
+            block_codec(Codec.SNAPPY).compress,
+        )
+        return _frame_bundles_pure(cols, bounds, expected, policy) if got is None else got
+
+
+ENCODER: native.Choice[Encoder] = native.Choice(PureEncoder(), CompiledEncoder)

@@ -6,9 +6,10 @@ Two stages:
 2. `decode_messages` — decodes the messages (§3.5) of all collected bundles at once with numpy: every bundle is
    advanced by one message per step ("lockstep"), so the Python cost is per step, not per message.
 
-Both stages run on the compiled core (`_codec.pyx`) when it is built, else on the pure-Python code below; see
-`format.native`. The compiled core only detects malformed input: the pure code then re-reads it and raises, so the
-errors (and their messages) are the same on both paths.
+Both stages run on the compiled core (`_codec.pyx`) when it is built, else on the pure-Python code below: `WALKER`
+holds the one in use (`CompiledWalker` or `PureWalker`, see `format.native`). The compiled core only detects
+malformed input: the pure code then re-reads it and raises, so the errors (and their messages) are the same on both
+paths.
 
 All errors are TankFormatError with offsets relative to the walked buffer; callers add the file path/base offset.
 """
@@ -19,7 +20,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol, TypeAlias
 
 import numpy as np
 
@@ -167,20 +168,12 @@ def walk_bundles(
     that brings the collected messages to this many, so what is decoded at once stays bounded on any input (a
     bundle's count is checked against its message set's size first).
     """
-    if not native.compiled():
-        with _gc_paused():
-            raw = _walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
-    else:
-        raw = _codec.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
-        if raw[4] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
-            _walk(buf, raw[2], raw[3], collect, None, None, max_messages)
-            raise AssertionError(f"the compiled walk rejects the bundle at {raw[2]}, the pure walk does not")
-    return _result(buf, raw)
+    return _result(buf, WALKER.impl.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages))
 
 
-# what both walks return: header columns, the collected (data, set_starts, set_ends) or None, stop, next_seq,
-# reason, need
-_RawWalk = tuple[tuple[np.ndarray, ...], tuple[bytes, np.ndarray, np.ndarray] | None, int, int, int, int]
+Gathered: TypeAlias = tuple[bytes, np.ndarray, np.ndarray]  # collected message sets: data, set_starts, set_ends
+# what both walks return: header columns, the collected message sets or None, stop, next_seq, reason, need
+_RawWalk: TypeAlias = tuple[tuple[np.ndarray, ...], Gathered | None, int, int, int, int]
 
 # the codec table as the compiled walk takes it: (decompress_into, max_expansion, raw_snappy) per codec id 0..3, None
 # if unknown
@@ -208,15 +201,18 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
         TankFormatError: a message set that does not decompress or cannot hold its count (buffer offset).
     """
     buf = table.walked
-    mv = memoryview(buf)
     pick = rows.astype(np.int64, copy=False)
     sub = table.take(pick)
-    if native.compiled():
-        got = _codec.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
-        if isinstance(got, int):
-            _raise_first_error(table, pick, sub, got)
-        sub.data, sub.set_starts, sub.set_ends = got
-        return sub
+    got = WALKER.impl.collect(buf, sub)
+    if isinstance(got, int):
+        _raise_first_error(table, pick, sub, got)
+    sub.data, sub.set_starts, sub.set_ends = got
+    return sub
+
+
+def _collect_pure(buf: bytes, sub: BundleTable) -> Gathered | int:
+    """The pure-Python collect: the gathered message sets, or the index of the first bundle that does not collect."""
+    mv = memoryview(buf)
     sets: list[Any] = []
     codecs = CODECS
     for i, (q, end, f, c) in enumerate(
@@ -231,10 +227,9 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
         except TankFormatError:
             unpacked = None
         if unpacked is None or c > len(unpacked) // MIN_MESSAGE_BYTES:  # the walk's checks, with its error
-            _raise_first_error(table, pick, sub, i)
+            return i
         sets.append(unpacked)
-    sub.data, sub.set_starts, sub.set_ends = _gather(sets)
-    return sub
+    return _gather(sets)
 
 
 def _raise_first_error(table: BundleTable, rows: np.ndarray, sub: BundleTable, i: int) -> NoReturn:
@@ -416,27 +411,10 @@ def decode_messages(table: BundleTable) -> MessageColumns:
     Raises:
         TankFormatError: a message set that contradicts its bundle header (offset of the first such bundle).
     """
-    cols = _decode(table)
+    cols = WALKER.impl.decode(table)
     if cols is None:
         _raise_first_bad_bundle(table)
     return cols
-
-
-def _decode(table: BundleTable) -> MessageColumns | None:
-    """The columns, or None for a malformed message set."""
-    if not native.compiled():
-        try:
-            return _decode_pure(table)
-        except TankFormatError:
-            return None
-    assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
-    cols = _codec.decode(
-        table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
-    )
-    if cols is None:
-        return None
-    seq, ts, key_off, key_len, val_off, val_len, bundle = cols
-    return MessageColumns(seq, ts, key_off, key_len, val_off, val_len, bundle, table.data)
 
 
 def _raise_first_bad_bundle(table: BundleTable) -> NoReturn:
@@ -448,7 +426,7 @@ def _raise_first_bad_bundle(table: BundleTable) -> NoReturn:
     lo, hi = 0, len(table)  # table[:lo] decodes, table[:hi] does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _decode(table.take(slice(0, mid))) is None:
+        if WALKER.impl.decode(table.take(slice(0, mid))) is None:
             hi = mid
         else:
             lo = mid
@@ -554,3 +532,91 @@ def _decode_pure(table: BundleTable) -> MessageColumns:
             offset=int(table.offsets[b]),
         ) from None
     return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)
+
+
+class Walker(Protocol):
+    """The walk, collect and decode of this module, compiled or pure Python: the same columns and errors."""
+
+    def walk(
+        self,
+        buf: bytes,
+        start: int,
+        next_seq: int,
+        collect: bool,
+        max_bytes: int | None,
+        stop_seq: int | None,
+        max_messages: int,
+    ) -> _RawWalk:
+        """`walk_bundles`' walk (a malformed bundle raises its TankFormatError)."""
+        ...
+
+    def collect(self, buf: bytes, sub: BundleTable) -> Gathered | int:
+        """The message sets of the bundles of `sub` (rows of `buf`), or the index of the first that does not collect."""
+        ...
+
+    def decode(self, table: BundleTable) -> MessageColumns | None:
+        """The messages of a collected `table`, or None for a malformed message set."""
+        ...
+
+
+class PureWalker:
+    """The pure-Python walk, collect and decode (above)."""
+
+    def walk(
+        self,
+        buf: bytes,
+        start: int,
+        next_seq: int,
+        collect: bool,
+        max_bytes: int | None,
+        stop_seq: int | None,
+        max_messages: int,
+    ) -> _RawWalk:
+        with _gc_paused():
+            return _walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages)
+
+    def collect(self, buf: bytes, sub: BundleTable) -> Gathered | int:
+        return _collect_pure(buf, sub)
+
+    def decode(self, table: BundleTable) -> MessageColumns | None:
+        try:
+            return _decode_pure(table)
+        except TankFormatError:
+            return None
+
+
+class CompiledWalker:
+    """The compiled walk, collect and decode (`_codec.pyx`); malformed input is re-read by the pure walk for its
+    precise error."""
+
+    def walk(
+        self,
+        buf: bytes,
+        start: int,
+        next_seq: int,
+        collect: bool,
+        max_bytes: int | None,
+        stop_seq: int | None,
+        max_messages: int,
+    ) -> _RawWalk:
+        raw = _codec.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
+        if raw[4] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
+            _walk(buf, raw[2], raw[3], collect, None, None, max_messages)
+            raise AssertionError(f"the compiled walk rejects the bundle at {raw[2]}, the pure walk does not")
+        return raw
+
+    def collect(self, buf: bytes, sub: BundleTable) -> Gathered | int:
+        return _codec.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
+
+    def decode(self, table: BundleTable) -> MessageColumns | None:
+        assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both
+        cols = _codec.decode(
+            table.data, table.set_starts, table.set_ends, table.counts, table.flags, table.firsts, table.lasts
+        )
+        if cols is None:
+            return None
+        seq, ts, key_off, key_len, val_off, val_len, bundle = cols
+        return MessageColumns(seq, ts, key_off, key_len, val_off, val_len, bundle, table.data)
+
+
+WALKER: native.Choice[Walker] = native.Choice(PureWalker(), CompiledWalker)

@@ -173,6 +173,22 @@ def verify_index(
     first seq matches, no offset past the end, size a multiple of 8. Plus the broker's crash cases: a 0-byte RO
     index (§4.2) and, for the active segment, an entry at or beyond the log size (§2.6).
     """
+    has_bundles = bool(len(headers[0]) if isinstance(headers, tuple) else len(headers))
+    problems, entries = _read_entries(index_path, data, has_bundles, active=active)
+    if not entries:
+        return problems
+    if isinstance(headers, tuple):
+        starts, firsts = headers
+    else:
+        starts = np.array([h.offset for h in headers], dtype=np.int64)
+        firsts = np.array([h.first_seq for h in headers], dtype=np.uint64)
+    return problems + _entry_problems(index_path, entries, starts, firsts, base, log_size, active=active)
+
+
+def _read_entries(
+    index_path: str, data: bytes | None, has_bundles: bool, *, active: bool
+) -> tuple[list[Problem], list[Entry]]:
+    """The index file as a whole: missing, empty, a size that is not a multiple of 8; its complete entries."""
     problems: list[Problem] = []
 
     def bad(offset: int | None, code: str, message: str, severity: str = "error", aborts: bool = False) -> None:
@@ -188,8 +204,7 @@ def verify_index(
             )
         else:
             bad(None, "index-missing", "active segment index missing (rebuilt at open; fails in -r mode)", "warning")
-        return problems
-    has_bundles = bool(len(headers[0]) if isinstance(headers, tuple) else len(headers))
+        return problems, []
     if not data:
         if not active and has_bundles:
             bad(
@@ -200,7 +215,7 @@ def verify_index(
             )
         elif active and has_bundles:
             bad(0, "index-empty", "empty active index (the broker rebuilds it at open)", "warning")
-        return problems
+        return problems, []
     if len(data) % ENTRY.size:
         bad(len(data) - len(data) % 8, "index-size", f"index size {len(data)} is not a multiple of 8")
     entries = list(ENTRY.iter_unpack(data[: len(data) - len(data) % 8]))
@@ -212,14 +227,29 @@ def verify_index(
                 "RO index without a complete entry: the broker aborts on the first read (§4.2)",
                 aborts=True,
             )
-        return problems
+        return problems, []
+    return problems, entries
+
+
+def _entry_problems(
+    index_path: str,
+    entries: list[Entry],
+    starts: np.ndarray,
+    firsts: np.ndarray,
+    base: int,
+    log_size: int,
+    *,
+    active: bool,
+) -> list[Problem]:
+    """Each entry against the log: (0, 0) first, strictly increasing, within the file, at a bundle start whose first
+    seq it names."""
+    problems: list[Problem] = []
+
+    def bad(offset: int | None, code: str, message: str, severity: str = "error", aborts: bool = False) -> None:
+        problems.append(Problem(index_path, offset, code, message, severity, aborts))
+
     if entries[0] != (0, 0):
         bad(0, "index-first-entry", f"first entry is {entries[0]}, must be (0, 0)")
-    if isinstance(headers, tuple):
-        starts, firsts = headers
-    else:
-        starts = np.array([h.offset for h in headers], dtype=np.int64)
-        firsts = np.array([h.first_seq for h in headers], dtype=np.uint64)
     arr = np.array(entries, dtype=np.int64).reshape(-1, 2)
     why = entry_disagreements(arr, starts, firsts, base)
     prev: Entry | None = None

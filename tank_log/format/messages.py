@@ -10,6 +10,13 @@ from typing import NamedTuple
 import numpy as np
 
 
+def tombstones(keyed: np.ndarray, value_len: np.ndarray) -> np.ndarray:
+    """Which messages are tombstones: a key and an empty value (docs/FORMAT.md §6.2). Compaction keeps one as its
+    key's latest value; a current-state table deletes the key. `keyed`: bool per message; `value_len`: lengths."""
+    marked: np.ndarray = np.asarray(keyed, dtype=bool) & (np.asarray(value_len) == 0)
+    return marked
+
+
 class Message(NamedTuple):
     """One message. `key` None (or b"") means no key; `ts` is the producer's u64 (ms by convention, §3.7)."""
 

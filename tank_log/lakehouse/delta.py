@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from deltalake import DeltaTable
 
 from tank_log.errors import JobConfigError
 from tank_log.lakehouse.table import (
+    APP_ID_PREFIX,
     RUN_KEY,
     CommitConflict,
     DataFile,
@@ -136,6 +137,87 @@ class DeltaLakeTable(DeltaTable):
             raise CommitConflict(f"commit conflict: {err}") from None
         self.update_incremental()
         return self.version()
+
+    def merge_latest(
+        self,
+        source: pa.Table,
+        *,
+        keys: tuple[str, ...],
+        order: str,
+        tombstone: str,
+        versions: dict[str, int],
+        run_id: str,
+        metadata: dict[str, str],
+    ) -> dict[str, int]:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        newer = f"s.{order} > t.{order}"
+        merger = (
+            self.merge(
+                source,
+                predicate=" AND ".join(f"t.{k} = s.{k}" for k in keys),
+                source_alias="s",
+                target_alias="t",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(a, v) for a, v in versions.items()],
+                    custom_metadata={RUN_KEY: run_id, **metadata},
+                ),
+            )
+            .when_matched_delete(predicate=f"s.{tombstone} AND {newer}")
+            .when_matched_update_all(predicate=f"NOT s.{tombstone} AND {newer}", except_cols=[tombstone])
+            .when_not_matched_insert_all(predicate=f"NOT s.{tombstone}", except_cols=[tombstone])
+        )
+        try:
+            metrics = merger.execute()
+        except CommitFailedError as err:
+            self.update_incremental()
+            if not self.committed_by(run_id):
+                raise CommitConflict(f"MERGE commit conflict: {err}") from None
+            log.warning("export: delta-rs reported %s, but this run's MERGE is in the table: committed", err)
+            metrics = {}
+        self.update_incremental()
+        return {k: int(v) for k, v in metrics.items() if k.startswith("num_target_rows_")}
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.metadata().configuration)
+
+    def file_stats(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.table(self.get_add_actions(flatten=True))
+
+    def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
+        """Read from the commit files themselves, the latest first (a file's `add` and the commit's `commitInfo` and
+        `txn` actions)."""
+        want = {unquote(p): p for p in paths}
+        out: dict[str, str] = {}
+        filesystem, root = self.location.filesystem()
+        latest = self.version()
+        for v in range(latest, max(-1, latest - lookback), -1):
+            try:
+                with filesystem.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
+                    actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+            except (FileNotFoundError, OSError):  # cleaned up past a checkpoint
+                break
+            added = [
+                want[unquote(a["add"]["path"])] for a in actions if "add" in a and unquote(a["add"]["path"]) in want
+            ]
+            if added:
+                info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+                txns = [
+                    a["txn"]["appId"] for a in actions if "txn" in a and not a["txn"]["appId"].startswith(APP_ID_PREFIX)
+                ]
+                who = [f"table version {v}", info.get("operation", "a commit")]
+                if txns:
+                    who.append(f"app id {', '.join(txns)}")
+                if info.get("engineInfo"):
+                    who.append(info["engineInfo"])
+                for p in added:
+                    out[p] = ", ".join(who)
+            if len(out) == len(want):
+                break
+        return out
 
     def committed_by(self, run_id: str) -> bool:
         """Whether this run's commit is in the table after all. An object store's response can be lost after the put
@@ -365,14 +447,21 @@ def open(location: TableLocation) -> DeltaLakeTable | None:  # noqa: A001 (the f
     return table
 
 
-def create(location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...]) -> DeltaLakeTable:
-    """A new, empty Delta table (an error if one exists)."""
+def create(
+    location: TableLocation,
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    configuration: dict[str, str] | None = None,
+) -> DeltaLakeTable:
+    """A new, empty Delta table (an error if one exists); `configuration`: keys of ours it records."""
     table = DeltaLakeTable.create(
         location.uri,
         schema=schema,
         partition_by=list(partition_by),
         mode="error",
+        configuration=configuration,
         storage_options=location.options or None,
+        raise_if_key_not_exists=configuration is None,  # delta-rs knows only delta.* keys
     )
     assert isinstance(table, DeltaLakeTable)  # `create` makes its class's instance
     table.location = location

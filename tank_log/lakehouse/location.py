@@ -210,9 +210,11 @@ class TableLocation:
             raise RunFailed(f"the table {self} is gone (removed while this run worked)")
         return table
 
-    def create(self, schema: pa.Schema, partition_by: tuple[str, ...]) -> LakeTable:
-        """A new, empty table here (an error if one exists)."""
-        return implementation(self.format).create(self, schema, partition_by)
+    def create(
+        self, schema: pa.Schema, partition_by: tuple[str, ...], configuration: dict[str, str] | None = None
+    ) -> LakeTable:
+        """A new, empty table here (an error if one exists); `configuration`: keys of ours it records (`properties`)."""
+        return implementation(self.format).create(self, schema, partition_by, configuration)
 
 
 class LakeTable(Protocol):
@@ -268,6 +270,43 @@ class LakeTable(Protocol):
         """
         ...
 
+    def merge_latest(
+        self,
+        source: pa.Table,
+        *,
+        keys: tuple[str, ...],
+        order: str,
+        tombstone: str,
+        versions: dict[str, int],
+        run_id: str,
+        metadata: dict[str, str],
+    ) -> dict[str, int]:
+        """Merge `source` (one row per `keys`) into the table, with the new recorded versions (`app_id` → last seq), in
+        one atomic commit recording `run_id` and `metadata`: a row whose `order` is above its key's row in the table
+        replaces that row, or deletes it when its `tombstone` column is set; a new key's row is inserted unless it is
+        a tombstone (the `tombstone` column is not written). Return the merge's counts of target rows.
+
+        Raises:
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        ...
+
+    def properties(self) -> dict[str, str]:
+        """What the table records of itself: the `configuration` it was created with among them."""
+        ...
+
+    def file_stats(self) -> pa.Table:
+        """The current version's data files, one row each: `path` (relative to the table, as the table records it:
+        maybe URL-quoted), `size_bytes`, each partition column's value (`partition.<column>`) and each column's
+        statistics where the file has them (`min.<column>`, `max.<column>`)."""
+        ...
+
+    def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
+        """The commit that added each of `paths` (as `file_stats` gives them), as `table version N, operation, app id
+        …, engine …` (app ids other than this library's), reading back at most `lookback` commits from the latest; a
+        file not found is left out."""
+        ...
+
     def run_history(self) -> list[RunCommit]:
         """Every commit still readable, with the run id it recorded."""
         ...
@@ -302,7 +341,13 @@ class TableFormat(Protocol):
 
     def open(self, location: TableLocation) -> LakeTable | None: ...
 
-    def create(self, location: TableLocation, schema: pa.Schema, partition_by: tuple[str, ...]) -> LakeTable: ...
+    def create(
+        self,
+        location: TableLocation,
+        schema: pa.Schema,
+        partition_by: tuple[str, ...],
+        configuration: dict[str, str] | None = None,
+    ) -> LakeTable: ...
 
     def check_vacuum_retention(self, table: LakeTable | None, retention_ms: int) -> None: ...
 

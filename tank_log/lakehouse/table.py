@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tank_log.errors import JobConfigError, RunFailed, TankLogError
 
 REQUIRED_COLUMNS = ("topic", "partition", "seq")  # what makes a table a tank-log export
+APP_ID_PREFIX = "tank-log:"  # every recorded version's id starts so (`app_id`, `legacy_app_id`)
 RUN_KEY = "tank-log.run"  # the commit metadata field holding the id of the export run that made the commit
 
 
@@ -30,7 +31,7 @@ def app_id(table_uuid: str, topic: str, partition: int) -> str:
     """The id one partition's recorded version is kept under in one table. `table_uuid` is the table's own id
     (`LakeTable.table_id`, kept when the table is moved, copied or reached through another path or a symlink),
     so exactly-once belongs to the table, not to the path used to reach it."""
-    return f"tank-log:{table_uuid}:{topic}:{partition}"
+    return f"{APP_ID_PREFIX}{table_uuid}:{topic}:{partition}"
 
 
 def table_key(table: str) -> str:
@@ -40,7 +41,7 @@ def table_key(table: str) -> str:
 def legacy_app_id(table: str, topic: str, partition: int) -> str:
     """The id of tables exported before `app_id` used the table's id (a hash of the path): read, never written."""
     digest = hashlib.sha1(table_key(table).encode()).hexdigest()[:12]
-    return f"tank-log:{digest}:{topic}:{partition}"
+    return f"{APP_ID_PREFIX}{digest}:{topic}:{partition}"
 
 
 def storage_options(configured: dict[str, str], flags: list[str]) -> dict[str, str]:

@@ -113,6 +113,8 @@ POLICIES: tuple[RetentionPolicy, ...] = (
 
 @dataclass(frozen=True)
 class RetentionOptions(SafetyOptions):
+    """How `apply_retention` runs: the safety options (and, for tests, the time it takes as now)."""
+
     now_s: float | None = None  # for tests
 
 
@@ -130,6 +132,8 @@ class ExportGuard:
 
 @dataclass
 class RetentionResult(PartitionOutcome):
+    """What `apply_retention` did to one partition: the rules, and the segments and bytes before and deleted."""
+
     rules: dict[str, Any] = field(default_factory=dict)
     segments_before: int = 0
     bytes_before: int = 0
@@ -264,56 +268,10 @@ def _retain(
         return
     past_bound = False
     if guard is not None:
-        if guard.error is not None:
-            res.status = Status.NEEDS_ATTENTION
-            res.reason = (
-                f"{len(plan)} segment(s) are past the limits, but what the lakehouse holds is unknown "
-                f"({guard.error}): nothing deleted"
-            )
-            log.error("%s/%d: %s", part.topic, part.id, res.reason)
+        guarded = _guarded_plan(part, plan, guard, rules, now_s, res)
+        if guarded is None:
             return
-        res.exported_last = guard.exported_last
-        received, past_bound = held_for_the_table(plan, guard, rules, now_s)
-        held = [sf for sf, _ in plan[received:]]
-        if held:
-            res.kept_unexported = {
-                "table": guard.table,
-                "segments": len(held),
-                "bytes": sum(s.size for s in held),
-                "first_seq": max(held[0].base, (guard.exported_last or 0) + 1),
-                "last_seq": held[-1].last,
-                "max_bytes": guard.max_holdback_bytes,  # the bound (0: none)
-            }
-            if past_bound:
-                res.deleted_unexported = [[max(s.base, (guard.exported_last or 0) + 1), s.last or s.base] for s in held]
-                log.error(
-                    "%s/%d: %d segments (%d bytes, seqs %d..%d) not yet in %s are past max_holdback: deleting them "
-                    "(data-loss)",
-                    part.topic,
-                    part.id,
-                    len(held),
-                    res.kept_unexported["bytes"],
-                    res.kept_unexported["first_seq"],
-                    res.kept_unexported["last_seq"],
-                    guard.table,
-                )
-                res.kept_unexported = None
-            else:
-                log.warning(
-                    "%s/%d: kept %d segments (%s, seqs %d..%d) not yet in %s",
-                    part.topic,
-                    part.id,
-                    len(held),
-                    _mb(res.kept_unexported["bytes"]),
-                    res.kept_unexported["first_seq"],
-                    res.kept_unexported["last_seq"],
-                    guard.table,
-                )
-                plan = plan[:received]
-        if not plan:
-            res.status = Status.KEPT
-            res.reason = f"past the limits but not yet in {guard.table}: kept for the export"
-            return
+        plan, past_bound = guarded
     if part.active is None or part.active.size == 0:
         res.status = Status.KEPT
         res.reason = (
@@ -341,6 +299,85 @@ def _retain(
         if past_bound:
             res.reason = "would delete data the lakehouse has not received (past max_holdback)"
         return
+    _delete(part, plan, planned, remaining, res)
+    res.status = Status.DELETED
+    if past_bound:
+        res.status = Status.DATA_LOSS
+        res.reason = f"deleted seqs {res.deleted_unexported} the lakehouse had not received (past max_holdback)"
+
+
+def _guarded_plan(
+    part: Partition,
+    plan: list[tuple[Segment, str]],
+    guard: ExportGuard,
+    rules: RetentionRules,
+    now_s: float,
+    res: RetentionResult,
+) -> tuple[list[tuple[Segment, str]], bool] | None:
+    """Retention's lakehouse guard over the deletable prefix: the part the table has received (all of it past
+    max_holdback) and whether that bound was passed; None when nothing may be deleted (`res` says why)."""
+    if guard.error is not None:
+        res.status = Status.NEEDS_ATTENTION
+        res.reason = (
+            f"{len(plan)} segment(s) are past the limits, but what the lakehouse holds is unknown "
+            f"({guard.error}): nothing deleted"
+        )
+        log.error("%s/%d: %s", part.topic, part.id, res.reason)
+        return None
+    res.exported_last = guard.exported_last
+    received, past_bound = held_for_the_table(plan, guard, rules, now_s)
+    held = [sf for sf, _ in plan[received:]]
+    if held:
+        res.kept_unexported = {
+            "table": guard.table,
+            "segments": len(held),
+            "bytes": sum(s.size for s in held),
+            "first_seq": max(held[0].base, (guard.exported_last or 0) + 1),
+            "last_seq": held[-1].last,
+            "max_bytes": guard.max_holdback_bytes,  # the bound (0: none)
+        }
+        if past_bound:
+            res.deleted_unexported = [[max(s.base, (guard.exported_last or 0) + 1), s.last or s.base] for s in held]
+            log.error(
+                "%s/%d: %d segments (%d bytes, seqs %d..%d) not yet in %s are past max_holdback: deleting them "
+                "(data-loss)",
+                part.topic,
+                part.id,
+                len(held),
+                res.kept_unexported["bytes"],
+                res.kept_unexported["first_seq"],
+                res.kept_unexported["last_seq"],
+                guard.table,
+            )
+            res.kept_unexported = None
+        else:
+            log.warning(
+                "%s/%d: kept %d segments (%s, seqs %d..%d) not yet in %s",
+                part.topic,
+                part.id,
+                len(held),
+                _mb(res.kept_unexported["bytes"]),
+                res.kept_unexported["first_seq"],
+                res.kept_unexported["last_seq"],
+                guard.table,
+            )
+            plan = plan[:received]
+    if not plan:
+        res.status = Status.KEPT
+        res.reason = f"past the limits but not yet in {guard.table}: kept for the export"
+        return None
+    return plan, past_bound
+
+
+def _delete(
+    part: Partition,
+    plan: list[tuple[Segment, str]],
+    planned: list[dict[str, Any]],
+    remaining: list[Segment],
+    res: RetentionResult,
+) -> None:
+    """Delete the planned segments oldest first, then the indexes an earlier interrupted deletion left below the
+    first remaining segment; `res` counts what was deleted, also when a step fails."""
     try:
         for (sf, _), entry in zip(plan, planned, strict=True):  # oldest first: a crash leaves a valid prefix deleted
             os.unlink(sf.path)
@@ -358,10 +395,6 @@ def _retain(
             res.stale_indexes_removed.append(os.path.basename(path))
     if res.stale_indexes_removed:
         fsync_dir(part.path)
-    res.status = Status.DELETED
-    if past_bound:
-        res.status = Status.DATA_LOSS
-        res.reason = f"deleted seqs {res.deleted_unexported} the lakehouse had not received (past max_holdback)"
 
 
 def _mb(n: int) -> str:

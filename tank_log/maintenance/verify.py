@@ -90,7 +90,26 @@ def check_partition(part: Partition) -> list[Problem]:
     checks = {s.path: check_segment(s) for s in part.segments}
     for c in checks.values():
         problems += c.problems
-    # layout: ranges by name (what the broker routes by), §9 rule 3
+    problems += _layout_problems(part)
+    bases = {s.base for s in part.segments}
+    for base, path in part.index_files.items():
+        if base not in bases:
+            problems.append(
+                Problem(
+                    path,
+                    None,
+                    "stale-index",
+                    "index without its segment: appended to if this base becomes active (§2.3)",
+                    "warning",
+                )
+            )
+    return problems
+
+
+def _layout_problems(part: Partition) -> list[Problem]:
+    """The partition's layout by its segments' names (what the broker routes by): RO ranges that do not overlap
+    (§9 rule 3), then a non-empty active segment right after the last RO seq (§9 rule 4, §4.4)."""
+    problems: list[Problem] = []
     prev: Segment | None = None
     for s in part.ro:
         if prev is not None and prev.last is not None and s.base <= prev.last:
@@ -125,18 +144,6 @@ def check_partition(part: Partition) -> list[Problem]:
                     f"seq gap {last_ro + 1}..{part.active.base - 1} between the last RO segment and "
                     f"the active segment: the broker aborts on a fetch inside it (§4.4)",
                     aborts=True,
-                )
-            )
-    bases = {s.base for s in part.segments}
-    for base, path in part.index_files.items():
-        if base not in bases:
-            problems.append(
-                Problem(
-                    path,
-                    None,
-                    "stale-index",
-                    "index without its segment: appended to if this base becomes active (§2.3)",
-                    "warning",
                 )
             )
     return problems

@@ -44,6 +44,8 @@ class Unread:
 
 @dataclass
 class Partition:
+    """One partition directory (§2.6): its RO segments by base, the active one, and what the scan found wrong."""
+
     topic: str
     id: int
     path: str
@@ -67,6 +69,8 @@ class Partition:
 
 @dataclass
 class Topic:
+    """One topic directory (§1.2): its config and partitions."""
+
     name: str
     path: str
     config: PartitionConfig
@@ -77,6 +81,8 @@ class Topic:
 
 @dataclass
 class DataDir:
+    """A broker base path as scanned (`scan_data_dir`): its topics, `.cleanup.log` marks and problems."""
+
     path: str
     topics: list[Topic] = field(default_factory=list)
     cleanup_marks: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -146,6 +152,13 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
         except FileNotFoundError:  # renamed/unlinked by a live broker since the listing (§9 rule 2)
             continue
         logs.append(Segment(full, name=parsed, size=size))
+    _place_segments(part, logs)
+    return part
+
+
+def _place_segments(part: Partition, logs: list[Segment]) -> None:
+    """The partition's segments as the broker opens them (§2.6): RO by base, the last `.log` active (others are
+    reported and not read), a 0-byte active one reported."""
     ro = sorted((s for s in logs if not s.is_active), key=lambda s: (s.base, s.last or 0))
     actives = sorted((s for s in logs if s.is_active), key=lambda s: s.base)
     part.ro = ro
@@ -171,7 +184,6 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
                 "warning",
             )
         )
-    return part
 
 
 def rescan_partition(path: str, topic: str, pid: int) -> Partition:

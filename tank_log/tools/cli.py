@@ -250,6 +250,17 @@ def _require_base_path(path: str) -> None:
         raise UsageError(f"{path}: give the broker base path (the directory holding topic directories)")
 
 
+def _write_run_metrics(path: str, what: str, status: str, results: list[dict[str, Any]], duration_s: float) -> None:
+    """The run's Prometheus metrics as a job's: its status, duration and partitions by status."""
+    from tank_log.metrics import write_report_metrics
+
+    by_status: dict[str, int] = {}
+    for r in results:
+        by_status[str(r["status"])] = by_status.get(str(r["status"]), 0) + 1
+    doc = {"job": f"tank-log {what}", "status": status, "duration_s": duration_s}
+    write_report_metrics(path, {**doc, "summary": {"by_status": by_status}, "partitions": results})
+
+
 def _run_tasks(
     what: str,
     tasks: Sequence[PartitionTask],
@@ -284,13 +295,7 @@ def _run_tasks(
 
     def metrics(status: str, results: list[dict[str, Any]]) -> None:
         if metrics_file:
-            from tank_log.metrics import write_report_metrics
-
-            by_status: dict[str, int] = {}
-            for r in results:
-                by_status[str(r["status"])] = by_status.get(str(r["status"]), 0) + 1
-            doc = {"job": f"tank-log {what}", "status": status, "duration_s": time.monotonic() - t0}
-            write_report_metrics(metrics_file, {**doc, "summary": {"by_status": by_status}, "partitions": results})
+            _write_run_metrics(metrics_file, what, status, results, time.monotonic() - t0)
 
     late: list[int] = []  # Ctrl-C/SIGTERM after every partition finished: the bookkeeping and the summary still run
     with handling(lambda signum, frame: late.append(signum), signal.SIGINT, signal.SIGTERM):
@@ -396,6 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _add_inspection_commands(sub)
+    _add_maintenance_commands(sub)
+    _add_helper_commands(sub)
+    return parser
+
+
+def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that read and change nothing: dump, verify, stats."""
     p = sub.add_parser("dump", help="messages as JSON lines (or bundle headers with --bundles)")
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
     p.add_argument("--bundles", action="store_true", help="print bundle headers instead of messages")
@@ -433,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
 
+
+def _add_maintenance_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that change data: repair, compact, maintain, rebuild-index."""
     p = sub.add_parser("repair", help="recover partitions from interrupted compactions (docs/FORMAT.md §6.4)")
     p.add_argument("path", help="partition dir, topic dir or base path")
     p.add_argument("--dry-run", action="store_true", help="print what would be done")
@@ -477,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output file (default: <base>.index next to the segment)")
     p.set_defaults(func=_cmd_rebuild_index)
 
+
+def _add_helper_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands around the data: job-path, config, demo."""
     p = sub.add_parser(
         "job-path", help="the file spark-submit runs for a job: spark-submit $(tank-log job-path compact)"
     )
@@ -492,7 +511,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="directory to create (must not exist)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the generated messages (default 7)")
     p.set_defaults(func=_cmd_demo)
-    return parser
 
 
 def exit_code_for(err: BaseException) -> int:

@@ -9,10 +9,11 @@ import os
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 from tank_log.errors import TankFormatError
 from tank_log.format import native
+from tank_log.format.codecs import Codec
 from tank_log.format.messages import MessageColumns
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
@@ -55,7 +56,7 @@ def _formatted(blocks: Iterator[Block]) -> Iterator[bytes | bytearray]:
     """The lines of each block, in order. With the compiled core, whose formatting releases the GIL, a chunk is
     formatted on a second thread while this one decodes the next (across segments and partitions) and the caller
     writes the last: a dump takes about as long as its formatting alone (bench/RESULTS.md, "tank-log dump")."""
-    if not native.compiled():
+    if not LINES.impl.releases_gil:
         for block in blocks:
             yield block if isinstance(block, bytes) else json_lines(*block)
         return
@@ -87,10 +88,10 @@ def json_lines(prefix: str, c: MessageColumns, out: bytearray | None = None) -> 
     """One JSON line per message, `prefix` + seq + ts, key, value: the text `json.dumps` gives for the record dict
     (a missing key dumps as an empty one), in ASCII. Built in bulk by the compiled core when it is there, into `out`
     when given (a buffer reused keeps its memory: no page faults for every chunk's lines)."""
-    if native.compiled():
-        return _dump_lines.json_lines(
-            prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len, out
-        )
+    return LINES.impl.json_lines(prefix, c, out)
+
+
+def _json_lines_pure(prefix: str, c: MessageColumns) -> bytes:
     lines = []
     seqs, tss = c.seq.tolist(), c.ts.tolist()
     for i in range(len(c)):
@@ -108,6 +109,37 @@ def _json_text(raw: bytes) -> str:
     return json.dumps(raw.decode("ascii")) if not raw.translate(None, _PRINTABLE) else "null"
 
 
+class Lines(Protocol):
+    """`json_lines`, compiled or pure Python: the same text."""
+
+    releases_gil: bool  # whether other threads run while it formats (then `_formatted` formats on threads)
+
+    def json_lines(self, prefix: str, c: MessageColumns, out: bytearray | None) -> bytes | bytearray: ...
+
+
+class PureLines:
+    """The pure-Python JSON lines: one f-string per message."""
+
+    releases_gil = False
+
+    def json_lines(self, prefix: str, c: MessageColumns, out: bytearray | None) -> bytes | bytearray:
+        return _json_lines_pure(prefix, c)
+
+
+class CompiledLines:
+    """The compiled JSON lines (`_dump_lines.pyx`), written in bulk into `out` without the GIL."""
+
+    releases_gil = True
+
+    def json_lines(self, prefix: str, c: MessageColumns, out: bytearray | None) -> bytes | bytearray:
+        return _dump_lines.json_lines(
+            prefix.encode(), c.data, c.seq, c.ts, c.key_off, c.key_len, c.val_off, c.val_len, out
+        )
+
+
+LINES: native.Choice[Lines] = native.Choice(PureLines(), CompiledLines)
+
+
 def bundle_records(segment: Segment, unread: list[Unread]) -> Iterator[dict[str, Any]]:
     audit = SegmentAudit(segment)
     walk = segment.tables()
@@ -119,7 +151,7 @@ def bundle_records(segment: Segment, unread: list[Unread]) -> Iterator[dict[str,
                     "file": os.path.basename(segment.path),
                     "offset": h.offset,
                     "length": h.size,
-                    "codec": "snappy" if h.codec else "none",
+                    "codec": Codec(h.codec).name.lower(),  # none, snappy: the codec's name in `format/codecs/`
                     "count": h.count,
                     "varint_count": h.varint_count,
                     "sparse": h.sparse,

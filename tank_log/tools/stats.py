@@ -12,6 +12,7 @@ import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import CODEC_MASK, SPARSE
+from tank_log.format.messages import MessageColumns, tombstones
 from tank_log.lakehouse import ExportedSeqs
 from tank_log.maintenance.compaction.passes import dirty_ratio
 from tank_log.storage.cleanup_marks import read_cleanup_log
@@ -79,22 +80,7 @@ def partition_stats(
             c = chunk.cols
             if not len(c):
                 continue
-            flags = np.array(chunk.table.flags, dtype=np.uint8)
-            st.bundles += len(flags)
-            st.snappy_bundles += int(((flags & CODEC_MASK) != 0).sum())
-            st.sparse_bundles += int(((flags & SPARSE) != 0).sum())
-            st.messages += len(c)
-            st.first_seq = int(c.seq[0]) if st.first_seq is None else st.first_seq
-            st.last_seq = int(c.seq[-1])
-            lo, hi = int(c.ts.min()), int(c.ts.max())
-            st.min_ts = lo if st.min_ts is None else min(st.min_ts, lo)
-            st.max_ts = hi if st.max_ts is None else max(st.max_ts, hi)
-            keyed = c.key_off >= 0
-            empty = c.val_len == 0
-            st.keyed += int(keyed.sum())
-            st.keyless += int((~keyed).sum())
-            st.keyless_empty += int((~keyed & empty).sum())
-            st.tombstones += int((keyed & empty).sum())
+            keyed = _add_chunk(st, chunk.table.flags, c)
             if after is not None:
                 behind = c.seq > after
                 if behind.any():
@@ -116,6 +102,28 @@ def partition_stats(
         base = os.path.dirname(os.path.dirname(part.path))
         st.dirty_ratio = round(dirty_ratio(part, read_cleanup_log(base).get(part.key, 0)), 6)
     return st
+
+
+def _add_chunk(st: PartitionStats, bundle_flags: np.ndarray, c: MessageColumns) -> np.ndarray:
+    """Count a decoded chunk's bundles and messages into `st`: codecs, sparse bundles, seqs, timestamps, keys and
+    tombstones; returns which messages have a key."""
+    flags = np.array(bundle_flags, dtype=np.uint8)
+    st.bundles += len(flags)
+    st.snappy_bundles += int(((flags & CODEC_MASK) != 0).sum())
+    st.sparse_bundles += int(((flags & SPARSE) != 0).sum())
+    st.messages += len(c)
+    st.first_seq = int(c.seq[0]) if st.first_seq is None else st.first_seq
+    st.last_seq = int(c.seq[-1])
+    lo, hi = int(c.ts.min()), int(c.ts.max())
+    st.min_ts = lo if st.min_ts is None else min(st.min_ts, lo)
+    st.max_ts = hi if st.max_ts is None else max(st.max_ts, hi)
+    keyed = c.key_off >= 0
+    empty = c.val_len == 0
+    st.keyed += int(keyed.sum())
+    st.keyless += int((~keyed).sum())
+    st.keyless_empty += int((~keyed & empty).sum())
+    st.tombstones += int(tombstones(keyed, c.val_len).sum())
+    return keyed
 
 
 def stats_path(

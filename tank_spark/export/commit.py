@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def create_table(settings: ExportSettings, schema: pa.Schema) -> LakeTable:
-    return settings.location.create(schema, settings.partition_by)
+def create_table(settings: ExportSettings, schema: pa.Schema, configuration: dict[str, str] | None = None) -> LakeTable:
+    """A new table; `configuration`: keys of ours it records (`latest.table_configuration`)."""
+    return settings.location.create(schema, settings.partition_by, configuration)
 
 
 def check_compatible(settings: ExportSettings, schema: pa.Schema, table: LakeTable) -> bool:

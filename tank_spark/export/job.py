@@ -54,6 +54,7 @@ from tank_spark.export.files import (
     write_direct,
 )
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.latest import check_mode, merge_latest, table_configuration
 from tank_spark.export.orphans import RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import (
     ExportSettings,
@@ -193,9 +194,11 @@ def _export(
         )
         return list(results.values()), summary
     if table is None:  # the table's id names the partitions' recorded versions (`lakehouse.app_id`)
-        table = create_table(settings, schema)
+        table = create_table(settings, schema, table_configuration(settings))
         plans = [replace(p, app_id=table.app_id(p.topic, p.partition)) for p in plans]
         results = _results(plans)
+    if settings.mode == "latest":
+        return _latest(ctx, workers, settings, schema, plans, results, summary, t0)
     if settings.engine == "spark":
         assert spark is not None
         session = spark
@@ -298,6 +301,46 @@ def _export(
     return list(results.values()), summary
 
 
+def _latest(
+    ctx: JobContext,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    results: dict[tuple[str, int], dict[str, Any]],
+    summary: dict[str, Any],
+    t0: float,
+) -> JobResult:
+    """--mode latest (`latest.py`): read, reduce to the latest per key and MERGE in one commit; the same report, with
+    each partition's keys merged, tombstones among them and keyless messages skipped."""
+    run = merge_latest(ctx, workers, settings, schema, plans, COMMIT_ATTEMPTS)
+    results = _results(run.plans)
+    for o in run.outcomes:
+        _count(results[o.key], o.rows, o.min_seq, o.max_seq)
+    for p in run.cut.plans:
+        k = (p.topic, p.partition)
+        if p.has_work:
+            results[k].update(status="exported", keys=run.keys.get(k, 0), tombstones=run.tombstones.get(k, 0))
+        results[k]["keyless_skipped"] = run.keyless.get(k, 0)
+    _record_failures(results, run.cut)
+    for r in results.values():
+        if r["status"] == "exported":
+            log.info("export: %s", describe(r))
+    keyless = sum(run.keyless.values())
+    if keyless:
+        log.warning("export: %d keyless messages skipped: a latest table holds keyed messages only", keyless)
+    summary.update(
+        by_status=count_by(list(results.values())),
+        rows=sum(r["rows"] for r in results.values()),
+        keys=sum(run.keys.values()),
+        keyless_skipped=keyless,
+        merge=run.metrics,
+        table_version=run.version if run.version is not None else table_version(settings.location.open()),
+        export_s=round(time.monotonic() - t0, 3),
+    )
+    return list(results.values()), summary
+
+
 def _count(r: dict[str, Any], rows: int, lo: int | None, hi: int | None) -> None:
     r["rows"] += rows
     if lo is not None:
@@ -384,12 +427,18 @@ def _write_files(
     return files, cut
 
 
+def _prepare(ctx: JobContext, args: Any) -> Prepared:
+    prepared = prepare(ctx, args)
+    check_mode(prepared)  # latest.py: the table's mode, what --mode latest does not take
+    return prepared
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_job(
         "export_delta",
         "Export new messages to a Delta table, exactly once per partition.",
         add_options,
-        prepare,
+        _prepare,
         execute,
         argv,
         needs_spark=needs_spark,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from tank_log.errors import JobConfigError
 from tank_log.jobs.flags import add_storage_option
 from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage_options
+from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
     from tank_spark.context import JobContext
@@ -70,6 +71,7 @@ class ExportSettings:
     checkpoint: str | None = None
     on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
     in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process (ExportConfig's default)
+    mode: str = "append"  # latest.py: one row per live key (fixed per table)
 
     @property
     def location(self) -> TableLocation:
@@ -126,6 +128,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=("fail", "skip"),
         help="with --continuous: messages retention deleted before they were exported fail the query (fail, "
         "default) or are reported (log, report, <checkpoint>/tank-data-loss.jsonl) and skipped",
+    )
+    p.add_argument(
+        "--mode",
+        choices=("append", "latest"),
+        help="append (default): every message; latest: one row per live key of each partition, a tombstone deleting "
+        "its key (a table's mode is fixed when it is created)",
     )
     p.add_argument(
         "--since",
@@ -194,6 +202,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             if args.in_driver_max_bytes is not None
             else cfg.in_driver_max_bytes
         ),
+        mode=args.mode or cfg.mode,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
@@ -255,7 +264,11 @@ Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], LakeTable | No
 
 def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], LakeTable | None]:
     """Per partition: the range to export, against the table's latest version (also used to re-plan after a
-    concurrent commit)."""
+    concurrent commit).
+
+    Raises:
+        OtherWriter: another writer added rows of a partition past its recorded version (`other_writers.py`).
+    """
     from tank_log.jobs.planning import select_partitions
     from tank_log.storage.datadir import last_complete_seq
 
@@ -275,4 +288,6 @@ def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[Partiti
             else (table.app_id(part.topic, part.id), table.recorded_version(part.topic, part.id))
         )
         plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
+    if table is not None and not settings.upkeep_only:
+        check_other_writers(settings.table, table, {(p.topic, p.partition): p.previous for p in plans})
     return plans, table

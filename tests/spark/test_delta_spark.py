@@ -6,8 +6,10 @@ another export and alternating with the delta-rs engine, locally and on S3 throu
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pyarrow as pa
@@ -383,3 +385,150 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path, lake,
     d = lake.table().to_pyarrow_table(columns=["topic", "partition", "seq"]).to_pydict()
     got = sorted(zip(d["topic"], d["partition"], d["seq"], strict=True))
     assert got == [r[:3] for r in dump_rows("A_multi", {"seqgap", "small"})]
+
+
+def spark_stream(spark, base, table, checkpoint, start_after_table=False):
+    """A Spark user's streaming job: the `tank` source (topic events) into the table through delta-spark's streaming
+    sink, once over what exists (availableNow). Returns the query's id (the app id of the sink's `txn`)."""
+    reader = spark.readStream.format("tank").option("topics", "events")
+    if start_after_table:
+        reader = reader.option("startAfterTable", table)
+    derived = ["to_date(ts) AS date", "CAST(NULL AS DECIMAL(20,0)) AS ts_raw"]  # as docs/guides/export-continuous.md
+    rows = reader.load(base).selectExpr("*", *derived)
+    query = (
+        rows.writeStream.format("delta")
+        .partitionBy("topic", "date")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start(table)
+    )
+    query.awaitTermination()
+    assert query.exception() is None
+    return query.id
+
+
+def continuous_once(spark, *argv):
+    """Our continuous export on the shared session until its first micro-batch is committed, then stopped as an
+    operator stops it (SIGTERM: the batch in flight finishes)."""
+    checkpoint = argv[argv.index("--checkpoint") + 1]
+
+    def stop_after_first_batch():
+        deadline = time.monotonic() + 300
+        while not os.path.exists(os.path.join(checkpoint, "commits", "0")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    stopper = threading.Thread(target=stop_after_first_batch, daemon=True)
+    stopper.start()
+    results, summary = export_on(spark, *argv, "--continuous", "--trigger-interval", "1s")
+    stopper.join()
+    return results, summary
+
+
+def assert_refused(spark, table, args, checkpoint, capsys, partitions, writer):
+    """Our batch export (exit 2, one line), our continuous export (before its query starts) and the delta-spark
+    engine refuse, naming the table, each partition and seq range, and the writer; the table is left as it was, and
+    delta-rs reads what Spark reads."""
+    from tank_spark.export.other_writers import OtherWriter
+
+    version, files = delta_version(spark, table), sorted(f for _, _, fs in os.walk(table) for f in fs)
+    capsys.readouterr()
+    assert export(*args) == 2
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.startswith("export_delta:")]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert f"table {table}:" in lines[0] and "STREAMING UPDATE" in lines[0] and f"app id {writer}" in lines[0]
+    for (topic, partition), (lo, hi) in partitions.items():
+        assert f"{topic}/{partition} holds seqs {lo}..{hi} ({hi - lo + 1} rows)" in lines[0], lines[0]
+    with pytest.raises(OtherWriter, match="written by table version"):
+        export_on(spark, *args, "--continuous", "--checkpoint", checkpoint)
+    with pytest.raises(OtherWriter, match="STREAMING UPDATE"):
+        export_on(spark, *args, "--engine", "spark")
+    assert delta_version(spark, table) == version
+    assert sorted(f for _, _, fs in os.walk(table) for f in fs) == files
+    check_delta_rs_reads(table, spark_rows(spark, table), None)
+
+
+def test_continuous_export_then_a_spark_streaming_job_then_refused(spark, tmp_path, capsys):
+    """Our continuous export, then a Spark Structured Streaming job (delta-spark's sink, `startAfterTable`) continues
+    from the versions the table records: every message once. Then our exports refuse the partitions that job wrote
+    past those versions, before writing anything."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    args = ["--data-dir", base, "--table", table, "--topics", "events"]
+    _, summary = continuous_once(spark, *args, "--checkpoint", str(tmp_path / "ours"))
+    expected = [r[:3] for r in dump_rows("A_multi", {"events"})]
+    assert summary["batches"] == 1 and [r[:3] for r in spark_rows(spark, table)] == expected
+
+    appended = roll_and_append(base, "events", 10)
+    writer = spark_stream(spark, base, table, str(tmp_path / "theirs"), start_after_table=True)
+    expected = sorted(expected + [a[:3] for a in appended])
+    assert [r[:3] for r in spark_rows(spark, table)] == expected  # continued after our export: nothing twice
+
+    roll_and_append(base, "events", 5)
+    theirs = {(t, p): (min(s for t2, p2, s, _ in appended if (t2, p2) == (t, p)), s) for t, p, s, _ in appended}
+    assert_refused(spark, table, args, str(tmp_path / "ours"), capsys, theirs, writer)
+    assert [r[:3] for r in spark_rows(spark, table)] == expected
+
+
+def test_a_spark_streaming_job_then_our_exports_refuse(spark, tmp_path, capsys):
+    """A Spark Structured Streaming job writes the table first (delta-spark's sink, its own `txn`): our exports, batch
+    and continuous, refuse its partitions before writing, naming the seqs and the query."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    writer = spark_stream(spark, base, table, str(tmp_path / "theirs"))
+    expected = [r[:3] for r in dump_rows("A_multi", {"events"})]
+    assert [r[:3] for r in spark_rows(spark, table)] == expected
+    theirs = {}
+    for t, p, s in expected:
+        theirs[(t, p)] = (min(theirs.get((t, p), (s,))[0], s), s)
+    args = ["--data-dir", base, "--table", table, "--topics", "events"]
+    assert_refused(spark, table, args, str(tmp_path / "ours"), capsys, theirs, writer)
+
+
+# docs/guides/export.md's table of Spark's features: the first words of each row → its FEATURES entry
+DOC_ROWS = {
+    "Spark's defaults": "defaults",
+    "deletion vectors": "deletion vectors after a DELETE",
+    "column mapping": "column mapping by name",
+    "v2 checkpoints": "v2 checkpoints",
+    "a checkpoint every commit": "a checkpoint every commit",
+    "`OPTIMIZE": "OPTIMIZE ZORDER and VACUUM",
+    "a `CHECK` constraint": "a CHECK constraint",
+    "a generated column": "a generated column",
+    "liquid clustering": "liquid clustering",
+    "row tracking": "row tracking",
+    "in-commit timestamps": "in-commit timestamps",
+    "change data feed": "change data feed",
+}
+STREAMING_ROW = ("a Spark streaming job", "STREAMING UPDATE")  # the two streaming tests above
+
+
+def test_the_docs_feature_table_says_what_these_tests_assert():
+    """Every row of the docs' feature table is a FEATURES entry (or the streaming tests), every entry has its row,
+    and each cell says what the test asserts: appends or the refusal it names, and what Spark and delta-rs read."""
+    with open(os.path.join(ROOT, "docs", "guides", "export.md"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("| feature (Spark) |"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines[start + 2 : end]]
+    seen = []
+    for label, rs, spark_engine, by_spark, by_delta_rs in rows:
+        if label.startswith(STREAMING_ROW[0]):
+            for cell in (rs, spark_engine):
+                assert cell.startswith(f"refused: `{STREAMING_ROW[1]}`"), cell
+            assert by_spark == by_delta_rs == "yes"
+            seen.append(STREAMING_ROW[0])
+            continue
+        key = next(v for k, v in DOC_ROWS.items() if label.startswith(k))
+        seen.append(key)
+        _, _, *refusals, read_refusal = FEATURES[key]
+        for cell, refused in zip((rs, spark_engine), refusals, strict=True):
+            assert cell.startswith("appends") if refused is None else f"`{refused}`" in cell, (label, cell)
+            assert refused is not None or not cell.startswith("refused"), (label, cell)
+        assert by_spark.startswith("yes"), label
+        if read_refusal is None:
+            assert by_delta_rs == "yes", label
+        else:
+            assert by_delta_rs.startswith("refused") and f"`{read_refusal}`" in by_delta_rs, label
+    assert sorted(seen) == sorted([*FEATURES, STREAMING_ROW[0]])

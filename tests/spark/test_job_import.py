@@ -345,3 +345,77 @@ def test_an_imported_topic_gets_back_its_config(tmp_path):
     assert not os.path.exists(os.path.join(dst, "plain", "config"))
     assert [n for n in os.listdir(os.path.join(dst, "kv")) if n.startswith(".")] == []  # no temporary left
     assert sorted(dump_lines(dst)) == sorted(dump_lines(src))
+
+
+def _pinned_table(path) -> str:
+    """A fixed table of 2 topics, 3 partitions (seq gaps, keyed and keyless rows, values of several sizes), written
+    in 3 appends so that a partition's rows span files, and out of seq order within each file."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = pa.schema(
+        [
+            ("topic", pa.string()),
+            ("partition", pa.int32()),
+            ("seq", pa.int64()),
+            ("ts", pa.timestamp("us", "UTC")),
+            ("key", pa.binary()),
+            ("value", pa.binary()),
+        ]
+    )
+    t0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)  # in the past: segment names take their ts from the messages'
+    for part in range(3):
+        records = []
+        for topic, partition, seqs in (
+            ("a", 0, range(1, 2001)),
+            ("a", 1, [s for s in range(1, 3001) if s % 97]),  # gaps: sparse bundles
+            ("b", 0, range(5, 1505)),
+        ):
+            mine = [s for s in seqs if (s * 7919) % 3 == part]
+            for s in reversed(mine):
+                records.append(
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "seq": s,
+                        "ts": t0 + dt.timedelta(milliseconds=s * 13),
+                        "key": None if s % 5 == 0 else b"key-%d" % (s % 41),
+                        "value": bytes((s * 31 + i) % 251 for i in range(s % 300)),
+                    }
+                )
+        write_deltalake(str(path), pa.Table.from_pylist(records, schema), mode="append")
+    return str(path)
+
+
+# the SHA-256 of every segment and index file the import writes from `_pinned_table` (name, then bytes)
+IMPORT_DIGEST = "5f17c0e6145ef8ae05687520cea251914bc305a7d6598d922ba389d89495aeed"
+
+
+@pytest.mark.parametrize("where", ["default", "executors"])
+def test_import_writes_the_same_bytes_as_before(tmp_path, where):
+    """The import's segment and index files, byte for byte, whichever way the rows reach the writer: a table this
+    small is written by the driver without a JVM (no Spark in the report), or forced onto Spark's executors."""
+    import hashlib
+
+    table = _pinned_table(tmp_path / "table")
+    dst = str(tmp_path / "dst")
+    flags = ["--in-driver-max-bytes", "0"] if where == "executors" else []
+    r = run_import(
+        "--data-dir", dst, "--table", table, "--segment-bytes", "64kb", *flags, "--report", str(tmp_path / "r")
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = json.load(open(tmp_path / "r"))
+    assert rep["executed_on"] == rep["summary"]["executed_on"] == ("executors" if flags else "driver")
+    assert ("spark" in rep) == bool(flags)
+    digest = hashlib.sha256()
+    files = 0
+    for d, _, names in sorted(os.walk(dst)):
+        for name in sorted(names):
+            if name.endswith((".log", ".ilog", ".index")):
+                files += 1
+                digest.update(os.path.relpath(os.path.join(d, name), dst).encode() + b"\0")
+                digest.update(open(os.path.join(d, name), "rb").read())
+    assert files > 6
+    assert digest.hexdigest() == IMPORT_DIGEST

@@ -36,6 +36,7 @@ SnappyChoice = Annotated[str, OneOf(*(p.value for p in SnappyPolicy))]
 TimeBasis = Annotated[str, OneOf(*TIME_BASES)]
 Engine = Annotated[str, OneOf("deltalake", "spark")]
 ValueFormat = Annotated[str, OneOf("binary", "utf8", "json")]
+ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
 
 
@@ -238,6 +239,10 @@ class ExportConfig(Section):
     in_driver_max_bytes: Size = Field(
         default=128 << 20, description="an export this small runs in the driver (0: never)"
     )
+    mode: ExportMode = Field(
+        default="append",
+        description="append: every message | latest: one row per live key (docs/guides/export-latest.md)",
+    )
 
     @field_validator("orphan_horizon_ms")
     @classmethod
@@ -329,8 +334,8 @@ class JobConfig(Section):
     # A partition job (compact, retention, rebuild_indexes, maintain) whose partitions hold at most this many bytes of
     # segment data runs in the driver's processes, without Spark (0: always on executors). Spark's start, first job
     # and stop cost 5-7 s; one core compacts ~200 MB/s, so below ~1 GB the driver's cores beat any cluster
-    # (bench/RESULTS.md, "Spark's fixed costs"). The export has its own,
-    # `export.in_driver_max_bytes`.
+    # (bench/RESULTS.md, "Spark's fixed costs"). The import reads it as the size of its table's files (in the driver's
+    # threads). The export has its own, `export.in_driver_max_bytes`.
     in_driver_max_bytes: Size = Field(
         default=1 << 30, description="partition jobs reading at most this run in the driver's processes (0: never)"
     )

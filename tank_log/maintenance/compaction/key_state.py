@@ -8,7 +8,8 @@ compiled key map holds each key as one (in blocks: `records` gives them back) an
 files, so both speak the same format.
 
 The compiled core's `KeyMap` when it is built (open addressing over control bytes and record references, exact:
-22-24 B per 11- or 12-byte key); otherwise `PureKeyMap`, a dict whose bytes are estimated. Both stop taking
+22-24 B per 11- or 12-byte key); otherwise `PureKeyMap`, a dict whose bytes are estimated (`KEYS` holds the one in
+use: `CompiledKeys` or `PureKeys`, see `format.native`). Both stop taking
 messages at the first new key that does not fit in the budget: where compaction starts to spill (`spill.KeySpill`).
 """
 
@@ -105,44 +106,91 @@ class PureKeyMap:
 
 def new_key_map(budget: int, wide: bool = False) -> KeyMap:
     """A key map within `budget` bytes; `wide` for inputs of 2**32 messages or more (5-byte ordinals)."""
-    return _key_map.KeyMap(budget, wide) if native.compiled() else PureKeyMap(budget, wide)
+    return KEYS.impl.new_map(budget, wide)
 
 
 def key_hashes(data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
     """Each message's key hash (uint64; 0 for a keyless one): what the spill's buckets are chosen by."""
-    if native.compiled():
-        return _key_map.key_hashes(data, key_off, key_len)
-    out = np.zeros(len(key_off), dtype=np.uint64)
-    for i, (off, n) in enumerate(zip(key_off.tolist(), key_len.tolist(), strict=True)):
-        if off >= 0:
-            key = bytes(data[off : off + n])
-            out[i] = (zlib.crc32(key) << 32) | zlib.adler32(key)
-    return out
+    return KEYS.impl.key_hashes(data, key_off, key_len)
 
 
 def pack_records(data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray) -> bytes:
     """The key records of messages `rows` (keyed ones), in that order."""
-    if native.compiled():
-        return _key_map.pack_records(data, key_off, key_len, ords, rows.astype(np.int64))
-    parts = []
-    for r in rows.tolist():
-        off, n, o = int(key_off[r]), int(key_len[r]), int(ords[r])
-        if o > MAX_ORDINAL:
-            raise ValueError("ordinal beyond 2**40")
-        parts.append(bytes([n]) + o.to_bytes(RECORD_HEAD - 1, "little") + bytes(data[off : off + n]))
-    return b"".join(parts)
+    return KEYS.impl.pack_records(data, key_off, key_len, ords, rows)
 
 
 def unpack_records(data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The complete key records at the start of `data`: (key_off, key_len, ords, end); a record cut at the end of
     `data` is left for the next read (it starts at `end`)."""
-    if native.compiled():
+    return KEYS.impl.unpack_records(data)
+
+
+class Keys(Protocol):
+    """The key map and key records of this module, compiled or pure Python: the same survivors and records."""
+
+    def new_map(self, budget: int, wide: bool) -> KeyMap: ...
+
+    def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray: ...
+
+    def pack_records(
+        self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray
+    ) -> bytes: ...
+
+    def unpack_records(self, data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]: ...
+
+
+class PureKeys:
+    """`PureKeyMap`, and key hashes and records one key at a time."""
+
+    def new_map(self, budget: int, wide: bool) -> KeyMap:
+        return PureKeyMap(budget, wide)
+
+    def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(key_off), dtype=np.uint64)
+        for i, (off, n) in enumerate(zip(key_off.tolist(), key_len.tolist(), strict=True)):
+            if off >= 0:
+                key = bytes(data[off : off + n])
+                out[i] = (zlib.crc32(key) << 32) | zlib.adler32(key)
+        return out
+
+    def pack_records(
+        self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray
+    ) -> bytes:
+        parts = []
+        for r in rows.tolist():
+            off, n, o = int(key_off[r]), int(key_len[r]), int(ords[r])
+            if o > MAX_ORDINAL:
+                raise ValueError("ordinal beyond 2**40")
+            parts.append(bytes([n]) + o.to_bytes(RECORD_HEAD - 1, "little") + bytes(data[off : off + n]))
+        return b"".join(parts)
+
+    def unpack_records(self, data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        offs, lens, ords = [], [], []
+        p, size = 0, len(data)
+        while p + RECORD_HEAD <= size and p + RECORD_HEAD + data[p] <= size:
+            offs.append(p + RECORD_HEAD)
+            lens.append(data[p])
+            ords.append(int.from_bytes(bytes(data[p + 1 : p + RECORD_HEAD]), "little"))
+            p += RECORD_HEAD + data[p]
+        return np.array(offs, np.int64), np.array(lens, np.int64), np.array(ords, np.uint64), p
+
+
+class CompiledKeys:
+    """The compiled key map, key hashes and records (`_key_map.pyx`)."""
+
+    def new_map(self, budget: int, wide: bool) -> KeyMap:
+        return _key_map.KeyMap(budget, wide)
+
+    def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
+        return _key_map.key_hashes(data, key_off, key_len)
+
+    def pack_records(
+        self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray, rows: np.ndarray
+    ) -> bytes:
+        return _key_map.pack_records(data, key_off, key_len, ords, rows.astype(np.int64))
+
+    def unpack_records(self, data: Buffer) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         return _key_map.unpack_records(data)
-    offs, lens, ords = [], [], []
-    p, size = 0, len(data)
-    while p + RECORD_HEAD <= size and p + RECORD_HEAD + data[p] <= size:
-        offs.append(p + RECORD_HEAD)
-        lens.append(data[p])
-        ords.append(int.from_bytes(bytes(data[p + 1 : p + RECORD_HEAD]), "little"))
-        p += RECORD_HEAD + data[p]
-    return np.array(offs, np.int64), np.array(lens, np.int64), np.array(ords, np.uint64), p
+
+
+KEYS: native.Choice[Keys] = native.Choice(PureKeys(), CompiledKeys)

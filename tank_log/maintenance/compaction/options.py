@@ -14,6 +14,8 @@ DEFAULT_KEY_STATE_BUDGET = 256 << 20
 
 @dataclass(frozen=True)
 class CompactionOptions(SafetyOptions):
+    """How `compact_partition` runs: the safety options, and when and into what it compacts."""
+
     force: bool = False  # compact even when the dirty ratio is below the threshold
     min_cleanable_ratio: float | None = None  # None: the partition's log.cleaner.min.cleanable.ratio
     segment_bytes: int | None = None  # output size; None: the partition's log.segment.bytes

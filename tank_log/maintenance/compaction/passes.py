@@ -11,7 +11,7 @@ from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable
-from tank_log.format.messages import MessageColumns
+from tank_log.format.messages import MessageColumns, tombstones
 from tank_log.maintenance.compaction.key_state import KeyMap, new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
@@ -148,7 +148,7 @@ def pass2_segment(
         keyed = c.key_off >= 0
         empty = c.val_len == 0
         keep = np.where(keyed, latest.get(select.ordinals(c.bundle)), ~empty & (not options.drop_keyless))
-        tomb = keyed & empty
+        tomb = tombstones(keyed, c.val_len)
         if cutoff is not None:
             expired = keep & tomb & (c.ts < np.uint64(max(cutoff, 0)))
             keep &= ~expired

@@ -1,0 +1,230 @@
+"""Current-state tables (`export.mode: latest`, `--mode latest`): one row per live key of each (topic, partition).
+
+A table's mode is recorded in its configuration when it is created (`MODE_KEY`) and fixed from then on: a run with
+the other mode is refused. Each run reads the partitions' new ranges (since their recorded versions), reduces them
+in bulk to the latest message of each key by compaction's rule (`tank_log.format.latest`: the highest seq wins, a
+tombstone is a key with an empty value; keyless messages are counted and skipped), first per read range on the
+executors or the driver's threads and then across ranges on the driver, and MERGEs that into the table with
+delta-rs, matched on topic + partition + key: a newer message updates the key's row, a tombstone deletes it, a new
+live key is inserted. The MERGE's commit carries every partition's new app-transaction version, so a rerun, or a
+rerun after a crash before the commit, changes nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tank_log.errors import JobConfigError
+from tank_log.format.latest import TOMBSTONE
+from tank_log.lakehouse import CommitConflict
+from tank_spark.export.commit import ConcurrentExport, commit
+from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
+from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
+from tank_spark.export.rows import direct_ranges, table_batches
+from tank_spark.export.run_id import new_run_id
+from tank_spark.export.topic_config import topic_config_metadata
+from tank_spark.tasks import Workers, map_dealt
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse import LakeTable
+    from tank_spark.context import JobContext
+    from tank_spark.ranges import SegmentRange
+
+log = logging.getLogger(__name__)
+
+MODE_KEY = "tank_log.export.mode"  # the table configuration key recording its mode (absent: append)
+SCOPE = ("topic", "partition")  # a key is a key within its (topic, partition)
+KEY = (*SCOPE, "key")  # the MERGE matches a row by these columns
+
+
+def table_mode(table: LakeTable) -> str:
+    """The mode a table was created with (tables made before modes existed are append tables)."""
+    return table.properties().get(MODE_KEY) or "append"
+
+
+def table_configuration(settings: ExportSettings) -> dict[str, str] | None:
+    """What a new table records of its mode (nothing for append: tables made before modes existed read the same)."""
+    return {MODE_KEY: settings.mode} if settings.mode != "append" else None
+
+
+def check_mode(prepared: Prepared) -> None:
+    """Refuse a run whose mode is not its table's, and what a latest run does not take (before Spark starts).
+
+    Raises:
+        JobConfigError: one line naming the table and both modes, or the flags that clash with --mode latest.
+    """
+    settings, _, table = prepared
+    if table is not None and not settings.upkeep_only and table_mode(table) != settings.mode:
+        raise JobConfigError(
+            f"table {settings.table} was created with export mode {table_mode(table)}, this run's mode is "
+            f"{settings.mode}: a table's mode is fixed when it is created (export to another table)"
+        )
+    if settings.mode != "latest":
+        return
+    clashes = {
+        "--continuous": settings.continuous,
+        "--engine spark": settings.engine == "spark",
+        "--value-format json": settings.value_format == "json",
+        # producer timestamps are not ordered by seq: a cut by time could keep an older value of a key as its latest
+        "--since": settings.since_ms is not None,
+    }
+    bad = [f for f, on in clashes.items() if on]
+    if bad:
+        raise JobConfigError(
+            f"--mode latest does not take {', '.join(bad)}: its MERGE runs in batch runs on delta-rs, with binary "
+            "or utf8 values"
+        )
+
+
+@dataclass
+class LatestRun:
+    """What a latest run read and merged: its plans, those after corruption (`cut`), the kept ranges' outcomes, per
+    partition the keys merged and the keyless messages skipped, delta-rs's MERGE metrics, the table version."""
+
+    plans: list[PartitionPlan]  # as planned (after a concurrent commit: re-planned)
+    cut: Cut
+    outcomes: list[RangeOutcome]
+    keys: dict[tuple[str, int], int] = field(default_factory=dict)
+    tombstones: dict[tuple[str, int], int] = field(default_factory=dict)
+    keyless: dict[tuple[str, int], int] = field(default_factory=dict)
+    metrics: dict[str, int] = field(default_factory=dict)
+    version: int | None = None
+
+
+def merge_latest(
+    ctx: JobContext,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    attempts: int,
+) -> LatestRun:
+    """Read and reduce every partition's new range, then MERGE it into the table with the new versions, in one
+    commit; after a concurrent commit, re-plan and read again (at most `attempts` runs in all).
+
+    Raises:
+        ConcurrentExport: another export kept committing to these partitions (nothing committed).
+    """
+    attempt = 1
+    while True:
+        try:
+            return _merge_once(ctx, workers, settings, schema, plans, new_run_id())
+        except ConcurrentExport as conflict:
+            if attempt == attempts:
+                raise ConcurrentExport(
+                    f"{conflict}; nothing committed after {attempts} attempts: another export commits to these "
+                    "partitions meanwhile"
+                ) from None
+            attempt += 1
+            log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt)
+            plans, _ = plan_export(ctx, settings)
+
+
+def _merge_once(
+    ctx: JobContext,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    run_id: str,
+) -> LatestRun:
+    reduced, outcomes = _read_reduced(workers, direct_ranges(ctx, settings, plans), settings, schema)
+    cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
+    kept = [o for o in outcomes if o.index in cut.kept]
+    run = LatestRun(plans, cut, kept)
+    parts = [t for i, t, _ in reduced if i in cut.kept]
+    by_index = {o.index: o for o in outcomes}
+    for i, _, keyless in reduced:
+        key = by_index[i].key
+        if i in cut.kept and keyless:
+            run.keyless[key] = run.keyless.get(key, 0) + keyless
+    source = _across_ranges(parts, schema)
+    for (topic, partition), n in _count_by_partition(source).items():
+        run.keys[(topic, partition)] = n
+    for (topic, partition), n in _count_by_partition(source.filter(source[TOMBSTONE])).items():
+        run.tombstones[(topic, partition)] = n
+    work = [p for p in cut.plans if p.has_work]
+    if not work:
+        return run
+    crash_before_commit(len(source))  # test hook
+    hold(HOLD_BEFORE_COMMIT)  # test hook
+    run.version, run.metrics = _merge(settings, schema, source, work, run_id)
+    return run
+
+
+def _read_reduced(
+    workers: Workers, ranges: list[SegmentRange], settings: ExportSettings, schema: pa.Schema
+) -> tuple[list[tuple[int, pa.Table, int]], list[RangeOutcome]]:
+    """Per range (executors or the driver's threads): its rows reduced to the latest per key, in the table's columns
+    with the tombstone flag, and its keyless count; and every range's outcome."""
+    from tank_spark.export.corruption import TrackedRead
+
+    def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[tuple[str, Any]]:
+        from tank_log.format.latest import latest_per_key
+        from tank_spark.ranges import read_range
+        from tank_spark.schema import ROW_SCHEMA
+
+        for i, r in it:
+            read = TrackedRead(i, r, read_range)
+            rows = pa.Table.from_batches(list(read), ROW_SCHEMA)
+            yield ("outcome", read.outcome())
+            if rows.num_rows:
+                latest = latest_per_key(rows, SCOPE)
+                flags = latest.rows[TOMBSTONE]
+                out = pa.Table.from_batches(list(table_batches(latest.rows.to_batches(), settings, schema)), schema)
+                yield ("rows", (i, out.append_column(TOMBSTONE, flags), latest.keyless))
+
+    out = map_dealt(workers, ranges, task)
+    return [v for kind, v in out if kind == "rows"], [v for kind, v in out if kind == "outcome"]
+
+
+def _across_ranges(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    """The latest row of each key over all kept ranges: the MERGE's source, one row per key."""
+    from tank_log.format.latest import latest_per_key
+
+    if not parts:
+        return schema.empty_table().append_column(TOMBSTONE, pa.array([], pa.bool_()))
+    return latest_per_key(pa.concat_tables(parts), SCOPE).rows
+
+
+def _count_by_partition(rows: pa.Table) -> dict[tuple[str, int], int]:
+    counts = rows.group_by(list(SCOPE)).aggregate([("key", "count")]).to_pydict()
+    return {(t, p): n for t, p, n in zip(counts["topic"], counts["partition"], counts["key_count"], strict=True)}
+
+
+def _merge(
+    settings: ExportSettings, schema: pa.Schema, source: pa.Table, work: list[PartitionPlan], run_id: str
+) -> tuple[int, dict[str, int]]:
+    """One MERGE commit with every partition's new version, against the table's latest version (an empty source
+    commits the versions alone)."""
+    table = settings.location.existing()
+    for p in work:  # delta-rs does not skip an already-recorded version by itself
+        now = table.recorded_version(p.topic, p.partition)
+        if now != p.previous:
+            raise ConcurrentExport(
+                f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
+                f"since this run planned (a concurrent export)"
+            )
+    if not source.num_rows:  # nothing keyed: only the versions advance
+        return commit(settings, schema, [], work, run_id), {}
+    try:
+        metrics = table.merge_latest(
+            source,
+            keys=KEY,
+            order="seq",
+            tombstone=TOMBSTONE,
+            versions={p.app_id: p.end for p in work if p.app_id and p.end is not None},
+            run_id=run_id,
+            metadata=topic_config_metadata((p.base_path, p.topic) for p in work),
+        )
+    except CommitConflict as err:
+        raise ConcurrentExport(str(err)) from None
+    version = table.version()
+    log.info("export: merged %d keys into table version %s: %s", source.num_rows, version, metrics)
+    return version, metrics

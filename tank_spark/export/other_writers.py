@@ -1,0 +1,140 @@
+"""Rows another writer put in the table: a partition's rows past the version this export records for it.
+
+The export records each partition's last exported seq as an app transaction and exports what lies above it. A
+writer that does not record it — a Spark Structured Streaming query writing `tank` rows through delta-spark's
+streaming sink (its own `txn`: the query id and batch id), a batch `df.write` — leaves rows above that version, and
+exporting them again would put them in the table twice. So the export looks before it writes: the files whose
+statistics (topic, `partition` min/max, `seq` max) can hold such rows are read (their `partition` and `seq` columns,
+filtered), and any row found refuses the run in one line naming the table, the partition, the seqs and the writer
+(the commit that added the file: its operation, app id and engine). Our own files never hold rows above the version
+they were committed with, so only files that span several partitions are read when no other writer wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tank_log.errors import JobConfigError
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse import LakeTable
+
+log = logging.getLogger(__name__)
+
+WRITER_LOOKBACK = 1000  # commits read back to name the writer of a file (only when rows were found)
+
+
+class OtherWriter(JobConfigError):
+    """Another writer added rows of a partition past the version this export records: refused before writing."""
+
+
+@dataclass(frozen=True)
+class ForeignRows:
+    """Rows of one partition above its recorded version, and who added them."""
+
+    topic: str
+    partition: int
+    recorded: int | None
+    first_seq: int
+    last_seq: int
+    rows: int
+    writer: str
+
+    def __str__(self) -> str:
+        at = "records none" if self.recorded is None else f"records seq {self.recorded}"
+        return (
+            f"{self.topic}/{self.partition} holds seqs {self.first_seq}..{self.last_seq} ({self.rows} rows) that this "
+            f"export did not write (it {at}), written by {self.writer}"
+        )
+
+
+def other_rows(table: LakeTable, recorded: Mapping[tuple[str, int], int | None]) -> list[ForeignRows]:
+    """Rows of each partition of `recorded` above its recorded version (None: any row), by file statistics and
+    then a filtered read of only the files they cannot rule out."""
+    if not recorded:
+        return []
+    adds = table.file_stats().to_pylist()
+    found: dict[tuple[str, int], list[tuple[int, int, int, str]]] = {}
+    filesystem, root = table.location.filesystem()
+    by_topic: dict[str, dict[tuple[str, int], int | None]] = {}
+    for (topic, partition), version in recorded.items():
+        by_topic.setdefault(topic, {})[(topic, partition)] = version
+    for add in adds:
+        of_topic = by_topic.get(add["partition.topic"], {}) if "partition.topic" in add else recorded
+        wanted = {k: v for k, v in of_topic.items() if _may_hold(add, k[0], k[1], v)}
+        if wanted:  # one read of the file for every partition it may hold
+            for key, got in _rows_above(filesystem, f"{root}/{unquote(add['path'])}", wanted).items():
+                found.setdefault(key, []).append((*got, add["path"]))
+    if not found:
+        return []
+    writers = table.file_writers({f[3] for files in found.values() for f in files}, WRITER_LOOKBACK)
+    return [
+        ForeignRows(
+            t,
+            p,
+            recorded[(t, p)],
+            min(f[0] for f in files),
+            max(f[1] for f in files),
+            sum(f[2] for f in files),
+            "; ".join(sorted({writers.get(f[3], "an unknown writer") for f in files})),
+        )
+        for (t, p), files in sorted(found.items())
+    ]
+
+
+def check_other_writers(table_name: str, table: LakeTable, recorded: Mapping[tuple[str, int], int | None]) -> None:
+    """Refuse an export into partitions another writer added rows to past their recorded versions.
+
+    Raises:
+        OtherWriter: one line naming the table, each such partition, its seqs and the writer.
+    """
+    found = other_rows(table, recorded)
+    if found:
+        raise OtherWriter(
+            f"table {table_name}: {'; '.join(str(f) for f in found)}: exporting would write them twice; nothing was "
+            "written (leave these partitions to that writer, or export into another table)"
+        )
+
+
+def _may_hold(add: dict[str, Any], topic: str, partition: int, version: int | None) -> bool:
+    """Whether a file's partition values and statistics allow rows of `topic`/`partition` above `version` (a file
+    without statistics may hold anything)."""
+    if "partition.topic" in add:
+        if add["partition.topic"] != topic:
+            return False
+    elif add.get("min.topic") is not None and not add["min.topic"] <= topic <= add["max.topic"]:
+        return False
+    lo, hi = add.get("min.partition"), add.get("max.partition")
+    if lo is not None and hi is not None and not lo <= partition <= hi:
+        return False
+    top = add.get("max.seq")
+    return top is None or version is None or top > version
+
+
+def _rows_above(
+    filesystem: Any, path: str, wanted: Mapping[tuple[str, int], int | None]
+) -> dict[tuple[str, int], tuple[int, int, int]]:
+    """(first seq, last seq, rows) of each wanted partition above its version in one Parquet file (a table
+    partitioned by topic holds no `topic` column in its files)."""
+    names = pq.read_schema(path, filesystem=filesystem).names
+    has_topic = "topic" in names
+    data = pq.read_table(path, filesystem=filesystem, columns=["partition", "seq", *(["topic"] if has_topic else [])])
+    out = {}
+    for (topic, partition), version in wanted.items():
+        keep = pc.equal(data["partition"], partition)
+        if version is not None:
+            keep = pc.and_(keep, pc.greater(data["seq"], version))
+        if has_topic:
+            keep = pc.and_(keep, pc.equal(data["topic"], topic))
+        seqs = data["seq"].filter(keep)
+        if len(seqs):
+            bounds = pc.min_max(seqs)
+            out[(topic, partition)] = (bounds["min"].as_py(), bounds["max"].as_py(), len(seqs))
+    return out
