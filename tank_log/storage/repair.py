@@ -6,7 +6,14 @@
 3. an interrupted salvage is finished (`salvage.plan_salvage_recovery`, §3.11);
 4. an index entry at or past the end of its log (a crash between the broker's log and index writes, §4.4, or an
    old salvage) is dropped: the index is rewritten atomically without it, or deleted when nothing is left, so the
-   broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6).
+   broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6);
+5. RO segments without a non-empty active segment (the broker killed between its roll and its next active segment,
+   §2.5, or before that segment's first write): its next append would hide every RO message (§2.6, §9 rule 4). The
+   last RO segment becomes the active one again, the inverse of the roll's rename (`<base>-<last>_<ts>.ilog` →
+   `<base>_<ts>.log`, its index keeping its name), after a 0-byte active segment and its index are deleted (what
+   the broker deletes at open). An empty active segment would not do: the broker deletes it at open (§2.6). The
+   broker then serves every message and appends after the last seq. A segment with a problem (`check_segment`) or
+   after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported.
 
 `repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
 removes interrupted imports (`staging.py`).
@@ -20,11 +27,13 @@ from typing import Any
 
 from tank_log.errors import NeedsAttention
 from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import format_index_name, segment_logs
+from tank_log.format.names import Kind, format_active_name, format_index_name, segment_logs
+from tank_log.storage.completeness import check_segment
 from tank_log.storage.datadir import non_regular_entries
-from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
+from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
+from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro
+from tank_log.storage.segment import Segment
 from tank_log.storage.staging import recover_imports
 from tank_log.storage.swap import plan_swap_recovery
 
@@ -39,11 +48,14 @@ class RepairResult:
     renamed: list[tuple[str, str]] = field(default_factory=list)
     salvages_finished: list[str] = field(default_factory=list)
     indexes_trimmed: list[str] = field(default_factory=list)
+    active_restored: str | None = None  # "<ilog> -> <log>": the last RO segment made active again
     problems: list[str] = field(default_factory=list)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed)
+        return bool(
+            self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed or self.active_restored
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +65,7 @@ class RepairResult:
             "renamed": [list(x) for x in self.renamed],
             "salvages_finished": self.salvages_finished,
             "indexes_trimmed": self.indexes_trimmed,
+            "active_restored": self.active_restored,
             "problems": self.problems,
         }
 
@@ -96,7 +109,49 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
         else:
             os.unlink(index)
             fsync_dir(d)
+    _restore_active(d, result, dry_run=dry_run)
     return result
+
+
+def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
+    """Step 5 of the module docstring: make the last RO segment active again when no non-empty active segment
+    follows the RO segments. Each state between the deletes and the rename is one this step handles again."""
+    logs = segment_logs(sorted(os.listdir(d)))
+    ro = sorted((p, n) for n, p in logs.items() if p.kind is Kind.RO)
+    actives = [n for n, p in logs.items() if p.kind is Kind.ACTIVE]
+    if not ro or len(actives) > 1:  # several .log files: verify reports them, a human decides
+        return
+    empty = actives[0] if actives else None
+    if empty is not None and os.path.getsize(os.path.join(d, empty)) > 0:
+        return
+    parsed, name = ro[-1]
+    seg = Segment(os.path.join(d, name), name=parsed)
+    ts = parsed.ts or int(os.stat(seg.path).st_mtime)  # a legacy name: its last write, as the broker's roll names it
+    target = format_active_name(parsed.base, ts)
+    errors = [str(p) for p in check_segment(seg).problems if p.severity == "error"]
+    before = ro[-2][0].last if len(ro) > 1 else None
+    if before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
+        errors.append(f"seq gap or overlap {before + 1}..{parsed.base - 1} before it (§4.4)")
+    if os.path.lexists(os.path.join(d, target)):
+        errors.append(f"{target} exists")
+    why = "RO segments without a non-empty active segment: the broker hides them after its next append (§9 rule 4)"
+    if errors:
+        result.problems.append(f"{why}; {name} not made active: {errors[0]}")
+        return
+    result.active_restored = f"{name} -> {target}"
+    stale = []
+    if empty is not None:
+        stale.append(os.path.join(d, empty))
+        if all(p.base != logs[empty].base for p, _ in ro):  # its index, unless an RO segment's
+            stale.append(os.path.join(d, format_index_name(logs[empty].base)))
+        result.removed += [f for f in stale if os.path.exists(f)]
+    if dry_run:
+        return
+    if stale:
+        for f in stale:
+            remove_if_exists(f)
+        fsync_dir(d)
+    reactivate_last_ro(seg, ts)
 
 
 def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
