@@ -129,6 +129,8 @@ def test_repair_leaves_a_last_ro_segment_with_a_torn_tail_and_says_why(tmp_path)
     with open(last_ro.path, "ab") as fh:
         fh.write(b"\x40\x00\x01")
     before = tree_digest(str(d))
+    r = _cli("repair", str(d))
+    assert r.returncode == 1 and json.loads(r.stdout)["problems"] == repair_partition(d).problems
     res = repair_partition(d)
     assert not res.has_work and res.active_restored is None
     (problem,) = res.problems
