@@ -1,6 +1,10 @@
 """Bringing a partition back to a consistent state after a crash — what every mutating job runs first and
 `tank-log repair` runs alone. One pass, in this order, each part idempotent:
 
+0. an interrupted import that moves segments into the partition (its COMMIT.json written) is finished, whole, under
+   the base path's lock (`staging.finish_imports_into`): an append may have sealed the active segment and not yet
+   moved the new ones in, a layout step 5 must not touch (made active under another name, the sealed segment would
+   sit beside the import's own active segment: two `.log` files);
 1. our temporaries (`.…tank-log-….tmp`, `fsutil.temp_path`) left by a killed process are deleted;
 2. an interrupted compaction is rolled back or forward (`swap.plan_swap_recovery`, docs/FORMAT.md §6.4);
 3. an interrupted salvage is finished (`salvage.plan_salvage_recovery`, §3.11);
@@ -13,7 +17,8 @@
    `<base>_<ts>.log`, its index keeping its name), after a 0-byte active segment and its index are deleted (what
    the broker deletes at open). An empty active segment would not do: the broker deletes it at open (§2.6). The
    broker then serves every message and appends after the last seq. A segment with a problem (`check_segment`) or
-   after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported.
+   after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported, and so is a
+   partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest).
 
 `repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
 removes interrupted imports (`staging.py`).
@@ -34,7 +39,7 @@ from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_i
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro
 from tank_log.storage.segment import Segment
-from tank_log.storage.staging import recover_imports
+from tank_log.storage.staging import committed_imports_into, finish_imports_into, recover_imports
 from tank_log.storage.swap import plan_swap_recovery
 
 
@@ -44,6 +49,7 @@ class RepairResult:
 
     path: str
     action: str = "none"  # none | rollback | rollforward | cleanup
+    imports_finished: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     renamed: list[tuple[str, str]] = field(default_factory=list)
     salvages_finished: list[str] = field(default_factory=list)
@@ -54,13 +60,19 @@ class RepairResult:
     @property
     def has_work(self) -> bool:
         return bool(
-            self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed or self.active_restored
+            self.imports_finished
+            or self.removed
+            or self.renamed
+            or self.salvages_finished
+            or self.indexes_trimmed
+            or self.active_restored
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "action": self.action,
+            "imports_finished": self.imports_finished,
             "removed": self.removed,
             "renamed": [list(x) for x in self.renamed],
             "salvages_finished": self.salvages_finished,
@@ -83,9 +95,13 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
             f"not regular files under segment/index/temporary names: {', '.join(odd)} — move them away first "
             f"(the broker fails on them too); nothing was changed"
         )
+    imports = [f"would finish the interrupted import {n}" for n in committed_imports_into(d)]
+    if imports and not dry_run:
+        with PartitionLock(os.path.dirname(os.path.dirname(os.path.abspath(d))), "repair", blocking=True):
+            imports = finish_imports_into(d)
     temps = remove_our_temps(d, dry_run=dry_run)
     swap = plan_swap_recovery(d)
-    result = RepairResult(d, swap.action, temps + swap.remove_first + swap.remove_last, list(swap.renames))
+    result = RepairResult(d, swap.action, imports, temps + swap.remove_first + swap.remove_last, list(swap.renames))
     if not dry_run:
         for ops in (swap.remove_first, swap.renames, swap.remove_last):
             for op in ops:
@@ -128,7 +144,10 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     seg = Segment(os.path.join(d, name), name=parsed)
     ts = parsed.ts or int(os.stat(seg.path).st_mtime)  # a legacy name: its last write, as the broker's roll names it
     target = format_active_name(parsed.base, ts)
-    errors = [str(p) for p in check_segment(seg).problems if p.severity == "error"]
+    errors = [
+        f"the committed import {n} appends to it (its recovery seals and fills it)" for n in committed_imports_into(d)
+    ]
+    errors += [str(p) for p in check_segment(seg).problems if p.severity == "error"]
     before = ro[-2][0].last if len(ro) > 1 else None
     if before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
         errors.append(f"seq gap or overlap {before + 1}..{parsed.base - 1} before it (§4.4)")

@@ -164,3 +164,86 @@ def test_maintain_restores_the_active_segment_in_its_repair_step(tmp_path):
     assert part.active is not None and part.active.base == part.ro[-1].last + 1
     assert check_partition(part) == []
     assert _dumped_seqs(base) == [m.seq for m in msgs]
+
+
+def _import_killed_after_the_seal(base):
+    """A real `commit_import` appending 21..60 to t/0 (1..20), killed (os._exit, like kill -9) right after it sealed
+    the active segment and before it moved the new segments in: only RO segments left, the manifest committed."""
+    from conftest import CRASHED
+
+    from tank_log.format.messages import MessageColumns
+    from tank_log.storage import staging
+    from tank_log.storage.partition_writer import write_partition
+
+    def m(lo, hi):
+        return [Message(s, 1_800_000_000_000 + s, None, b"v%d" % s) for s in range(lo, hi + 1)]
+
+    d = os.path.join(base, "t", "0")
+    write_partition(d, m(1, 20), segment_bytes=200)
+    staging.open_import(base, "r")
+    cols = [MessageColumns.from_messages(m(21, 60))]
+    staged = [staging.stage_partition(base, "r", "0-0", "t", 0, cols, append=True, segment_bytes=300)]
+    pid = os.fork()
+    if pid == 0:
+        real = staging.fsync_dir
+
+        def fsync_then_die(path):
+            real(path)
+            if os.path.samefile(path, d):  # the first fsync of the partition: right after the seal's rename
+                os._exit(CRASHED)
+
+        staging.fsync_dir = fsync_then_die
+        try:
+            staging.commit_import(base, "r", staged)
+        finally:
+            os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == CRASHED
+    assert not [n for n in os.listdir(d) if n.endswith(".log")]
+    assert os.path.exists(os.path.join(staging.stage_root(base, "r"), staging.MANIFEST))
+    return d
+
+
+@pytest.mark.parametrize("path", ["repair-partition", "maintain", "preflight", "window"])
+def test_an_import_killed_after_its_seal_is_finished_before_the_active_segment_is_restored(tmp_path, path):
+    """An interrupted `import --append` leaves its partition with RO segments only (the seal done, the new segments
+    not yet moved in). Restoring the last RO segment as active there would name it apart from the seal's source, so
+    the import's recovery would move its own active segment in beside it: two `.log` files. Every path that repairs
+    a partition finishes the import first; a dry run leaves the layout to it."""
+    from tank_log.maintenance.preflight import SafetyOptions, preflight
+
+    base = str(tmp_path / "base")
+    d = _import_killed_after_the_seal(base)
+    dry = repair_partition(d, dry_run=True)
+    assert dry.active_restored is None and "the committed import .tank-import-r appends to it" in dry.problems[0]
+    if path == "repair-partition":
+        r = _cli("repair", d)
+        assert r.returncode == 0, r.stdout + r.stderr
+    elif path == "maintain":
+        r = _cli("maintain", base, "--broker-stopped")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    elif path == "preflight":
+        preflight(scan_partition(d, "t", 0), "compaction", SafetyOptions(broker_stopped=True))
+    else:
+        from tank_log.jobs import window
+        from tank_log.jobs.config import parse_job_config
+
+        (b,) = parse_job_config(
+            {
+                "brokers": [
+                    {
+                        "name": "a",
+                        "data_dirs": [base],
+                        "stop_command": "true",
+                        "start_command": "true",
+                        "ready_check": "tcp://127.0.0.1:1",
+                    }
+                ]
+            }
+        ).brokers
+        window.repair_data(b)
+    assert not os.path.exists(os.path.join(base, ".tank-import-r"))
+    part = scan_partition(d, "t", 0)
+    assert [n for n in os.listdir(d) if n.endswith(".log")] == [part.active.file_name]
+    assert part.active.base == part.ro[-1].last + 1 and check_partition(part) == []
+    assert _dumped_seqs(base) == list(range(1, 61))
