@@ -15,8 +15,9 @@
    §2.5, or before that segment's first write): its next append would hide every RO message (§2.6, §9 rule 4). The
    last RO segment becomes the active one again, the inverse of the roll's rename (`<base>-<last>_<ts>.ilog` →
    `<base>_<ts>.log`, its index keeping its name), after a 0-byte active segment and its index are deleted (what
-   the broker deletes at open). An empty active segment would not do: the broker deletes it at open (§2.6). The
-   broker then serves every message and appends after the last seq. A segment with a problem (`check_segment`) or
+   the broker deletes at open; the index first, and an index left alone after the last RO seq goes too). An empty
+   active segment would not do: the broker deletes it at open (§2.6). The broker then serves every message and
+   appends after the last seq. A segment with a problem (`check_segment`) or
    after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported, and so is a
    partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest).
 
@@ -158,12 +159,17 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
         result.problems.append(f"{why}; {name} not made active: {errors[0]}")
         return
     result.active_restored = f"{name} -> {target}"
+    # the index first: a kill between the deletes leaves the 0-byte log, which the rerun deletes with nothing else;
+    # an index without a log at the seq after the last RO one (the other order, killed between) goes too: the
+    # broker's next roll would take it over
     stale = []
+    next_base = logs[empty].base if empty is not None else (parsed.last or parsed.base) + 1
+    if all(p.base != next_base for p, _ in ro):  # its index, unless an RO segment's
+        stale.append(os.path.join(d, format_index_name(next_base)))
     if empty is not None:
         stale.append(os.path.join(d, empty))
-        if all(p.base != logs[empty].base for p, _ in ro):  # its index, unless an RO segment's
-            stale.append(os.path.join(d, format_index_name(logs[empty].base)))
-        result.removed += [f for f in stale if os.path.exists(f)]
+    stale = [f for f in stale if os.path.exists(f)]
+    result.removed += stale
     if dry_run:
         return
     if stale:

@@ -247,3 +247,40 @@ def test_an_import_killed_after_its_seal_is_finished_before_the_active_segment_i
     assert [n for n in os.listdir(d) if n.endswith(".log")] == [part.active.file_name]
     assert part.active.base == part.ro[-1].last + 1 and check_partition(part) == []
     assert _dumped_seqs(base) == list(range(1, 61))
+
+
+@pytest.mark.parametrize("left", ["log-and-index", "log", "index"])
+def test_a_repair_killed_between_its_deletes_leaves_nothing_a_rerun_misses(tmp_path, monkeypatch, left):
+    """Restoring the active segment deletes the broker's 0-byte active segment and its index: the index first, so a
+    kill between the deletes leaves the 0-byte `.log`, which the rerun deletes. An index left alone (the deletes in
+    the other order, killed between them) is deleted by the rerun too: the broker's next roll would take it over."""
+    from tank_log.storage import repair
+
+    d = tmp_path / "t" / "0"
+    msgs = killed_roll(d, empty_active=True)
+    n = len(msgs)
+    (log,) = [f for f in os.listdir(d) if f.endswith(".log")]
+    if left == "log-and-index":  # killed right after the first delete
+        calls = []
+
+        def remove_then_die(path):
+            calls.append(os.path.basename(path))
+            os.unlink(path)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(repair, "remove_if_exists", remove_then_die)
+        with pytest.raises(KeyboardInterrupt):
+            repair_partition(d)
+        monkeypatch.undo()
+        assert calls == [f"{n + 1}.index"] and os.path.exists(d / log)
+    else:
+        os.unlink(d / (f"{n + 1}.index" if left == "log" else log))
+    res = repair_partition(d)
+    assert res.active_restored is not None
+    after = scan_partition(str(d), "t", 0)
+    assert set(os.listdir(d)) == {s.file_name for s in after.segments} | {
+        os.path.basename(s.index_path) for s in after.segments
+    }
+    assert after.active is not None and after.active.base == after.ro[-1].last + 1 and check_partition(after) == []
+    assert [m.seq for s in after.segments for m in s.messages()] == [m.seq for m in msgs]
+    assert not repair_partition(d).has_work
