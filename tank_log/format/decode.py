@@ -40,7 +40,7 @@ from tank_log.format.bundle import (
     count_field,
     parse_header_body,
 )
-from tank_log.format.codecs import CODECS
+from tank_log.format.codecs import CODECS, BlockCodec
 from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U64_MAX, decode_varint
 
@@ -288,10 +288,9 @@ def _walk(
             try:
                 blen, hp = decode_varint(buf, pos, n)
             except TankFormatError:
-                if n - pos < 5 and all(x >= 0x80 for x in buf[pos:]):
-                    reason = INCOMPLETE  # a length varint cut by the end of the buffer
-                    break
-                raise TankFormatError("bad bundle length varint", offset=pos) from None
+                _require_cut_length(buf, pos, n)
+                reason = INCOMPLETE  # a length varint cut by the end of the buffer
+                break
         if blen == 0:
             reason = ZERO
             break
@@ -315,16 +314,7 @@ def _walk(
             if c > (spec.max_expansion * (end - q) + 64) // MIN_MESSAGE_BYTES:
                 raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
             if collect:
-                try:
-                    unpacked = spec.decompress(mv[q:end])
-                except TankFormatError as err:
-                    raise TankFormatError(err.message, offset=pos) from None
-                if c > len(unpacked) // MIN_MESSAGE_BYTES:  # before decode_messages allocates per-message arrays
-                    raise TankFormatError(
-                        f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
-                        offset=pos,
-                    )
-                sets.append(unpacked)
+                sets.append(_decompressed_set(spec, mv[q:end], c, pos))
         elif c > (end - q) // MIN_MESSAGE_BYTES:
             raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         elif collect:
@@ -338,17 +328,45 @@ def _walk(
         if collect and collected >= max_messages and pos < n:
             reason = BUDGET  # enough for one decode: the caller continues from `stop`
             break
-    cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
-    columns = tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
-    gathered = None
-    if collect:
-        offsets, ends, set_offsets, flags = columns[:4]
-        if rows and not (flags & CODEC_MASK).any():  # plain sets only: the walked bundles in one copy
-            lo = int(offsets[0])
-            gathered = (b"".join([mv[lo : int(ends[-1])], _PAD]), set_offsets - lo, ends - lo)
-        else:
-            gathered = _gather(sets)
+    columns = _header_columns(rows)
+    gathered = _gather_walked(mv, columns, sets) if collect else None
     return columns, gathered, pos, next_seq, REASONS.index(reason), need
+
+
+def _require_cut_length(buf: bytes, pos: int, n: int) -> None:
+    """Raise unless the bundle length varint at `pos` that failed to decode is only cut by the end of `buf`."""
+    if not (n - pos < 5 and all(x >= 0x80 for x in buf[pos:])):
+        raise TankFormatError("bad bundle length varint", offset=pos) from None
+
+
+def _decompressed_set(spec: BlockCodec, block: memoryview, c: int, pos: int) -> bytes:
+    """The message set of the compressed bundle at `pos` claiming `c` messages, decompressed and its count checked
+    against its size before decode_messages allocates per-message arrays."""
+    try:
+        unpacked = spec.decompress(block)
+    except TankFormatError as err:
+        raise TankFormatError(err.message, offset=pos) from None
+    if c > len(unpacked) // MIN_MESSAGE_BYTES:
+        raise TankFormatError(
+            f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
+            offset=pos,
+        )
+    return unpacked
+
+
+def _header_columns(rows: list[tuple[int, int, int, int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    """The walked bundles' header rows as the seven typed columns of `BundleTable`."""
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
+    return tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
+
+
+def _gather_walked(mv: memoryview, columns: tuple[np.ndarray, ...], sets: list[Any]) -> Gathered:
+    """The walked bundles' message sets in one buffer: the walked bytes as they are when no set is compressed."""
+    offsets, ends, set_offsets, flags = columns[:4]
+    if len(offsets) and not (flags & CODEC_MASK).any():  # plain sets only: the walked bundles in one copy
+        lo = int(offsets[0])
+        return (b"".join([mv[lo : int(ends[-1])], _PAD]), set_offsets - lo, ends - lo)
+    return _gather(sets)
 
 
 def _gather(sets: list[Any]) -> tuple[bytes, np.ndarray, np.ndarray]:
