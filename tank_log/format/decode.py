@@ -490,42 +490,15 @@ def _decode_pure(table: BundleTable) -> MessageColumns:
             if bad.any():
                 raise _VecError(bad, "message flags with unknown bits 3-7")
             p = p + 1
-            is_last = remaining == 1
-            if step == 0:
-                seq = first.copy()
-            else:
-                seq = prev_seq + np.uint64(1)
-                mid = sparse & ~is_last
-                need = mid & ((f & SEQ_PREV_PLUS_ONE) == 0)
-                if need.any():
-                    d, p_after = _varints_sub(buf, p, need)
-                    seq[need] += d.astype(np.uint64)
-                    p[need] = p_after
-                tail = sparse & is_last
-                seq[tail] = last[tail]
-                # seq <= prev_seq: a delta that wraps around 2**64
-                bad = (mid & ((seq >= last) | (seq <= prev_seq))) | (tail & (last <= prev_seq))
-                if bad.any():
-                    raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
+            seq = first.copy() if step == 0 else _next_seqs(buf, p, f, prev_seq, sparse, last, remaining == 1)
             has_ts = (f & USE_LAST_TS) == 0
             ts = prev_ts.copy() if step else np.zeros(ids.size, np.uint64)
             if has_ts.any():
                 q = p[has_ts]
                 ts[has_ts] = u64_at[q]
                 p[has_ts] = q + 8
-            has_key = (f & HAVE_KEY) != 0
             out = out_start[ids] + step
-            if has_key.any():
-                q = p[has_key]
-                kl = buf[q].astype(np.int64)
-                present = kl > 0  # HaveKey with key_len 0 decodes as "no key" (§3.5)
-                key_off[out[has_key][present]] = (q + 1)[present]
-                key_len[out[has_key][present]] = kl[present]
-                p[has_key] = q + 1 + kl
-            vl, p = _varints(buf, p)
-            val_off[out] = p
-            val_len[out] = vl
-            p = p + vl
+            p = _keys_and_values(buf, p, f, out, key_off, key_len, val_off, val_len)
             over = p > end
             if over.any():
                 raise _VecError(over, "message runs past the end of its message set")
@@ -550,6 +523,60 @@ def _decode_pure(table: BundleTable) -> MessageColumns:
             offset=int(table.offsets[b]),
         ) from None
     return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)
+
+
+def _next_seqs(
+    buf: np.ndarray,
+    p: np.ndarray,
+    f: np.ndarray,
+    prev_seq: np.ndarray,
+    sparse: np.ndarray,
+    last: np.ndarray,
+    is_last: np.ndarray,
+) -> np.ndarray:
+    """The seq of each bundle's next message after its first: prev + 1, or in a sparse bundle a delta varint read at
+    `p` (advanced in place) or the header's last for the bundle's last message."""
+    seq = prev_seq + np.uint64(1)
+    mid = sparse & ~is_last
+    need = mid & ((f & SEQ_PREV_PLUS_ONE) == 0)
+    if need.any():
+        d, p_after = _varints_sub(buf, p, need)
+        seq[need] += d.astype(np.uint64)
+        p[need] = p_after
+    tail = sparse & is_last
+    seq[tail] = last[tail]
+    # seq <= prev_seq: a delta that wraps around 2**64
+    bad = (mid & ((seq >= last) | (seq <= prev_seq))) | (tail & (last <= prev_seq))
+    if bad.any():
+        raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
+    return seq
+
+
+def _keys_and_values(
+    buf: np.ndarray,
+    p: np.ndarray,
+    f: np.ndarray,
+    out: np.ndarray,
+    key_off: np.ndarray,
+    key_len: np.ndarray,
+    val_off: np.ndarray,
+    val_len: np.ndarray,
+) -> np.ndarray:
+    """Record the key and value of each bundle's message at `p` (key length, key, value length varint, value) at
+    output rows `out`; return the positions after them."""
+    has_key = (f & HAVE_KEY) != 0
+    if has_key.any():
+        q = p[has_key]
+        kl = buf[q].astype(np.int64)
+        present = kl > 0  # HaveKey with key_len 0 decodes as "no key" (§3.5)
+        key_off[out[has_key][present]] = (q + 1)[present]
+        key_len[out[has_key][present]] = kl[present]
+        p[has_key] = q + 1 + kl
+    vl, p = _varints(buf, p)
+    val_off[out] = p
+    val_len[out] = vl
+    after: np.ndarray = p + vl
+    return after
 
 
 class Walker(Protocol):
