@@ -270,6 +270,23 @@ def many_small_partitions(base, n: int) -> str:
     return str(base)
 
 
+def killed_roll(partition_dir, n: int = 400, *, empty_active: bool = False) -> list:
+    """What a broker SIGKILLed inside its roll leaves (docs/FORMAT.md §2.5, §2.6): messages 1..`n` in RO segments
+    and no active segment (killed between the rename of the active segment and the creation of the next one), or
+    with `empty_active` a 0-byte `<n+1>_<ts>.log` and `<n+1>.index` (killed before that segment's first write).
+    The name timestamps are now's: the broker's next append does not roll them by age (§2.4). Returns the messages."""
+    from tank_log.format.bundle import Message
+    from tank_log.storage.partition_writer import write_partition
+
+    now_ms = int(time.time() * 1000)
+    msgs = [Message(s, now_ms - n + s, b"k%d" % (s % 7), b"value %d " % s + b"x" * 40) for s in range(1, n + 1)]
+    write_partition(partition_dir, msgs, segment_bytes=1024, with_active=False)
+    if empty_active:
+        for name in (f"{n + 1}_{now_ms // 1000}.log", f"{n + 1}.index"):
+            open(os.path.join(partition_dir, name), "wb").close()
+    return msgs
+
+
 class Detached:
     """A process that is not our child (started through a shell that exits, so it is re-parented): our own
     descendants are never holders."""

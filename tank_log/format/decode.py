@@ -40,7 +40,7 @@ from tank_log.format.bundle import (
     count_field,
     parse_header_body,
 )
-from tank_log.format.codecs import CODECS
+from tank_log.format.codecs import CODECS, BlockCodec
 from tank_log.format.messages import MessageColumns
 from tank_log.format.varint import U64_MAX, decode_varint
 
@@ -288,10 +288,9 @@ def _walk(
             try:
                 blen, hp = decode_varint(buf, pos, n)
             except TankFormatError:
-                if n - pos < 5 and all(x >= 0x80 for x in buf[pos:]):
-                    reason = INCOMPLETE  # a length varint cut by the end of the buffer
-                    break
-                raise TankFormatError("bad bundle length varint", offset=pos) from None
+                _require_cut_length(buf, pos, n)
+                reason = INCOMPLETE  # a length varint cut by the end of the buffer
+                break
         if blen == 0:
             reason = ZERO
             break
@@ -315,16 +314,7 @@ def _walk(
             if c > (spec.max_expansion * (end - q) + 64) // MIN_MESSAGE_BYTES:
                 raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
             if collect:
-                try:
-                    unpacked = spec.decompress(mv[q:end])
-                except TankFormatError as err:
-                    raise TankFormatError(err.message, offset=pos) from None
-                if c > len(unpacked) // MIN_MESSAGE_BYTES:  # before decode_messages allocates per-message arrays
-                    raise TankFormatError(
-                        f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
-                        offset=pos,
-                    )
-                sets.append(unpacked)
+                sets.append(_decompressed_set(spec, mv[q:end], c, pos))
         elif c > (end - q) // MIN_MESSAGE_BYTES:
             raise TankFormatError(f"message count {c} cannot fit in {end - q} bytes", offset=pos)
         elif collect:
@@ -338,17 +328,45 @@ def _walk(
         if collect and collected >= max_messages and pos < n:
             reason = BUDGET  # enough for one decode: the caller continues from `stop`
             break
-    cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
-    columns = tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
-    gathered = None
-    if collect:
-        offsets, ends, set_offsets, flags = columns[:4]
-        if rows and not (flags & CODEC_MASK).any():  # plain sets only: the walked bundles in one copy
-            lo = int(offsets[0])
-            gathered = (b"".join([mv[lo : int(ends[-1])], _PAD]), set_offsets - lo, ends - lo)
-        else:
-            gathered = _gather(sets)
+    columns = _header_columns(rows)
+    gathered = _gather_walked(mv, columns, sets) if collect else None
     return columns, gathered, pos, next_seq, REASONS.index(reason), need
+
+
+def _require_cut_length(buf: bytes, pos: int, n: int) -> None:
+    """Raise unless the bundle length varint at `pos` that failed to decode is only cut by the end of `buf`."""
+    if not (n - pos < 5 and all(x >= 0x80 for x in buf[pos:])):
+        raise TankFormatError("bad bundle length varint", offset=pos) from None
+
+
+def _decompressed_set(spec: BlockCodec, block: memoryview, c: int, pos: int) -> bytes:
+    """The message set of the compressed bundle at `pos` claiming `c` messages, decompressed and its count checked
+    against its size before decode_messages allocates per-message arrays."""
+    try:
+        unpacked = spec.decompress(block)
+    except TankFormatError as err:
+        raise TankFormatError(err.message, offset=pos) from None
+    if c > len(unpacked) // MIN_MESSAGE_BYTES:
+        raise TankFormatError(
+            f"message count {c} cannot fit in the {len(unpacked)} bytes of the decompressed message set",
+            offset=pos,
+        )
+    return unpacked
+
+
+def _header_columns(rows: list[tuple[int, int, int, int, int, int, int]]) -> tuple[np.ndarray, ...]:
+    """The walked bundles' header rows as the seven typed columns of `BundleTable`."""
+    cols = list(zip(*rows, strict=True)) if rows else [()] * len(_COLUMN_TYPES)
+    return tuple(np.array(c, dtype=d) for c, d in zip(cols, _COLUMN_TYPES, strict=True))
+
+
+def _gather_walked(mv: memoryview, columns: tuple[np.ndarray, ...], sets: list[Any]) -> Gathered:
+    """The walked bundles' message sets in one buffer: the walked bytes as they are when no set is compressed."""
+    offsets, ends, set_offsets, flags = columns[:4]
+    if len(offsets) and not (flags & CODEC_MASK).any():  # plain sets only: the walked bundles in one copy
+        lo = int(offsets[0])
+        return (b"".join([mv[lo : int(ends[-1])], _PAD]), set_offsets - lo, ends - lo)
+    return _gather(sets)
 
 
 def _gather(sets: list[Any]) -> tuple[bytes, np.ndarray, np.ndarray]:
@@ -472,42 +490,15 @@ def _decode_pure(table: BundleTable) -> MessageColumns:
             if bad.any():
                 raise _VecError(bad, "message flags with unknown bits 3-7")
             p = p + 1
-            is_last = remaining == 1
-            if step == 0:
-                seq = first.copy()
-            else:
-                seq = prev_seq + np.uint64(1)
-                mid = sparse & ~is_last
-                need = mid & ((f & SEQ_PREV_PLUS_ONE) == 0)
-                if need.any():
-                    d, p_after = _varints_sub(buf, p, need)
-                    seq[need] += d.astype(np.uint64)
-                    p[need] = p_after
-                tail = sparse & is_last
-                seq[tail] = last[tail]
-                # seq <= prev_seq: a delta that wraps around 2**64
-                bad = (mid & ((seq >= last) | (seq <= prev_seq))) | (tail & (last <= prev_seq))
-                if bad.any():
-                    raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
+            seq = first.copy() if step == 0 else _next_seqs(buf, p, f, prev_seq, sparse, last, remaining == 1)
             has_ts = (f & USE_LAST_TS) == 0
             ts = prev_ts.copy() if step else np.zeros(ids.size, np.uint64)
             if has_ts.any():
                 q = p[has_ts]
                 ts[has_ts] = u64_at[q]
                 p[has_ts] = q + 8
-            has_key = (f & HAVE_KEY) != 0
             out = out_start[ids] + step
-            if has_key.any():
-                q = p[has_key]
-                kl = buf[q].astype(np.int64)
-                present = kl > 0  # HaveKey with key_len 0 decodes as "no key" (§3.5)
-                key_off[out[has_key][present]] = (q + 1)[present]
-                key_len[out[has_key][present]] = kl[present]
-                p[has_key] = q + 1 + kl
-            vl, p = _varints(buf, p)
-            val_off[out] = p
-            val_len[out] = vl
-            p = p + vl
+            p = _keys_and_values(buf, p, f, out, key_off, key_len, val_off, val_len)
             over = p > end
             if over.any():
                 raise _VecError(over, "message runs past the end of its message set")
@@ -532,6 +523,60 @@ def _decode_pure(table: BundleTable) -> MessageColumns:
             offset=int(table.offsets[b]),
         ) from None
     return MessageColumns(seq_out, ts_out, key_off, key_len, val_off, val_len, bundle_of, data)
+
+
+def _next_seqs(
+    buf: np.ndarray,
+    p: np.ndarray,
+    f: np.ndarray,
+    prev_seq: np.ndarray,
+    sparse: np.ndarray,
+    last: np.ndarray,
+    is_last: np.ndarray,
+) -> np.ndarray:
+    """The seq of each bundle's next message after its first: prev + 1, or in a sparse bundle a delta varint read at
+    `p` (advanced in place) or the header's last for the bundle's last message."""
+    seq = prev_seq + np.uint64(1)
+    mid = sparse & ~is_last
+    need = mid & ((f & SEQ_PREV_PLUS_ONE) == 0)
+    if need.any():
+        d, p_after = _varints_sub(buf, p, need)
+        seq[need] += d.astype(np.uint64)
+        p[need] = p_after
+    tail = sparse & is_last
+    seq[tail] = last[tail]
+    # seq <= prev_seq: a delta that wraps around 2**64
+    bad = (mid & ((seq >= last) | (seq <= prev_seq))) | (tail & (last <= prev_seq))
+    if bad.any():
+        raise _VecError(bad, "sparse sequence numbers not strictly increasing up to the header's last")
+    return seq
+
+
+def _keys_and_values(
+    buf: np.ndarray,
+    p: np.ndarray,
+    f: np.ndarray,
+    out: np.ndarray,
+    key_off: np.ndarray,
+    key_len: np.ndarray,
+    val_off: np.ndarray,
+    val_len: np.ndarray,
+) -> np.ndarray:
+    """Record the key and value of each bundle's message at `p` (key length, key, value length varint, value) at
+    output rows `out`; return the positions after them."""
+    has_key = (f & HAVE_KEY) != 0
+    if has_key.any():
+        q = p[has_key]
+        kl = buf[q].astype(np.int64)
+        present = kl > 0  # HaveKey with key_len 0 decodes as "no key" (§3.5)
+        key_off[out[has_key][present]] = (q + 1)[present]
+        key_len[out[has_key][present]] = kl[present]
+        p[has_key] = q + 1 + kl
+    vl, p = _varints(buf, p)
+    val_off[out] = p
+    val_len[out] = vl
+    after: np.ndarray = p + vl
+    return after
 
 
 class Walker(Protocol):

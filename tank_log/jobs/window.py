@@ -124,7 +124,8 @@ def repair_data(broker: BrokerHost) -> list[str]:
     """`tank-log repair` of the broker's data dirs (it is stopped: checked by the caller); what it repaired.
 
     Raises:
-        WindowStepFailed: a partition is locked (a job still runs on it) or needs attention, or an OSError.
+        WindowStepFailed: a partition is locked (a job still runs on it) or needs attention, an OSError, or repair
+            left a problem in a partition (named with the first problem; the others are repaired first).
     """
     from tank_log.errors import NeedsAttention, PartitionLocked, describe_error
     from tank_log.storage.datadir import partitions_at
@@ -132,6 +133,7 @@ def repair_data(broker: BrokerHost) -> list[str]:
     from tank_log.storage.repair import repair_base, repair_partition
 
     done: list[str] = []
+    left: list[str] = []
     try:
         for d in broker.data_dirs:
             done += repair_base(d)
@@ -141,8 +143,14 @@ def repair_data(broker: BrokerHost) -> list[str]:
                 if res.has_work:
                     done.append(f"{part.topic}/{part.id} ({res.action})")
                     log.warning("broker %s: start: repaired %s/%d: %s", broker.name, part.topic, part.id, res.action)
+                left += [f"{part.path}: {p}" for p in res.problems]
     except (PartitionLocked, NeedsAttention, OSError) as err:
         raise WindowStepFailed(broker.name, "start", f"not started: repair failed: {describe_error(err)}") from err
+    if left:  # e.g. RO segments repair could not give an active segment: the broker's next append hides them
+        more = (
+            f" (and {len(left) - 1} more problem(s): `tank-log repair --dry-run` lists them)" if len(left) > 1 else ""
+        )
+        raise WindowStepFailed(broker.name, "start", f"not started: repair left {left[0]}{more}")
     return done
 
 

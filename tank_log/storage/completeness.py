@@ -18,14 +18,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable
-from tank_log.format.index import disagreeing_entries, usable_entries
+from tank_log.format.index import disagreeing_entries, usable_entries, verify_index
+from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Unread
@@ -334,3 +335,60 @@ def segment_loss(audit: SegmentAudit, tail: Tail | None) -> Unread | None:
         tail.torn_bytes,
     )
     return None
+
+
+@dataclass
+class SegmentCheck:
+    """What verifying one segment found: its derived seq range and problems."""
+
+    path: str
+    first_seq: int | None = None
+    last_seq: int | None = None
+    messages: int = 0
+    bundles: int = 0
+    valid_end: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+
+def check_segment(seg: Segment | str, *, check_index: bool = True) -> SegmentCheck:
+    """Decode every bundle and message of a segment; compare with its name and index (the evidence every reader's
+    completeness check uses, `storage.completeness`)."""
+    if isinstance(seg, str):
+        parsed = parse_name(os.path.basename(seg), seg)
+        if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
+            return SegmentCheck(seg, problems=[Problem(seg, None, "bad-name", "not a segment file name")])
+        seg = Segment(seg, name=parsed)
+    result = SegmentCheck(seg.path)
+    audit = SegmentAudit(seg)
+    starts: list[np.ndarray] = []
+    firsts: list[np.ndarray] = []
+    walk = seg.chunks()
+    try:
+        for chunk in walk:
+            audit.observe(chunk.file_offset, chunk.table, chunk.cols.seq)
+            starts.append(chunk.table.offsets + chunk.file_offset)
+            firsts.append(chunk.table.firsts)
+    except TankFormatError as err:
+        result.problems.append(Problem(seg.path, err.offset, "format", err.message))
+        return result
+    except OSError as err:
+        result.problems.append(Problem(seg.path, None, "io", str(err)))
+        return result
+    result.first_seq, result.last_seq = audit.first_seq, audit.last_seq
+    result.messages, result.bundles = audit.messages, audit.bundles
+    tail = walk.tail
+    assert tail is not None
+    result.valid_end = tail.valid_end
+    result.problems += segment_problems(audit, tail)
+    if not audit.bundles:
+        return result
+    if check_index:
+        index_path = seg.index_path
+        try:
+            with open(index_path, "rb") as fh:
+                data: bytes | None = fh.read()
+        except FileNotFoundError:
+            data = None
+        bundles = (np.concatenate(starts), np.concatenate(firsts))
+        result.problems += verify_index(index_path, data, bundles, seg.base, seg.size, active=seg.is_active)
+    return result

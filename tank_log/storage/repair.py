@@ -1,12 +1,25 @@
 """Bringing a partition back to a consistent state after a crash — what every mutating job runs first and
 `tank-log repair` runs alone. One pass, in this order, each part idempotent:
 
+0. an interrupted import that moves segments into the partition (its COMMIT.json written) is finished, whole, under
+   the base path's lock (`staging.finish_imports_into`): an append may have sealed the active segment and not yet
+   moved the new ones in, a layout step 5 must not touch (made active under another name, the sealed segment would
+   sit beside the import's own active segment: two `.log` files);
 1. our temporaries (`.…tank-log-….tmp`, `fsutil.temp_path`) left by a killed process are deleted;
 2. an interrupted compaction is rolled back or forward (`swap.plan_swap_recovery`, docs/FORMAT.md §6.4);
 3. an interrupted salvage is finished (`salvage.plan_salvage_recovery`, §3.11);
 4. an index entry at or past the end of its log (a crash between the broker's log and index writes, §4.4, or an
    old salvage) is dropped: the index is rewritten atomically without it, or deleted when nothing is left, so the
-   broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6).
+   broker is rebuilt it (§9 rule 5; the broker aborts at open on such an entry of the active segment, §2.6);
+5. RO segments without a non-empty active segment (the broker killed between its roll and its next active segment,
+   §2.5, or before that segment's first write): its next append would hide every RO message (§2.6, §9 rule 4). The
+   last RO segment becomes the active one again, the inverse of the roll's rename (`<base>-<last>_<ts>.ilog` →
+   `<base>_<ts>.log`, its index keeping its name), after a 0-byte active segment and its index are deleted (what
+   the broker deletes at open; the index first, and an index left alone after the last RO seq goes too). An empty
+   active segment would not do: the broker deletes it at open (§2.6). The broker then serves every message and
+   appends after the last seq. A segment with a problem (`check_segment`) or
+   after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported, and so is a
+   partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest).
 
 `repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
 removes interrupted imports (`staging.py`).
@@ -20,12 +33,14 @@ from typing import Any
 
 from tank_log.errors import NeedsAttention
 from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import format_index_name, segment_logs
+from tank_log.format.names import Kind, format_active_name, format_index_name, segment_logs
+from tank_log.storage.completeness import check_segment
 from tank_log.storage.datadir import non_regular_entries
-from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_our_temps
+from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery
-from tank_log.storage.staging import recover_imports
+from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro
+from tank_log.storage.segment import Segment
+from tank_log.storage.staging import committed_imports_into, finish_imports_into, recover_imports
 from tank_log.storage.swap import plan_swap_recovery
 
 
@@ -35,24 +50,35 @@ class RepairResult:
 
     path: str
     action: str = "none"  # none | rollback | rollforward | cleanup
+    imports_finished: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     renamed: list[tuple[str, str]] = field(default_factory=list)
     salvages_finished: list[str] = field(default_factory=list)
     indexes_trimmed: list[str] = field(default_factory=list)
+    active_restored: str | None = None  # "<ilog> -> <log>": the last RO segment made active again
     problems: list[str] = field(default_factory=list)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.removed or self.renamed or self.salvages_finished or self.indexes_trimmed)
+        return bool(
+            self.imports_finished
+            or self.removed
+            or self.renamed
+            or self.salvages_finished
+            or self.indexes_trimmed
+            or self.active_restored
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "action": self.action,
+            "imports_finished": self.imports_finished,
             "removed": self.removed,
             "renamed": [list(x) for x in self.renamed],
             "salvages_finished": self.salvages_finished,
             "indexes_trimmed": self.indexes_trimmed,
+            "active_restored": self.active_restored,
             "problems": self.problems,
         }
 
@@ -70,9 +96,13 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
             f"not regular files under segment/index/temporary names: {', '.join(odd)} — move them away first "
             f"(the broker fails on them too); nothing was changed"
         )
+    imports = [f"would finish the interrupted import {n}" for n in committed_imports_into(d)]
+    if imports and not dry_run:
+        with PartitionLock(os.path.dirname(os.path.dirname(os.path.abspath(d))), "repair", blocking=True):
+            imports = finish_imports_into(d)
     temps = remove_our_temps(d, dry_run=dry_run)
     swap = plan_swap_recovery(d)
-    result = RepairResult(d, swap.action, temps + swap.remove_first + swap.remove_last, list(swap.renames))
+    result = RepairResult(d, swap.action, imports, temps + swap.remove_first + swap.remove_last, list(swap.renames))
     if not dry_run:
         for ops in (swap.remove_first, swap.renames, swap.remove_last):
             for op in ops:
@@ -96,7 +126,57 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
         else:
             os.unlink(index)
             fsync_dir(d)
+    _restore_active(d, result, dry_run=dry_run)
     return result
+
+
+def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
+    """Step 5 of the module docstring: make the last RO segment active again when no non-empty active segment
+    follows the RO segments. Each state between the deletes and the rename is one this step handles again."""
+    logs = segment_logs(sorted(os.listdir(d)))
+    ro = sorted((p, n) for n, p in logs.items() if p.kind is Kind.RO)
+    actives = [n for n, p in logs.items() if p.kind is Kind.ACTIVE]
+    if not ro or len(actives) > 1:  # several .log files: verify reports them, a human decides
+        return
+    empty = actives[0] if actives else None
+    if empty is not None and os.path.getsize(os.path.join(d, empty)) > 0:
+        return
+    parsed, name = ro[-1]
+    seg = Segment(os.path.join(d, name), name=parsed)
+    ts = parsed.ts or int(os.stat(seg.path).st_mtime)  # a legacy name: its last write, as the broker's roll names it
+    target = format_active_name(parsed.base, ts)
+    errors = [
+        f"the committed import {n} appends to it (its recovery seals and fills it)" for n in committed_imports_into(d)
+    ]
+    errors += [str(p) for p in check_segment(seg).problems if p.severity == "error"]
+    before = ro[-2][0].last if len(ro) > 1 else None
+    if before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
+        errors.append(f"seq gap or overlap {before + 1}..{parsed.base - 1} before it (§4.4)")
+    if os.path.lexists(os.path.join(d, target)):
+        errors.append(f"{target} exists")
+    why = "RO segments without a non-empty active segment: the broker hides them after its next append (§9 rule 4)"
+    if errors:
+        result.problems.append(f"{why}; {name} not made active: {errors[0]}")
+        return
+    result.active_restored = f"{name} -> {target}"
+    # the index first: a kill between the deletes leaves the 0-byte log, which the rerun deletes with nothing else;
+    # an index without a log at the seq after the last RO one (the other order, killed between) goes too: the
+    # broker's next roll would take it over
+    stale = []
+    next_base = logs[empty].base if empty is not None else (parsed.last or parsed.base) + 1
+    if all(p.base != next_base for p, _ in ro):  # its index, unless an RO segment's
+        stale.append(os.path.join(d, format_index_name(next_base)))
+    if empty is not None:
+        stale.append(os.path.join(d, empty))
+    stale = [f for f in stale if os.path.exists(f)]
+    result.removed += stale
+    if dry_run:
+        return
+    if stale:
+        for f in stale:
+            remove_if_exists(f)
+        fsync_dir(d)
+    reactivate_last_ro(seg, ts)
 
 
 def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:

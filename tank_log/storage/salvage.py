@@ -226,7 +226,7 @@ def _finish(
             os.unlink(seg.path)
             fsync_dir(d)
             step("empty active removed")
-            done.update(_reactivate(reactivate, seg.ts))
+            done.update(reactivate_last_ro(reactivate, seg.ts))
             step("last RO segment reactivated")
         return done
     if seg.last != true_last:
@@ -238,9 +238,10 @@ def _finish(
     return done
 
 
-def _reactivate(ro: Segment, ts: int | None) -> dict[str, str]:
+def reactivate_last_ro(ro: Segment, ts: int | None) -> dict[str, str]:
     """Make the last RO segment the active one: `<base>-<last>_<ts>.ilog` → `<base>_<ts>.log` (its index is valid
-    for an active segment: every entry is a bundle start before the end, §2.6)."""
+    for an active segment: every entry is a bundle start before the end, §2.6). Also what repair does after a
+    broker killed inside its roll (`repair._restore_active`)."""
     name = format_active_name(ro.base, ts if ts is not None else ro.ts)
     os.rename(ro.path, os.path.join(os.path.dirname(ro.path), name))
     fsync_dir(os.path.dirname(ro.path))
@@ -319,7 +320,7 @@ def finish_salvage(rec: SalvageRecovery) -> dict[str, str]:
         reactivate = Segment(os.path.join(d, last)) if last else None
     if not os.path.exists(rec.log_path):  # "reactivate" after the empty active was removed
         assert reactivate is not None
-        return _reactivate(reactivate, name.ts)
+        return reactivate_last_ro(reactivate, name.ts)
     seg = Segment(rec.log_path, name=name)
     true_last = _true_last(rec.log_path, name) if rec.cut else 0
     return _finish(seg, rec.cut, true_last, lambda what: None, reactivate=reactivate)

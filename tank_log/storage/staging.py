@@ -11,7 +11,8 @@ directory `BASE/.tank-import-<run>/<writer>/<topic>/<partition>/`, which the bro
 3. creates the empty partition directories a topic lacks below its highest partition (the broker serves partitions
    0..count-1 of the digit-named directories, §1.4), then removes the staging directory.
 `recover_imports(base)` (run by the import job before it writes, and by `tank-log repair`) finishes an import
-whose COMMIT.json exists and removes one whose does not. Every step is idempotent.
+whose COMMIT.json exists and removes one whose does not; `finish_imports_into(partition)` (run by every partition
+repair, `storage/repair.py`) finishes those moving segments into one partition. Every step is idempotent.
 
 Writers and the driver meet at a lock file in the staging directory, created by `open_import` before any writer
 starts: a writer stages a partition holding it shared; the commit and the abort take it exclusively, so they wait
@@ -344,6 +345,40 @@ def recover_imports(base: str, *, dry_run: bool = False) -> list[str]:
                 shutil.rmtree(root)
     if done and not dry_run:
         fsync_dir(base)
+    return done
+
+
+def committed_imports_into(partition_dir: str) -> list[str]:
+    """The staging directories (names) of interrupted imports whose COMMIT.json moves segments into the partition
+    at `partition_dir` (`BASE/<topic>/<id>`): until their recovery has rolled them forward, its layout is theirs (an
+    append may have sealed its active segment and not yet moved the new ones in). An unreadable manifest counts."""
+    d = os.path.abspath(partition_dir)
+    topic_dir = os.path.dirname(d)
+    base, topic, pid = os.path.dirname(topic_dir), os.path.basename(topic_dir), os.path.basename(d)
+    found = []
+    for name in sorted(os.listdir(base)):
+        manifest = os.path.join(base, name, MANIFEST)
+        if not name.startswith(STAGE_PREFIX) or not os.path.isfile(manifest):
+            continue
+        try:
+            with open(manifest, "rb") as fh:
+                entries = json.load(fh)
+            if not any(e["topic"] == topic and str(e["partition"]) == pid for e in entries):
+                continue
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        found.append(name)
+    return found
+
+
+def finish_imports_into(partition_dir: str) -> list[str]:
+    """Finish the interrupted imports into one partition (`committed_imports_into`), each whole; what was done. The
+    caller holds the base path's lock."""
+    base = os.path.dirname(os.path.dirname(os.path.abspath(partition_dir)))
+    done = []
+    for name in committed_imports_into(partition_dir):
+        _roll_forward(base, os.path.join(base, name))
+        done.append(f"finished the interrupted import {name}")
     return done
 
 

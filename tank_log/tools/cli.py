@@ -175,8 +175,9 @@ def _cmd_repair(args: argparse.Namespace) -> int:
             print(json.dumps({"path": part.path, "action": action, "reason": describe_error(err)}))
             status = 1
             continue
-        if res.has_work or args.verbose:
+        if res.has_work or res.problems or args.verbose:
             print(json.dumps({**res.to_dict(), "dry_run": args.dry_run}))
+        status = 1 if res.problems else status  # what repair left, and why: verify reports it too
     return status
 
 
@@ -449,7 +450,9 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
 
 def _add_maintenance_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The commands that change data: repair, compact, maintain, rebuild-index."""
-    p = sub.add_parser("repair", help="recover partitions from interrupted compactions (docs/FORMAT.md §6.4)")
+    p = sub.add_parser(
+        "repair", help="recover partitions from interrupted compactions, salvages and broker rolls (§6.4, §3.11, §2.5)"
+    )
     p.add_argument("path", help="partition dir, topic dir or base path")
     p.add_argument("--dry-run", action="store_true", help="print what would be done")
     p.set_defaults(func=_cmd_repair)

@@ -3,13 +3,15 @@ consumed through `tank-cli` equals `tank-log dump` of the same directory, the br
 aborting (the open-time scan and recovery of docs/FORMAT.md §2.6, §11 items 16, 23, 24) and stops cleanly.
 
 Covered: the appender's output with seq gaps, the import's output (jobs/import_delta.py from a Delta table the export
-wrote, also appended across a seq gap), `tank-log compact` output and `tank-log maintain` output on the fixtures.
+wrote, also appended across a seq gap), `tank-log compact` output, `tank-log maintain` output on the fixtures and
+`tank-log repair` output after a broker killed inside its roll.
 The helpers (start, stop, consume, produce, dump) are in tests/real_broker.py.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -18,7 +20,7 @@ import sys
 import time
 
 import pytest
-from conftest import DATASETS, copy_tree, data_dir, run_job_script
+from conftest import DATASETS, copy_tree, data_dir, killed_roll, run_job_script
 from real_broker import Consumed, RealBroker, binaries, consume_all, dump, free_port, partitions, served_copy
 
 from tank_log.format.bundle import Message, SnappyPolicy
@@ -95,6 +97,29 @@ def test_the_broker_aborts_on_a_gap_before_the_active_segment(tmp_path):
         with pytest.raises(AssertionError, match=r"abs_seqnum >= f->baseSeqNum"):
             b.consume("t", 0)
     assert b.returncode == -6  # SIGABRT
+
+
+def test_repair_restores_the_active_segment_a_killed_roll_left_out(tmp_path):
+    """A broker killed inside its roll (§2.5) leaves RO segments without an active segment (partition 0) or with a
+    0-byte one (partition 1, which the broker deletes at open, §2.6). Served as is, the broker's first append hides
+    every RO message (§11 item 16): the oracle. After `tank-log repair` (the last RO segment made active again) it
+    serves every message as dumped, gives a produced message the next seq and keeps all older data visible."""
+    base = tmp_path / "base"
+    n = {p: len(killed_roll(base / "rolled" / str(p), empty_active=p == 1)) for p in (0, 1)}
+    assert {p.code for p in verify_path(str(base)) if p.severity == "error"} == {"no-active"}
+    want = dump(base)
+    assert {k: len(v) for k, v in want.items()} == {("rolled", p): n[p] for p in n}
+    with broker(served_copy(base, tmp_path / "as-left")) as b:
+        for p in n:
+            assert_same(("rolled", p), b.consume("rolled", p), want[("rolled", p)])
+            b.produce("rolled", p, b"oracle", b"hides the rest")
+            assert [m.seq for m in b.consume("rolled", p)] == [n[p] + 1]  # every RO message hidden
+    r = subprocess.run([TANK_LOG, "repair", str(base)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert [json.loads(line)["active_restored"] is not None for line in r.stdout.splitlines()] == [True, True]
+    assert verify_path(str(base)) == []
+    assert dump(base) == want
+    assert serve_and_compare(str(base), tmp_path, produce=True) == sum(n.values())
 
 
 def test_the_appenders_output_with_seq_gaps(tmp_path):

@@ -135,3 +135,28 @@ def test_another_run_of_ours_on_the_data_is_not_taken_for_the_broker(tmp_path, b
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
         window.stop(b)
+
+
+def test_start_fails_naming_the_partition_repair_could_not_make_active_again(tmp_path, base):
+    """A broker killed inside its roll whose last RO segment repair refuses to make active (a torn tail): started on
+    it, the broker's next append would hide every RO message (§9 rule 4). The start step fails in one line naming
+    the partition and why, and the broker is not started."""
+    from conftest import killed_roll
+
+    from tank_log.storage.datadir import scan_partition
+
+    d = os.path.join(base, "rolled", "0")
+    killed_roll(d)
+    last_ro = scan_partition(d, "rolled", 0).ro[-1]
+    with open(last_ro.path, "ab") as fh:
+        fh.write(b"\x40\x00\x01")
+    entry = standin_broker(str(tmp_path), "a", base)
+    marker = tmp_path / "started"
+    b = _broker({**entry, "start_command": f"touch {marker}"})
+    with pytest.raises(WindowStepFailed) as e:
+        window.start(b)
+    assert e.value.broker == "a" and e.value.step == "start"
+    (line,) = str(e.value).splitlines()
+    assert f"not started: repair left {d}: RO segments without a non-empty active segment" in line
+    assert f"{last_ro.file_name} not made active" in line and "[torn-tail]" in line
+    assert not marker.exists()

@@ -15,6 +15,7 @@ from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import StepHook
+from tank_log.storage.segment import Segment
 from tank_log.storage.swap import swap_in
 
 
@@ -53,22 +54,9 @@ def _compact_locked(
 ) -> None:
     now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
     part, res.repair = preflight(part, "compaction", options, now=now_ms / 1000)
-    for a, b in zip(part.ro, part.ro[1:], strict=False):
-        if b.base <= (a.last or 0):
-            raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")
-    if part.ro and part.active is not None and part.active.base <= (part.ro[-1].last or 0):
-        raise NeedsAttention("active segment base <= last RO seq; run verify first")
-
-    res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
-    threshold = (
-        options.min_cleanable_ratio if options.min_cleanable_ratio is not None else (part.config.min_cleanable_ratio)
-    )
-    inputs = select_inputs(part, options, now_ms)
-    if not inputs:
-        res.status, res.reason = Status.NOTHING_TO_DO, "no RO segment old enough" if part.ro else "no RO segments"
-        return
-    if not options.force and res.dirty_ratio < threshold:
-        res.status, res.reason = Status.NOTHING_TO_DO, f"dirty ratio {res.dirty_ratio} < {threshold}"
+    _check_segment_order(part)
+    inputs = _inputs_to_compact(part, options, res, cleanup_mark, now_ms)
+    if inputs is None:
         return
     res.segments_before = len(inputs)
     res.bytes_before = sum(s.size for s in inputs)
@@ -85,21 +73,7 @@ def _compact_locked(
     out = (
         None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
     )
-    try:
-        for sf in inputs:  # pass 2: survivors → outputs
-            if out is not None:
-                out.input_ts = sf.ts
-            pass2_segment(sf, select, res, out, options, cutoff)
-        dropped = res.messages_after < select.messages
-        if out is not None:
-            if dropped:
-                out.close_current()
-            else:
-                out.abort()
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
+    dropped = _write_survivors(inputs, select, res, out, options, cutoff)  # pass 2
     res.bundles_skipped = select.skipped
     if options.dry_run:
         res.status, res.bytes_after, res.segments_after = Status.DRY_RUN, None, 0
@@ -114,6 +88,62 @@ def _compact_locked(
     res.bytes_after = sum(s.size for s in final)
     _set_mark(base_path, part, res.range_last, options)
     res.status = Status.COMPACTED
+
+
+def _check_segment_order(part: Partition) -> None:
+    """Refuse a partition whose RO segments overlap each other or the active segment."""
+    for a, b in zip(part.ro, part.ro[1:], strict=False):
+        if b.base <= (a.last or 0):
+            raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")
+    if part.ro and part.active is not None and part.active.base <= (part.ro[-1].last or 0):
+        raise NeedsAttention("active segment base <= last RO seq; run verify first")
+
+
+def _inputs_to_compact(
+    part: Partition, options: CompactionOptions, res: CompactionResult, cleanup_mark: int, now_ms: int
+) -> list[Segment] | None:
+    """The RO segments this run compacts, or None with `res` saying why there is nothing to do (no segment old
+    enough, or a dirty ratio under the threshold without `force`); `res.dirty_ratio` is set either way."""
+    res.dirty_ratio = round(dirty_ratio(part, cleanup_mark), 4)
+    threshold = (
+        options.min_cleanable_ratio if options.min_cleanable_ratio is not None else (part.config.min_cleanable_ratio)
+    )
+    inputs = select_inputs(part, options, now_ms)
+    if not inputs:
+        res.status, res.reason = Status.NOTHING_TO_DO, "no RO segment old enough" if part.ro else "no RO segments"
+        return None
+    if not options.force and res.dirty_ratio < threshold:
+        res.status, res.reason = Status.NOTHING_TO_DO, f"dirty ratio {res.dirty_ratio} < {threshold}"
+        return None
+    return inputs
+
+
+def _write_survivors(
+    inputs: list[Segment],
+    select: BundleFilter,
+    res: CompactionResult,
+    out: OutputSegments | None,
+    options: CompactionOptions,
+    cutoff: int | None,
+) -> bool:
+    """Pass 2: the survivors of every input into `out` (None: a dry run, counted only). Whether a message was
+    dropped: the last output is closed if so, else every output is aborted, as on any error."""
+    try:
+        for sf in inputs:
+            if out is not None:
+                out.input_ts = sf.ts
+            pass2_segment(sf, select, res, out, options, cutoff)
+        dropped = res.messages_after < select.messages
+        if out is not None:
+            if dropped:
+                out.close_current()
+            else:
+                out.abort()
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    return dropped
 
 
 def _set_mark(base_path: str | None, part: Partition, last: int | None, options: CompactionOptions) -> None:
