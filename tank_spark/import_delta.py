@@ -31,6 +31,7 @@ from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.broker_config import parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
 from tank_log.jobs.flags import add_storage_option
+from tank_log.lakehouse import LakeTable, TableLocation
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.holders import held_reason, holders
@@ -43,7 +44,6 @@ from tank_log.storage.staging import (
     recover_imports,
 )
 from tank_spark.context import JobContext, driver_cores
-from tank_spark.export.location import TableLocation
 from tank_spark.export.topic_config import LOOKBACK, recorded_topic_configs
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
@@ -53,7 +53,6 @@ from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
     from pyspark import SparkContext
 
 log = logging.getLogger(__name__)
@@ -112,7 +111,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     if delta is None:
         raise JobConfigError(f"no Delta table at {location}")
     check_readable(location, delta)
-    names = {f.name: f for f in pa.schema(delta.schema().to_arrow())}
+    names = {f.name: f for f in delta.arrow_schema()}
     missing = [c for c in REQUIRED if c not in names]
     if missing:
         raise JobConfigError(f"table {location} lacks column(s) {', '.join(missing)}: not a tank-log export")
@@ -149,32 +148,17 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     return settings, plan_import(settings, keys)
 
 
-def check_readable(location: TableLocation, delta: DeltaTable) -> None:
-    """Refuse, before anything is written, a table delta-rs cannot read all of: column mapping, or a reader feature its
-    reader refuses, e.g. deletion vectors (Spark's DELETE, UPDATE or MERGE on a table with
-    `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
+def check_readable(location: TableLocation, delta: LakeTable) -> None:
+    """Refuse, before anything is written, a table whose rows the reader of its format would not read as they are
+    (`LakeTable.check_readable`: e.g. Delta's column mapping or deletion vectors).
 
     Raises:
         JobConfigError: one line naming the table and the feature.
     """
-    from deltalake.exceptions import DeltaProtocolError
-
-    mode = delta.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mode != "none":  # delta-rs reads the columns of such a table's files as nulls (checked with delta-spark's)
-        raise JobConfigError(
-            f"table {location} uses table feature columnMapping (delta.columnMapping.mode={mode}), which delta-rs "
-            "does not read (its columns would come back null)"
-        )
-    try:
-        delta.to_pyarrow_dataset()
-    except DeltaProtocolError as err:
-        raise JobConfigError(
-            f"table {location}: delta-rs cannot read it: {err} (Spark can drop the feature: ALTER TABLE ... DROP "
-            "FEATURE <feature>)"
-        ) from None
+    delta.check_readable()
 
 
-def checked_keys(ctx: JobContext, location: TableLocation, delta: DeltaTable) -> pa.Table:
+def checked_keys(ctx: JobContext, location: TableLocation, delta: LakeTable) -> pa.Table:
     """The table's key columns (topic, partition, seq) of the selected topics, checked before anything is written:
     every row has them; each topic is a directory name the broker loads (§1.3) and each partition id is in 0..65529
     (§8), so nothing is ever written outside the base path; seqs are at least 1 and unique in their partition (§3.6);
@@ -267,9 +251,9 @@ def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
     return [ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)]) for t, p in sorted(existing)]
 
 
-def _table_bytes(delta: DeltaTable, topics: frozenset[str] | None) -> int:
+def _table_bytes(delta: LakeTable, topics: frozenset[str] | None) -> int:
     """The size of the table's files that hold rows of `topics` (all, when the table is not partitioned by topic)."""
-    files = pa.table(delta.get_add_actions(flatten=True))
+    files = delta.file_stats()
     if topics is not None and "partition.topic" in files.column_names:
         files = files.filter(pc.is_in(files["partition.topic"], pa.array(sorted(topics))))
     return int(pc.sum(files["size_bytes"]).as_py() or 0)

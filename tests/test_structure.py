@@ -111,6 +111,55 @@ def test_the_layer_check_sees_a_function_local_import(tmp_path):
     assert layer_violations(str(path), "tank_spark.runner") == []
 
 
+# each table format's library, and the one module that implements the format with it (docs/ARCHITECTURE.md)
+FORMAT_LIBRARIES = {"deltalake": "tank_log.lakehouse.delta", "pyiceberg": "tank_log.lakehouse.iceberg"}
+
+
+def format_library_imports(path: str, module: str) -> list[str]:
+    """Every import in the file, at any depth, of a table format's library outside that format's own module."""
+    out = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            targets = [node.module]
+        else:
+            continue
+        for target in targets:
+            library = target.partition(".")[0]
+            if library in FORMAT_LIBRARIES and FORMAT_LIBRARIES[library] != module:
+                out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {module} imports {target}")
+    return out
+
+
+def test_only_a_formats_own_module_imports_its_library():
+    found = []
+    for pkg in ("tank_log", "tank_spark"):
+        for d, _, files in os.walk(os.path.join(ROOT, pkg)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(d, f)
+                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                    found += format_library_imports(path, module)
+    assert found == []
+
+
+def test_the_format_library_check_sees_any_import(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from deltalake import DeltaTable\n"
+        "def f():\n    import pyiceberg.catalog\n    return DeltaTable, pyiceberg\n"
+    )
+    where = os.path.relpath(path, ROOT)
+    assert format_library_imports(str(path), "tank_spark.export.commit") == [
+        f"{where}:3: tank_spark.export.commit imports deltalake",
+        f"{where}:5: tank_spark.export.commit imports pyiceberg.catalog",
+    ]
+    assert format_library_imports(str(path), "tank_log.lakehouse.delta") == [
+        f"{where}:5: tank_log.lakehouse.delta imports pyiceberg.catalog"
+    ]
+
+
 # flags that mean something of their own in each command, so each command declares them (with its own help)
 PER_COMMAND_FLAGS = {"--config", "--dry-run", "--topics", "--version", "--table"}
 

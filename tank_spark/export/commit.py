@@ -1,5 +1,6 @@
-"""The driver's Delta commit: create or check the table, then one transaction with every file and every partition's
-app transaction (delta-rs); or delta-spark's per-partition idempotent writes (engine spark)."""
+"""The driver's commit: create or check the table, then one commit with every file and every partition's new
+recorded version (the table's format: `tank_log.lakehouse`); or delta-spark's per-partition idempotent writes
+(engine spark)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.errors import JobConfigError, RunFailed
-from tank_log.lakehouse import recorded_version
+from tank_log.lakehouse import CommitConflict, DataFile, LakeTable
 from tank_spark import jars
 from tank_spark.export.hooks import crash_after_first_partition
 from tank_spark.export.plan import ExportSettings, PartitionPlan
@@ -20,192 +21,28 @@ from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.schema import TS_RAW
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-    from deltalake import Schema as DeltaSchema
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
 
-def create_table(
-    settings: ExportSettings, schema: pa.Schema, configuration: dict[str, str] | None = None
-) -> DeltaTable:
+def create_table(settings: ExportSettings, schema: pa.Schema, configuration: dict[str, str] | None = None) -> LakeTable:
     """A new table; `configuration`: keys of ours it records (`latest.table_configuration`)."""
-    from deltalake import DeltaTable
-
-    loc = settings.location
-    return DeltaTable.create(
-        loc.uri,
-        schema=schema,
-        partition_by=list(settings.partition_by),
-        mode="error",
-        configuration=configuration,
-        storage_options=loc.options or None,
-        raise_if_key_not_exists=configuration is None,  # delta-rs knows only delta.* keys
-    )
+    return settings.location.create(schema, settings.partition_by, configuration)
 
 
-def check_compatible(settings: ExportSettings, schema: pa.Schema, table: DeltaTable) -> bool:
+def check_compatible(settings: ExportSettings, schema: pa.Schema, table: LakeTable) -> bool:
     """Refuse an existing table whose columns (names, order, types, nullability) or partitioning differ from what
     this export writes — before anything is written (a table written with other types can become unreadable) —, or
-    that delta-rs cannot append to (`check_features`; delta-spark can, and computes generated columns, which the
-    delta-spark engine therefore accepts beside its own); return whether it only lacks `ts_raw` (a
-    table made before that column: `add_ts_raw` evolves it)."""
-    from deltalake import Schema
-
-    if settings.engine != "spark" or settings.continuous:  # delta-rs commits (the continuous export's too)
-        check_features(settings, table)
-    else:
-        check_plannable(settings, table)
-    have = [c for c in _columns(table.schema()) if settings.engine != "spark" or c[0] not in generated_columns(table)]
-    want = _columns(Schema.from_arrow(schema))
-    lacks_ts_raw = have == want[:-1] and want[-1][0] == TS_RAW.name
-    if have != want and not lacks_ts_raw:
-        raise JobConfigError(
-            f"existing table {settings.table} does not match this export (value format/schema differ?): "
-            + "; ".join(_schema_diff(have, want))
-        )
-    parts = list(table.metadata().partition_columns)
-    if parts != list(settings.partition_by):
-        raise JobConfigError(
-            f"existing table {settings.table} is partitioned by {parts}, not {list(settings.partition_by)}"
-        )
-    return lacks_ts_raw
+    that its engine cannot append to; return whether it only lacks `ts_raw` (a table made before that column:
+    `add_ts_raw` evolves it). The delta-rs commits of the continuous export are checked as the deltalake engine's."""
+    spark = settings.engine == "spark" and not settings.continuous
+    return table.check_compatible(settings.table, schema, settings.partition_by, evolvable=TS_RAW.name, spark=spark)
 
 
-# The table features of a table delta-rs commits this export's files to, each checked with a table delta-spark made
-# (tests/spark/test_delta_spark.py): appending Parquet files with their statistics is all a writer of these must
-# do. Any other feature is refused before anything is written (delta-rs itself would refuse it at the commit, after
-# the files were written): rowTracking, domainMetadata (liquid clustering), inCommitTimestamp, typeWidening,
-# identityColumns, icebergCompat…, and columnMapping (Parquet columns named by their physical names).
-APPENDABLE_FEATURES = frozenset(
-    {
-        "appendOnly",
-        "invariants",  # a column with an invariant is refused below
-        "checkConstraints",  # a table with a constraint is refused below
-        "changeDataFeed",  # an append writes no change files
-        "generatedColumns",  # a generated column is refused below
-        "deletionVectors",  # new files have none
-        "v2Checkpoint",  # delta-rs reads the recorded versions through them (its data reader refuses the feature)
-        "timestampNtz",
-        "vacuumProtocolCheck",
-    }
-)
-# Protocol versions before table features (writer 7) stand for these.
-LEGACY_WRITER_FEATURES = {
-    2: ("appendOnly", "invariants"),
-    3: ("checkConstraints",),
-    4: ("changeDataFeed", "generatedColumns"),
-    5: ("columnMapping",),
-    6: ("identityColumns",),
-}
-
-
-def table_features(table: DeltaTable) -> set[str]:
-    """The writer features of the table's protocol (legacy versions below 7 translated)."""
-    protocol = table.protocol()
-    if protocol.min_writer_version >= 7:
-        return set(protocol.writer_features or ()) | set(protocol.reader_features or ())
-    return {f for v, fs in LEGACY_WRITER_FEATURES.items() if protocol.min_writer_version >= v for f in fs}
-
-
-def generated_columns(table: DeltaTable) -> set[str]:
-    return {
-        f["name"]
-        for f in json.loads(table.schema().to_json())["fields"]
-        if "delta.generationExpression" in (f.get("metadata") or {})
-    }
-
-
-def check_plannable(settings: ExportSettings, table: DeltaTable) -> None:
-    """The delta-spark engine plans (each partition's recorded version) through delta-rs, which cannot read a table
-    with column mapping once it holds rows: refuse it from the start.
-
-    Raises:
-        JobConfigError: one line naming the table and the feature.
-    """
-    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mode != "none":
-        raise JobConfigError(
-            f"table {settings.table} uses table feature columnMapping (delta.columnMapping.mode={mode}): this export "
-            "plans with delta-rs, which cannot read such tables"
-        )
-
-
-def check_features(settings: ExportSettings, table: DeltaTable) -> None:
-    """Refuse, before anything is written, a table the delta-rs engine cannot append to correctly: a table feature
-    outside `APPENDABLE_FEATURES`, or what this export's files would not honour (a CHECK constraint, a generated,
-    identity or invariant column: the delta-spark engine evaluates those).
-
-    Raises:
-        JobConfigError: one line naming the table and the feature.
-    """
-    where = f"table {settings.table}"
-    hint = "; the delta-spark engine (--engine spark) writes such tables"
-    unsupported = sorted(table_features(table) - APPENDABLE_FEATURES)
-    if unsupported:
-        raise JobConfigError(
-            f"{where} uses table feature(s) {', '.join(unsupported)}, which the delta-rs engine cannot append to{hint}"
-        )
-    constraints = {k: v for k, v in table.metadata().configuration.items() if k.startswith("delta.constraints.")}
-    if constraints:
-        k, v = next(iter(sorted(constraints.items())))
-        raise JobConfigError(
-            f"{where} has CHECK constraint {k.removeprefix('delta.constraints.')} ({v}) (table feature "
-            f"checkConstraints), which the delta-rs engine does not evaluate{hint}"
-        )
-    for f in json.loads(table.schema().to_json())["fields"]:
-        meta = f.get("metadata") or {}
-        for key, feature in (
-            ("delta.generationExpression", "generatedColumns"),
-            ("delta.identity.start", "identityColumns"),
-            ("delta.invariants", "invariants"),
-        ):
-            if key in meta:
-                raise JobConfigError(
-                    f"{where}: column {f['name']} is a {feature} column ({key}), which the delta-rs engine does not "
-                    f"compute or check{hint}"
-                )
-
-
-Column = tuple[str, str, bool]  # name, Delta type (JSON), nullable
-
-
-def _columns(delta_schema: DeltaSchema) -> list[Column]:
-    return [
-        (f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"], sort_keys=True), f["nullable"])
-        for f in json.loads(delta_schema.to_json())["fields"]
-    ]
-
-
-def _schema_diff(have: list[Column], want: list[Column]) -> list[str]:
-    """Human-readable differences: `column: table has X, this export writes Y`."""
-
-    def show(c: Column) -> str:
-        return f"{c[1]}{'' if c[2] else ' not null'}"
-
-    by_name = {c[0]: c for c in have}
-    out = []
-    for c in want:
-        h = by_name.get(c[0])
-        if h is None:
-            out.append(f"{c[0]}: missing in the table (this export writes {show(c)})")
-        elif h != c:
-            out.append(f"{c[0]}: table has {show(h)}, this export writes {show(c)}")
-    extra = [c[0] for c in have if c[0] not in {w[0] for w in want}]
-    if extra:
-        out.append(f"table has columns this export does not write: {', '.join(extra)}")
-    if not out:
-        out.append(f"column order: table has {[c[0] for c in have]}, this export writes {[c[0] for c in want]}")
-    return out
-
-
-def add_ts_raw(table: DeltaTable) -> None:
+def add_ts_raw(table: LakeTable) -> None:
     """Schema evolution of a table made before `ts_raw`: add the nullable column (old rows read it as null)."""
-    from deltalake import Field
-    from deltalake.schema import PrimitiveType
-
-    table.alter.add_columns([Field(TS_RAW.name, PrimitiveType("decimal(20,0)"), nullable=True)])
+    table.add_column(TS_RAW)
 
 
 class ConcurrentExport(RunFailed):
@@ -223,53 +60,32 @@ def commit(
         ConcurrentExport: a partition's recorded version moved since planning, or delta-rs found a conflicting
             concurrent commit (nothing committed).
     """
-    from deltalake import CommitProperties, Transaction
-    from deltalake.exceptions import CommitFailedError
-    from deltalake.transaction import AddAction, RemoveAction
-
     table = settings.location.existing()  # the latest version: a snapshot from planning cannot see other runs
-    for p in plans:  # delta-rs does not skip an already-recorded version by itself
-        _, now = recorded_version(table, settings.table, p.topic, p.partition)
+    for p in plans:  # the formats do not skip an already-recorded version by themselves
+        now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
             raise ConcurrentExport(
                 f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
                 f"since this run planned (a concurrent export)"
             )
-    actions: list[AddAction | RemoveAction] = [  # what create_write_transaction takes
-        AddAction(f["path"], f["size"], json.loads(f["partition_values"]), f["modification_time"], True, f["stats"])
+    data = [
+        DataFile(
+            f["path"],
+            f["size"],
+            json.loads(f["partition_values"]),
+            f["modification_time"],
+            f["num_records"],
+            f["stats"],
+        )
         for f in files
     ]
-    txns = [Transaction(p.app_id, p.end) for p in plans if p.has_work and p.app_id and p.end is not None]
+    versions = {p.app_id: p.end for p in plans if p.has_work and p.app_id and p.end is not None}
     try:
-        table.create_write_transaction(
-            actions,
-            mode="append",
-            schema=schema,
-            partition_by=list(settings.partition_by),
-            commit_properties=CommitProperties(
-                app_transactions=txns,
-                custom_metadata={COMMIT_KEY: run_id, **topic_config_metadata((p.base_path, p.topic) for p in plans)},
-            ),
+        return table.commit(
+            schema, data, versions, run_id, topic_config_metadata((p.base_path, p.topic) for p in plans)
         )
-    except CommitFailedError as err:
-        if landed(settings, run_id):
-            log.warning("export: delta-rs reported %s, but this run's commit is in the table: committed", err)
-            return settings.location.existing().version()
-        raise ConcurrentExport(f"commit conflict: {err}") from None
-    return settings.location.existing().version()
-
-
-LANDED_LOOKBACK = 200  # commits read back to find this run's own
-
-
-def landed(settings: ExportSettings, run_id: str) -> bool:
-    """Whether this run's commit is in the table after all. An object store's response can be lost after the put
-    succeeded (a timeout on a loaded server); delta-rs then retries, finds the version taken by its own commit, and
-    reports a conflict with it ("Concurrent transaction failed": the same app transactions). Taking that for a
-    failure would delete the files of a commit that stands: rows lost, and their app transactions recorded, so
-    retention would delete them in TANK as well (found by the fleet soak)."""
-    table = settings.location.existing()
-    return any(h.get(COMMIT_KEY) == run_id for h in table.history(limit=LANDED_LOOKBACK))
+    except CommitConflict as err:
+        raise ConcurrentExport(str(err)) from None
 
 
 def remove_uncommitted(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
@@ -292,7 +108,7 @@ def check_delta_spark(spark: SparkSession) -> None:
         ) from None
 
 
-def table_version(table: DeltaTable | None) -> int | None:
+def table_version(table: LakeTable | None) -> int | None:
     return None if table is None else table.version()
 
 
@@ -321,7 +137,7 @@ def write_with_delta_spark(
     path, options = loc.spark_path(), loc.spark_options()
     for p in work:
         table = loc.existing()
-        _, now = recorded_version(table, settings.table, p.topic, p.partition)
+        now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
             raise ConcurrentExport(
                 f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "

@@ -39,7 +39,7 @@ import pyarrow as pa
 
 from tank_log.errors import RunFailed, TankLogError
 from tank_log.jobs.stopping import handling
-from tank_log.lakehouse import app_id, table_id
+from tank_log.lakehouse import LakeTable
 from tank_spark.export.commit import ConcurrentExport, commit, remove_uncommitted
 from tank_spark.export.files import FILE_META_SCHEMA, WrittenCounts, count_files, make_file_writer
 from tank_spark.export.hooks import HOLD_AFTER_COMMIT, HOLD_BEFORE_COMMIT, hold
@@ -51,7 +51,6 @@ from tank_spark.ranges import partition_key
 from tank_spark.stream import HOLE_TEXT, DataLost, describe_lost
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import DataFrame, SparkSession
 
     from tank_spark.context import JobContext
@@ -164,9 +163,8 @@ class BatchExporter:
             log.info("continuous export: batch %d: nothing above the recorded versions", batch_id)
             return
         counts = count_files(files)
-        tid = table_id(table)
         plans = [
-            PartitionPlan("", t, p, app_id(tid, t, p), versions.get((t, p)), c.last_row_seq)
+            PartitionPlan("", t, p, table.app_id(t, p), versions.get((t, p)), c.last_row_seq)
             for (t, p), c in counts.items()
         ]
         hold(HOLD_BEFORE_COMMIT)
@@ -235,7 +233,7 @@ def _loss_kind(lost: list[dict[str, Any]]) -> str:
     return " or ".join(sorted(kinds))
 
 
-def starting_offsets(ctx: JobContext, settings: ExportSettings, table: DeltaTable) -> dict[str, int]:
+def starting_offsets(ctx: JobContext, settings: ExportSettings, table: LakeTable) -> dict[str, int]:
     """Where a query without a checkpoint starts: after each partition's recorded version (else its first seq)."""
     versions = recorded_versions(table, settings, ctx.data_dirs, ctx.topics)
     return {partition_key(t, p): v + 1 for (t, p), v in versions.items() if v is not None}
@@ -252,7 +250,7 @@ def local_checkpoint(settings: ExportSettings) -> str | None:
 
 
 def run_continuous(
-    ctx: JobContext, settings: ExportSettings, table: DeltaTable, schema: pa.Schema, spark: SparkSession
+    ctx: JobContext, settings: ExportSettings, table: LakeTable, schema: pa.Schema, spark: SparkSession
 ) -> JobResult:
     """Start the query and run it until a stop signal (clean: exit 0) or a failure (`RunFailed`)."""
     from pyspark.errors import StreamingQueryException

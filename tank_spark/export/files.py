@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import pyarrow as pa
 
-from tank_spark.export.location import TableLocation
+from tank_log.lakehouse import TableLocation
 from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.jobs.progress import describe
-from tank_log.lakehouse import app_id, table_id
+from tank_log.lakehouse import LakeTable, UpkeepStep
 from tank_spark.context import JobContext, driver_cores
 from tank_spark.export.commit import (
     ConcurrentExport,
@@ -67,14 +67,12 @@ from tank_spark.export.plan import (
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import table_schema
-from tank_spark.export.upkeep import UpkeepStep, optimize, vacuum
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
 from tank_spark.schema import TS_RAW
 from tank_spark.tasks import Workers
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
@@ -104,7 +102,7 @@ def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> 
     return results, summary
 
 
-def _continuous(ctx: JobContext, spark: SparkSession, settings: ExportSettings, table: DeltaTable | None) -> JobResult:
+def _continuous(ctx: JobContext, spark: SparkSession, settings: ExportSettings, table: LakeTable | None) -> JobResult:
     """Make sure the table exists (and has `ts_raw`), then stream until stopped (`continuous.py`)."""
     schema = table_schema(settings)
     if table is None:
@@ -122,9 +120,9 @@ def _upkeep(settings: ExportSettings, dry_run: bool) -> list[UpkeepStep]:
         return []
     steps = []
     if settings.optimize:
-        steps.append(optimize(table, settings.target_file_bytes, dry_run=dry_run))
+        steps.append(table.compact_files(settings.target_file_bytes, dry_run=dry_run))
     if settings.vacuum_retention_ms is not None:  # the retention was checked against the table in `prepare`
-        steps.append(vacuum(settings.location, table, settings.vacuum_retention_ms, dry_run=dry_run))
+        steps.append(table.remove_unreferenced(settings.vacuum_retention_ms, dry_run=dry_run))
     return steps
 
 
@@ -163,7 +161,7 @@ def _export(
     spark: SparkSession | None,
     settings: ExportSettings,
     plans: list[PartitionPlan],
-    table: DeltaTable | None,
+    table: LakeTable | None,
 ) -> JobResult:
     t0 = time.monotonic()
     work = [p for p in plans if p.has_work]
@@ -195,9 +193,9 @@ def _export(
             table_version=table_version(table),
         )
         return list(results.values()), summary
-    if table is None:  # the table's id names the partitions' app transactions (`lakehouse.app_id`)
+    if table is None:  # the table's id names the partitions' recorded versions (`lakehouse.app_id`)
         table = create_table(settings, schema, table_configuration(settings))
-        plans = [replace(p, app_id=app_id(table_id(table), p.topic, p.partition)) for p in plans]
+        plans = [replace(p, app_id=table.app_id(p.topic, p.partition)) for p in plans]
         results = _results(plans)
     if settings.mode == "latest":
         return _latest(ctx, workers, settings, schema, plans, results, summary, t0)

@@ -21,19 +21,18 @@ import pyarrow as pa
 
 from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
-from tank_log.lakehouse import recorded_version
-from tank_spark.export.commit import ConcurrentExport, commit, landed
+from tank_log.lakehouse import CommitConflict
+from tank_spark.export.commit import ConcurrentExport, commit
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
 from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
 from tank_spark.export.rows import direct_ranges, table_batches
-from tank_spark.export.run_id import COMMIT_KEY, new_run_id
+from tank_spark.export.run_id import new_run_id
 from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-
+    from tank_log.lakehouse import LakeTable
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
 
@@ -41,12 +40,12 @@ log = logging.getLogger(__name__)
 
 MODE_KEY = "tank_log.export.mode"  # the table configuration key recording its mode (absent: append)
 SCOPE = ("topic", "partition")  # a key is a key within its (topic, partition)
-MERGE_PREDICATE = "t.topic = s.topic AND t.partition = s.partition AND t.key = s.key"
+KEY = (*SCOPE, "key")  # the MERGE matches a row by these columns
 
 
-def table_mode(table: DeltaTable) -> str:
+def table_mode(table: LakeTable) -> str:
     """The mode a table was created with (tables made before modes existed are append tables)."""
-    return table.metadata().configuration.get(MODE_KEY) or "append"
+    return table.properties().get(MODE_KEY) or "append"
 
 
 def table_configuration(settings: ExportSettings) -> dict[str, str] | None:
@@ -204,12 +203,9 @@ def _merge(
 ) -> tuple[int, dict[str, int]]:
     """One MERGE commit with every partition's new version, against the table's latest version (an empty source
     commits the versions alone)."""
-    from deltalake import CommitProperties, Transaction
-    from deltalake.exceptions import CommitFailedError
-
     table = settings.location.existing()
     for p in work:  # delta-rs does not skip an already-recorded version by itself
-        _, now = recorded_version(table, settings.table, p.topic, p.partition)
+        now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
             raise ConcurrentExport(
                 f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
@@ -217,28 +213,18 @@ def _merge(
             )
     if not source.num_rows:  # nothing keyed: only the versions advance
         return commit(settings, schema, [], work, run_id), {}
-    txns = [Transaction(p.app_id, p.end) for p in work if p.app_id and p.end is not None]
-    metadata = {COMMIT_KEY: run_id, **topic_config_metadata((p.base_path, p.topic) for p in work)}
-    newer = "s.seq > t.seq"
-    merger = (
-        table.merge(
-            source,
-            predicate=MERGE_PREDICATE,
-            source_alias="s",
-            target_alias="t",
-            commit_properties=CommitProperties(app_transactions=txns, custom_metadata=metadata),
-        )
-        .when_matched_delete(predicate=f"s.{TOMBSTONE} AND {newer}")
-        .when_matched_update_all(predicate=f"NOT s.{TOMBSTONE} AND {newer}", except_cols=[TOMBSTONE])
-        .when_not_matched_insert_all(predicate=f"NOT s.{TOMBSTONE}", except_cols=[TOMBSTONE])
-    )
     try:
-        metrics = merger.execute()
-    except CommitFailedError as err:
-        if not landed(settings, run_id):  # a lost response to a commit that stands: `commit.landed`
-            raise ConcurrentExport(f"MERGE commit conflict: {err}") from None
-        log.warning("export: delta-rs reported %s, but this run's MERGE is in the table: committed", err)
-        metrics = {}
-    version = settings.location.existing().version()
+        metrics = table.merge_latest(
+            source,
+            keys=KEY,
+            order="seq",
+            tombstone=TOMBSTONE,
+            versions={p.app_id: p.end for p in work if p.app_id and p.end is not None},
+            run_id=run_id,
+            metadata=topic_config_metadata((p.base_path, p.topic) for p in work),
+        )
+    except CommitConflict as err:
+        raise ConcurrentExport(str(err)) from None
+    version = table.version()
     log.info("export: merged %d keys into table version %s: %s", source.num_rows, version, metrics)
-    return version, {k: int(v) for k, v in metrics.items() if k.startswith("num_target_rows_")}
+    return version, metrics

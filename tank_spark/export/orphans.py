@@ -15,15 +15,11 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from tank_log.errors import TankLogError
-from tank_spark.export.location import StoredFile, TableLocation
-from tank_spark.export.run_id import COMMIT_KEY, is_run_id, run_of, started_ms
-
-if TYPE_CHECKING:
-    from deltalake import DeltaTable
+from tank_log.lakehouse import LakeTable, RunCommit, StoredFile, TableLocation
+from tank_spark.export.run_id import is_run_id, run_of, started_ms
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +54,14 @@ def check_run_age(run_id: str, horizon_ms: int, now_ms: int | None = None) -> No
 
 
 def sweep_orphans(
-    location: TableLocation, table: DeltaTable, horizon_ms: int, *, dry_run: bool = False, now_ms: int | None = None
+    location: TableLocation, table: LakeTable, horizon_ms: int, *, dry_run: bool = False, now_ms: int | None = None
 ) -> OrphanSweep:
     """Remove the files of runs that never committed and are older than `horizon_ms` (see the module doc)."""
     now = now_ms if now_ms is not None else _now_ms()
-    history = table.history()
-    committed = {h.get(COMMIT_KEY) for h in history}
+    history = table.run_history()
+    committed = {h.run for h in history}
     floor = _known_since(history)
-    referenced = {unquote(p) for p in table.get_add_actions(flatten=True).column("path").to_pylist()}
+    referenced = table.referenced_files()
     orphans: list[StoredFile] = []
     recent = 0
     for f in location.data_files():
@@ -97,14 +93,14 @@ def sweep_orphans(
     return OrphanSweep(len(orphans), sum(f.size for f in orphans), runs, recent, dry_run)
 
 
-def _known_since(history: list[dict[str, Any]]) -> int:
+def _known_since(history: list[RunCommit]) -> int:
     """The time after which every run's commit is visible in `history` with its run id: the oldest readable commit
     once older log entries were cleaned up (none when version 0 is readable), and the last commit made before
     commits recorded the files' run id (tables exported by earlier versions)."""
     floors = [-1]
-    if history and min(h["version"] for h in history) > 0:
-        floors.append(min(h["timestamp"] for h in history))
-    floors += [h["timestamp"] for h in history if h.get(COMMIT_KEY) is not None and not is_run_id(h[COMMIT_KEY])]
+    if history and min(h.version for h in history) > 0:
+        floors.append(min(h.timestamp_ms for h in history))
+    floors += [h.timestamp_ms for h in history if h.run is not None and not is_run_id(h.run)]
     return max(floors)
 
 

@@ -12,28 +12,23 @@ they were committed with, so only files that span several partitions are read wh
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tank_log.errors import JobConfigError
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-
-    from tank_spark.export.location import TableLocation
+    from tank_log.lakehouse import LakeTable
 
 log = logging.getLogger(__name__)
 
 WRITER_LOOKBACK = 1000  # commits read back to name the writer of a file (only when rows were found)
-OURS = "tank-log:"  # the prefix of this export's app ids (`lakehouse.app_id`)
 
 
 class OtherWriter(JobConfigError):
@@ -60,16 +55,14 @@ class ForeignRows:
         )
 
 
-def other_rows(
-    location: TableLocation, table: DeltaTable, recorded: Mapping[tuple[str, int], int | None]
-) -> list[ForeignRows]:
+def other_rows(table: LakeTable, recorded: Mapping[tuple[str, int], int | None]) -> list[ForeignRows]:
     """Rows of each partition of `recorded` above its recorded version (None: any row), by file statistics and
     then a filtered read of only the files they cannot rule out."""
     if not recorded:
         return []
-    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    adds = table.file_stats().to_pylist()
     found: dict[tuple[str, int], list[tuple[int, int, int, str]]] = {}
-    filesystem, root = location.filesystem()
+    filesystem, root = table.location.filesystem()
     by_topic: dict[str, dict[tuple[str, int], int | None]] = {}
     for (topic, partition), version in recorded.items():
         by_topic.setdefault(topic, {})[(topic, partition)] = version
@@ -81,7 +74,7 @@ def other_rows(
                 found.setdefault(key, []).append((*got, add["path"]))
     if not found:
         return []
-    writers = _writers(location, {f[3] for files in found.values() for f in files})
+    writers = table.file_writers({f[3] for files in found.values() for f in files}, WRITER_LOOKBACK)
     return [
         ForeignRows(
             t,
@@ -96,15 +89,13 @@ def other_rows(
     ]
 
 
-def check_other_writers(
-    table_name: str, location: TableLocation, table: DeltaTable, recorded: Mapping[tuple[str, int], int | None]
-) -> None:
+def check_other_writers(table_name: str, table: LakeTable, recorded: Mapping[tuple[str, int], int | None]) -> None:
     """Refuse an export into partitions another writer added rows to past their recorded versions.
 
     Raises:
         OtherWriter: one line naming the table, each such partition, its seqs and the writer.
     """
-    found = other_rows(location, table, recorded)
+    found = other_rows(table, recorded)
     if found:
         raise OtherWriter(
             f"table {table_name}: {'; '.join(str(f) for f in found)}: exporting would write them twice; nothing was "
@@ -146,33 +137,4 @@ def _rows_above(
         if len(seqs):
             bounds = pc.min_max(seqs)
             out[(topic, partition)] = (bounds["min"].as_py(), bounds["max"].as_py(), len(seqs))
-    return out
-
-
-def _writers(location: TableLocation, paths: set[str]) -> dict[str, str]:
-    """For each file, the commit that added it, as `operation (app id …, engine …)`: the latest commits first, at
-    most `WRITER_LOOKBACK` of them."""
-    want = {unquote(p): p for p in paths}
-    out: dict[str, str] = {}
-    filesystem, root = location.filesystem()
-    latest = location.existing().version()
-    for v in range(latest, max(-1, latest - WRITER_LOOKBACK), -1):
-        try:
-            with filesystem.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
-                actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
-        except (FileNotFoundError, OSError):  # cleaned up past a checkpoint
-            break
-        added = [want[unquote(a["add"]["path"])] for a in actions if "add" in a and unquote(a["add"]["path"]) in want]
-        if added:
-            info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            txns = [a["txn"]["appId"] for a in actions if "txn" in a and not a["txn"]["appId"].startswith(OURS)]
-            who = [f"table version {v}", info.get("operation", "a commit")]
-            if txns:
-                who.append(f"app id {', '.join(txns)}")
-            if info.get("engineInfo"):
-                who.append(info["engineInfo"])
-            for p in added:
-                out[p] = ", ".join(who)
-        if len(out) == len(want):
-            break
     return out

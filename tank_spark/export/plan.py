@@ -12,27 +12,23 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.flags import add_storage_option
-from tank_log.lakehouse import recorded_version, storage_options
-from tank_spark.export.location import TableLocation
+from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage_options
 from tank_spark.export.other_writers import check_other_writers
-from tank_spark.export.upkeep import check_vacuum_retention
 
 if TYPE_CHECKING:
-    from deltalake import DeltaTable
-
     from tank_spark.context import JobContext
 
 log = logging.getLogger(__name__)
 
 
 def recorded_versions(
-    table: DeltaTable, settings: ExportSettings, data_dirs: Iterable[str], topics: Collection[str] | None
+    table: LakeTable, settings: ExportSettings, data_dirs: Iterable[str], topics: Collection[str] | None
 ) -> dict[tuple[str, int], int | None]:
     """`recorded_version` of every partition of the data dirs (only `topics` when given)."""
     from tank_log.jobs.planning import select_partitions
 
     return {
-        sel.partition.key: recorded_version(table, settings.table, sel.partition.topic, sel.partition.id)[1]
+        sel.partition.key: table.recorded_version(sel.partition.topic, sel.partition.id)
         for sel in select_partitions(data_dirs, topics, require_match=False)
     }
 
@@ -213,7 +209,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
     if settings.vacuum_retention_ms is not None:  # before Spark starts: refused with exit 2, nothing exported
-        check_vacuum_retention(delta_table, settings.vacuum_retention_ms)
+        implementation(settings.location.format).check_vacuum_retention(delta_table, settings.vacuum_retention_ms)
     if settings.upkeep_only:
         if delta_table is None:
             raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
@@ -262,11 +258,11 @@ def _continuous_settings(ctx: JobContext, args: argparse.Namespace, settings: Ex
     }
 
 
-Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], DeltaTable | None]"
+Prepared: TypeAlias = "tuple[ExportSettings, list[PartitionPlan], LakeTable | None]"
 """What `prepare` hands the job: the settings, every partition's plan, the table (None before the first export)."""
 
 
-def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], DeltaTable | None]:
+def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[PartitionPlan], LakeTable | None]:
     """Per partition: the range to export, against the table's latest version (also used to re-plan after a
     concurrent commit).
 
@@ -286,10 +282,12 @@ def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[Partiti
                 f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
             )
         seen[part.key] = base
-        aid, previous = (None, None) if table is None else recorded_version(table, settings.table, part.topic, part.id)
+        aid, previous = (
+            (None, None)
+            if table is None
+            else (table.app_id(part.topic, part.id), table.recorded_version(part.topic, part.id))
+        )
         plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
     if table is not None and not settings.upkeep_only:
-        check_other_writers(
-            settings.table, settings.location, table, {(p.topic, p.partition): p.previous for p in plans}
-        )
+        check_other_writers(settings.table, table, {(p.topic, p.partition): p.previous for p in plans})
     return plans, table

@@ -10,7 +10,9 @@ import datetime as dt
 import re
 import uuid
 
-COMMIT_KEY = "tank-log.run"  # the commit-info field holding the run id
+from tank_log.lakehouse.table import RUN_KEY
+
+COMMIT_KEY = RUN_KEY  # the commit metadata field holding the run id
 _FORMAT = "%Y%m%dT%H%M%S"
 _FILE = re.compile(r"part-(?P<run>\d{8}T\d{6}-[0-9a-f]{8})-\d{5}-\d+-\d{4,}\.parquet")
 

@@ -393,7 +393,7 @@ def spark_stream(spark, base, table, checkpoint, start_after_table=False):
     reader = spark.readStream.format("tank").option("topics", "events")
     if start_after_table:
         reader = reader.option("startAfterTable", table)
-    derived = ["to_date(ts) AS date", "CAST(NULL AS DECIMAL(20,0)) AS ts_raw"]  # as docs/guides/export-continuous.md
+    derived = ["to_date(ts) AS date"]  # as docs/guides/export-continuous.md (the source gives `ts_raw`)
     rows = reader.load(base).selectExpr("*", *derived)
     query = (
         rows.writeStream.format("delta")

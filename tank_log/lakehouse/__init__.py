@@ -1,0 +1,62 @@
+"""The lakehouse tables the export writes and retention, stats and the import read, whatever their format.
+
+`location.py` is where a table lives and the interface every format implements (`LakeTable`, `TableFormat`; `FORMATS`
+names each format's module), `table.py` its typed results, errors and the recorded versions' ids, one module per
+format (`delta.py`: delta-rs), and
+`exported.py` what a table has received (`ExportedSeqs`). Only a format's own module imports its library.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tank_log.lakehouse.exported import ExportedSeqs
+from tank_log.lakehouse.location import FORMATS, LakeTable, StoredFile, TableFormat, TableLocation, implementation
+from tank_log.lakehouse.table import (
+    REQUIRED_COLUMNS,
+    RUN_KEY,
+    CommitConflict,
+    DataFile,
+    RunCommit,
+    TableUnreadable,
+    UpkeepStep,
+    app_id,
+    legacy_app_id,
+    storage_options,
+    table_key,
+)
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse.delta import recorded_version, table_id
+
+__all__ = [
+    "FORMATS",
+    "REQUIRED_COLUMNS",
+    "RUN_KEY",
+    "CommitConflict",
+    "DataFile",
+    "ExportedSeqs",
+    "LakeTable",
+    "RunCommit",
+    "StoredFile",
+    "TableFormat",
+    "TableLocation",
+    "TableUnreadable",
+    "UpkeepStep",
+    "app_id",
+    "implementation",
+    "legacy_app_id",
+    "recorded_version",
+    "storage_options",
+    "table_id",
+    "table_key",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """`recorded_version` and `table_id` of a delta-rs `DeltaTable` (`delta.py`), loaded on first use."""
+    if name in ("recorded_version", "table_id"):
+        from tank_log.lakehouse import delta
+
+        return getattr(delta, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

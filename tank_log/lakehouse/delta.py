@@ -1,0 +1,545 @@
+"""The Delta Lake table format through delta-rs (`deltalake`): the one module that imports it.
+
+Each partition's recorded version is an application transaction (`app_id`, version = its last exported seq),
+committed in the same transaction as the data files. Commits to S3 are safe against concurrent writers without a
+locking provider: delta-rs (>= 1.0) writes each log entry with a conditional PUT (`If-None-Match`), which S3 (since
+2024), MinIO, R2 and moto honour; a writer that loses the race re-reads the log and retries at the next version (see
+README, Delta export on object storage), and one whose app transactions conflict fails (`CommitConflict`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from deltalake import DeltaTable
+
+from tank_log.errors import JobConfigError
+from tank_log.lakehouse.table import (
+    APP_ID_PREFIX,
+    RUN_KEY,
+    CommitConflict,
+    DataFile,
+    RunCommit,
+    UpkeepStep,
+    app_id,
+    legacy_app_id,
+)
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from deltalake import Schema as DeltaSchema
+
+    from tank_log.lakehouse.location import LakeTable, TableLocation
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DELETED_FILE_RETENTION_MS = 7 * 24 * 3600 * 1000  # Delta's default delta.deletedFileRetentionDuration
+LANDED_LOOKBACK = 200  # commits read back to find a run's own
+
+
+def table_id(table: DeltaTable) -> str:
+    """The Delta table's own id: its metaData id, a UUID string (deltalake annotates it `int`)."""
+    return str(table.metadata().id)
+
+
+def recorded_version(table: DeltaTable, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
+    """(app id, last exported seq recorded in the table for the partition, None if never)."""
+    aid = app_id(table_id(table), topic, partition)
+    version = table.transaction_version(aid)
+    if version is None:
+        version = table.transaction_version(legacy_app_id(table_path, topic, partition))
+    return aid, version
+
+
+class DeltaLakeTable(DeltaTable):
+    """A Delta table (a delta-rs `DeltaTable`, which Delta users may use as such) as a `LakeTable`."""
+
+    location: TableLocation
+
+    @property
+    def table_id(self) -> str:
+        return table_id(self)
+
+    def refresh(self) -> None:
+        self.update_incremental()
+
+    def app_id(self, topic: str, partition: int) -> str:
+        return app_id(self.table_id, topic, partition)
+
+    def recorded_version(self, topic: str, partition: int) -> int | None:
+        return recorded_version(self, self.location.uri, topic, partition)[1]
+
+    def arrow_schema(self) -> pa.Schema:
+        import pyarrow as pa
+
+        return pa.schema(self.schema().to_arrow())
+
+    def check_compatible(
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+    ) -> bool:
+        from deltalake import Schema
+
+        if spark:
+            check_plannable(name, self)
+        else:
+            check_features(name, self)
+        generated = generated_columns(self) if spark else set()
+        have = [c for c in _columns(self.schema()) if c[0] not in generated]
+        want = _columns(Schema.from_arrow(schema))
+        lacks_last = have == want[:-1] and want[-1][0] == evolvable
+        if have != want and not lacks_last:
+            raise JobConfigError(
+                f"existing table {name} does not match this export (value format/schema differ?): "
+                + "; ".join(_schema_diff(have, want))
+            )
+        parts = list(self.metadata().partition_columns)
+        if parts != list(partition_by):
+            raise JobConfigError(f"existing table {name} is partitioned by {parts}, not {list(partition_by)}")
+        return lacks_last
+
+    def add_column(self, field: pa.Field) -> None:
+        import pyarrow as pa
+        from deltalake import Schema
+
+        (delta_field,) = Schema.from_arrow(pa.schema([field.with_nullable(True)])).fields
+        self.alter.add_columns([delta_field])
+
+    def commit(
+        self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
+    ) -> int:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, RemoveAction
+
+        actions: list[AddAction | RemoveAction] = [  # what create_write_transaction takes
+            AddAction(f.path, f.size, f.partition_values, f.modification_time, True, f.stats) for f in files
+        ]
+        try:
+            self.create_write_transaction(
+                actions,
+                mode="append",
+                schema=schema,
+                partition_by=list(self.metadata().partition_columns),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(a, v) for a, v in versions.items()],
+                    custom_metadata={RUN_KEY: run_id, **metadata},
+                ),
+            )
+        except CommitFailedError as err:
+            self.update_incremental()
+            if self.committed_by(run_id):
+                log.warning("export: delta-rs reported %s, but this run's commit is in the table: committed", err)
+                return self.version()
+            raise CommitConflict(f"commit conflict: {err}") from None
+        self.update_incremental()
+        return self.version()
+
+    def merge_latest(
+        self,
+        source: pa.Table,
+        *,
+        keys: tuple[str, ...],
+        order: str,
+        tombstone: str,
+        versions: dict[str, int],
+        run_id: str,
+        metadata: dict[str, str],
+    ) -> dict[str, int]:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError
+
+        newer = f"s.{order} > t.{order}"
+        merger = (
+            self.merge(
+                source,
+                predicate=" AND ".join(f"t.{k} = s.{k}" for k in keys),
+                source_alias="s",
+                target_alias="t",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(a, v) for a, v in versions.items()],
+                    custom_metadata={RUN_KEY: run_id, **metadata},
+                ),
+            )
+            .when_matched_delete(predicate=f"s.{tombstone} AND {newer}")
+            .when_matched_update_all(predicate=f"NOT s.{tombstone} AND {newer}", except_cols=[tombstone])
+            .when_not_matched_insert_all(predicate=f"NOT s.{tombstone}", except_cols=[tombstone])
+        )
+        try:
+            metrics = merger.execute()
+        except CommitFailedError as err:
+            self.update_incremental()
+            if not self.committed_by(run_id):
+                raise CommitConflict(f"MERGE commit conflict: {err}") from None
+            log.warning("export: delta-rs reported %s, but this run's MERGE is in the table: committed", err)
+            metrics = {}
+        self.update_incremental()
+        return {k: int(v) for k, v in metrics.items() if k.startswith("num_target_rows_")}
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.metadata().configuration)
+
+    def file_stats(self) -> pa.Table:
+        import pyarrow as pa
+
+        return pa.table(self.get_add_actions(flatten=True))
+
+    def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
+        """Read from the commit files themselves, the latest first (a file's `add` and the commit's `commitInfo` and
+        `txn` actions)."""
+        want = {unquote(p): p for p in paths}
+        out: dict[str, str] = {}
+        filesystem, root = self.location.filesystem()
+        latest = self.version()
+        for v in range(latest, max(-1, latest - lookback), -1):
+            try:
+                with filesystem.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
+                    actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+            except (FileNotFoundError, OSError):  # cleaned up past a checkpoint
+                break
+            added = [
+                want[unquote(a["add"]["path"])] for a in actions if "add" in a and unquote(a["add"]["path"]) in want
+            ]
+            if added:
+                info: dict[str, Any] = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+                txns = [
+                    a["txn"]["appId"] for a in actions if "txn" in a and not a["txn"]["appId"].startswith(APP_ID_PREFIX)
+                ]
+                who = [f"table version {v}", info.get("operation", "a commit")]
+                if txns:
+                    who.append(f"app id {', '.join(txns)}")
+                if info.get("engineInfo"):
+                    who.append(info["engineInfo"])
+                for p in added:
+                    out[p] = ", ".join(who)
+            if len(out) == len(want):
+                break
+        return out
+
+    def committed_by(self, run_id: str) -> bool:
+        """Whether this run's commit is in the table after all. An object store's response can be lost after the put
+        succeeded (a timeout on a loaded server); delta-rs then retries, finds the version taken by its own commit,
+        and reports a conflict with it ("Concurrent transaction failed": the same app transactions). Taking that for
+        a failure would delete the files of a commit that stands: rows lost, and their versions recorded, so
+        retention would delete them in TANK as well (found by the fleet soak)."""
+        return any(h.get(RUN_KEY) == run_id for h in self.history(limit=LANDED_LOOKBACK))
+
+    def run_history(self) -> list[RunCommit]:
+        return [RunCommit(h["version"], h["timestamp"], h.get(RUN_KEY)) for h in self.history()]
+
+    def referenced_files(self) -> set[str]:
+        return {unquote(p) for p in self.get_add_actions(flatten=True).column("path").to_pylist()}
+
+    def check_readable(self) -> None:
+        """Refuse, before anything is written, a table delta-rs cannot read all of: column mapping, or a reader
+        feature its reader refuses, e.g. deletion vectors (Spark's DELETE, UPDATE or MERGE on a table with
+        `delta.enableDeletionVectors`), whose deleted rows a reader must leave out.
+
+        Raises:
+            JobConfigError: one line naming the table and the feature.
+        """
+        from deltalake.exceptions import DeltaProtocolError
+
+        mode = self.metadata().configuration.get("delta.columnMapping.mode", "none")
+        if mode != "none":  # delta-rs reads the columns of such a table's files as nulls (checked with delta-spark's)
+            raise JobConfigError(
+                f"table {self.location} uses table feature columnMapping (delta.columnMapping.mode={mode}), which "
+                "delta-rs does not read (its columns would come back null)"
+            )
+        try:
+            self.to_pyarrow_dataset()
+        except DeltaProtocolError as err:
+            raise JobConfigError(
+                f"table {self.location}: delta-rs cannot read it: {err} (Spark can drop the feature: ALTER TABLE ... "
+                "DROP FEATURE <feature>)"
+            ) from None
+
+    def live_files(self) -> tuple[int, int]:
+        """(files, bytes) of the table's current snapshot."""
+        sizes = self.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+        return len(sizes), sum(sizes)
+
+    def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
+        """delta-rs optimize: one commit; readers and app transactions are unaffected."""
+        files, size = self.live_files()
+        if dry_run:
+            return UpkeepStep("optimize", files, size, files, size, dry_run=True)
+        metrics = self.optimize.compact(target_size=target_bytes)
+        self.update_incremental()
+        after = self.live_files()
+        log.info(
+            "export: optimize rewrote %s files into %s: %d files (%d bytes) → %d files (%d bytes)",
+            metrics.get("numFilesRemoved"),
+            metrics.get("numFilesAdded"),
+            files,
+            size,
+            *after,
+        )
+        removed, written = metrics.get("numFilesRemoved"), metrics.get("numFilesAdded")
+        return UpkeepStep("optimize", files, size, *after, files_removed=removed, files_written=written)
+
+    def remove_unreferenced(self, retention_ms: int, *, dry_run: bool) -> UpkeepStep:
+        """delta-rs vacuum: files removed by optimize or an overwrite, once no version within the retention needs
+        them; files and bytes are every data file in storage."""
+        stored = {f.rel: f.size for f in self.location.data_files()}
+        before = (len(stored), sum(stored.values()))
+        hours = -(-retention_ms // 3_600_000)  # delta-rs takes whole hours: round up, never below what was asked
+        doomed = self.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=True)
+        gone = sum(stored.get(_relative(self.location, p), 0) for p in doomed)
+        after = (before[0] - len(doomed), before[1] - gone)
+        log.info(
+            "export: vacuum (retention %d h)%s %d files (%d bytes): %d files (%d bytes) → %d files (%d bytes)",
+            hours,
+            " would delete" if dry_run else " deleted",
+            len(doomed),
+            gone,
+            *before,
+            *after,
+        )
+        return UpkeepStep("vacuum", *before, *after, dry_run=dry_run)
+
+
+# The table features of a table delta-rs commits this export's files to, each checked with a table delta-spark made
+# (tests/spark/test_delta_spark.py): appending Parquet files with their statistics is all a writer of these must
+# do. Any other feature is refused before anything is written (delta-rs itself would refuse it at the commit, after
+# the files were written): rowTracking, domainMetadata (liquid clustering), inCommitTimestamp, typeWidening,
+# identityColumns, icebergCompat…, and columnMapping (Parquet columns named by their physical names).
+APPENDABLE_FEATURES = frozenset(
+    {
+        "appendOnly",
+        "invariants",  # a column with an invariant is refused below
+        "checkConstraints",  # a table with a constraint is refused below
+        "changeDataFeed",  # an append writes no change files
+        "generatedColumns",  # a generated column is refused below
+        "deletionVectors",  # new files have none
+        "v2Checkpoint",  # delta-rs reads the recorded versions through them (its data reader refuses the feature)
+        "timestampNtz",
+        "vacuumProtocolCheck",
+    }
+)
+# Protocol versions before table features (writer 7) stand for these.
+LEGACY_WRITER_FEATURES = {
+    2: ("appendOnly", "invariants"),
+    3: ("checkConstraints",),
+    4: ("changeDataFeed", "generatedColumns"),
+    5: ("columnMapping",),
+    6: ("identityColumns",),
+}
+
+
+def table_features(table: DeltaTable) -> set[str]:
+    """The writer features of the table's protocol (legacy versions below 7 translated)."""
+    protocol = table.protocol()
+    if protocol.min_writer_version >= 7:
+        return set(protocol.writer_features or ()) | set(protocol.reader_features or ())
+    return {f for v, fs in LEGACY_WRITER_FEATURES.items() if protocol.min_writer_version >= v for f in fs}
+
+
+def generated_columns(table: DeltaTable) -> set[str]:
+    return {
+        f["name"]
+        for f in json.loads(table.schema().to_json())["fields"]
+        if "delta.generationExpression" in (f.get("metadata") or {})
+    }
+
+
+def check_plannable(name: str, table: DeltaTable) -> None:
+    """The delta-spark engine plans (each partition's recorded version) through delta-rs, which cannot read a table
+    with column mapping once it holds rows: refuse it from the start.
+
+    Raises:
+        JobConfigError: one line naming the table and the feature.
+    """
+    mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        raise JobConfigError(
+            f"table {name} uses table feature columnMapping (delta.columnMapping.mode={mode}): this export "
+            "plans with delta-rs, which cannot read such tables"
+        )
+
+
+def check_features(name: str, table: DeltaTable) -> None:
+    """Refuse, before anything is written, a table the delta-rs engine cannot append to correctly: a table feature
+    outside `APPENDABLE_FEATURES`, or what this export's files would not honour (a CHECK constraint, a generated,
+    identity or invariant column: the delta-spark engine evaluates those).
+
+    Raises:
+        JobConfigError: one line naming the table and the feature.
+    """
+    where = f"table {name}"
+    hint = "; the delta-spark engine (--engine spark) writes such tables"
+    unsupported = sorted(table_features(table) - APPENDABLE_FEATURES)
+    if unsupported:
+        raise JobConfigError(
+            f"{where} uses table feature(s) {', '.join(unsupported)}, which the delta-rs engine cannot append to{hint}"
+        )
+    constraints = {k: v for k, v in table.metadata().configuration.items() if k.startswith("delta.constraints.")}
+    if constraints:
+        k, v = next(iter(sorted(constraints.items())))
+        raise JobConfigError(
+            f"{where} has CHECK constraint {k.removeprefix('delta.constraints.')} ({v}) (table feature "
+            f"checkConstraints), which the delta-rs engine does not evaluate{hint}"
+        )
+    for f in json.loads(table.schema().to_json())["fields"]:
+        meta = f.get("metadata") or {}
+        for key, feature in (
+            ("delta.generationExpression", "generatedColumns"),
+            ("delta.identity.start", "identityColumns"),
+            ("delta.invariants", "invariants"),
+        ):
+            if key in meta:
+                raise JobConfigError(
+                    f"{where}: column {f['name']} is a {feature} column ({key}), which the delta-rs engine does not "
+                    f"compute or check{hint}"
+                )
+
+
+Column = tuple[str, str, bool]  # name, Delta type (JSON), nullable
+
+
+def _columns(delta_schema: DeltaSchema) -> list[Column]:
+    return [
+        (f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"], sort_keys=True), f["nullable"])
+        for f in json.loads(delta_schema.to_json())["fields"]
+    ]
+
+
+def _schema_diff(have: list[Column], want: list[Column]) -> list[str]:
+    """Human-readable differences: `column: table has X, this export writes Y`."""
+
+    def show(c: Column) -> str:
+        return f"{c[1]}{'' if c[2] else ' not null'}"
+
+    by_name = {c[0]: c for c in have}
+    out = []
+    for c in want:
+        h = by_name.get(c[0])
+        if h is None:
+            out.append(f"{c[0]}: missing in the table (this export writes {show(c)})")
+        elif h != c:
+            out.append(f"{c[0]}: table has {show(h)}, this export writes {show(c)}")
+    extra = [c[0] for c in have if c[0] not in {w[0] for w in want}]
+    if extra:
+        out.append(f"table has columns this export does not write: {', '.join(extra)}")
+    if not out:
+        out.append(f"column order: table has {[c[0] for c in have]}, this export writes {[c[0] for c in want]}")
+    return out
+
+
+def open(location: TableLocation) -> DeltaLakeTable | None:  # noqa: A001 (the format modules' one name for it)
+    """The Delta table at its latest version; None if there is none.
+
+    Raises:
+        JobConfigError: delta-rs cannot read the table.
+    """
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    try:
+        table = DeltaLakeTable(location.uri, storage_options=location.options or None)
+    except TableNotFoundError:
+        return None
+    except DeltaError as err:  # e.g. a table delta-spark made with column mapping
+        raise JobConfigError(f"delta-rs cannot read the table {location}: {err}{_features_hint(location)}") from None
+    table.location = location
+    return table
+
+
+def create(
+    location: TableLocation,
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    configuration: dict[str, str] | None = None,
+) -> DeltaLakeTable:
+    """A new, empty Delta table (an error if one exists); `configuration`: keys of ours it records."""
+    table = DeltaLakeTable.create(
+        location.uri,
+        schema=schema,
+        partition_by=list(partition_by),
+        mode="error",
+        configuration=configuration,
+        storage_options=location.options or None,
+        raise_if_key_not_exists=configuration is None,  # delta-rs knows only delta.* keys
+    )
+    assert isinstance(table, DeltaLakeTable)  # `create` makes its class's instance
+    table.location = location
+    return table
+
+
+def _features_hint(location: TableLocation) -> str:
+    """The table features its log's latest protocol lists (what delta-rs may not support), read from the commit
+    files themselves; "" when there are none or they cannot be read."""
+    from pyarrow import fs
+
+    try:
+        filesystem, root = location.filesystem()
+        log_dir = f"{root}/_delta_log"
+        commits = sorted(
+            i.path
+            for i in filesystem.get_file_info(fs.FileSelector(log_dir))
+            if i.path.endswith(".json") and i.base_name[:20].isdigit()
+        )
+        protocol, config = None, None
+        for path in commits:
+            with filesystem.open_input_stream(path) as f:
+                for line in f.read().decode().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    protocol = action.get("protocol", protocol)
+                    config = action["metaData"].get("configuration", config) if "metaData" in action else config
+    except (OSError, ValueError, KeyError):
+        return ""
+    if protocol is None:
+        return ""
+    features = sorted(set(protocol.get("readerFeatures") or ()) | set(protocol.get("writerFeatures") or ()))
+    mode = (config or {}).get("delta.columnMapping.mode", "none")
+    out = f" (table features: {', '.join(features) or 'none'}"
+    return out + (f"; delta.columnMapping.mode={mode})" if mode != "none" else ")")
+
+
+def check_vacuum_retention(table: LakeTable | None, retention_ms: int) -> None:
+    """Refuse a retention below the table's `delta.deletedFileRetentionDuration` (default 7 days; a table this run
+    will create has the default): readers of versions within it would lose files. A table that allows less says so
+    in that property.
+
+    Raises:
+        JobConfigError: the retention is shorter than the table allows.
+    """
+    assert table is None or isinstance(table, DeltaTable)  # this format's table
+    configured = None if table is None else table.metadata().configuration.get("delta.deletedFileRetentionDuration")
+    minimum = DEFAULT_DELETED_FILE_RETENTION_MS if configured is None else _interval_ms(configured)
+    if retention_ms < minimum:
+        raise JobConfigError(
+            f"--vacuum {retention_ms / 3_600_000:g}h is shorter than the table's deleted-file retention "
+            f"({minimum / 3_600_000:g}h, delta.deletedFileRetentionDuration): readers of older versions would lose "
+            "files; raise the retention or lower that table property"
+        )
+
+
+_UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_000, "day": 86_400_000}
+_UNITS_MS["week"] = 7 * _UNITS_MS["day"]
+
+
+def _interval_ms(value: str) -> int:
+    """A Delta table property interval, e.g. `interval 7 days`."""
+    m = re.fullmatch(r"\s*(?:interval\s+)?(\d+)\s*([a-z]+?)s?\s*", value.lower())
+    if not m or m.group(2) not in _UNITS_MS:
+        raise JobConfigError(f"table property delta.deletedFileRetentionDuration={value!r}: not an interval")
+    return int(m.group(1)) * _UNITS_MS[m.group(2)]
+
+
+def _relative(location: TableLocation, path: str) -> str:
+    """delta-rs reports vacuumed files relative to the table (or as full URIs): the path relative to the table."""
+    root = location.uri.rstrip("/") + "/"
+    return path[len(root) :] if path.startswith(root) else path
+
+
+if TYPE_CHECKING:  # mypy checks this module and its table against the interface
+    import tank_log.lakehouse.delta as _this_format
+    from tank_log.lakehouse.location import TableFormat
+
+    _FORMAT: TableFormat = _this_format
+
+    def _as_lake_table(table: DeltaLakeTable) -> LakeTable:
+        return table

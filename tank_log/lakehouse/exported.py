@@ -1,0 +1,57 @@
+"""What a table has received of each TANK partition, for a run that must not outrun it (retention's guard, stats)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tank_log.lakehouse.location import TableLocation
+from tank_log.lakehouse.table import REQUIRED_COLUMNS, TableUnreadable, table_key
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse.location import LakeTable
+
+
+class ExportedSeqs:
+    """The last seq one table has received of each partition. The table is opened once, at the first question; a
+    table that cannot be read raises `TableUnreadable` for every one."""
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, fmt: str = "delta"):
+        self.uri = table_key(uri)
+        self._options = dict(storage_options or {})
+        self._format = fmt
+        self._table: LakeTable | None = None
+        self._error: str | None = None
+
+    def __str__(self) -> str:  # never the options: they may hold credentials
+        return self.uri
+
+    def last_seq(self, topic: str, partition: int) -> int | None:
+        """The last seq of `topic`/`partition` the table holds (None: none yet).
+
+        Raises:
+            TableUnreadable: the table is missing, unreachable or not a tank-log export.
+        """
+        table = self._open()
+        try:
+            return table.recorded_version(topic, partition)
+        except Exception as err:  # the formats' libraries raise their own types (and OSError) for I/O errors
+            raise TableUnreadable(f"{self.uri}: {type(err).__name__}: {err}") from err
+
+    def _open(self) -> LakeTable:
+        if self._table is not None:
+            return self._table
+        if self._error is None:
+            try:
+                table = TableLocation.of(self.uri, self._options, self._format).open()
+                if table is None:
+                    raise FileNotFoundError(f"no {self._format} table")
+                names = set(table.arrow_schema().names)
+                missing = [c for c in REQUIRED_COLUMNS if c not in names]
+                if missing:
+                    self._error = f"{self.uri}: not a tank-log export (no column {', '.join(missing)})"
+                else:
+                    self._table = table
+                    return table
+            except Exception as err:  # missing table, unreachable store, bad credentials: say which
+                self._error = f"{self.uri}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        raise TableUnreadable(self._error)

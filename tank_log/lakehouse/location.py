@@ -1,0 +1,369 @@
+"""Where a table lives, and what a table of any format gives the export, retention's guard, stats and the import
+(`LakeTable`; `FORMATS` names the module implementing each format).
+
+A location is a local path, or an object-store URI (`s3://`, `gs://`, `az://`/`abfss://`, `file://`) with its
+storage options (credentials, endpoint: `AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, …; the environment supplies what
+the options do not), and its format. Executors write Parquet through the pyarrow filesystem of the URI — never `os`
+calls on table paths — and the driver commits through the format's implementation with the same options.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+from tank_log.errors import JobConfigError, RunFailed
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from tank_log.lakehouse.table import DataFile, RunCommit, UpkeepStep
+
+METADATA_DIRS = ("_delta_log/", "metadata/")  # the formats' own files under a table: never data files
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file under a table: its path relative to the table, size, last modification (ms since the epoch)."""
+
+    rel: str
+    size: int
+    mtime_ms: int
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    """A table's URI (local tables: an absolute path), its storage options and its format (`FORMATS`)."""
+
+    uri: str
+    options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
+    format: str = "delta"
+
+    @classmethod
+    def of(cls, table: str, options: dict[str, str] | None = None, fmt: str = "delta") -> TableLocation:
+        """Raises:
+        ValueError: an unsupported URI scheme, or a local path under a file.
+        """
+        scheme = urlparse(table).scheme if "://" in table else ""
+        if scheme == "file":
+            table = urlparse(table).path
+        elif scheme and scheme not in OBJECT_STORES:
+            raise ValueError(
+                f"table {table}: unsupported scheme {scheme}:// (use a path, file://, s3://, gs://, az://)"
+            )
+        uri = table if scheme and scheme != "file" else os.path.abspath(table)
+        if "://" not in uri:  # a local table: no file where a directory of its path must be
+            at = uri
+            while not os.path.lexists(at) and os.path.dirname(at) != at:
+                at = os.path.dirname(at)
+            if os.path.lexists(at) and not os.path.isdir(at):
+                raise ValueError(f"table {uri}: {at} is not a directory")
+        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt)
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
+
+    def __str__(self) -> str:  # never the options: they hold credentials
+        return self.uri
+
+    def filesystem(self) -> tuple[Any, str]:
+        """(pyarrow FileSystem, the table's root within it); made once per location, so an executor writing many
+        files connects once."""
+        return self._filesystem
+
+    @cached_property
+    def _filesystem(self) -> tuple[Any, str]:
+        from pyarrow import fs
+
+        if self.is_local:
+            return fs.LocalFileSystem(), self.uri
+        parsed = urlparse(self.uri)
+        root = f"{parsed.netloc}{parsed.path}".rstrip("/")
+        if parsed.scheme in ("s3", "s3a"):
+            return fs.S3FileSystem(**self._s3_options()), root
+        if parsed.scheme in ("az", "abfs", "abfss", "azure"):
+            account = self._option("AZURE_STORAGE_ACCOUNT_NAME") or parsed.netloc.partition("@")[2].split(".")[0]
+            container = parsed.netloc.partition("@")[0]
+            return (
+                fs.AzureFileSystem(account_name=account, account_key=self._option("AZURE_STORAGE_ACCOUNT_KEY")),
+                f"{container}{parsed.path}".rstrip("/"),
+            )
+        filesystem, _ = fs.FileSystem.from_uri(self.uri)  # gs://: Google's default credentials
+        return filesystem, root
+
+    def _option(self, *names: str) -> str | None:
+        for name in names:
+            value = self.options.get(name) or os.environ.get(name)
+            if value:
+                return value
+        return None
+
+    def _s3_options(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for arg, names in (
+            ("access_key", ("AWS_ACCESS_KEY_ID",)),
+            ("secret_key", ("AWS_SECRET_ACCESS_KEY",)),
+            ("session_token", ("AWS_SESSION_TOKEN",)),
+            ("region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
+        ):
+            value = self._option(*names)
+            if value:
+                out[arg] = value
+        endpoint = self._option("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+        if endpoint:
+            parsed = urlparse(endpoint if "://" in endpoint else f"https://{endpoint}")
+            out["endpoint_override"] = parsed.netloc
+            out["scheme"] = parsed.scheme
+        return out
+
+    def spark_path(self) -> str:
+        """The table's path for Spark's Delta reader and writer: `s3://` through Hadoop's s3a filesystem
+        (hadoop-aws, among Delta's jars: `tank_spark/jars.py`)."""
+        parsed = urlparse(self.uri)
+        return self.uri.replace("s3://", "s3a://", 1) if parsed.scheme == "s3" else self.uri
+
+    def spark_options(self) -> dict[str, str]:
+        """These storage options as the Hadoop settings delta-spark takes per read or write (its `fs.`-prefixed
+        options): the s3a endpoint, credentials and region; the environment supplies the rest (s3a reads
+        `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` itself). Other stores: Spark's own configuration."""
+        if urlparse(self.uri).scheme not in ("s3", "s3a"):
+            return {}
+        out = {}
+        for key, names in (
+            ("fs.s3a.access.key", ("AWS_ACCESS_KEY_ID",)),
+            ("fs.s3a.secret.key", ("AWS_SECRET_ACCESS_KEY",)),
+            ("fs.s3a.session.token", ("AWS_SESSION_TOKEN",)),
+            ("fs.s3a.endpoint.region", ("AWS_REGION", "AWS_DEFAULT_REGION")),
+        ):
+            value = self._option(*names)
+            if value:
+                out[key] = value
+        endpoint = self._option("AWS_ENDPOINT_URL", "AWS_ENDPOINT")
+        if endpoint:  # an S3-compatible server (MinIO, moto): path-style requests, plain HTTP if it says so
+            out["fs.s3a.endpoint"] = endpoint
+            out["fs.s3a.path.style.access"] = "true"
+            out["fs.s3a.connection.ssl.enabled"] = str(not endpoint.startswith("http://")).lower()
+        return out
+
+    def open_parquet(self, rel: str, schema: pa.Schema) -> pq.ParquetWriter:
+        """A `pyarrow.parquet.ParquetWriter` writing a Parquet file at `rel` under the table (close it to finish)."""
+        import pyarrow.parquet as pq
+
+        filesystem, root = self.filesystem()
+        path = f"{root}/{rel}"
+        filesystem.create_dir(path.rpartition("/")[0], recursive=True)
+        return pq.ParquetWriter(path, schema, filesystem=filesystem, compression="snappy")
+
+    def size(self, rel: str) -> int:
+        """The size in bytes of the file at `rel` under the table."""
+        filesystem, root = self.filesystem()
+        size: int = filesystem.get_file_info(f"{root}/{rel}").size
+        return size
+
+    def data_files(self) -> list[StoredFile]:
+        """Every file under the table outside its metadata directories (referenced or not), as stored now."""
+        from pyarrow import fs
+
+        filesystem, root = self.filesystem()
+        selector = fs.FileSelector(root, recursive=True, allow_not_found=True)
+        out = []
+        for info in filesystem.get_file_info(selector):
+            rel = info.path[len(root) :].lstrip("/")
+            if info.type == fs.FileType.File and not rel.startswith(METADATA_DIRS):
+                mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else 0
+                out.append(StoredFile(rel, info.size, int(mtime)))
+        return out
+
+    def delete(self, rels: list[str]) -> None:
+        """Delete files under the table (missing ones are fine)."""
+        from pyarrow import fs
+
+        filesystem, root = self.filesystem()
+        for rel in rels:
+            path = f"{root}/{rel}"
+            if filesystem.get_file_info(path).type != fs.FileType.NotFound:
+                filesystem.delete_file(path)
+
+    def open(self) -> LakeTable | None:
+        """The table at its latest version, through its format's implementation; None if there is none.
+
+        Raises:
+            JobConfigError: the format's implementation cannot read the table.
+        """
+        return implementation(self.format).open(self)
+
+    def existing(self) -> LakeTable:
+        """The table at its latest version, which this run created or planned against.
+
+        Raises:
+            RunFailed: there is none any more (removed while the run worked).
+        """
+        table = self.open()
+        if table is None:
+            raise RunFailed(f"the table {self} is gone (removed while this run worked)")
+        return table
+
+    def create(
+        self, schema: pa.Schema, partition_by: tuple[str, ...], configuration: dict[str, str] | None = None
+    ) -> LakeTable:
+        """A new, empty table here (an error if one exists); `configuration`: keys of ours it records (`properties`)."""
+        return implementation(self.format).create(self, schema, partition_by, configuration)
+
+
+class LakeTable(Protocol):
+    """A table of one format at one location, at the version it was read at (`refresh` reads the latest)."""
+
+    location: TableLocation
+
+    @property
+    def table_id(self) -> str:
+        """The table's own id (a UUID string), which names its partitions' recorded versions (`app_id`)."""
+        ...
+
+    def version(self) -> int:
+        """The table version (snapshot) this object reads."""
+        ...
+
+    def refresh(self) -> None:
+        """Read the table's latest version."""
+        ...
+
+    def app_id(self, topic: str, partition: int) -> str:
+        """The id of the partition's recorded version in this table (`app_id`)."""
+        ...
+
+    def recorded_version(self, topic: str, partition: int) -> int | None:
+        """The last seq of `topic`/`partition` the table holds (None: never exported)."""
+        ...
+
+    def arrow_schema(self) -> pa.Schema:
+        """The table's columns as Arrow."""
+        ...
+
+    def check_compatible(
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+    ) -> bool:
+        """Refuse (`JobConfigError`, one line naming `name`) a table this export cannot append `schema` to, before
+        anything is written; `spark`: the delta-spark engine writes. Return whether it only lacks the trailing
+        column `evolvable` of `schema` (a table made before it: `add_column` evolves it)."""
+        ...
+
+    def add_column(self, field: pa.Field) -> None:
+        """Schema evolution: add a nullable column (old rows read it as null)."""
+        ...
+
+    def commit(
+        self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
+    ) -> int:
+        """Commit `files` (of columns `schema`) together with the new recorded versions (`app_id` → last seq) in one
+        atomic commit recording `run_id` and `metadata`, against the latest version; return the new version.
+
+        Raises:
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        ...
+
+    def merge_latest(
+        self,
+        source: pa.Table,
+        *,
+        keys: tuple[str, ...],
+        order: str,
+        tombstone: str,
+        versions: dict[str, int],
+        run_id: str,
+        metadata: dict[str, str],
+    ) -> dict[str, int]:
+        """Merge `source` (one row per `keys`) into the table, with the new recorded versions (`app_id` → last seq), in
+        one atomic commit recording `run_id` and `metadata`: a row whose `order` is above its key's row in the table
+        replaces that row, or deletes it when its `tombstone` column is set; a new key's row is inserted unless it is
+        a tombstone (the `tombstone` column is not written). Return the merge's counts of target rows.
+
+        Raises:
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        ...
+
+    def properties(self) -> dict[str, str]:
+        """What the table records of itself: the `configuration` it was created with among them."""
+        ...
+
+    def file_stats(self) -> pa.Table:
+        """The current version's data files, one row each: `path` (relative to the table, as the table records it:
+        maybe URL-quoted), `size_bytes`, each partition column's value (`partition.<column>`) and each column's
+        statistics where the file has them (`min.<column>`, `max.<column>`)."""
+        ...
+
+    def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
+        """The commit that added each of `paths` (as `file_stats` gives them), as `table version N, operation, app id
+        …, engine …` (app ids other than this library's), reading back at most `lookback` commits from the latest; a
+        file not found is left out."""
+        ...
+
+    def run_history(self) -> list[RunCommit]:
+        """Every commit still readable, with the run id it recorded."""
+        ...
+
+    def referenced_files(self) -> set[str]:
+        """The data files the current version references, relative to the table (unquoted)."""
+        ...
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """The latest commits' metadata, newest first (the topic configs a run recorded: `topic_config.py`)."""
+        ...
+
+    def to_pyarrow_dataset(self) -> ds.Dataset:
+        """The current version's rows."""
+        ...
+
+    def check_readable(self) -> None:
+        """Refuse (`JobConfigError`) a table whose rows this library's reader would not read as they are."""
+        ...
+
+    def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
+        """Rewrite small live files into files of about `target_bytes` (recorded versions unaffected)."""
+        ...
+
+    def remove_unreferenced(self, retention_ms: int, *, dry_run: bool) -> UpkeepStep:
+        """Delete data files no version within `retention_ms` references."""
+        ...
+
+
+class TableFormat(Protocol):
+    """A table format's module (`FORMATS`): how it opens and creates tables."""
+
+    def open(self, location: TableLocation) -> LakeTable | None: ...
+
+    def create(
+        self,
+        location: TableLocation,
+        schema: pa.Schema,
+        partition_by: tuple[str, ...],
+        configuration: dict[str, str] | None = None,
+    ) -> LakeTable: ...
+
+    def check_vacuum_retention(self, table: LakeTable | None, retention_ms: int) -> None: ...
+
+
+FORMATS = {"delta": "tank_log.lakehouse.delta"}  # format name → its implementation's module
+
+
+def implementation(fmt: str) -> TableFormat:
+    """The module implementing table format `fmt`.
+
+    Raises:
+        JobConfigError: an unknown format.
+    """
+    import importlib
+
+    if fmt not in FORMATS:
+        raise JobConfigError(f"table format {fmt!r}: expected one of {', '.join(sorted(FORMATS))}")
+    module: TableFormat = importlib.import_module(FORMATS[fmt])
+    return module
