@@ -17,6 +17,7 @@ import sys
 import time
 
 ENV = "TANK_LOG_TEST_RUN"
+GRACE_S = 5.0  # what ends by itself once pytest is gone (a Spark gateway JVM reading its closed stdin) is not reaped
 
 
 def marked(marker: str) -> dict[int, str]:
@@ -62,6 +63,9 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the run reaches its process group: outlive it
     while os.getppid() == parent:  # re-parented once pytest has exited, however it exited
         time.sleep(0.5)
+    deadline = time.monotonic() + GRACE_S
+    while marked(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
     ended = reap(marker)
     if ended:
         names = ", ".join(f"{pid} {command}" for pid, command in sorted(ended.items())[:8])
