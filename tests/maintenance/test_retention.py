@@ -96,13 +96,23 @@ def test_active_segment_survives_and_rule_4(tmp_path):
     after = scan_partition(part.path, "t", 0)
     assert after.ro == [] and after.active is not None and after.active.base == part.active.base
     assert res.segments_deleted == 6
-    # without a non-empty active segment nothing is deleted, and the reason is given
+    # a broker killed between a roll and its next active segment: the preflight's repair makes the last RO segment
+    # active again (§2.5), and retention keeps it as the active segment
     part2 = make_partition(str(tmp_path / "q"))
     os.unlink(part2.active.path)
-    before = tree_digest(part2.path)
     res2 = apply_retention(scan_partition(part2.path, "t", 0), RetentionRules(max_age_s=1), STOPPED)
-    assert res2.status == "kept" and "no non-empty active segment" in res2.reason
-    assert tree_digest(part2.path) == before
+    assert res2.status == "deleted" and res2.segments_deleted == 5
+    repaired = scan_partition(part2.path, "t", 0)
+    assert repaired.ro == [] and repaired.active is not None and repaired.active.base == part2.ro[-1].base
+    # without a non-empty active segment that repair can restore (a seq gap before the last RO segment), nothing is
+    # deleted, and the reason is given
+    part3 = make_partition(str(tmp_path / "r"))
+    os.unlink(part3.active.path)
+    os.unlink(part3.ro[-2].path)
+    before = tree_digest(part3.path)
+    res3 = apply_retention(scan_partition(part3.path, "t", 0), RetentionRules(max_age_s=1), STOPPED)
+    assert res3.status == "kept" and "no non-empty active segment" in res3.reason
+    assert tree_digest(part3.path) == before
 
 
 def test_dry_run_is_byte_identical(tmp_path):
