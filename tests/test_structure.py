@@ -90,16 +90,20 @@ def layer_violations(path: str, module: str) -> list[str]:
     return out
 
 
-def test_every_import_respects_the_layers():
-    found = []
+def package_modules() -> list[tuple[str, str]]:
+    """Every module of tank_log and tank_spark: (file path, dotted module name)."""
+    out = []
     for pkg in ("tank_log", "tank_spark"):
         for d, _, files in os.walk(os.path.join(ROOT, pkg)):
             for f in files:
                 if f.endswith(".py"):
                     path = os.path.join(d, f)
-                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-                    found += layer_violations(path, module)
-    assert found == []
+                    out.append((path, os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")))
+    return out
+
+
+def test_every_import_respects_the_layers():
+    assert [v for path, module in package_modules() for v in layer_violations(path, module)] == []
 
 
 def test_the_layer_check_sees_a_function_local_import(tmp_path):
@@ -133,15 +137,7 @@ def format_library_imports(path: str, module: str) -> list[str]:
 
 
 def test_only_a_formats_own_module_imports_its_library():
-    found = []
-    for pkg in ("tank_log", "tank_spark"):
-        for d, _, files in os.walk(os.path.join(ROOT, pkg)):
-            for f in files:
-                if f.endswith(".py"):
-                    path = os.path.join(d, f)
-                    module = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
-                    found += format_library_imports(path, module)
-    assert found == []
+    assert [v for path, module in package_modules() for v in format_library_imports(path, module)] == []
 
 
 def test_the_format_library_check_sees_any_import(tmp_path):
