@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -164,13 +164,12 @@ def _export(
     table: LakeTable | None,
 ) -> JobResult:
     t0 = time.monotonic()
-    work = [p for p in plans if p.has_work]
     results = _results(plans)
     summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
         schema = table_schema(settings)
         evolve = table is not None and check_compatible(settings, schema, table)
-    if not work:
+    if not any(p.has_work for p in plans):
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
         return list(results.values()), summary
     summary["executed_on"] = "executors" if spark is not None else "driver"  # the driver: `in_driver`
@@ -178,101 +177,149 @@ def _export(
     if settings.engine == "spark":
         assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
         check_delta_spark(spark)
-    sql_path = settings.value_format == "json" or settings.engine == "spark"
     if ctx.dry_run:
-        outcomes, cut = _pre_pass(workers, ctx, settings, plans)
-        for o in outcomes:
-            if o.index in cut.kept and o.rows:
-                _count(results[o.key], o.rows, o.min_seq, o.max_seq)
-        for p in work:
-            results[(p.topic, p.partition)]["status"] = "dry-run"
-        _record_failures(results, cut)
-        summary.update(
-            by_status=count_by(list(results.values())),
-            rows=sum(r["rows"] for r in results.values()),
-            table_version=table_version(table),
-        )
-        return list(results.values()), summary
+        return _dry_run(ctx, workers, settings, plans, results, summary, table)
     if table is None:  # the table's id names the partitions' recorded versions (`lakehouse.app_id`)
         table = create_table(settings, schema, table_configuration(settings))
         plans = [replace(p, app_id=table.app_id(p.topic, p.partition)) for p in plans]
-        results = _results(plans)
     if settings.mode == "latest":
-        return _latest(ctx, workers, settings, schema, plans, results, summary, t0)
+        return _latest(ctx, workers, settings, schema, plans, summary, t0)
+    if evolve:
+        log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
+        add_ts_raw(table)
     if settings.engine == "spark":
         assert spark is not None
-        session = spark
-        if evolve:
-            log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
-            add_ts_raw(table)
-        written: dict[tuple[str, int], list[RangeOutcome]] = {}  # the partitions committed, over the attempts
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            outcomes, cut = _pre_pass(workers, ctx, settings, plans)
-            hold(HOLD_BEFORE_COMMIT)  # test hook
-            done: list[PartitionPlan] = []
-            try:
-                version = write_with_delta_spark(
-                    lambda p: decoded_frame(session, ctx, settings, [p]),
-                    settings,
-                    [p for p in cut.plans if p.has_work],
-                    new_run_id(),
-                    done,
-                )
-            except ConcurrentExport as conflict:
-                if attempt == COMMIT_ATTEMPTS:
-                    raise ConcurrentExport(
-                        f"{conflict}; {COMMIT_ATTEMPTS} attempts: another export commits to these partitions "
-                        f"meanwhile (a continuous export of the same topics?)"
-                    ) from None
-                log.warning("export: %s; re-planning (attempt %d)", conflict, attempt + 1)
-                plans, _ = plan_export(ctx, settings)
-                continue
-            finally:
-                keys = {(p.topic, p.partition) for p in done}
-                written.update({k: [o for o in outcomes if o.key == k and o.index in cut.kept] for k in keys})
-            break
-        files: list[dict[str, Any]] = []
-        results = _results(plans)
-        for key, kept in written.items():
-            for o in kept:
-                _count(results[key], o.rows, o.min_seq, o.max_seq)
-            results[key]["status"] = "exported"
+        run = _append_with_delta_spark(ctx, spark, workers, settings, plans)
     else:
-        if evolve:
-            log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
-            add_ts_raw(table)
-        for attempt in range(1, COMMIT_ATTEMPTS + 1):
-            run_id = new_run_id()
-            files, cut = _write_files(ctx, spark, workers, settings, schema, plans, sql_path, t0, run_id)
-            if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
-                version = table_version(settings.location.open())
-                break
-            hold(HOLD_BEFORE_COMMIT)  # test hook
-            t_commit = time.monotonic()
-            try:
-                check_run_age(run_id, settings.orphan_horizon_ms)
-            except RunTooOld:
-                remove_uncommitted(settings, files)
-                raise
-            try:
-                version = commit(settings, schema, files, cut.plans, run_id)
-            except ConcurrentExport as conflict:
-                remove_uncommitted(settings, files)
-                if attempt == COMMIT_ATTEMPTS:
-                    raise ConcurrentExport(
-                        f"{conflict}; nothing committed after {COMMIT_ATTEMPTS} attempts: another export commits "
-                        f"to these partitions meanwhile (a continuous export of the same topics?)"
-                    ) from None
-                log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
-                plans, _ = plan_export(ctx, settings)
-                results = _results(plans)
-                if not any(p.has_work for p in plans):
-                    summary.update(by_status=count_by(list(results.values())), rows=0)
-                    summary["table_version"] = table_version(settings.location.open())
-                    return list(results.values()), summary
-                continue
-            log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
-            break
+        run = _append_with_delta_rs(ctx, spark, workers, settings, schema, plans, t0)
+    if run.cut is None:  # a re-plan after a concurrent commit found nothing left to export
+        summary.update(by_status=count_by(list(run.results.values())), rows=0, table_version=run.version)
+        return list(run.results.values()), summary
+    return _appended_report(run, run.cut, summary, t0)
+
+
+@dataclass
+class _Appended:
+    """What an append run committed: the partitions' report rows, the files of the commit (delta-rs), the plans
+    after malformed ranges, and the table's version after it."""
+
+    results: dict[tuple[str, int], dict[str, Any]]
+    files: list[dict[str, Any]]
+    cut: Cut | None  # None: a re-plan after a concurrent commit found nothing left to export
+    version: int | None
+
+
+def _dry_run(
+    ctx: JobContext,
+    workers: Workers,
+    settings: ExportSettings,
+    plans: list[PartitionPlan],
+    results: dict[tuple[str, int], dict[str, Any]],
+    summary: dict[str, Any],
+    table: LakeTable | None,
+) -> JobResult:
+    """--dry-run: read every range, write nothing; the rows each partition would export, and what would fail."""
+    outcomes, cut = _pre_pass(workers, ctx, settings, plans)
+    for o in outcomes:
+        if o.index in cut.kept and o.rows:
+            _count(results[o.key], o.rows, o.min_seq, o.max_seq)
+    for p in plans:
+        if p.has_work:
+            results[(p.topic, p.partition)]["status"] = "dry-run"
+    _record_failures(results, cut)
+    summary.update(
+        by_status=count_by(list(results.values())),
+        rows=sum(r["rows"] for r in results.values()),
+        table_version=table_version(table),
+    )
+    return list(results.values()), summary
+
+
+def _append_with_delta_spark(
+    ctx: JobContext, spark: SparkSession, workers: Workers, settings: ExportSettings, plans: list[PartitionPlan]
+) -> _Appended:
+    """The delta-spark engine: one idempotent commit per partition (`txnAppId`/`txnVersion`); a concurrent commit
+    re-plans, keeping the partitions already committed."""
+    written: dict[tuple[str, int], list[RangeOutcome]] = {}  # the partitions committed, over the attempts
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        outcomes, cut = _pre_pass(workers, ctx, settings, plans)
+        hold(HOLD_BEFORE_COMMIT)  # test hook
+        done: list[PartitionPlan] = []
+        try:
+            version = write_with_delta_spark(
+                lambda p: decoded_frame(spark, ctx, settings, [p]),
+                settings,
+                [p for p in cut.plans if p.has_work],
+                new_run_id(),
+                done,
+            )
+        except ConcurrentExport as conflict:
+            if attempt == COMMIT_ATTEMPTS:
+                raise ConcurrentExport(
+                    f"{conflict}; {COMMIT_ATTEMPTS} attempts: another export commits to these partitions "
+                    f"meanwhile (a continuous export of the same topics?)"
+                ) from None
+            log.warning("export: %s; re-planning (attempt %d)", conflict, attempt + 1)
+            plans, _ = plan_export(ctx, settings)
+            continue
+        finally:
+            keys = {(p.topic, p.partition) for p in done}
+            written.update({k: [o for o in outcomes if o.key == k and o.index in cut.kept] for k in keys})
+        break
+    results = _results(plans)
+    for key, kept in written.items():
+        for o in kept:
+            _count(results[key], o.rows, o.min_seq, o.max_seq)
+        results[key]["status"] = "exported"
+    return _Appended(results, [], cut, version)
+
+
+def _append_with_delta_rs(
+    ctx: JobContext,
+    spark: SparkSession | None,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    t0: float,
+) -> _Appended:
+    """The delta-rs engine: write every range's files, then ONE commit with every partition's new version; a
+    concurrent commit removes this attempt's files and re-plans."""
+    sql_path = settings.value_format == "json"
+    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+        run_id = new_run_id()
+        files, cut = _write_files(ctx, spark, workers, settings, schema, plans, sql_path, t0, run_id)
+        if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
+            return _Appended(_results(plans), files, cut, table_version(settings.location.open()))
+        hold(HOLD_BEFORE_COMMIT)  # test hook
+        t_commit = time.monotonic()
+        try:
+            check_run_age(run_id, settings.orphan_horizon_ms)
+        except RunTooOld:
+            remove_uncommitted(settings, files)
+            raise
+        try:
+            version = commit(settings, schema, files, cut.plans, run_id)
+        except ConcurrentExport as conflict:
+            remove_uncommitted(settings, files)
+            if attempt == COMMIT_ATTEMPTS:
+                raise ConcurrentExport(
+                    f"{conflict}; nothing committed after {COMMIT_ATTEMPTS} attempts: another export commits "
+                    f"to these partitions meanwhile (a continuous export of the same topics?)"
+                ) from None
+            log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
+            plans, _ = plan_export(ctx, settings)
+            if not any(p.has_work for p in plans):
+                return _Appended(_results(plans), [], None, table_version(settings.location.open()))
+            continue
+        log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
+        return _Appended(_results(plans), files, cut, version)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: float) -> JobResult:
+    """The report of an append run: each partition's rows, files and bytes committed, and the run's totals."""
+    results, files = run.results, run.files
     for key, c in count_files(files).items():
         r = results[key]
         _count(r, c.rows, c.first_row_seq, c.last_row_seq)
@@ -293,7 +340,7 @@ def _export(
         rows=rows,
         bytes=sum(f["size"] for f in files),
         files=len(files),
-        table_version=version,
+        table_version=run.version,
         quarantined=sum(r["quarantined"] for r in results.values()),
         export_s=round(elapsed, 3),
         rows_per_s=round(rows / elapsed) if elapsed else None,
@@ -307,7 +354,6 @@ def _latest(
     settings: ExportSettings,
     schema: pa.Schema,
     plans: list[PartitionPlan],
-    results: dict[tuple[str, int], dict[str, Any]],
     summary: dict[str, Any],
     t0: float,
 ) -> JobResult:
