@@ -10,6 +10,7 @@ conflict is reported (`CommitConflict`) and the export re-plans instead.
 
 Upkeep is snapshot expiry and the removal of data files no kept snapshot references (`remove_unreferenced`);
 pyiceberg has no file compaction (`compact_files` refuses), and no MERGE for current-state tables (`merge_latest`).
+The import reads the current snapshot's data files as a Parquet dataset (`to_pyarrow_dataset`).
 """
 
 from __future__ import annotations
@@ -203,7 +204,9 @@ class IcebergTable:
                 if metrics:
                     row[f"min.{column}"], row[f"max.{column}"] = metrics["lower_bound"], metrics["upper_bound"]
             rows.append(row)
-        return pa.Table.from_pylist(rows) if rows else pa.table({"path": pa.array([], pa.string())})
+        if not rows:
+            return pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64())})
+        return pa.Table.from_pylist(rows)
 
     def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
         """The snapshot that added each file (its manifest entry's snapshot id), as `snapshot N (sequence number
@@ -268,12 +271,34 @@ class IcebergTable:
         ]
 
     def to_pyarrow_dataset(self) -> ds.Dataset:
+        """The current snapshot's data files as a Parquet dataset in the table's columns (a file written before a
+        column was added reads it as null); `check_readable` refuses what this would not read as it is."""
         import pyarrow.dataset as ds
 
-        return ds.dataset(self.table.scan().to_arrow())
+        filesystem, root = self.location.filesystem()
+        paths = [f"{root}/{rel}" for rel in sorted(self.referenced_files())]
+        return ds.dataset(paths, schema=self.arrow_schema(), format="parquet", filesystem=filesystem)
 
     def check_readable(self) -> None:
-        """pyiceberg reads every Iceberg table it can load (deletes applied)."""
+        """Refuse a table whose current snapshot has delete files (another engine's DELETE, UPDATE or MERGE: the
+        rows they delete would be read) or data files outside the table's directory.
+
+        Raises:
+            JobConfigError: one line naming the table and what it has.
+        """
+        if self.table.current_snapshot() is None:
+            return
+        root = _uri(self.location).rstrip("/") + "/"
+        files = self.table.inspect.files().select(["content", "file_path"]).to_pylist()
+        deletes = sum(f["content"] != 0 for f in files)
+        if deletes:
+            raise JobConfigError(
+                f"table {self.location} has {deletes} delete file(s) (rows deleted by another engine), which this "
+                "library's reader does not apply"
+            )
+        outside = [f["file_path"] for f in files if not f["file_path"].startswith(root)]
+        if outside:
+            raise JobConfigError(f"table {self.location} has data files outside its directory, e.g. {outside[0]}")
 
     def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
         raise JobConfigError(f"table {self.location}: --optimize rewrites Delta tables only (pyiceberg cannot)")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.flags import add_storage_option
-from tank_log.lakehouse import FORMATS, LakeTable, TableLocation, implementation, storage_options
+from tank_log.jobs.flags import add_storage_option, add_table_format
+from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage_options
 from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
@@ -84,13 +84,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", help="the table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
     add_storage_option(p, "--table")
     p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
-    p.add_argument("--format", choices=sorted(FORMATS), help="the table format: delta (default) or iceberg")
-    p.add_argument(
-        "--catalog",
-        metavar="URI",
-        help="with --format iceberg: the SQL catalog, a SQLAlchemy URI (default: a SQLite file beside a local table; "
-        "required for a table on object storage)",
-    )
+    add_table_format(p)
     p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
     p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")

@@ -349,6 +349,37 @@ def test_orphans_of_a_crashed_run_and_upkeep(tmp_path):
     assert lake.rows() == sorted(expected)
 
 
+def test_the_import_reads_an_iceberg_export_back(tmp_path):
+    """Every fixture → export to Iceberg → import (`--format iceberg --catalog URI`) into a new base path: `tank-log
+    dump` gives the fixtures' dumps line for line and verify is clean; a second import with --append finds nothing
+    new."""
+    from conftest import load_dump_lines
+    from test_job_import import TANK_LOG, all_fixtures, dump_lines, layout_problems, run_import
+
+    lake = IcebergLake(tmp_path)
+    src = str(tmp_path / "src")
+    names = all_fixtures(src)
+    r = run(lake, "--data-dir", src)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dst = str(tmp_path / "dst")
+    args = ["--data-dir", dst, "--table", lake.uri, *lake.flags]
+    r = run_import(*args, "--report", str(tmp_path / "1.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {p["status"] for p in report(tmp_path / "1.json")["partitions"]} == {"imported"}
+    want = []
+    for new, (name, topic) in sorted(names.items()):
+        for (t, _), lines in sorted(load_dump_lines(name).items()):
+            if t == topic:
+                want += [x.replace(f'"topic":"{topic}"', f'"topic":"{new}"', 1) for x in lines]
+    got = dump_lines(dst)
+    assert sorted(got) == sorted(want) and len(got) == len(want)
+    assert subprocess.run([TANK_LOG, "verify", dst], capture_output=True, timeout=600).returncode == 0
+    assert layout_problems(dst) == []
+    r = run_import(*args, "--append", "--report", str(tmp_path / "2.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {p["status"] for p in report(tmp_path / "2.json")["partitions"]} == {"up-to-date"}
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path, s3_server):
     """What the Iceberg export cannot do is refused before anything is written, in one line, exit 2."""
     base = data_dir("A_multi")
