@@ -9,7 +9,8 @@ retries on, two writers committing the same rows from the same snapshot left the
 conflict is reported (`CommitConflict`) and the export re-plans instead.
 
 Upkeep is snapshot expiry and the removal of data files no kept snapshot references (`remove_unreferenced`);
-pyiceberg has no file compaction (`compact_files` refuses), and no MERGE for current-state tables (`merge_latest`).
+pyiceberg has no file compaction (`compact_files` refuses) and no MERGE: a current-state table's merge is computed
+here and written back as one overwrite of the partitions it touches (`merge_latest`).
 The import reads the current snapshot's data files as a Parquet dataset (`to_pyarrow_dataset`).
 """
 
@@ -183,8 +184,66 @@ class IcebergTable:
         run_id: str,
         metadata: dict[str, str],
     ) -> dict[str, int]:
-        """Refused: current-state tables are Delta tables (`--mode latest` is refused before anything is written)."""
-        raise JobConfigError(f"table {self.location}: --mode latest writes Delta tables only")
+        """pyiceberg has no MERGE: the rows of the (topic, partition)s of `source` are read, merged here (a source row
+        whose `order` is above its key's row replaces it, or deletes it when a tombstone; a new key's row is inserted
+        unless a tombstone) and written back with one overwrite of those partitions' rows (copy-on-write), in one
+        commit with the new versions.
+
+        Raises:
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.expressions import AlwaysFalse, And, BooleanExpression, EqualTo, Or, Reference
+        from pyiceberg.expressions.literals import literal
+
+        def equal(column: str, value: Any) -> BooleanExpression:
+            return EqualTo(term=Reference(column), value=literal(value))
+
+        scopes = sorted(set(zip(source["topic"].to_pylist(), source["partition"].to_pylist(), strict=True)))
+        scope: BooleanExpression = AlwaysFalse()
+        for t, p in scopes:
+            scope = Or(scope, And(equal("topic", t), equal("partition", p)))
+        schema = self.arrow_schema()
+        target = self.table.scan(row_filter=scope).to_arrow() if scopes else schema.empty_table()
+        index = {k: i for i, k in enumerate(zip(*(target[c].to_pylist() for c in keys), strict=True))}
+        target_order, source_order = target[order].to_pylist(), source[order].to_pylist()
+        dead, taken = set(), []
+        counts = dict.fromkeys(("inserted", "updated", "deleted"), 0)
+        source_keys = zip(*(source[c].to_pylist() for c in keys), strict=True)
+        for j, (k, gone) in enumerate(zip(source_keys, source[tombstone].to_pylist(), strict=True)):
+            i = index.get(k)
+            if i is not None:
+                if source_order[j] <= target_order[i]:
+                    continue
+                dead.add(i)
+                counts["deleted" if gone else "updated"] += 1
+            elif gone:
+                continue
+            else:
+                counts["inserted"] += 1
+            if not gone:
+                taken.append(j)
+        keep = pa.array([i not in dead for i in range(target.num_rows)], pa.bool_())
+        merged = pa.concat_tables(
+            [
+                target.filter(keep).select(schema.names).cast(schema),
+                source.take(pa.array(taken, pa.int64())).select(schema.names).cast(schema),
+            ]
+        )
+        counts["copied"] = int(pc.sum(keep).as_py() or 0)
+        tx = self.table.transaction()
+        if versions:
+            tx.set_properties({k: str(v) for k, v in versions.items()})
+        rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
+        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata})
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as err:
+            raise CommitConflict(f"commit conflict: {err}") from None
+        self.table.refresh()
+        return {f"num_target_rows_{k}": v for k, v in counts.items()}
 
     def properties(self) -> dict[str, str]:
         return dict(self.table.metadata.properties)

@@ -380,6 +380,90 @@ def test_the_import_reads_an_iceberg_export_back(tmp_path):
     assert {p["status"] for p in report(tmp_path / "2.json")["partitions"]} == {"up-to-date"}
 
 
+def iceberg_state(lake):
+    """{(topic, partition, key): (seq, value)} of an Iceberg latest table; each key once."""
+    d = lake.table().table.scan().to_arrow().to_pydict()
+    keys = list(zip(d["topic"], d["partition"], d["key"], strict=True))
+    assert len(keys) == len(set(keys))
+    return dict(zip(keys, zip(d["seq"], d["value"], strict=True), strict=True))
+
+
+def test_latest_mode_merges_as_the_delta_export_does(tmp_path):
+    """`--mode latest` into an Iceberg table (pyiceberg has no MERGE: the touched partitions' rows are merged and
+    overwritten in one commit with the versions): after a crash before the commit, a run, a rerun and new messages
+    (an update, a tombstone, a new key), the table holds what the Delta export's MERGE leaves of the same data."""
+    from test_export_latest import produce, state
+
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "data"))
+    lake = IcebergLake(tmp_path)
+    args = ["--data-dir", base, "--mode", "latest"]
+    r = run(lake, *args, env={"TANK_LOG_EXPORT_CRASH": "before-commit"})
+    assert r.returncode == 137, r.stderr[-2000:]
+    assert lake.table().version() == 0 and not iceberg_state(lake)  # created, nothing merged
+    r = run(lake, *args, "--report", str(tmp_path / "1.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    kv = report(tmp_path / "1.json")["partitions"][0]
+    assert (kv["rows"], kv["keys"], kv["tombstones"], kv["keyless_skipped"]) == (8810, 2150, 47, 458)
+    first = iceberg_state(lake)
+    assert len(first) == 2150 - 47 and lake.table().recorded_version("kv", 0) == 8810
+    assert lake.table().properties()["tank_log.export.mode"] == "latest"
+
+    r = run(lake, *args, "--report", str(tmp_path / "2.json"))  # nothing new
+    assert r.returncode == 0 and report(tmp_path / "2.json")["partitions"][0]["status"] == "up-to-date"
+    assert iceberg_state(lake) == first
+
+    assert produce(base, "kv") == 5
+    r = run(lake, *args, "--report", str(tmp_path / "3.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    merge = report(tmp_path / "3.json")["summary"]["merge"]
+    assert (merge["num_target_rows_inserted"], merge["num_target_rows_updated"]) == (1, 1)
+    assert merge["num_target_rows_deleted"] == 1 and lake.table().recorded_version("kv", 0) == 8815
+    delta = str(tmp_path / "delta")
+    r = run_job_script("export_delta", "--table", delta, *args, where="driver")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert iceberg_state(lake) == state(delta) and len(state(delta)) == len(first)
+    r = run(lake, *args, "--mode", "append")
+    assert r.returncode == 2 and "was created with export mode latest" in r.stderr
+
+
+def test_a_stale_latest_merge_gets_a_conflict(tmp_path):
+    """The latest mode's merge commits against the snapshot it read: a writer that merged from an older snapshot is
+    refused, and the table keeps the first merge (a newer row replaced its key, a tombstone deleted one)."""
+    import pyarrow as pa
+
+    from tank_log.format.latest import TOMBSTONE
+
+    location = TableLocation.of(str(tmp_path / "t"), fmt="iceberg")
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("key", pa.binary()), ("seq", pa.int64())])
+    location.create(schema, ("topic",))
+
+    def rows(keys, seqs, tombstones):
+        return pa.table(
+            {"topic": ["a"] * len(keys), "partition": [0] * len(keys), "key": keys, "seq": seqs, TOMBSTONE: tombstones},
+            schema.append(pa.field(TOMBSTONE, pa.bool_())),
+        )
+
+    merge = {"keys": ("topic", "partition", "key"), "order": "seq", "tombstone": TOMBSTONE, "metadata": {}}
+    table = location.existing()
+    aid = table.app_id("a", 0)
+    table.merge_latest(rows([b"x", b"y"], [1, 2], [False, False]), versions={aid: 2}, run_id="r1", **merge)
+    first, stale = location.existing(), location.existing()
+    got = first.merge_latest(
+        rows([b"x", b"y", b"z"], [3, 4, 5], [False, True, False]), versions={aid: 5}, run_id="r2", **merge
+    )
+    assert got == {
+        "num_target_rows_inserted": 1,
+        "num_target_rows_updated": 1,
+        "num_target_rows_deleted": 1,
+        "num_target_rows_copied": 0,
+    }
+    with pytest.raises(CommitConflict):
+        stale.merge_latest(rows([b"w"], [5], [False]), versions={aid: 5}, run_id="r3", **merge)
+    table = location.existing()
+    d = table.table.scan().to_arrow().sort_by("key").to_pydict()
+    assert (d["key"], d["seq"]) == ([b"x", b"z"], [3, 5]) and table.recorded_version("a", 0) == 5
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path, s3_server):
     """What the Iceberg export cannot do is refused before anything is written, in one line, exit 2."""
     base = data_dir("A_multi")
@@ -400,7 +484,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, s3_server):
     config.write_text(f"export: {{table: {tmp_path / 't'}, format: hudi}}\n")
     assert "export.format" in refused(config=config)
     local = ["--table", str(tmp_path / "t"), "--format", "iceberg"]
-    assert "--format iceberg does not take --mode latest" in refused(*local, "--mode", "latest")
+    assert "--format iceberg does not take --continuous" in refused(*local, "--continuous", "--checkpoint", "c")
     assert "--format iceberg does not take --engine spark" in refused(*local, "--engine", "spark")
     assert "--catalog/export.catalog: only with --format iceberg" in refused(
         "--table", str(tmp_path / "t"), "--catalog", "sqlite:///x.db"
