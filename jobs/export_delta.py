@@ -1,6 +1,6 @@
 """spark-submit jobs/export_delta.py --data-dir PATH --table PATH_OR_URI [--config conf/FILE] [--topics t1,t2]
 [--dry-run] [--report FILE.json] [--engine deltalake|spark] [--value-format binary|utf8|json] [--value-schema DDL]
-[--partition-by cols] [--target-file-size SIZE]"""
+[--partition-by cols] [--target-file-size SIZE] [--format delta|iceberg] [--catalog SQLALCHEMY_URI]"""
 
 import sys
 

@@ -30,7 +30,7 @@ from tank_log.errors import ImportRefused, JobConfigError, RunFailed
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.broker_config import parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
-from tank_log.jobs.flags import add_storage_option
+from tank_log.jobs.flags import add_storage_option, add_table_format
 from tank_log.lakehouse import LakeTable, TableLocation
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.fsutil import atomic_write, fsync_dir
@@ -83,8 +83,9 @@ Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", help="the Delta table to import: a path or URI (default export.table)")
+    p.add_argument("--table", help="the table to import: a path or URI (default export.table)")
     add_storage_option(p, "--table")
+    add_table_format(p)
     p.add_argument(
         "--append",
         action="store_true",
@@ -100,16 +101,20 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     if len(ctx.data_dirs) != 1:
         raise JobConfigError("import writes into one base path: pass one --data-dir")
     base = ctx.data_dirs[0]
-    table = args.table or ctx.config.export.table
+    cfg = ctx.config.export
+    table = args.table or cfg.table
     if not table:
-        raise JobConfigError("no Delta table: pass --table PATH_OR_URI or set export.table")
+        raise JobConfigError("no table: pass --table PATH_OR_URI or set export.table")
+    fmt, catalog = args.format or cfg.format, args.catalog or cfg.catalog
+    if catalog and fmt != "iceberg":
+        raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
     try:
-        location = TableLocation.of(table, storage_options(ctx.config.export.storage_options, args.storage_option))
+        location = TableLocation.of(table, storage_options(cfg.storage_options, args.storage_option), fmt, catalog)
     except ValueError as err:
         raise JobConfigError(str(err)) from None
     delta = location.open()
     if delta is None:
-        raise JobConfigError(f"no Delta table at {location}")
+        raise JobConfigError(f"no {fmt} table at {location}")
     check_readable(location, delta)
     names = {f.name: f for f in delta.arrow_schema()}
     missing = [c for c in REQUIRED if c not in names]

@@ -156,8 +156,9 @@ def test_the_format_library_check_sees_any_import(tmp_path):
     ]
 
 
-# flags that mean something of their own in each command, so each command declares them (with its own help)
-PER_COMMAND_FLAGS = {"--config", "--dry-run", "--topics", "--version", "--table"}
+# flags that mean something of their own in each command, so each command declares them (with its own help):
+# `--format` is the output's format in `tank-log` and the table's format in the export
+PER_COMMAND_FLAGS = {"--config", "--dry-run", "--topics", "--version", "--table", "--format"}
 
 
 def test_each_shared_flag_is_declared_once():

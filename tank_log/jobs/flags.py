@@ -66,6 +66,20 @@ def add_storage_option(p: argparse.ArgumentParser, table_flag: str) -> None:
     )
 
 
+def add_table_format(p: argparse.ArgumentParser) -> None:
+    """`--format` and `--catalog`: the table's format (`tank_log.lakehouse.FORMATS`) and Iceberg's SQL catalog (over
+    `export.format` and `export.catalog`)."""
+    from tank_log.lakehouse.location import FORMATS
+
+    p.add_argument("--format", choices=sorted(FORMATS), help="the table's format: delta (default) or iceberg")
+    p.add_argument(
+        "--catalog",
+        metavar="URI",
+        help="with --format iceberg: the SQL catalog, a SQLAlchemy URI (default: a SQLite file beside a local table; "
+        "required for a table on object storage)",
+    )
+
+
 def add_metrics_file(p: argparse.ArgumentParser, default: str = "") -> None:
     """`--metrics-file FILE.prom`: the run's Prometheus metrics, written atomically."""
     p.add_argument(

@@ -52,7 +52,7 @@ class ExportGuards:
 
     def __init__(self, config: JobConfig):
         self._config = config
-        self._tables: dict[tuple[str, tuple[tuple[str, str], ...]], ExportedSeqs] = {}
+        self._tables: dict[tuple[str, tuple[tuple[str, str], ...], str, str | None], ExportedSeqs] = {}
 
     def of(self, part: Partition) -> ExportGuard | None:
         """Raises:
@@ -69,14 +69,16 @@ class ExportGuards:
         return ExportGuard(seqs.uri, last, None, keep.max_holdback_bytes, keep.max_holdback_s)
 
     def _table(self, keep: KeepUnexported) -> ExportedSeqs:
-        uri, options = keep.table, keep.storage_options
-        if uri == EXPORT_TABLE:
-            if not self._config.export.table:
+        uri, options, fmt, catalog = keep.table, keep.storage_options, keep.format or "delta", keep.catalog
+        if uri == EXPORT_TABLE:  # the export's table, in the export's format
+            export = self._config.export
+            if not export.table:
                 raise JobConfigError("retention.keep_unexported.table is `export`, but export.table is not set")
-            uri, options = self._config.export.table, {**self._config.export.storage_options, **options}
-        key = (uri, tuple(sorted(options.items())))
+            uri, options = export.table, {**export.storage_options, **options}
+            fmt, catalog = export.format, export.catalog
+        key = (uri, tuple(sorted(options.items())), fmt, catalog)
         if key not in self._tables:
-            self._tables[key] = ExportedSeqs(uri, options)
+            self._tables[key] = ExportedSeqs(uri, options, fmt, catalog)
         return self._tables[key]
 
 

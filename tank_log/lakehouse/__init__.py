@@ -2,7 +2,7 @@
 
 `location.py` is where a table lives and the interface every format implements (`LakeTable`, `TableFormat`; `FORMATS`
 names each format's module), `table.py` its typed results, errors and the recorded versions' ids, one module per
-format (`delta.py`: delta-rs), and
+format (`delta.py`: delta-rs; `iceberg.py`: pyiceberg), and
 `exported.py` what a table has received (`ExportedSeqs`). Only a format's own module imports its library.
 """
 

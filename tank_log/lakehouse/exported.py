@@ -15,10 +15,12 @@ class ExportedSeqs:
     """The last seq one table has received of each partition. The table is opened once, at the first question; a
     table that cannot be read raises `TableUnreadable` for every one."""
 
-    def __init__(self, uri: str, storage_options: dict[str, str] | None = None, fmt: str = "delta"):
+    def __init__(
+        self, uri: str, storage_options: dict[str, str] | None = None, fmt: str = "delta", catalog: str | None = None
+    ):
         self.uri = table_key(uri)
         self._options = dict(storage_options or {})
-        self._format = fmt
+        self._format, self._catalog = fmt, catalog
         self._table: LakeTable | None = None
         self._error: str | None = None
 
@@ -42,7 +44,7 @@ class ExportedSeqs:
             return self._table
         if self._error is None:
             try:
-                table = TableLocation.of(self.uri, self._options, self._format).open()
+                table = TableLocation.of(self.uri, self._options, self._format, self._catalog).open()
                 if table is None:
                     raise FileNotFoundError(f"no {self._format} table")
                 names = set(table.arrow_schema().names)

@@ -44,9 +44,12 @@ class TableLocation:
     uri: str
     options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
     format: str = "delta"
+    catalog: str | None = field(default=None, repr=False)  # Iceberg's SQL catalog (a URI that may hold a password)
 
     @classmethod
-    def of(cls, table: str, options: dict[str, str] | None = None, fmt: str = "delta") -> TableLocation:
+    def of(
+        cls, table: str, options: dict[str, str] | None = None, fmt: str = "delta", catalog: str | None = None
+    ) -> TableLocation:
         """Raises:
         ValueError: an unsupported URI scheme, or a local path under a file.
         """
@@ -64,7 +67,12 @@ class TableLocation:
                 at = os.path.dirname(at)
             if os.path.lexists(at) and not os.path.isdir(at):
                 raise ValueError(f"table {uri}: {at} is not a directory")
-        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt)
+        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt, catalog)
+
+    @property
+    def partition_columns_in_files(self) -> bool:
+        """Whether this table's data files hold its partition columns (`PARTITION_COLUMNS_IN_FILES`)."""
+        return self.format in PARTITION_COLUMNS_IN_FILES
 
     @property
     def is_local(self) -> bool:
@@ -352,7 +360,11 @@ class TableFormat(Protocol):
     def check_vacuum_retention(self, table: LakeTable | None, retention_ms: int) -> None: ...
 
 
-FORMATS = {"delta": "tank_log.lakehouse.delta"}  # format name → its implementation's module
+# format name → its implementation's module
+FORMATS = {"delta": "tank_log.lakehouse.delta", "iceberg": "tank_log.lakehouse.iceberg"}
+# the formats whose data files hold the partition columns too (Delta's leave them to the directory names); here, not
+# in the format's module, so the executors writing files need not import the format's library
+PARTITION_COLUMNS_IN_FILES = frozenset({"iceberg"})
 
 
 def implementation(fmt: str) -> TableFormat:

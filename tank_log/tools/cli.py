@@ -30,6 +30,7 @@ from tank_log.jobs.flags import (  # noqa: E402
     add_salvage,
     add_storage_option,
 )
+from tank_log.lakehouse.location import FORMATS  # noqa: E402
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
@@ -107,7 +108,11 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     unread: list[Unread] = []
     exported = None
     if args.export_table:
-        exported = ExportedSeqs(args.export_table, storage_options({}, args.storage_option))
+        if args.export_catalog and args.export_format != "iceberg":
+            print("tank-log stats: --export-catalog goes with --export-format iceberg", file=sys.stderr)
+            return 2
+        options = storage_options({}, args.storage_option)
+        exported = ExportedSeqs(args.export_table, options, args.export_format, args.export_catalog)
     try:
         rows = stats_path(args.path, args.topics, unread=unread, exported=exported)
     except TableUnreadable as err:
@@ -440,9 +445,21 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument(
         "--export-table",
         metavar="TABLE",
-        help="also the lag of this Delta table (an export of the path) behind each partition: messages and seconds",
+        help="also the lag of this table (an export of the path) behind each partition: messages and seconds",
     )
     add_storage_option(p, "--export-table")
+    p.add_argument(
+        "--export-format",
+        choices=sorted(FORMATS),
+        default="delta",
+        help="the --export-table's format (default delta)",
+    )
+    p.add_argument(
+        "--export-catalog",
+        metavar="URI",
+        help="with --export-format iceberg: the table's SQL catalog, a SQLAlchemy URI (default: a SQLite file beside "
+        "a local table)",
+    )
     add_metrics_file(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)

@@ -96,7 +96,8 @@ class _ParquetFile:
 
     def __init__(self, location: TableLocation, rel: str, values: dict[str, Any], schema: pa.Schema):
         self.location, self.rel, self.values = location, rel, values
-        self.data_schema = pa.schema([f for f in schema if f.name not in values])
+        self.dropped = [] if location.partition_columns_in_files else list(values)  # held by the directory names
+        self.data_schema = pa.schema([f for f in schema if f.name not in self.dropped])
         self.writer: Any = None
         self.pending: list[pa.RecordBatch] = []
         self.pending_bytes = 0
@@ -115,7 +116,7 @@ class _ParquetFile:
         table = pa.Table.from_batches(self.pending)
         self.pending, self.pending_bytes = [], 0
         merge_counts(self.counts, partition_counts(table))
-        data = table.drop_columns(list(self.values))
+        data = table.drop_columns(self.dropped)
         self.stats.add(data)
         if self.writer is None:
             self.writer = self.location.open_parquet(self.rel, self.data_schema)

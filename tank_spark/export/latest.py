@@ -4,8 +4,9 @@ A table's mode is recorded in its configuration when it is created (`MODE_KEY`) 
 the other mode is refused. Each run reads the partitions' new ranges (since their recorded versions), reduces them
 in bulk to the latest message of each key by compaction's rule (`tank_log.format.latest`: the highest seq wins, a
 tombstone is a key with an empty value; keyless messages are counted and skipped), first per read range on the
-executors or the driver's threads and then across ranges on the driver, and MERGEs that into the table with
-delta-rs, matched on topic + partition + key: a newer message updates the key's row, a tombstone deletes it, a new
+executors or the driver's threads and then across ranges on the driver, and MERGEs that into the table (delta-rs's
+MERGE; an Iceberg table merges it with the touched partitions' rows and overwrites them), matched on topic +
+partition + key: a newer message updates the key's row, a tombstone deletes it, a new
 live key is inserted. The MERGE's commit carries every partition's new app-transaction version, so a rerun, or a
 rerun after a crash before the commit, changes nothing twice.
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.flags import add_storage_option
+from tank_log.jobs.flags import add_storage_option, add_table_format
 from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage_options
 from tank_spark.export.other_writers import check_other_writers
 
@@ -72,16 +72,19 @@ class ExportSettings:
     on_data_loss: str = "fail"  # continuous: messages retention deleted before they were read fail the query, or not
     in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process (ExportConfig's default)
     mode: str = "append"  # latest.py: one row per live key (fixed per table)
+    table_format: str = "delta"  # tank_log.lakehouse.FORMATS
+    catalog: str | None = field(default=None, repr=False)  # iceberg's SQL catalog (may hold a password)
 
     @property
     def location(self) -> TableLocation:
-        return TableLocation.of(self.table, self.storage_options)
+        return TableLocation.of(self.table, self.storage_options, self.table_format, self.catalog)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", help="the Delta table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
+    p.add_argument("--table", help="the table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
     add_storage_option(p, "--table")
     p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
+    add_table_format(p)
     p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
     p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
     p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
@@ -153,6 +156,10 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     if not table:
         raise JobConfigError("no Delta table: pass --table PATH or set export.table")
     engine = args.engine or cfg.engine
+    table_format = args.format or cfg.format
+    catalog = args.catalog or cfg.catalog
+    if catalog and table_format != "iceberg":
+        raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
     fmt = args.value_format or cfg.value_format
     schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
     if fmt == "json" and not schema:
@@ -167,7 +174,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     )
     options = storage_options(cfg.storage_options, args.storage_option)
     try:
-        location = TableLocation.of(table, options)
+        location = TableLocation.of(table, options, table_format, catalog)
     except ValueError as err:
         raise JobConfigError(str(err)) from None
     if location.is_local and os.path.exists(location.uri) and not os.path.isdir(location.uri):
@@ -197,6 +204,8 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         optimize=args.optimize,
         vacuum_retention_ms=parse_duration_ms(args.vacuum, "--vacuum") if args.vacuum else None,
         upkeep_only=args.upkeep_only,
+        table_format=table_format,
+        catalog=catalog,
         in_driver_max_bytes=(
             parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
             if args.in_driver_max_bytes is not None
@@ -205,6 +214,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         mode=args.mode or cfg.mode,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
+    _check_format(settings)
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
@@ -215,6 +225,27 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
         plans = []  # nothing to export
     return settings, plans, delta_table
+
+
+def _check_format(settings: ExportSettings) -> None:
+    """Refuse what an Iceberg export does not do, before anything is written.
+
+    Raises:
+        JobConfigError: one line naming the flags.
+    """
+    if settings.table_format != "iceberg":
+        return
+    clashes = {
+        "--engine spark": settings.engine == "spark",  # the Iceberg export commits through pyiceberg
+        "--continuous": settings.continuous,
+        "--optimize": settings.optimize,  # pyiceberg has no file compaction
+    }
+    bad = [f for f, on in clashes.items() if on]
+    if bad:
+        raise JobConfigError(
+            f"--format iceberg does not take {', '.join(bad)}: those write Delta tables only "
+            "(docs/guides/export-iceberg.md)"
+        )
 
 
 def _continuous_settings(ctx: JobContext, args: argparse.Namespace, settings: ExportSettings) -> dict[str, Any]:

@@ -39,7 +39,9 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
         clicks: {max_age: 3days, max_bytes: 10gb, segments_count: 50, time_basis: message, enabled: true}
         audit: {keep_unexported: false} # or a keep_unexported mapping of its own
     export:                             # jobs/export_delta.py (flags override)
-      table: /lake/tank/events          # Delta table path or URI
+      table: /lake/tank/events          # the table's path or URI
+      format: delta                     # delta | iceberg (pyiceberg, a SQL catalog)
+      catalog: null                     # iceberg: SQLAlchemy URI (default: a SQLite file beside a local table)
       engine: deltalake                 # deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)
       value_format: json                # binary | utf8 | json
       value_schema: "id long, name string"

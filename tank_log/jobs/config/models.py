@@ -25,6 +25,7 @@ from tank_log.jobs.config.units import (
     Text,
     keyed_by_name,
 )
+from tank_log.lakehouse.location import FORMATS
 from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 
 EXPORT_TABLE = "export"  # keep_unexported.table naming the export section's table (and its storage options)
@@ -35,6 +36,7 @@ CompactionPolicy = Annotated[str, OneOf("cleanup", "delete")]
 SnappyChoice = Annotated[str, OneOf(*(p.value for p in SnappyPolicy))]
 TimeBasis = Annotated[str, OneOf(*TIME_BASES)]
 Engine = Annotated[str, OneOf("deltalake", "spark")]
+TableFormatName = Annotated[str, OneOf(*FORMATS)]
 ValueFormat = Annotated[str, OneOf("binary", "utf8", "json")]
 ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
@@ -124,10 +126,10 @@ def _table_shorthand(value: Any) -> Any:
 
 
 class KeepUnexported(Section):
-    """`retention.keep_unexported`: retention keeps what this Delta table has not received (the export's app
-    transactions), within the bounds."""
+    """`retention.keep_unexported`: retention keeps what this table has not received (the export's recorded versions),
+    within the bounds."""
 
-    table: Text = Field(description=f"a Delta table path or URI, or `{EXPORT_TABLE}`: export.table and its options")
+    table: Text = Field(description=f"a table path or URI, or `{EXPORT_TABLE}`: export.table and its options")
     storage_options: StringMap = Field(
         default_factory=dict, repr=False, description="for a table other than the export's"
     )
@@ -137,6 +139,22 @@ class KeepUnexported(Section):
     max_holdback_s: Seconds = Field(
         default=0, alias="max_holdback_age", description="how far past its retention the oldest held segment may get"
     )
+    format: TableFormatName | None = Field(
+        default=None, description=f"the table's format: delta (default) | iceberg; `{EXPORT_TABLE}`: export.format"
+    )
+    catalog: Text | None = Field(
+        default=None,
+        repr=False,
+        description=f"format iceberg: the SQL catalog's SQLAlchemy URI; `{EXPORT_TABLE}`: export.catalog",
+    )
+
+    @model_validator(mode="after")
+    def _format_of_another_table(self) -> KeepUnexported:
+        if self.table == EXPORT_TABLE and (self.format is not None or self.catalog is not None):
+            raise ValueError(f"format and catalog are the export's own for table `{EXPORT_TABLE}`")
+        if self.catalog is not None and self.format != "iceberg":
+            raise ValueError("catalog goes with format iceberg")
+        return self
 
 
 Guard = Annotated[KeepUnexported, BeforeValidator(_table_shorthand)]
@@ -212,7 +230,13 @@ def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
 class ExportConfig(Section):
     """`export` (flags of jobs/export_delta.py override it)."""
 
-    table: Text | None = Field(default=None, description="Delta table path or URI (s3://, gs://, az://, file://)")
+    table: Text | None = Field(default=None, description="the table's path or URI (s3://, gs://, az://, file://)")
+    format: TableFormatName = Field(default="delta", description="delta | iceberg (pyiceberg, a SQL catalog)")
+    catalog: Text | None = Field(
+        default=None,
+        repr=False,
+        description="format iceberg: the SQL catalog's SQLAlchemy URI (default: a SQLite file beside a local table)",
+    )
     engine: Engine = Field(
         default="deltalake", description="deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)"
     )
@@ -255,6 +279,8 @@ class ExportConfig(Section):
     def _json_needs_schema(self) -> ExportConfig:
         if (self.value_format == "json") != (self.value_schema is not None):
             raise ValueError("value_schema goes with value_format json (and json needs it)")
+        if self.catalog is not None and self.format != "iceberg":
+            raise ValueError("catalog goes with format iceberg")
         return self
 
 

@@ -1,0 +1,527 @@
+"""The Apache Iceberg table format through pyiceberg and a SQL catalog: the one module that imports pyiceberg.
+
+The table is registered in a SQL catalog (`TableLocation.catalog`: any SQLAlchemy URI; by default a SQLite file
+beside a local table) as `tank_log.<the table directory's name>`. Each partition's recorded version is a table
+property (`app_id` → its last exported seq), set in the same commit as the snapshot that adds the data files:
+properties survive snapshot expiry, snapshot summaries do not. The table is created with pyiceberg's commit retries
+off (`commit.retry.num-retries` 0): a retry rebuilds a stale writer's append on top of the winner's snapshot (with
+retries on, two writers committing the same rows from the same snapshot left them in the table twice), so a
+conflict is reported (`CommitConflict`) and the export re-plans instead.
+
+Upkeep is snapshot expiry and the removal of data files no kept snapshot references (`remove_unreferenced`);
+pyiceberg has no file compaction (`compact_files` refuses) and no MERGE: a current-state table's merge is computed
+here and written back as one overwrite of the partitions it touches (`merge_latest`).
+The import reads the current snapshot's data files as a Parquet dataset (`to_pyarrow_dataset`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from tank_log.errors import JobConfigError
+from tank_log.lakehouse.table import APP_ID_PREFIX, RUN_KEY, CommitConflict, DataFile, RunCommit, UpkeepStep, app_id
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.schema import Schema
+    from pyiceberg.table import Table
+
+    from tank_log.lakehouse.location import LakeTable, TableLocation
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "tank_log"
+NO_RETRIES = {"commit.retry.num-retries": "0"}
+MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"  # Iceberg's table property: the vacuum's least retention
+DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000  # Iceberg's default for it
+CATALOG_SUFFIX = ".iceberg-catalog.db"  # the default SQLite catalog of a local table: beside its directory
+# storage options (as delta-rs names them) → pyiceberg's FileIO properties
+S3_PROPERTIES = {
+    "AWS_ENDPOINT_URL": "s3.endpoint",
+    "AWS_ENDPOINT": "s3.endpoint",
+    "AWS_ACCESS_KEY_ID": "s3.access-key-id",
+    "AWS_SECRET_ACCESS_KEY": "s3.secret-access-key",
+    "AWS_SESSION_TOKEN": "s3.session-token",
+    "AWS_REGION": "s3.region",
+    "AWS_DEFAULT_REGION": "s3.region",
+}
+
+
+def catalog_uri(location: TableLocation) -> str:
+    """The SQLAlchemy URI of the table's catalog.
+
+    Raises:
+        JobConfigError: a table on object storage without one.
+    """
+    if location.catalog:
+        return location.catalog
+    if not location.is_local:
+        raise JobConfigError(
+            f"table {location}: an Iceberg table on object storage needs --catalog URI or export.catalog"
+        )
+    return f"sqlite:///{location.uri.rstrip('/')}{CATALOG_SUFFIX}"
+
+
+def identifier(location: TableLocation) -> tuple[str, str]:
+    """(namespace, name) of the table in its catalog: the last component of its path, as a name SQL takes."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", location.uri.rstrip("/").rpartition("/")[2]) or "table"
+    return NAMESPACE, name
+
+
+def _catalog(location: TableLocation) -> SqlCatalog:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    props = {"uri": catalog_uri(location), "warehouse": _uri(location)}
+    for option, prop in S3_PROPERTIES.items():
+        value = location._option(option)
+        if value and prop not in props:
+            props[prop] = value
+    if location.is_local and props["uri"].startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(props["uri"].removeprefix("sqlite:///")) or ".", exist_ok=True)
+    return SqlCatalog("tank_log", **props)
+
+
+def _uri(location: TableLocation) -> str:
+    """The table's location as Iceberg records it (`file://` for a local table, `s3a://` as `s3://`)."""
+    return f"file://{location.uri}" if location.is_local else location.uri.replace("s3a://", "s3://", 1)
+
+
+class IcebergTable:
+    """An Iceberg table (pyiceberg's `Table`, as `table`) as a `LakeTable`."""
+
+    def __init__(self, location: TableLocation, table: Table):
+        self.location, self.table = location, table
+
+    @property
+    def table_id(self) -> str:
+        return str(self.table.metadata.table_uuid)
+
+    def version(self) -> int:
+        """The last snapshot's sequence number (0: no snapshot yet)."""
+        snapshot = self.table.current_snapshot()
+        return 0 if snapshot is None else snapshot.sequence_number or 0
+
+    def refresh(self) -> None:
+        self.table.refresh()
+
+    def app_id(self, topic: str, partition: int) -> str:
+        return app_id(self.table_id, topic, partition)
+
+    def recorded_version(self, topic: str, partition: int) -> int | None:
+        value = self.table.metadata.properties.get(self.app_id(topic, partition))
+        return None if value is None else int(value)
+
+    def arrow_schema(self) -> pa.Schema:
+        return self.table.schema().as_arrow()
+
+    def check_compatible(
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+    ) -> bool:
+        if spark:
+            raise JobConfigError(f"table {name}: the delta-spark engine writes Delta tables, not Iceberg ones")
+        have = [(f.name, str(f.field_type), f.required) for f in self.table.schema().fields]
+        want = [(f.name, str(f.field_type), f.required) for f in _iceberg_schema(schema).fields]
+        lacks_last = have == want[:-1] and want[-1][0] == evolvable
+        if have != want and not lacks_last:
+            diff = [
+                f"{w[0]}: table has {h}, this export writes {w}" for h, w in zip(have, want, strict=False) if h != w
+            ]
+            raise JobConfigError(
+                f"existing table {name} does not match this export (value format/schema differ?): "
+                + "; ".join(diff or [f"table has {len(have)} columns, this export writes {len(want)}"])
+            )
+        spec = self.table.spec()
+        parts = [self.table.schema().find_field(f.source_id).name for f in spec.fields]
+        if parts != list(partition_by) or any(str(f.transform) != "identity" for f in spec.fields):
+            raise JobConfigError(f"existing table {name} is partitioned by {parts}, not {list(partition_by)}")
+        return lacks_last
+
+    def add_column(self, field: pa.Field) -> None:
+        import pyarrow as pa
+
+        (column,) = _iceberg_schema(pa.schema([field.with_nullable(True)])).fields
+        with self.table.update_schema() as update:
+            update.add_column(column.name, column.field_type, required=False)
+        self.table.refresh()
+
+    def commit(
+        self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
+    ) -> int:
+        """One Iceberg commit: a snapshot appending `files` and the properties of the new versions. Its requirements
+        (the branch's snapshot as this table read it) fail it if another writer committed since."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        root = _uri(self.location).rstrip("/")
+        tx = self.table.transaction()
+        if versions:
+            tx.set_properties({k: str(v) for k, v in versions.items()})
+        tx.add_files(
+            [f"{root}/{f.path}" for f in files],
+            snapshot_properties={RUN_KEY: run_id, **metadata},
+            check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
+        )
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as err:
+            raise CommitConflict(f"commit conflict: {err}") from None
+        self.table.refresh()
+        return self.version()
+
+    def merge_latest(
+        self,
+        source: pa.Table,
+        *,
+        keys: tuple[str, ...],
+        order: str,
+        tombstone: str,
+        versions: dict[str, int],
+        run_id: str,
+        metadata: dict[str, str],
+    ) -> dict[str, int]:
+        """pyiceberg has no MERGE: the rows of the (topic, partition)s of `source` are read, merged here (a source row
+        whose `order` is above its key's row replaces it, or deletes it when a tombstone; a new key's row is inserted
+        unless a tombstone) and written back with one overwrite of those partitions' rows (copy-on-write), in one
+        commit with the new versions.
+
+        Raises:
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.expressions import AlwaysFalse, And, BooleanExpression, EqualTo, Or, Reference
+        from pyiceberg.expressions.literals import literal
+
+        def equal(column: str, value: Any) -> BooleanExpression:
+            return EqualTo(term=Reference(column), value=literal(value))
+
+        scopes = sorted(set(zip(source["topic"].to_pylist(), source["partition"].to_pylist(), strict=True)))
+        scope: BooleanExpression = AlwaysFalse()
+        for t, p in scopes:
+            scope = Or(scope, And(equal("topic", t), equal("partition", p)))
+        schema = self.arrow_schema()
+        target = self.table.scan(row_filter=scope).to_arrow() if scopes else schema.empty_table()
+        index = {k: i for i, k in enumerate(zip(*(target[c].to_pylist() for c in keys), strict=True))}
+        target_order, source_order = target[order].to_pylist(), source[order].to_pylist()
+        dead, taken = set(), []
+        counts = dict.fromkeys(("inserted", "updated", "deleted"), 0)
+        source_keys = zip(*(source[c].to_pylist() for c in keys), strict=True)
+        for j, (k, gone) in enumerate(zip(source_keys, source[tombstone].to_pylist(), strict=True)):
+            i = index.get(k)
+            if i is not None:
+                if source_order[j] <= target_order[i]:
+                    continue
+                dead.add(i)
+                counts["deleted" if gone else "updated"] += 1
+            elif gone:
+                continue
+            else:
+                counts["inserted"] += 1
+            if not gone:
+                taken.append(j)
+        keep = pa.array([i not in dead for i in range(target.num_rows)], pa.bool_())
+        merged = pa.concat_tables(
+            [
+                target.filter(keep).select(schema.names).cast(schema),
+                source.take(pa.array(taken, pa.int64())).select(schema.names).cast(schema),
+            ]
+        )
+        counts["copied"] = int(pc.sum(keep).as_py() or 0)
+        tx = self.table.transaction()
+        if versions:
+            tx.set_properties({k: str(v) for k, v in versions.items()})
+        rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
+        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata})
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as err:
+            raise CommitConflict(f"commit conflict: {err}") from None
+        self.table.refresh()
+        return {f"num_target_rows_{k}": v for k, v in counts.items()}
+
+    def properties(self) -> dict[str, str]:
+        return dict(self.table.metadata.properties)
+
+    def file_stats(self) -> pa.Table:
+        """From the current snapshot's manifests: each data file's path, size, partition values and its columns'
+        lower and upper bounds."""
+        import pyarrow as pa
+
+        files = self.table.inspect.data_files().to_pylist() if self.table.current_snapshot() else []
+        root = _uri(self.location).rstrip("/") + "/"
+        rows = []
+        for f in files:
+            row: dict[str, Any] = {"path": f["file_path"].removeprefix(root), "size_bytes": f["file_size_in_bytes"]}
+            row.update({f"partition.{k}": v for k, v in (f["partition"] or {}).items()})
+            for column, metrics in (f["readable_metrics"] or {}).items():
+                if metrics:
+                    row[f"min.{column}"], row[f"max.{column}"] = metrics["lower_bound"], metrics["upper_bound"]
+            rows.append(row)
+        if not rows:
+            return pa.table({"path": pa.array([], pa.string()), "size_bytes": pa.array([], pa.int64())})
+        return pa.Table.from_pylist(rows)
+
+    def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
+        """The snapshot that added each file (its manifest entry's snapshot id), as `snapshot N (sequence number
+        S), operation …, app id …` (properties other than this library's that the snapshot's summary names)."""
+        if self.table.current_snapshot() is None:
+            return {}
+        root = _uri(self.location).rstrip("/") + "/"
+        snapshots = {s.snapshot_id: s for s in self.table.snapshots()}
+        out: dict[str, str] = {}
+        for entry in self.table.inspect.entries().to_pylist():
+            rel = entry["data_file"]["file_path"].removeprefix(root)
+            if rel not in paths:
+                continue
+            snapshot = snapshots.get(entry["snapshot_id"])
+            if snapshot is None:
+                out[rel] = f"snapshot {entry['snapshot_id']} (expired)"
+                continue
+            summary = snapshot.summary
+            who = [f"snapshot {snapshot.snapshot_id} (sequence number {snapshot.sequence_number})"]
+            if summary is not None:
+                who.append(f"operation {summary.operation.value}")
+                extra = summary.additional_properties
+                apps = [k for k in extra if k.startswith("app") and not extra[k].startswith(APP_ID_PREFIX)]
+                who += [f"{k} {extra[k]}" for k in apps]
+                if "engine-name" in extra:
+                    who.append(f"{extra['engine-name']} {extra.get('engine-version', '')}".strip())
+            out[rel] = ", ".join(who)
+        return out
+
+    def run_history(self) -> list[RunCommit]:
+        """Every snapshot still kept, and version 0 (the table's creation) while its first snapshot is."""
+        snapshots = self.table.snapshots()
+        out = [
+            RunCommit(
+                s.sequence_number or 0,
+                s.timestamp_ms,
+                s.summary.additional_properties.get(RUN_KEY) if s.summary else None,
+            )
+            for s in snapshots
+        ]
+        if not snapshots or any(s.parent_snapshot_id is None for s in snapshots):
+            out.append(RunCommit(0, 0, None))
+        return out
+
+    def referenced_files(self) -> set[str]:
+        root = _uri(self.location).rstrip("/") + "/"
+        return {
+            t.file.file_path.removeprefix(root)
+            for t in self.table.scan().plan_files()
+            if t.file.file_path.startswith(root)
+        }
+
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
+        snapshots = sorted(self.table.snapshots(), key=lambda s: s.timestamp_ms, reverse=True)[:limit]
+        return [
+            {
+                **(s.summary.additional_properties if s.summary else {}),
+                "version": s.sequence_number,
+                "timestamp": s.timestamp_ms,
+            }
+            for s in snapshots
+        ]
+
+    def to_pyarrow_dataset(self) -> ds.Dataset:
+        """The current snapshot's data files as a Parquet dataset in the table's columns (a file written before a
+        column was added reads it as null); `check_readable` refuses what this would not read as it is."""
+        import pyarrow.dataset as ds
+
+        filesystem, root = self.location.filesystem()
+        paths = [f"{root}/{rel}" for rel in sorted(self.referenced_files())]
+        return ds.dataset(paths, schema=self.arrow_schema(), format="parquet", filesystem=filesystem)
+
+    def check_readable(self) -> None:
+        """Refuse a table whose current snapshot has delete files (another engine's DELETE, UPDATE or MERGE: the
+        rows they delete would be read) or data files outside the table's directory.
+
+        Raises:
+            JobConfigError: one line naming the table and what it has.
+        """
+        if self.table.current_snapshot() is None:
+            return
+        root = _uri(self.location).rstrip("/") + "/"
+        files = self.table.inspect.files().select(["content", "file_path"]).to_pylist()
+        deletes = sum(f["content"] != 0 for f in files)
+        if deletes:
+            raise JobConfigError(
+                f"table {self.location} has {deletes} delete file(s) (rows deleted by another engine), which this "
+                "library's reader does not apply"
+            )
+        outside = [f["file_path"] for f in files if not f["file_path"].startswith(root)]
+        if outside:
+            raise JobConfigError(f"table {self.location} has data files outside its directory, e.g. {outside[0]}")
+
+    def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
+        raise JobConfigError(f"table {self.location}: --optimize rewrites Delta tables only (pyiceberg cannot)")
+
+    def remove_unreferenced(self, retention_ms: int, *, dry_run: bool) -> UpkeepStep:
+        """Snapshot expiry, then the files nothing references: snapshots older than `retention_ms` go, except the
+        current one (the recorded versions are table properties: they stay); then every data file under the table
+        that no kept snapshot references and that was last written more than `retention_ms` ago is deleted (files
+        another writer's or a crashed run left, or that expired snapshots alone referenced). Files and bytes are
+        every data file in storage."""
+        stored = self.location.data_files()
+        before = (len(stored), sum(f.size for f in stored))
+        now_ms = datetime.now(UTC).timestamp() * 1000
+        cutoff = now_ms - retention_ms
+        current = self.table.current_snapshot()
+        old = [
+            s.snapshot_id
+            for s in self.table.snapshots()
+            if s.timestamp_ms < cutoff and (current is None or s.snapshot_id != current.snapshot_id)
+        ]
+        if old and not dry_run:
+            self.table.maintenance.expire_snapshots().by_ids(old).commit()
+            self.table.refresh()
+        kept = self._files_of_kept_snapshots(set() if dry_run else set(old))
+        doomed = [f for f in stored if f.rel not in kept and f.mtime_ms < cutoff]
+        if doomed and not dry_run:
+            self.location.delete([f.rel for f in doomed])
+        gone = sum(f.size for f in doomed)
+        after = (before[0] - len(doomed), before[1] - gone)
+        log.info(
+            "export: snapshot expiry%s %d snapshots older than %d h; %s %d unreferenced files (%d bytes): "
+            "%d files (%d bytes) → %d files (%d bytes)",
+            " would remove" if dry_run else " removed",
+            len(old),
+            retention_ms // 3_600_000,
+            "would delete" if dry_run else "deleted",
+            len(doomed),
+            gone,
+            *before,
+            *after,
+        )
+        return UpkeepStep("vacuum", *before, *after, dry_run=dry_run, files_removed=len(doomed))
+
+    def _files_of_kept_snapshots(self, expired: set[int]) -> set[str]:
+        """The data files (relative to the table) any snapshot but `expired` references (outside the table: left
+        out)."""
+        root = _uri(self.location).rstrip("/") + "/"
+        out: set[str] = set()
+        for snapshot in self.table.snapshots():
+            if snapshot.snapshot_id in expired:
+                continue
+            for manifest in snapshot.manifests(self.table.io):
+                for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=True):
+                    out.add(entry.data_file.file_path.removeprefix(root))
+        return out
+
+
+def _iceberg_schema(schema: pa.Schema) -> Schema:
+    """An Arrow schema as Iceberg's, with field ids assigned in order (as `create_table` assigns them)."""
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.schema import assign_fresh_schema_ids
+
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(schema))
+
+
+def open(location: TableLocation) -> IcebergTable | None:  # noqa: A001 (the format modules' one name for it)
+    """The Iceberg table at its latest snapshot; None if its catalog has none.
+
+    Raises:
+        JobConfigError: the catalog holds this name for a table elsewhere.
+    """
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    if location.is_local and not location.catalog and not os.path.exists(catalog_uri(location)[10:]):
+        return None
+    try:
+        table = _catalog(location).load_table(identifier(location))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+    if table.metadata.location.rstrip("/") != _uri(location).rstrip("/"):
+        raise JobConfigError(
+            f"table {location}: catalog {_shown(catalog_uri(location))} names {'.'.join(identifier(location))} "
+            f"a table at {table.metadata.location}"
+        )
+    return IcebergTable(location, table)
+
+
+def create(
+    location: TableLocation,
+    schema: pa.Schema,
+    partition_by: tuple[str, ...],
+    configuration: dict[str, str] | None = None,
+) -> IcebergTable:
+    """A new, empty Iceberg table partitioned by `partition_by` (identity), commit retries off; `configuration`:
+    keys of ours it records as table properties.
+
+    Raises:
+        JobConfigError: the catalog already has a table of that name.
+    """
+    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import IdentityTransform
+
+    catalog = _catalog(location)
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    iceberg_schema = _iceberg_schema(schema)
+    spec = PartitionSpec(
+        *(
+            PartitionField(
+                source_id=iceberg_schema.find_field(c).field_id,
+                field_id=1000 + i,
+                transform=IdentityTransform(),
+                name=c,
+            )
+            for i, c in enumerate(partition_by)
+        )
+    )
+    try:
+        table = catalog.create_table(
+            identifier(location),
+            schema=iceberg_schema,
+            location=_uri(location),
+            partition_spec=spec,
+            properties={**(configuration or {}), **NO_RETRIES},
+        )
+    except TableAlreadyExistsError:
+        raise JobConfigError(
+            f"table {location}: catalog {_shown(catalog_uri(location))} already has a table "
+            f"{'.'.join(identifier(location))} (another table of that directory name?)"
+        ) from None
+    return IcebergTable(location, table)
+
+
+def check_vacuum_retention(table: LakeTable | None, retention_ms: int) -> None:
+    """Refuse a retention below the table's `history.expire.max-snapshot-age-ms` (Iceberg's default 5 days; a table
+    this run will create has the default): readers of snapshots within it would lose them, and the unreferenced files
+    it deletes include those of an export in flight. A table that allows less says so in that property.
+
+    Raises:
+        JobConfigError: the retention is shorter than the table allows.
+    """
+    configured = None if table is None else table.properties().get(MAX_SNAPSHOT_AGE)
+    try:
+        minimum = DEFAULT_MAX_SNAPSHOT_AGE_MS if configured is None else int(configured)
+    except ValueError:
+        raise JobConfigError(f"table property {MAX_SNAPSHOT_AGE}={configured!r}: not a number of ms") from None
+    if retention_ms < minimum:
+        raise JobConfigError(
+            f"--vacuum {retention_ms / 3_600_000:g}h is shorter than the table's snapshot retention "
+            f"({minimum / 3_600_000:g}h, {MAX_SNAPSHOT_AGE}): readers of older snapshots would lose them, and an "
+            "export in flight its files; raise the retention or lower that table property"
+        )
+
+
+def _shown(uri: str) -> str:
+    """A catalog URI without its password."""
+    return re.sub(r"://([^:/@]*):[^@/]*@", r"://\1:***@", uri)
+
+
+if TYPE_CHECKING:  # mypy checks this module and its table against the interface
+    import tank_log.lakehouse.iceberg as _this_format
+    from tank_log.lakehouse.location import TableFormat
+
+    _FORMAT: TableFormat = _this_format
+
+    def _as_lake_table(table: IcebergTable) -> LakeTable:
+        return table
