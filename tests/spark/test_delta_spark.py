@@ -191,23 +191,24 @@ def check_delta_rs_reads(table, spark_read, refusal):
         check_readable(loc, loc.open())
 
 
-def _reference(spark, tmp_path):
-    """A table the delta-rs export made of C_misc's timeroll topic: its Spark schema, and its rows for Spark to
-    write itself."""
-    ref = str(tmp_path / "ref")
+@pytest.fixture(scope="module")
+def reference(spark, tmp_path_factory):
+    """A table the delta-rs export made of C_misc's timeroll topic (once for every feature): its Spark schema, and
+    its rows for Spark to write itself."""
+    ref = str(tmp_path_factory.mktemp("reference") / "ref")
     assert export("--data-dir", data_dir("C_misc"), "--table", ref, "--topics", "timeroll") == 0
     df = spark.read.format("delta").load(ref)
     return df.schema, df
 
 
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, tmp_path, feature, capsys):
+def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, reference, tmp_path, feature, capsys):
     """Spark creates the table with the feature; each engine exports to its own such table, Spark maintains it
     (DELETE, OPTIMIZE ZORDER, VACUUM), new messages come, each engine exports again: Spark reads every message once
     (less what it deleted). Or the delta-rs engine refuses before writing, in one line naming the feature; the
     delta-spark engine writes every such table Spark reads."""
     props, upkeep, *refusals, read_refusal = FEATURES[feature]
-    columns, rows = _reference(spark, tmp_path)
+    columns, rows = reference
     for engine, refused in zip(("deltalake", "spark"), refusals, strict=True):
         base = copy_tree(data_dir("C_misc"), str(tmp_path / f"data-{engine}"))
         table = str(tmp_path / f"t-{engine}")
