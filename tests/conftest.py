@@ -69,6 +69,22 @@ def dump_path(name: str) -> str:
     return os.path.join(FIXTURES, DATASETS[name], "dump.jsonl.gz")
 
 
+def duckdb_with(*extensions: str):  # type: ignore[no-untyped-def]
+    """A DuckDB connection with `extensions` loaded from their PyPI packages (`duckdb-extension-<name>`), autoinstall
+    and autoload off: nothing is downloaded, and an engine nobody here wrote reads our tables."""
+    import glob
+    import importlib
+
+    import duckdb
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    for name in extensions:
+        package = os.path.dirname(importlib.import_module(f"duckdb_extension_{name}").__file__ or "")
+        (path,) = glob.glob(os.path.join(package, "extensions", "*", f"{name}.duckdb_extension"))
+        con.execute(f"LOAD '{path}'")
+    return con
+
+
 def load_dump_lines(name: str) -> dict[tuple[str, int], list[str]]:
     """Raw dump lines grouped by (topic, partition), in file order (seq order per partition)."""
     out: dict[tuple[str, int], list[str]] = defaultdict(list)

@@ -3,14 +3,13 @@ each (topic, partition, seq) exactly once across reruns, a crash before the comm
 by pyiceberg's scan and by DuckDB's iceberg extension (from its PyPI package, never downloaded), each equal to the
 dump; retention's guard and the stats' export lag through the table; orphans and upkeep; bad input refused."""
 
-import glob
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import copy_tree, data_dir, new_bucket, run_job_script
+from conftest import copy_tree, data_dir, duckdb_with, new_bucket, run_job_script
 from test_job_export import dump_rows, roll_and_append
 from test_lakehouse_guard import GUARDED_LIMITS, _logs, _ro, _roll
 
@@ -178,25 +177,6 @@ def test_two_exports_at_once_export_each_message_once(tmp_path):
     assert lake.data_files() == lake.table().referenced_files()  # A removed what it wrote and did not commit
 
 
-def duckdb_connection():
-    """DuckDB with its avro and iceberg extensions loaded from their PyPI packages; autoinstall and autoload off, so
-    nothing is downloaded."""
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
-
-    def extension(module, name):
-        (path,) = glob.glob(
-            os.path.join(os.path.dirname(module.__file__), "extensions", "*", f"{name}.duckdb_extension")
-        )
-        return path
-
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-    con.execute(f"LOAD '{extension(duckdb_extension_avro, 'avro')}'")  # the iceberg extension's manifests are Avro
-    con.execute(f"LOAD '{extension(duckdb_extension_iceberg, 'iceberg')}'")
-    return con
-
-
 @pytest.mark.parametrize("name", ["C_misc", "M_mirror"])
 def test_pyiceberg_and_duckdb_read_what_the_export_wrote(tmp_path, name):
     """Two engines nobody here wrote read the table as the broker's dump says, each on its own: pyiceberg's scan
@@ -213,7 +193,9 @@ def test_pyiceberg_and_duckdb_read_what_the_export_wrote(tmp_path, name):
         sorted(zip(scanned["topic"], scanned["partition"], scanned["seq"], scanned["value"], strict=True)) == expected
     )
     metadata = lake.table().table.metadata_location.removeprefix("file://")
-    rows = duckdb_connection().execute(f"SELECT topic, partition, seq, value FROM iceberg_scan('{metadata}')")
+    rows = duckdb_with("avro", "iceberg").execute(
+        f"SELECT topic, partition, seq, value FROM iceberg_scan('{metadata}')"
+    )
     assert sorted(rows.fetchall()) == expected
 
 
