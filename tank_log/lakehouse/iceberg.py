@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.dataset as ds
     from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.expressions import BooleanExpression
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
@@ -195,7 +196,7 @@ class IcebergTable:
         import pyarrow as pa
         import pyarrow.compute as pc
         from pyiceberg.exceptions import CommitFailedException
-        from pyiceberg.expressions import AlwaysFalse, And, BooleanExpression, EqualTo, Or, Reference
+        from pyiceberg.expressions import AlwaysFalse, And, EqualTo, Or, Reference
         from pyiceberg.expressions.literals import literal
 
         def equal(column: str, value: Any) -> BooleanExpression:
@@ -360,7 +361,58 @@ class IcebergTable:
             raise JobConfigError(f"table {self.location} has data files outside its directory, e.g. {outside[0]}")
 
     def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
-        raise JobConfigError(f"table {self.location}: --optimize rewrites Delta tables only (pyiceberg cannot)")
+        """A rewrite of our own (pyiceberg has no file compaction): every table partition with two or more data
+        files smaller than `target_bytes` is read and written back in files of up to `target_bytes` (recorded as
+        the table's `write.target-file-size-bytes`), sorted by partition and seq, all in ONE commit that overwrites
+        those partitions. Rows, recorded versions and the schema are unchanged; a concurrent commit fails it with
+        nothing rewritten (`CommitConflict`: run it again)."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        files = self._data_files()
+        before = (len(files), sum(size for _, size in files))
+        groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}
+        for values, size in files:
+            groups.setdefault(values, []).append(size)
+        chosen = [v for v, sizes in groups.items() if sum(size < target_bytes for size in sizes) >= 2]
+        removed = sum(len(groups[v]) for v in chosen)
+        if dry_run or not chosen:
+            return UpkeepStep("optimize", *before, *before, dry_run=dry_run, files_removed=0, files_written=0)
+        scope = _partitions_filter(chosen)
+        rows = self.table.scan(row_filter=scope).to_arrow()
+        order = [(c, "ascending") for c in ("topic", "partition", "seq") if c in rows.column_names]
+        schema = self.arrow_schema()
+        rows = rows.sort_by(order).select(schema.names).cast(schema)
+        tx = self.table.transaction()
+        tx.set_properties({"write.target-file-size-bytes": str(target_bytes)})
+        tx.overwrite(rows, overwrite_filter=scope, snapshot_properties={"operation.tank-log": "optimize"})
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as err:
+            raise CommitConflict(
+                f"table {self.location}: optimize: commit conflict, nothing rewritten ({err})"
+            ) from None
+        self.table.refresh()
+        after_files = self._data_files()
+        after = (len(after_files), sum(size for _, size in after_files))
+        written = after[0] - (before[0] - removed)
+        log.info(
+            "export: optimize rewrote %d files of %d partitions into %d: %d files (%d bytes) → %d files (%d bytes)",
+            removed,
+            len(chosen),
+            written,
+            *before,
+            *after,
+        )
+        return UpkeepStep("optimize", *before, *after, files_removed=removed, files_written=written)
+
+    def _data_files(self) -> list[tuple[tuple[tuple[str, Any], ...], int]]:
+        """The current snapshot's data files: (their partition values as (column, value) pairs, their size)."""
+        if self.table.current_snapshot() is None:
+            return []
+        out = []
+        for f in self.table.inspect.data_files().select(["partition", "file_size_in_bytes"]).to_pylist():
+            out.append((tuple(sorted((f["partition"] or {}).items())), int(f["file_size_in_bytes"])))
+        return out
 
     def remove_unreferenced(self, retention_ms: int, *, dry_run: bool) -> UpkeepStep:
         """Snapshot expiry, then the files nothing references: snapshots older than `retention_ms` go, except the
@@ -413,6 +465,21 @@ class IcebergTable:
                 for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=True):
                     out.add(entry.data_file.file_path.removeprefix(root))
         return out
+
+
+def _partitions_filter(partitions: list[tuple[tuple[str, Any], ...]]) -> BooleanExpression:
+    """The rows of these table partitions (identity-partitioned: each a tuple of (column, value); none: every row)."""
+    from pyiceberg.expressions import AlwaysFalse, AlwaysTrue, And, EqualTo, IsNull, Or, Reference
+    from pyiceberg.expressions.literals import literal
+
+    out: BooleanExpression = AlwaysFalse()
+    for values in partitions:
+        one: BooleanExpression = AlwaysTrue()
+        for column, value in values:
+            term = Reference(column)
+            one = And(one, IsNull(term=term) if value is None else EqualTo(term=term, value=literal(value)))
+        out = Or(out, one)
+    return out
 
 
 def _iceberg_schema(schema: pa.Schema) -> Schema:

@@ -238,7 +238,6 @@ def _check_format(settings: ExportSettings) -> None:
     clashes = {
         "--engine spark": settings.engine == "spark",  # the Iceberg export commits through pyiceberg
         "--continuous": settings.continuous,
-        "--optimize": settings.optimize,  # pyiceberg has no file compaction
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:
