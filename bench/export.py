@@ -1,8 +1,9 @@
-"""Delta export benchmark: >= 1M messages through jobs/export_delta.py on local[2] (with its default settings,
-forced onto Spark's executors with --in-driver-max-bytes 0, and through delta-spark with --engine spark), beside
-writing the same rows from a Parquet copy into Delta with the same engine (deltalake's write_deltalake); then the
-way back: the table through jobs/import_delta.py into an empty base path, beside the library's writer
-(write_partition) writing the same rows in process.
+"""Export benchmark: >= 1M messages through jobs/export_delta.py on local[2] (with its default settings,
+forced onto Spark's executors with --in-driver-max-bytes 0, through delta-spark with --engine spark, into an Iceberg
+table with --format iceberg, and into a current-state table with --mode latest), beside writing the same rows from a
+Parquet copy into Delta with the same engine (deltalake's write_deltalake); then the way back: the table through
+jobs/import_delta.py into an empty base path, beside the library's writer (write_partition) writing the same rows in
+process.
 
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
      python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
@@ -196,6 +197,9 @@ def main() -> None:
     spark_table = os.path.join(work, "table-delta-spark")
     spark_wall, sp = export_on_executors(base, spark_table, s["rows"], ["--engine", "spark"])
 
+    iceberg_wall, ice = export_in_driver(base, os.path.join(work, "table-iceberg"), ["--format", "iceberg"])
+    latest_wall, lat = export_in_driver(base, os.path.join(work, "table-latest"), ["--mode", "latest"])
+
     from deltalake import DeltaTable
 
     rows = DeltaTable(table).to_pyarrow_table()
@@ -225,6 +229,15 @@ def main() -> None:
         "delta_spark_export_s": sp["export_s"],
         "ratio_delta_spark_vs_parquet_to_delta": round(sp["export_s"] / parquet_to_delta, 2),
         "ratio_delta_spark_vs_executors": round(sp["export_s"] / e["export_s"], 2),
+        "iceberg_process_wall_s": round(iceberg_wall, 2),
+        "iceberg_export_s": ice["export_s"],
+        "ratio_iceberg_vs_delta_job": round(ice["export_s"] / s["export_s"], 2),
+        "ratio_iceberg_vs_parquet_to_delta": round(ice["export_s"] / parquet_to_delta, 2),
+        "latest_process_wall_s": round(latest_wall, 2),
+        "latest_export_s": lat["export_s"],
+        "latest_keys": lat["keys"],
+        "ratio_latest_vs_delta_job": round(lat["export_s"] / s["export_s"], 2),
+        "ratio_latest_vs_parquet_to_delta": round(lat["export_s"] / parquet_to_delta, 2),
         "import_process_wall_s": round(import_wall, 2),
         "import_job_s": imp["import_s"],
         "rows_per_s_import_job": imp["rows_per_s"],
@@ -273,6 +286,17 @@ def export_to_s3(args) -> None:
         "ratio_executors_vs_parquet_to_delta": round(e["export_s"] / parquet_to_delta, 2),
     }
     print(json.dumps(out, indent=2))
+
+
+def export_in_driver(base: str, table: str, flags: list[str]) -> tuple[float, dict]:
+    """The export with the default settings and `flags` (another table format, another mode) into a new table."""
+    report = os.path.join(os.path.dirname(base), "report-" + os.path.basename(table) + ".json")
+    shutil.rmtree(table, ignore_errors=True)
+    catalog = table.rstrip("/") + ".iceberg-catalog.db"  # the default catalog of a local Iceberg table
+    if os.path.exists(catalog):
+        os.remove(catalog)
+    wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, *flags, report=report)
+    return wall, rep["summary"]
 
 
 def export_on_executors(
