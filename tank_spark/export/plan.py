@@ -16,6 +16,7 @@ from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage
 from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
+    from tank_log.jobs.config import ExportConfig
     from tank_spark.context import JobContext
 
 log = logging.getLogger(__name__)
@@ -155,44 +156,18 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     table = args.table or cfg.table
     if not table:
         raise JobConfigError("no Delta table: pass --table PATH or set export.table")
-    engine = args.engine or cfg.engine
-    table_format = args.format or cfg.format
-    catalog = args.catalog or cfg.catalog
-    if catalog and table_format != "iceberg":
-        raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
-    fmt = args.value_format or cfg.value_format
-    schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
-    if fmt == "json" and not schema:
-        raise JobConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
-    if fmt != "json" and args.value_schema:
-        raise JobConfigError("--value-schema is only for --value-format json")
+    location, options = _table_location(cfg, args, table)
+    fmt, schema = _value_format(cfg, args)
     partition_by = (
         parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
     )
     target = (
         parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
     )
-    options = storage_options(cfg.storage_options, args.storage_option)
-    try:
-        location = TableLocation.of(table, options, table_format, catalog)
-    except ValueError as err:
-        raise JobConfigError(str(err)) from None
-    if location.is_local and os.path.exists(location.uri) and not os.path.isdir(location.uri):
-        raise JobConfigError(f"--table {table} exists and is not a directory")
-    since = None
-    if args.since:
-        from tank_spark.ranges import parse_time_ms
-
-        try:
-            since = parse_time_ms(args.since)
-        except ValueError:
-            raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
-    horizon = parse_duration_ms(args.orphan_horizon, "--orphan-horizon") if args.orphan_horizon else None
-    if horizon == 0:
-        raise JobConfigError("--orphan-horizon: must be more than 0 (it protects runs in flight)")
+    since, horizon = _since_and_horizon(args)
     settings = ExportSettings(
         table,
-        engine,
+        args.engine or cfg.engine,
         fmt,
         schema,
         partition_by,
@@ -204,8 +179,8 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         optimize=args.optimize,
         vacuum_retention_ms=parse_duration_ms(args.vacuum, "--vacuum") if args.vacuum else None,
         upkeep_only=args.upkeep_only,
-        table_format=table_format,
-        catalog=catalog,
+        table_format=location.format,
+        catalog=location.catalog,
         in_driver_max_bytes=(
             parse_size_arg(args.in_driver_max_bytes, "--in-driver-max-bytes")
             if args.in_driver_max_bytes is not None
@@ -225,6 +200,51 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             raise JobConfigError(f"--upkeep-only: there is no Delta table at {settings.table}")
         plans = []  # nothing to export
     return settings, plans, delta_table
+
+
+def _table_location(cfg: ExportConfig, args: argparse.Namespace, table: str) -> tuple[TableLocation, dict[str, str]]:
+    """The table's location (format, catalog, storage options: flags over the config), checked."""
+    table_format = args.format or cfg.format
+    catalog = args.catalog or cfg.catalog
+    if catalog and table_format != "iceberg":
+        raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
+    options = storage_options(cfg.storage_options, args.storage_option)
+    try:
+        location = TableLocation.of(table, options, table_format, catalog)
+    except ValueError as err:
+        raise JobConfigError(str(err)) from None
+    if location.is_local and os.path.exists(location.uri) and not os.path.isdir(location.uri):
+        raise JobConfigError(f"--table {table} exists and is not a directory")
+    return location, options
+
+
+def _value_format(cfg: ExportConfig, args: argparse.Namespace) -> tuple[str, str | None]:
+    """The values' format and, for json, the schema (DDL) of their typed columns."""
+    fmt = args.value_format or cfg.value_format
+    schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
+    if fmt == "json" and not schema:
+        raise JobConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
+    if fmt != "json" and args.value_schema:
+        raise JobConfigError("--value-schema is only for --value-format json")
+    return fmt, schema
+
+
+def _since_and_horizon(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """--since (ms since the epoch) and --orphan-horizon (ms), if given."""
+    from tank_log.jobs.config import parse_duration_ms
+
+    since = None
+    if args.since:
+        from tank_spark.ranges import parse_time_ms
+
+        try:
+            since = parse_time_ms(args.since)
+        except ValueError:
+            raise JobConfigError(f"--since {args.since!r}: expected an ISO date/time or ms since the epoch") from None
+    horizon = parse_duration_ms(args.orphan_horizon, "--orphan-horizon") if args.orphan_horizon else None
+    if horizon == 0:
+        raise JobConfigError("--orphan-horizon: must be more than 0 (it protects runs in flight)")
+    return since, horizon
 
 
 def _check_format(settings: ExportSettings) -> None:
