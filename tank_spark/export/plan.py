@@ -82,20 +82,43 @@ class ExportSettings:
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", help="the table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
-    add_storage_option(p, "--table")
-    p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
-    add_table_format(p)
-    p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
-    p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
-    p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
-    p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+    """The export job's flags (each overrides its key of the config's `export` section)."""
+    _add_table_options(p)
     p.add_argument(
         "--on-corruption",
         choices=("prefix", "skip"),
         help="a partition with malformed data: export what precedes the corruption (prefix, default) or nothing of "
         "it (skip); either way it is reported failed with the file and offset, and the others are exported",
     )
+    p.add_argument(
+        "--since",
+        metavar="TIME",
+        help="skip messages with ts before this (ISO date/time or ms); the recorded versions still advance past them",
+    )
+    _add_upkeep_options(p)
+    _add_continuous_options(p)
+
+
+def _add_table_options(p: argparse.ArgumentParser) -> None:
+    """Which table, in which format and mode, and how its rows and files are laid out."""
+    p.add_argument("--table", help="the table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
+    add_storage_option(p, "--table")
+    p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
+    add_table_format(p)
+    p.add_argument(
+        "--mode",
+        choices=("append", "latest"),
+        help="append (default): every message; latest: one row per live key of each partition, a tombstone deleting "
+        "its key (a table's mode is fixed when it is created)",
+    )
+    p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
+    p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
+    p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
+    p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+
+
+def _add_upkeep_options(p: argparse.ArgumentParser) -> None:
+    """The table's upkeep after (or instead of) the export: orphans, small files, files no version needs."""
     p.add_argument(
         "--orphan-horizon",
         metavar="DURATION",
@@ -105,19 +128,25 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optimize",
         action="store_true",
-        help="after the export, rewrite small files into files of the target size (delta-rs optimize)",
+        help="after the export, rewrite small files into files of the target size (Delta: delta-rs optimize; "
+        "Iceberg: a rewrite of each partition with small files, in one commit)",
     )
     p.add_argument(
         "--vacuum",
         metavar="RETENTION",
         help="after the export, delete files no version within RETENTION references, e.g. 168h (not below the "
-        "table's delta.deletedFileRetentionDuration, default 7 days)",
+        "table's delta.deletedFileRetentionDuration, default 7 days; Iceberg: expire older snapshots first, not "
+        "below history.expire.max-snapshot-age-ms, default 5 days)",
     )
     p.add_argument(
         "--upkeep-only",
         action="store_true",
         help="export nothing: only remove orphans and run --optimize/--vacuum (a scheduled upkeep task)",
     )
+
+
+def _add_continuous_options(p: argparse.ArgumentParser) -> None:
+    """--continuous: a streaming export until stopped."""
     p.add_argument(
         "--continuous",
         action="store_true",
@@ -132,17 +161,6 @@ def add_options(p: argparse.ArgumentParser) -> None:
         choices=("fail", "skip"),
         help="with --continuous: messages retention deleted before they were exported fail the query (fail, "
         "default) or are reported (log, report, <checkpoint>/tank-data-loss.jsonl) and skipped",
-    )
-    p.add_argument(
-        "--mode",
-        choices=("append", "latest"),
-        help="append (default): every message; latest: one row per live key of each partition, a tombstone deleting "
-        "its key (a table's mode is fixed when it is created)",
-    )
-    p.add_argument(
-        "--since",
-        metavar="TIME",
-        help="skip messages with ts before this (ISO date/time or ms); the recorded versions still advance past them",
     )
 
 
