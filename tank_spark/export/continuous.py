@@ -52,6 +52,7 @@ from tank_spark.stream import HOLE_TEXT, DataLost, describe_lost
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
     from tank_spark.context import JobContext
     from tank_spark.runner import JobResult
@@ -253,8 +254,37 @@ def run_continuous(
     ctx: JobContext, settings: ExportSettings, table: LakeTable, schema: pa.Schema, spark: SparkSession
 ) -> JobResult:
     """Start the query and run it until a stop signal (clean: exit 0) or a failure (`RunFailed`)."""
-    from pyspark.errors import StreamingQueryException
+    query, exporter = _start_query(ctx, settings, table, schema, spark)
+    log.info(
+        "continuous export: streaming into %s every %.1fs (checkpoint %s); SIGTERM or Ctrl-C stops it",
+        settings.table,
+        settings.trigger_interval_ms / 1000,
+        settings.checkpoint,
+    )
+    stopped, failure = _run_until_stopped(query, exporter)
+    if failure is not None:
+        raise RunFailed(f"continuous export stopped: {_reason(failure)}")
+    totals = exporter.totals
+    summary = {
+        "mode": "continuous",
+        "table": settings.table,
+        "batches": totals.batches,
+        "replayed_batches": totals.replayed_batches,
+        "rows": totals.rows,
+        "files": totals.files,
+        "bytes": totals.bytes,
+        "table_version": totals.table_version,
+        "data_loss": totals.data_loss,
+        "stopped": "signal" if stopped else "query ended",
+    }
+    return totals.results(), summary
 
+
+def _start_query(
+    ctx: JobContext, settings: ExportSettings, table: LakeTable, schema: pa.Schema, spark: SparkSession
+) -> tuple[StreamingQuery, BatchExporter]:
+    """The `tank` stream from where the table's recorded versions end, each micro-batch exported by a
+    `BatchExporter`, started."""
     from tank_spark.source import register
 
     register(spark)
@@ -280,12 +310,14 @@ def run_continuous(
         .trigger(processingTime=f"{settings.trigger_interval_ms} milliseconds")
         .start()
     )
-    log.info(
-        "continuous export: streaming into %s every %.1fs (checkpoint %s); SIGTERM or Ctrl-C stops it",
-        settings.table,
-        settings.trigger_interval_ms / 1000,
-        settings.checkpoint,
-    )
+    return query, exporter
+
+
+def _run_until_stopped(query: StreamingQuery, exporter: BatchExporter) -> tuple[bool, Exception | None]:
+    """Wait for SIGTERM/SIGINT (then let the batch in flight commit and stop the query) or the query's end: whether
+    a signal stopped it, and the failure that ended it, if any."""
+    from pyspark.errors import StreamingQueryException
+
     stop = threading.Event()
     failure: Exception | None = None
     with handling(lambda signum, frame: stop.set(), signal.SIGTERM, signal.SIGINT):
@@ -304,23 +336,7 @@ def run_continuous(
             ended = query.exception()
             if ended is not None and "StopRequested" not in str(ended):
                 failure = ended
-    if failure is not None:
-        raise RunFailed(f"continuous export stopped: {_reason(failure)}")
-    totals = exporter.totals
-    results = totals.results()
-    summary = {
-        "mode": "continuous",
-        "table": settings.table,
-        "batches": totals.batches,
-        "replayed_batches": totals.replayed_batches,
-        "rows": totals.rows,
-        "files": totals.files,
-        "bytes": totals.bytes,
-        "table_version": totals.table_version,
-        "data_loss": totals.data_loss,
-        "stopped": "signal" if stop.is_set() else "query ended",
-    }
-    return results, summary
+    return stop.is_set(), failure
 
 
 def _reason(err: Exception) -> str:
