@@ -193,8 +193,6 @@ class IcebergTable:
         Raises:
             CommitConflict: another writer committed first (nothing of this commit is in the table).
         """
-        import pyarrow as pa
-        import pyarrow.compute as pc
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.expressions import AlwaysFalse, And, EqualTo, Or, Reference
         from pyiceberg.expressions.literals import literal
@@ -208,32 +206,7 @@ class IcebergTable:
             scope = Or(scope, And(equal("topic", t), equal("partition", p)))
         schema = self.arrow_schema()
         target = self.table.scan(row_filter=scope).to_arrow() if scopes else schema.empty_table()
-        index = {k: i for i, k in enumerate(zip(*(target[c].to_pylist() for c in keys), strict=True))}
-        target_order, source_order = target[order].to_pylist(), source[order].to_pylist()
-        dead, taken = set(), []
-        counts = dict.fromkeys(("inserted", "updated", "deleted"), 0)
-        source_keys = zip(*(source[c].to_pylist() for c in keys), strict=True)
-        for j, (k, gone) in enumerate(zip(source_keys, source[tombstone].to_pylist(), strict=True)):
-            i = index.get(k)
-            if i is not None:
-                if source_order[j] <= target_order[i]:
-                    continue
-                dead.add(i)
-                counts["deleted" if gone else "updated"] += 1
-            elif gone:
-                continue
-            else:
-                counts["inserted"] += 1
-            if not gone:
-                taken.append(j)
-        keep = pa.array([i not in dead for i in range(target.num_rows)], pa.bool_())
-        merged = pa.concat_tables(
-            [
-                target.filter(keep).select(schema.names).cast(schema),
-                source.take(pa.array(taken, pa.int64())).select(schema.names).cast(schema),
-            ]
-        )
-        counts["copied"] = int(pc.sum(keep).as_py() or 0)
+        merged, counts = _merged(target, source, schema, keys, order, tombstone)
         tx = self.table.transaction()
         if versions:
             tx.set_properties({k: str(v) for k, v in versions.items()})
@@ -465,6 +438,44 @@ class IcebergTable:
                 for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=True):
                     out.add(entry.data_file.file_path.removeprefix(root))
         return out
+
+
+def _merged(
+    target: pa.Table, source: pa.Table, schema: pa.Schema, keys: tuple[str, ...], order: str, tombstone: str
+) -> tuple[pa.Table, dict[str, int]]:
+    """The rows of `target` merged with `source` as a MERGE would leave them (a source row whose `order` is above its
+    key's target row replaces it, or deletes it when a tombstone; a new key's row is inserted unless a tombstone), in
+    `schema`; and the counts of rows inserted, updated, deleted and copied."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    index = {k: i for i, k in enumerate(zip(*(target[c].to_pylist() for c in keys), strict=True))}
+    target_order, source_order = target[order].to_pylist(), source[order].to_pylist()
+    dead, taken = set(), []
+    counts = dict.fromkeys(("inserted", "updated", "deleted"), 0)
+    source_keys = zip(*(source[c].to_pylist() for c in keys), strict=True)
+    for j, (k, gone) in enumerate(zip(source_keys, source[tombstone].to_pylist(), strict=True)):
+        i = index.get(k)
+        if i is not None:
+            if source_order[j] <= target_order[i]:
+                continue
+            dead.add(i)
+            counts["deleted" if gone else "updated"] += 1
+        elif gone:
+            continue
+        else:
+            counts["inserted"] += 1
+        if not gone:
+            taken.append(j)
+    keep = pa.array([i not in dead for i in range(target.num_rows)], pa.bool_())
+    merged = pa.concat_tables(
+        [
+            target.filter(keep).select(schema.names).cast(schema),
+            source.take(pa.array(taken, pa.int64())).select(schema.names).cast(schema),
+        ]
+    )
+    counts["copied"] = int(pc.sum(keep).as_py() or 0)
+    return merged, counts
 
 
 def _partitions_filter(partitions: list[tuple[tuple[str, Any], ...]]) -> BooleanExpression:
