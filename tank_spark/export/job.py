@@ -255,10 +255,7 @@ def _append_with_delta_spark(
             )
         except ConcurrentExport as conflict:
             if attempt == COMMIT_ATTEMPTS:
-                raise ConcurrentExport(
-                    f"{conflict}; {COMMIT_ATTEMPTS} attempts: another export commits to these partitions "
-                    f"meanwhile (a continuous export of the same topics?)"
-                ) from None
+                raise _out_of_attempts(conflict, f"{COMMIT_ATTEMPTS} attempts") from None
             log.warning("export: %s; re-planning (attempt %d)", conflict, attempt + 1)
             plans, _ = plan_export(ctx, settings)
             continue
@@ -303,10 +300,7 @@ def _append_with_delta_rs(
         except ConcurrentExport as conflict:
             remove_uncommitted(settings, files)
             if attempt == COMMIT_ATTEMPTS:
-                raise ConcurrentExport(
-                    f"{conflict}; nothing committed after {COMMIT_ATTEMPTS} attempts: another export commits "
-                    f"to these partitions meanwhile (a continuous export of the same topics?)"
-                ) from None
+                raise _out_of_attempts(conflict, f"nothing committed after {COMMIT_ATTEMPTS} attempts") from None
             log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
             plans, _ = plan_export(ctx, settings)
             if not any(p.has_work for p in plans):
@@ -315,6 +309,14 @@ def _append_with_delta_rs(
         log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
         return _Appended(_results(plans), files, cut, version)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def _out_of_attempts(conflict: ConcurrentExport, attempts: str) -> ConcurrentExport:
+    """The error of a run whose every commit attempt met another export's commit."""
+    return ConcurrentExport(
+        f"{conflict}; {attempts}: another export commits to these partitions meanwhile (a continuous export of the "
+        "same topics?)"
+    )
 
 
 def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: float) -> JobResult:
