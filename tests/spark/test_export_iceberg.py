@@ -389,8 +389,7 @@ def test_the_import_reads_an_iceberg_export_back(tmp_path):
     """Every fixture → export to Iceberg → import (`--format iceberg --catalog URI`) into a new base path: `tank-log
     dump` gives the fixtures' dumps line for line and verify is clean; a second import with --append finds nothing
     new."""
-    from conftest import load_dump_lines
-    from test_job_import import TANK_LOG, all_fixtures, dump_lines, layout_problems, run_import
+    from test_job_import import TANK_LOG, all_fixtures, dump_lines, layout_problems, renamed_dump_lines, run_import
 
     lake = IcebergLake(tmp_path)
     src = str(tmp_path / "src")
@@ -402,11 +401,7 @@ def test_the_import_reads_an_iceberg_export_back(tmp_path):
     r = run_import(*args, "--report", str(tmp_path / "1.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert {p["status"] for p in report(tmp_path / "1.json")["partitions"]} == {"imported"}
-    want = []
-    for new, (name, topic) in sorted(names.items()):
-        for (t, _), lines in sorted(load_dump_lines(name).items()):
-            if t == topic:
-                want += [x.replace(f'"topic":"{topic}"', f'"topic":"{new}"', 1) for x in lines]
+    want = renamed_dump_lines(names)
     got = dump_lines(dst)
     assert sorted(got) == sorted(want) and len(got) == len(want)
     assert subprocess.run([TANK_LOG, "verify", dst], capture_output=True, timeout=600).returncode == 0

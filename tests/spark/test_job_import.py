@@ -45,6 +45,16 @@ def dump_lines(base) -> list[str]:
     return r.stdout.splitlines()
 
 
+def renamed_dump_lines(names) -> list[str]:
+    """The broker dumps' lines of `all_fixtures`' topics, each under its new name."""
+    want = []
+    for new, (name, topic) in sorted(names.items()):
+        for (t, _), lines in sorted(load_dump_lines(name).items()):
+            if t == topic:
+                want += [x.replace(f'"topic":"{topic}"', f'"topic":"{new}"', 1) for x in lines]
+    return want
+
+
 def layout_problems(base) -> list[str]:
     """What the broker's rules forbid (TANK_FORMAT.md §1.4, §9 rules 3, 4, 6) in a base path."""
     out = [f"{p.path}: {p.message}" for p in scan_data_dir(base).all_problems() if p.severity != "warning"]
@@ -104,11 +114,7 @@ def test_every_fixture_round_trips_through_delta(tmp_path, lake):
     rep = json.load(open(tmp_path / "1.json"))
     assert {p["status"] for p in rep["partitions"]} == {"imported"}
     assert all(p["segments"] >= 1 and p["bytes"] > 0 for p in rep["partitions"])
-    want = []
-    for new, (name, topic) in sorted(names.items()):
-        for (t, _), lines in sorted(load_dump_lines(name).items()):
-            if t == topic:
-                want += [x.replace(f'"topic":"{topic}"', f'"topic":"{new}"', 1) for x in lines]
+    want = renamed_dump_lines(names)
     got = dump_lines(dst)
     assert rep["summary"]["rows"] == len(want)
     assert sorted(got) == sorted(want) and len(got) == len(want)
