@@ -308,26 +308,3 @@ def test_export_dag_to_an_s3_destination(airflow_env, tmp_path, s3_server):
         (p, seq, v) for (topic, p), msgs in load_dump("A_multi").items() if topic == "events" for seq, _, _, v in msgs
     )
     assert got == want
-
-
-def test_nightly_export_then_upkeep(airflow_env, tmp_path):
-    """The nightly export DAG exports, then optimizes and vacuums the table; both reports are published."""
-    from conftest import copy_tree, data_dir, load_dump
-    from deltalake import DeltaTable
-
-    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
-    table = str(tmp_path / "lake")
-    conf = tmp_path / "job.yaml"
-    conf.write_text(json.dumps({"data_dirs": [base], "export": {"table": table}}))
-    env = job_env(airflow_env, conf, tmp_path)
-    out, r = probe(env, "run", "tank_export_nightly")
-    assert out["state"] == "success", (out, r.stdout[-4000:])
-    assert set(out["tasks"].values()) == {"success"}
-    upkeep = out["xcom"]["publish_upkeep_report[-1]"]["summary"]["upkeep"]
-    assert [s["operation"] for s in upkeep] == ["optimize", "vacuum"]
-    live = DeltaTable(table).get_add_actions(flatten=True).column("size_bytes").to_pylist()
-    assert (upkeep[0]["files_after"], upkeep[0]["bytes_after"]) == (len(live), sum(live))
-    assert upkeep[0]["files_before"] > upkeep[0]["files_after"]
-    assert upkeep[1]["files_after"] == upkeep[1]["files_before"]  # 168 h: nothing removed is that old
-    rows = DeltaTable(table).to_pyarrow_table()
-    assert rows.num_rows == sum(len(m) for m in load_dump("A_multi").values())

@@ -67,7 +67,7 @@ def _repaired_and_rerun(base: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.0, 0.15, 0.4, 0.9])
 def test_cli_killed_mid_run_leaves_no_process(tmp_path, delay):
-    base = many_small_partitions(tmp_path / "many", 400)
+    base = many_small_partitions(tmp_path / "many", 250)
     took, left = _kill_while_workers_run([*CLI, "compact", base, "--broker-stopped", "--processes", "2"], delay)
     assert left == [], f"alive {took:.1f} s after the kill: {left}"
     assert took < GONE_WITHIN_S
@@ -79,7 +79,7 @@ def test_cli_killed_mid_run_leaves_no_process(tmp_path, delay):
 def test_job_in_the_drivers_processes_killed_mid_run_leaves_no_process(tmp_path):
     """The maintain job as an operator runs it (its small run in the driver's forked processes): the driver, its
     workers and its JVM are gone within 2 s of the driver's SIGKILL."""
-    base = many_small_partitions(tmp_path / "many", 400)
+    base = many_small_partitions(tmp_path / "many", 250)
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     cmd = [sys.executable, os.path.join(ROOT, "jobs", "maintain.py"), "--master", "local[2]", "--data-dir", base]
     took, left = _kill_while_workers_run([*cmd, "--broker-stopped"], random.Random(5).uniform(0.1, 0.6), env)
@@ -93,7 +93,7 @@ def test_job_in_the_drivers_processes_killed_mid_run_leaves_no_process(tmp_path)
 def test_the_driver_dies_with_a_killed_spark_submit(tmp_path):
     """spark-submit's JVM killed alone (the OOM killer picks the largest process; an orchestrator that kills only the
     process it started): the job's Python driver, its child, and the driver's workers die with it within 2 s."""
-    base = many_small_partitions(tmp_path / "many", 1500)
+    base = many_small_partitions(tmp_path / "many", 500)
     bin_dir = os.path.dirname(sys.executable)  # spark-submit finds its Spark through the venv's python
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
