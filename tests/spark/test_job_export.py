@@ -17,8 +17,9 @@ from tank_log.storage.writer import SegmentWriter, write_segment
 JOB = os.path.join(ROOT, "jobs", "export_delta.py")
 
 
-def run_job(*args, env_extra=None, executors=True):
-    """The export job on local[2]; on its executors unless `executors` is False (test_a_small_export_runs_in_...)."""
+def run_job(*args, env_extra=None, executors=False):
+    """The export job on local[2], in the driver as it runs on data this small by default, or forced onto Spark's
+    executors with `executors` (each test of what a task does there: a crash, a failing partition)."""
     return run_job_script("export_delta", *args, env_extra=env_extra, where="executors" if executors else "driver")
 
 
@@ -112,7 +113,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     """The same on a local path and on S3 (a real S3-API server on loopback)."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     args = ["--data-dir", base, "--table", lake.uri, *lake.flags, "--topics", "events,seqgap"]
-    r = run_job(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env)
+    r = run_job(*args, "--report", str(tmp_path / "1.json"), env_extra=lake.env, executors=True)
     assert r.returncode == 0, r.stderr[-3000:]
     expected = dump_rows("A_multi", {"events", "seqgap"})
     assert table_rows(lake) == expected
@@ -124,7 +125,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     assert lake.table().transaction_version(seqgap["app_id"]) == 5185
 
     # a run that finds nothing new commits nothing, and starts no Spark
-    r = run_job(*args, "--report", str(tmp_path / "2.json"), env_extra=lake.env)
+    r = run_job(*args, "--report", str(tmp_path / "2.json"), env_extra=lake.env, executors=True)
     assert r.returncode == 0 and lake.table().version() == 1
     rep = json.load(open(tmp_path / "2.json"))
     assert {p["status"] for p in rep["partitions"]} == {"up-to-date"}
@@ -133,7 +134,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     # new messages; the next run dies after writing its Parquet files, before the commit
     expected += roll_and_append(base, "events", 50)
     files_before = lake.file_count()
-    r = run_job(*args, env_extra={**lake.env, "TANK_LOG_EXPORT_CRASH": "before-commit"})
+    r = run_job(*args, env_extra={**lake.env, "TANK_LOG_EXPORT_CRASH": "before-commit"}, executors=True)
     assert r.returncode == 137, r.stderr[-2000:]
     assert lake.file_count() > files_before  # files written ...
     assert lake.table().version() == 1  # ... but invisible
@@ -142,7 +143,7 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     crashed_files = lake.file_count() - files_before
     crashed_at = time.monotonic()
 
-    r = run_job(*args, "--report", str(tmp_path / "3.json"), env_extra=lake.env)
+    r = run_job(*args, "--report", str(tmp_path / "3.json"), env_extra=lake.env, executors=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert table_rows(lake) == sorted(expected)  # every message exactly once, no gap
     rep = json.load(open(tmp_path / "3.json"))
@@ -160,7 +161,14 @@ def test_incremental_exactly_once_with_a_crash_before_commit(tmp_path, lake):
     horizon_s = 6  # run 3 alone took longer: usually no wait
     time.sleep(max(0.0, horizon_s + 1 - (time.monotonic() - crashed_at)))
     stored = lake.file_count()
-    r = run_job(*args, f"--orphan-horizon={horizon_s}s", "--report", str(tmp_path / "4.json"), env_extra=lake.env)
+    r = run_job(
+        *args,
+        f"--orphan-horizon={horizon_s}s",
+        "--report",
+        str(tmp_path / "4.json"),
+        env_extra=lake.env,
+        executors=True,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     orphans = json.load(open(tmp_path / "4.json"))["summary"]["orphans"]
     assert (orphans["files"], orphans["recent_files"], len(orphans["runs"])) == (crashed_files, 0, 1)
@@ -180,7 +188,7 @@ def test_a_small_export_runs_in_the_driver_without_spark_exactly_once(tmp_path, 
         return json.load(open(tmp_path / name))
 
     def run(*more, env=None):
-        return run_job(*args, *more, env_extra={**lake.env, **(env or {})}, executors=False)
+        return run_job(*args, *more, env_extra={**lake.env, **(env or {})})
 
     r = run("--dry-run", "--master", "local[1]", "--report", str(tmp_path / "0.json"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -268,7 +276,8 @@ def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, 
     # a run that outlives the orphan horizon does not commit, and leaves none of its files behind
     roll_and_append(base, "events", 3)
     version, stored = lake.table().version(), data_files()
-    r = run_job(*args, "--orphan-horizon=1s", "--report", str(tmp_path / "old.json"), env_extra=lake.env)
+    on_spark = dict(env_extra=lake.env, executors=True)  # Spark's start alone outlasts 1 s
+    r = run_job(*args, "--orphan-horizon=1s", "--report", str(tmp_path / "old.json"), **on_spark)
     assert r.returncode == 1 and "longer than the orphan horizon" in json.load(open(tmp_path / "old.json"))["error"]
     assert lake.table().version() == version and data_files() == stored
 
@@ -521,7 +530,7 @@ def test_a_corrupt_partition_fails_alone_and_the_others_are_exported(tmp_path):
     _corrupt_first_bundle(bad.path)
     cut = bad.base - 1  # the rows before the corrupt bundle: the whole first segment
     table, report_path = str(tmp_path / "t"), str(tmp_path / "r.json")
-    r = run_job("--data-dir", demo, "--table", table, "--report", report_path)
+    r = run_job("--data-dir", demo, "--table", table, "--report", report_path, executors=True)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     report = json.load(open(report_path))
@@ -543,7 +552,9 @@ def test_a_corrupt_partition_fails_alone_and_the_others_are_exported(tmp_path):
     for fmt in ("binary", "json"):
         skip_table = str(tmp_path / f"skip-{fmt}")
         extra = ["--value-format", "json", "--value-schema", "id long"] if fmt == "json" else []
-        r = run_job("--data-dir", demo, "--table", skip_table, "--on-corruption", "skip", *extra)
+        r = run_job(
+            "--data-dir", demo, "--table", skip_table, "--on-corruption", "skip", *extra, executors=fmt == "json"
+        )
         assert r.returncode == 1, r.stderr[-3000:]
         rows = DeltaTable(skip_table).to_pyarrow_table().to_pydict()
         got = sorted(zip(rows["topic"], rows["partition"], rows["seq"], strict=True))
