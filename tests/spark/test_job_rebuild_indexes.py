@@ -6,8 +6,9 @@ import os
 from conftest import FIXTURES, copy_tree, data_dir, run_job_script, tree_digest
 
 
-def run_job(*args):
-    return run_job_script("rebuild_indexes", *args)
+def run_job(*args, where="driver"):
+    """The job as it runs on data this small by default (in the driver), or on Spark's executors."""
+    return run_job_script("rebuild_indexes", *args, where=where)
 
 
 def test_verify_rebuild_salvage(tmp_path):
@@ -26,7 +27,9 @@ def test_verify_rebuild_salvage(tmp_path):
     assert r.returncode == 1, r.stderr[-3000:]  # the torn tail needs --salvage: not clean
     assert tree_digest(base, include_lock=True) == before
 
-    r = run_job("--data-dir", base, "--broker-stopped", "--salvage", "--report", str(tmp_path / "run.json"))
+    r = run_job(
+        "--data-dir", base, "--broker-stopped", "--salvage", "--report", str(tmp_path / "run.json"), where="executors"
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(tmp_path / "run.json"))
     parts = {(p["topic"], p["partition"]): p for p in report["partitions"]}
