@@ -16,6 +16,8 @@ JOB = os.path.join(ROOT, "jobs", "compact.py")
 
 
 def run_job(*args, **kw):
+    """The job on Spark's executors unless `where="driver"` (its default on data this small): dry runs and reruns
+    that follow a test's real run take the driver."""
     return run_job_script("compact", *args, **kw)
 
 
@@ -131,7 +133,18 @@ def test_second_run_has_nothing_to_do(scenario):
     root, demo, e, b2, conf = scenario
     before = tree_digest(demo)
     report_path = str(root / "r2.json")
-    r = run_job("--data-dir", demo, "--data-dir", e, "--config", conf, "--broker-stopped", "--report", report_path)
+    r = run_job(
+        "--data-dir",
+        demo,
+        "--data-dir",
+        e,
+        "--config",
+        conf,
+        "--broker-stopped",
+        "--report",
+        report_path,
+        where="driver",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(report_path))
     assert {p["status"] for p in report["partitions"]} == {"nothing-to-do", "skipped"}
@@ -142,7 +155,7 @@ def test_dry_run_changes_nothing(tmp_path):
     demo = write_demo(str(tmp_path / "demo"))
     before = tree_digest(demo, include_lock=True)
     report_path = str(tmp_path / "r.json")
-    r = run_job("--data-dir", demo, "--dry-run", "--broker-stopped", "--report", report_path)
+    r = run_job("--data-dir", demo, "--dry-run", "--broker-stopped", "--report", report_path, where="driver")
     assert r.returncode == 0, r.stderr[-3000:]
     assert tree_digest(demo, include_lock=True) == before
     parts = by_key(json.load(open(report_path)))
@@ -231,7 +244,7 @@ def test_sigterm_writes_the_report_with_what_finished_and_the_rerun_completes(tm
     changed = {p for p, names in before.items() if sorted(os.listdir(os.path.join(kv, p))) != names}
     compacted = {str(e["partition"]) for e in report["partitions"] if e["status"] == "compacted"}
     assert changed == compacted and len(compacted) == finished, (sorted(changed ^ compacted), log[-6000:])
-    r = run_job("--data-dir", base, "--broker-stopped")  # the rerun compacts the rest
+    r = run_job("--data-dir", base, "--broker-stopped", where="driver")  # the rerun compacts the rest
     assert r.returncode == 0, r.stderr[-3000:]
     parts = read_cleanup_log(base)
     assert len(parts) == 300
@@ -258,5 +271,5 @@ def test_a_live_broker_process_makes_the_job_skip_its_partitions_even_with_broke
         assert tree_digest(demo) == before
     finally:
         broker.kill()
-    r = run_job("--data-dir", demo, "--broker-stopped")
+    r = run_job("--data-dir", demo, "--broker-stopped", where="driver")
     assert r.returncode == 0 and tree_digest(demo) != before  # once it exited, the job proceeds
