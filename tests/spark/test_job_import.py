@@ -337,7 +337,7 @@ def test_an_imported_topic_gets_back_its_config(tmp_path):
     os.makedirs(os.path.join(src, "plain", "0"))
     write_segment(os.path.join(src, "plain", "0"), [Message(s, 1_800_000_000_000, None, b"p") for s in range(1, 4)])
     table = str(tmp_path / "table")
-    r = run_export("--data-dir", src, "--table", table, executors=False)
+    r = run_export("--data-dir", src, "--table", table)
     assert r.returncode == 0, r.stderr[-3000:]
     (commit,) = [h for h in DeltaTable(table).history() if "tank_log.topic_config.kv" in h]
     assert commit["tank_log.topic_config.kv"] == text and "tank_log.topic_config.plain" not in commit

@@ -99,7 +99,7 @@ def lake(request, tmp_path):
 def test_retention_keeps_what_the_table_lacks_until_the_export_catches_up(tmp_path, lake):
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10), (21, 10)], 31)
-    r = run_export("--data-dir", base, "--table", lake.uri, *lake.flags, env_extra=lake.env, executors=False)
+    r = run_export("--data-dir", base, "--table", lake.uri, *lake.flags, env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]  # the table holds 1..40
     _roll(pdir, [41, 51, 61], 71)  # 41..70 RO, 71..80 active: the table lacks 41..80
     guard = ["--keep-unexported", lake.uri, *lake.flags]  # --storage-option as for the export
@@ -120,7 +120,7 @@ def test_retention_keeps_what_the_table_lacks_until_the_export_catches_up(tmp_pa
     assert "logs/0: kept 1 segments (" in r.stderr and f"seqs 41..50) not yet in {lake.uri}" in r.stderr
     assert rep["summary"]["kept_unexported_segments"] == 1
 
-    r = run_export("--data-dir", base, "--table", lake.uri, *lake.flags, env_extra=lake.env, executors=False)
+    r = run_export("--data-dir", base, "--table", lake.uri, *lake.flags, env_extra=lake.env)
     assert r.returncode == 0, r.stderr[-3000:]  # caught up: 1..80
     r, rep = _retention(base, tmp_path, "caught-up", *guard, env=lake.env)
     assert r.returncode == 0 and rep["partitions"][0]["kept_unexported"] is None
@@ -171,7 +171,7 @@ def test_a_guarded_topic_the_broker_deletes_from_by_itself_needs_attention(tmp_p
     lake = Lake(tmp_path)
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10), (21, 10), (31, 10)], 41)
-    assert run_export("--data-dir", base, "--table", lake.uri, executors=False).returncode == 0
+    assert run_export("--data-dir", base, "--table", lake.uri).returncode == 0
     _roll(pdir, [51], 61)  # the table lacks 41..
     with open(os.path.join(base, "logs", "config"), "w") as fh:
         fh.write("log.retention.secs=3days\n")
@@ -201,7 +201,7 @@ def test_compacted_and_imported_partitions(tmp_path):
     lake = Lake(tmp_path)
     base = str(tmp_path / "base")
     _logs(base, [(1, 5), (11, 5), (21, 5), (31, 5)], 41, step=2)  # seqs 1,3,5,7,9; 11,...
-    r = run_export("--data-dir", base, "--table", lake.uri, executors=False)
+    r = run_export("--data-dir", base, "--table", lake.uri)
     assert r.returncode == 0, r.stderr[-3000:]
     r, rep = _retention(base, tmp_path, "gaps", "--keep-unexported", lake.uri)
     assert r.returncode == 0 and [d["base"] for d in rep["partitions"][0]["deleted"]] == [1, 11]

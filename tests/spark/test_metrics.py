@@ -29,7 +29,7 @@ def test_stats_in_prometheus_format_equal_the_json_and_measure_the_export_lag(tm
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10)], 21)
     table = str(tmp_path / "table")
-    assert run_export("--data-dir", base, "--table", table, executors=False).returncode == 0  # 1..30
+    assert run_export("--data-dir", base, "--table", table).returncode == 0  # 1..30
     _roll(pdir, [31, 41], 51)  # 30 messages the table lacks
     r = subprocess.run([*CLI, "stats", base, "--json"], capture_output=True, text=True)
     (row,) = json.loads(r.stdout)
@@ -51,7 +51,7 @@ def test_stats_in_prometheus_format_equal_the_json_and_measure_the_export_lag(tm
     lag = tuple(sorted(lag))
     assert got[("tank_log_export_lag_messages", lag)] == 30
     assert got[("tank_log_export_lag_seconds", lag)] > 0
-    assert run_export("--data-dir", base, "--table", table, executors=False).returncode == 0
+    assert run_export("--data-dir", base, "--table", table).returncode == 0
     r = subprocess.run(
         [*CLI, "stats", base, "--format", "prometheus", "--export-table", table], capture_output=True, text=True
     )
@@ -63,7 +63,7 @@ def test_a_jobs_metrics_file_equals_its_report_across_runs(tmp_path):
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10), (21, 10)], 31)
     table = str(tmp_path / "table")
-    assert run_export("--data-dir", base, "--table", table, executors=False).returncode == 0
+    assert run_export("--data-dir", base, "--table", table).returncode == 0
     _roll(pdir, [41, 51, 61], 71)
     prom = tmp_path / "retention.prom"
     r, rep = _retention(base, tmp_path, "one", "--keep-unexported", table, "--metrics-file", str(prom))
