@@ -34,10 +34,9 @@ JOB_TIMEOUT_S = 40  # the compaction DAG's job task here: far above a run on thi
 def airflow(tmp_path_factory):
     work = str(tmp_path_factory.mktemp("airflow_services"))
     port = free_port()
-    many = many_small_partitions(os.path.join(work, "many"), 300)  # a job long enough to be caught mid-run
     conf = os.path.join(work, "job.yaml")
     with open(conf, "w") as fh:  # `demo` is created by the retry test, while its first try waits for a retry
-        json.dump({"data_dirs": [os.path.join(work, "demo"), many], "export": {"table": f"{work}/lake"}}, fh)
+        json.dump({"data_dirs": [os.path.join(work, "demo")], "export": {"table": f"{work}/lake"}}, fh)
     brokers = [standin_broker(work, name, write_demo(os.path.join(work, f"broker-{name}"))) for name in "ab"]
     hosts = os.path.join(work, "hosts.yaml")
     with open(hosts, "w") as fh:
@@ -155,11 +154,10 @@ def test_a_job_hung_past_its_timeout_is_killed_with_every_process_and_the_next_r
     execution_timeout kills spark-submit, and the driver and its workers die with it within seconds. `tank-log
     repair` brings what they touched to before-or-after; the next run succeeds."""
     af = airflow
-    many = os.path.join(af.work, "many")
     if not os.path.exists(os.path.join(af.work, "demo")):
         write_demo(os.path.join(af.work, "demo"))
     _unpause(af, "tank_compaction_nightly")
-    hung = many_small_partitions(os.path.join(af.work, "hung"), 300)  # dirty: work on every partition
+    hung = many_small_partitions(os.path.join(af.work, "hung"), 300)  # long enough to be caught mid-run
     with open(os.path.join(af.work, "job.yaml")) as fh:
         conf = json.load(fh)
     conf["data_dirs"].append(hung)
@@ -186,7 +184,7 @@ def test_a_job_hung_past_its_timeout_is_killed_with_every_process_and_the_next_r
     while (left := _job_processes(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], left
-    for base in (os.path.join(af.work, "demo"), many, hung):
+    for base in (os.path.join(af.work, "demo"), hung):
         r = subprocess.run([os.path.join(BIN, "tank-log"), "repair", base], capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
         assert not [p for p in verify_path(base) if p.severity == "error"]
