@@ -215,7 +215,14 @@ def spark():
     conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")
     worker_daemon.configure(conf)  # as the jobs run
     jars.configure(conf)
-    session = SparkSession.builder.config(conf=conf).getOrCreate()
+    # this JVM lives for the whole run and does real work (Delta commits, OPTIMIZE, MERGE, streaming): unlike the
+    # short-lived drivers, it gains from the C2 compiler
+    opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    os.environ["SPARK_SUBMIT_OPTS"] = opts.replace("-XX:TieredStopAtLevel=1", "").strip()
+    try:
+        session = SparkSession.builder.config(conf=conf).getOrCreate()
+    finally:
+        os.environ["SPARK_SUBMIT_OPTS"] = opts
     session.sparkContext.setLogLevel("ERROR")
     from tank_spark.source import register
 
