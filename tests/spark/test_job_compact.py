@@ -133,18 +133,8 @@ def test_second_run_has_nothing_to_do(scenario):
     root, demo, e, b2, conf = scenario
     before = tree_digest(demo)
     report_path = str(root / "r2.json")
-    r = run_job(
-        "--data-dir",
-        demo,
-        "--data-dir",
-        e,
-        "--config",
-        conf,
-        "--broker-stopped",
-        "--report",
-        report_path,
-        where="driver",
-    )
+    args = ["--data-dir", demo, "--data-dir", e, "--config", conf, "--broker-stopped"]
+    r = run_job(*args, "--report", report_path, where="driver")
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(report_path))
     assert {p["status"] for p in report["partitions"]} == {"nothing-to-do", "skipped"}

@@ -6,9 +6,10 @@ import os
 from conftest import FIXTURES, copy_tree, data_dir, run_job_script, tree_digest
 
 
-def run_job(*args, where="driver"):
-    """The job as it runs on data this small by default (in the driver), or on Spark's executors."""
-    return run_job_script("rebuild_indexes", *args, where=where)
+def run_job(*args, **kw):
+    """The job on Spark's executors unless `where="driver"` (its default on data this small): the dry run and the
+    rerun that follow the test's real run take the driver."""
+    return run_job_script("rebuild_indexes", *args, **kw)
 
 
 def test_verify_rebuild_salvage(tmp_path):
@@ -23,13 +24,11 @@ def test_verify_rebuild_salvage(tmp_path):
         fh.write(b"\x90\x03\x01")  # a torn bundle at the end of the active segment
 
     before = tree_digest(base, include_lock=True)
-    r = run_job("--data-dir", base, "--dry-run", "--report", str(tmp_path / "dry.json"))
+    r = run_job("--data-dir", base, "--dry-run", "--report", str(tmp_path / "dry.json"), where="driver")
     assert r.returncode == 1, r.stderr[-3000:]  # the torn tail needs --salvage: not clean
     assert tree_digest(base, include_lock=True) == before
 
-    r = run_job(
-        "--data-dir", base, "--broker-stopped", "--salvage", "--report", str(tmp_path / "run.json"), where="executors"
-    )
+    r = run_job("--data-dir", base, "--broker-stopped", "--salvage", "--report", str(tmp_path / "run.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(tmp_path / "run.json"))
     parts = {(p["topic"], p["partition"]): p for p in report["partitions"]}
@@ -40,6 +39,6 @@ def test_verify_rebuild_salvage(tmp_path):
     for rel in targets:
         assert open(os.path.join(base, rel), "rb").read() == open(os.path.join(rebuilt, rel), "rb").read()
 
-    r = run_job("--data-dir", base, "--broker-stopped", "--report", str(tmp_path / "again.json"))
+    r = run_job("--data-dir", base, "--broker-stopped", "--report", str(tmp_path / "again.json"), where="driver")
     assert r.returncode == 0
     assert {p["status"] for p in json.load(open(tmp_path / "again.json"))["partitions"]} == {"clean"}

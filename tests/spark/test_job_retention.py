@@ -14,9 +14,10 @@ DAY = 86400
 OLD = 1_700_000_000  # 2023: older than every limit below
 
 
-def run_job(*args, where="driver"):
-    """The job as it runs on data this small by default (in the driver), or on Spark's executors."""
-    return run_job_script("retention", *args, where=where)
+def run_job(*args, **kw):
+    """The job on Spark's executors unless `where="driver"` (its default on data this small): the dry run and the
+    rerun that follow the test's real run take the driver."""
+    return run_job_script("retention", *args, **kw)
 
 
 def write_part(pdir, n_ro=4, per=20):
@@ -59,22 +60,14 @@ def conf(tmp_path_factory):
 
 def test_dry_run_then_real_run_then_nothing(base, conf, tmp_path):
     before = tree_digest(base, include_lock=True)
-    r = run_job("--data-dir", base, "--config", conf, "--dry-run", "--report", str(tmp_path / "dry.json"))
+    job = ["--data-dir", base, "--config", conf]
+    r = run_job(*job, "--dry-run", "--report", str(tmp_path / "dry.json"), where="driver")
     assert r.returncode == 0, r.stderr[-3000:]
     assert tree_digest(base, include_lock=True) == before  # byte-identical
     dry = json.load(open(tmp_path / "dry.json"))
     assert dry["summary"]["would_delete_segments"] == 100 * 2 + 4
 
-    r = run_job(
-        "--data-dir",
-        base,
-        "--config",
-        conf,
-        "--broker-stopped",
-        "--report",
-        str(tmp_path / "run.json"),
-        where="executors",
-    )
+    r = run_job(*job, "--broker-stopped", "--report", str(tmp_path / "run.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.load(open(tmp_path / "run.json"))
     parts = {(p["topic"], p["partition"]): p for p in report["partitions"]}
@@ -96,7 +89,7 @@ def test_dry_run_then_real_run_then_nothing(base, conf, tmp_path):
             assert len(part.ro) == 4
     assert report["summary"]["segments_deleted"] == 204
 
-    r = run_job("--data-dir", base, "--config", conf, "--broker-stopped", "--report", str(tmp_path / "again.json"))
+    r = run_job(*job, "--broker-stopped", "--report", str(tmp_path / "again.json"), where="driver")
     assert r.returncode == 0
     again = json.load(open(tmp_path / "again.json"))
     assert {p["status"] for p in again["partitions"]} == {"nothing-to-do", "skipped"}
