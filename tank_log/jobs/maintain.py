@@ -5,12 +5,14 @@ entry per partition with each step's result. Shared by `jobs/maintain.py` (Spark
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
+from tank_log.errors import PartitionLocked
 from tank_log.jobs.compaction import CompactionTask, compaction_task_for, record_cleanup_marks
 from tank_log.jobs.config import JobConfig
 from tank_log.jobs.planning import PartitionTask, select_partitions
@@ -19,6 +21,8 @@ from tank_log.maintenance.indexes import IndexJobOptions, maintain_partition
 from tank_log.maintenance.outcome import FAILING, PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.verify import check_partition
 from tank_log.storage.datadir import Partition, scan_topic
+from tank_log.storage.holders import foreign, partition_holders
+from tank_log.storage.locking import holding
 from tank_log.storage.repair import repair_partition
 
 log = logging.getLogger(__name__)
@@ -35,15 +39,17 @@ class MaintainTask(PartitionTask):
     indexes: IndexJobOptions
 
     def apply(self, part: Partition) -> dict[str, Any]:
-        steps: dict[str, dict[str, Any]] = {"repair": _repair(part, self.indexes).to_dict()}
-        if steps["repair"]["status"] in (Status.SKIPPED, *FAILING):  # held, locked or unrepairable: stop here
-            reason = f"not run: repair {steps['repair']['status']}"
-            steps.update({s: {"status": str(Status.SKIPPED), "reason": reason} for s in STEPS[1:]})
-        else:
-            for name, step in (("retention", self.retention), ("compaction", self.compaction)):
-                steps[name] = step.apply(self.load()) if isinstance(step, PartitionTask) else step
-            steps["indexes"] = maintain_partition(self.load(), self.indexes).to_dict()
-            steps["verify"] = _verify(self.load())
+        """Every step under one hold of the partition's lock (not in a dry run, which takes none): no other run comes
+        between them, and the final verify never reads a partition another run is rewriting. A partition the broker
+        holds gets no lock file: its repair step reports it skipped."""
+        lock_it = not self.indexes.dry_run and not foreign(partition_holders(part.path))
+        try:
+            with holding(part.path, "maintain") if lock_it else contextlib.nullcontext():
+                steps = self._steps(part)
+        except PartitionLocked as err:
+            log.info("maintain of %s skipped: %s", part.path, err)
+            locked = PartitionOutcome(part.topic, part.id, part.path, status=Status.SKIPPED, reason=f"locked: {err}")
+            steps = _not_run_after({"repair": locked.to_dict()})
         return {
             "topic": part.topic,
             "partition": part.id,
@@ -51,6 +57,16 @@ class MaintainTask(PartitionTask):
             "status": str(overall(steps, dry_run=self.indexes.dry_run)),
             "steps": steps,
         }
+
+    def _steps(self, part: Partition) -> dict[str, dict[str, Any]]:
+        steps: dict[str, dict[str, Any]] = {"repair": _repair(part, self.indexes).to_dict()}
+        if steps["repair"]["status"] in (Status.SKIPPED, *FAILING):  # held, locked or unrepairable: stop here
+            return _not_run_after(steps)
+        for name, step in (("retention", self.retention), ("compaction", self.compaction)):
+            steps[name] = step.apply(self.load()) if isinstance(step, PartitionTask) else step
+        steps["indexes"] = maintain_partition(self.load(), self.indexes).to_dict()
+        steps["verify"] = _verify(self.load())
+        return steps
 
     def as_dry_run(self) -> Self:
         retention, compaction = self.retention, self.compaction
@@ -72,6 +88,12 @@ def overall(steps: dict[str, dict[str, Any]], *, dry_run: bool) -> Status:
     if statuses[0] is Status.SKIPPED:
         return Status.SKIPPED
     return Status.DRY_RUN if dry_run else Status.MAINTAINED
+
+
+def _not_run_after(steps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`steps` (the repair's) with every later step skipped for the repair's status."""
+    reason = f"not run: repair {steps['repair']['status']}"
+    return {**steps, **{s: {"status": str(Status.SKIPPED), "reason": reason} for s in STEPS[1:]}}
 
 
 def _repair(part: Partition, safety: IndexJobOptions) -> PartitionOutcome:

@@ -9,6 +9,10 @@ the path, and tries again (the usual protocol for unlinked lock files). Only a r
 leaves the file; the next run takes it and removes it. The file's content (pid, host, job, start time) is only for
 humans. The broker itself takes no lock (§1.1), which is why mutations also require it to be stopped (§9).
 
+`holding` keeps a partition's lock across several steps of one run (maintain: repair, retention, compaction,
+indexes, a final verify): each step's own `PartitionLock` of it, in the same thread, then passes through, so no other
+run comes between the steps and the final verify never reads a partition another run is rewriting.
+
 `run_marker` is held open by every mutating run for its whole life: a `.tank-log.run-<pid>` file in each base path,
 unlinked as soon as it is created (so it never stays behind, not even after a SIGKILL). `storage/holders.py` tells a
 process holding a marker or a lock (or one in its process family) as another tank-log run, never as the broker.
@@ -17,6 +21,7 @@ process holding a marker or a lock (or one in its process family) as another tan
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import json
 import os
@@ -28,6 +33,8 @@ from tank_log.errors import PartitionLocked
 
 LOCK_NAME = ".tank-log.lock"
 MARK_PREFIX = ".tank-log."  # the lock files' and the run markers' names start with it
+
+_HELD: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("tank_log_held_locks", default=frozenset())
 
 
 def is_run_mark(path: str) -> bool:
@@ -49,6 +56,8 @@ class PartitionLock:
         """Raises:
         PartitionLocked: another tank-log process holds the lock (non-blocking mode).
         """
+        if os.path.realpath(self.path) in _HELD.get():  # an enclosing `holding` of this thread has it
+            return self
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -83,6 +92,22 @@ class PartitionLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def holding(partition_dir: str | os.PathLike[str], job: str) -> Iterator[None]:
+    """Hold the lock of `partition_dir` until the block ends; the block's own locks of it pass through.
+
+    Raises:
+        PartitionLocked: another tank-log run holds it.
+    """
+    lock = PartitionLock(partition_dir, job).acquire()
+    token = _HELD.set(_HELD.get() | {os.path.realpath(lock.path)})
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+        lock.release()
 
 
 def _describe(holder: str) -> str:

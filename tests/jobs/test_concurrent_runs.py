@@ -106,3 +106,27 @@ def test_the_lock_file_goes_with_its_last_holder_and_a_waiter_relocks_the_new_on
         PartitionLock(tmp_path).acquire()
     lock.release()
     assert not os.path.exists(tmp_path / LOCK_NAME)
+
+
+def test_a_hold_lets_its_own_steps_lock_the_partition_and_nobody_else(tmp_path):
+    from tank_log.storage.locking import holding
+
+    with holding(tmp_path, "maintain"):
+        with PartitionLock(tmp_path, "compact"):  # a step of the holding run, same thread: passes through
+            assert os.path.exists(tmp_path / LOCK_NAME)
+        assert os.path.exists(tmp_path / LOCK_NAME)  # the step's end does not let go of the hold
+        errors = []
+        t = threading.Thread(target=lambda: errors.append(_try_lock(tmp_path)))
+        t.start()
+        t.join(10)
+        assert errors and "another tank-log run" in errors[0] and "maintain" in errors[0]
+    assert not os.path.exists(tmp_path / LOCK_NAME)
+    PartitionLock(tmp_path).acquire().release()  # free again
+
+
+def _try_lock(path) -> str:
+    try:
+        PartitionLock(path).acquire().release()
+        return "acquired"
+    except Exception as err:
+        return str(err)

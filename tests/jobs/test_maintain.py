@@ -73,3 +73,44 @@ def test_dry_run_changes_nothing_and_a_held_partition_is_skipped_whole(tmp_path)
     assert held["status"] == "skipped" and f"pid {holder.pid}" in held["steps"]["repair"]["reason"]
     assert {s["status"] for s in held["steps"].values()} == {"skipped"}
     assert results[("profiles", 1)]["status"] == "maintained"
+
+
+def test_every_step_runs_under_one_hold_of_the_lock_and_a_locked_partition_is_skipped_whole(tmp_path, monkeypatch):
+    """No other run comes between the steps: while the final verify reads the partition, another run's lock of it
+    fails. A partition another run holds is skipped with the holder named, no step run."""
+    import threading
+
+    import tank_log.jobs.maintain as maintain
+    from tank_log.errors import PartitionLocked
+    from tank_log.storage.locking import PartitionLock
+
+    base = write_demo(str(tmp_path / "a"), now_ms=1_790_000_000_000)
+    seen = []
+    verify = maintain._verify
+
+    def verify_while_another_run_tries(part):
+        def other_run():
+            try:
+                PartitionLock(part.path, "other").acquire().release()
+                seen.append("got it")
+            except PartitionLocked as err:
+                seen.append(str(err))
+
+        t = threading.Thread(target=other_run)  # another thread: not inside this one's hold
+        t.start()
+        t.join()
+        return verify(part)
+
+    monkeypatch.setattr(maintain, "_verify", verify_while_another_run_tries)
+    results = _maintain(base)
+    assert {r["status"] for r in results} == {"maintained"}
+    assert seen and all(s.startswith("another tank-log run") and "maintain" in s for s in seen), seen
+
+    monkeypatch.setattr(maintain, "_verify", verify)
+    tasks, _ = plan_maintenance([base], {"orders"}, STOPPED, dry_run=False)
+    with PartitionLock(tasks[0].path, "other-job"):
+        entry = tasks[0].run()
+    assert entry["status"] == "skipped"
+    assert entry["steps"]["repair"]["reason"].startswith("locked: another tank-log run")
+    assert "other-job" in entry["steps"]["repair"]["reason"]
+    assert {entry["steps"][s]["reason"] for s in STEPS[1:]} == {"not run: repair skipped"}
