@@ -2,11 +2,10 @@
 [--dry-run] [--report FILE.json] [--engine deltalake|spark] [--value-format binary|utf8|json] [--value-schema DDL]
 [--partition-by cols] [--target-file-size SIZE] [--format delta|iceberg] [--catalog SQLALCHEMY_URI]"""
 
-import sys
-
 import _bootstrap  # noqa: F401
 
+from tank_log.jobs.exits import exit_process
 from tank_spark.export.job import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

@@ -4,9 +4,8 @@ python -m tank_spark.entry_points.maintain --help
 spark-submit $(tank-log job-path maintain) ...
 """
 
-import sys
-
+from tank_log.jobs.exits import exit_process
 from tank_spark.maintain import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

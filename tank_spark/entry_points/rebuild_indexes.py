@@ -4,9 +4,8 @@ python -m tank_spark.entry_points.rebuild_indexes --help
 spark-submit $(tank-log job-path rebuild_indexes) ...
 """
 
-import sys
-
+from tank_log.jobs.exits import exit_process
 from tank_spark.rebuild_indexes import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

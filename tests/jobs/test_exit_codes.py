@@ -95,3 +95,38 @@ def test_a_stop_while_a_job_sets_up_is_an_interruption_not_a_crash(tmp_path):
     assert "Traceback" not in r.stderr and "setup-stop: interrupted" in r.stderr
     report = json.loads(report_path.read_text())
     assert report["status"] == "interrupted" and report["partitions"] == []
+
+
+EXITING = """
+import atexit, sys, threading, time
+from tank_log.jobs.exits import exit_process
+
+class Teardown:
+    def __del__(self):  # a module global: deleted only in the interpreter's teardown
+        print("teardown", flush=True)
+
+kept = Teardown()
+atexit.register(lambda: print("exit handler"))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+sys.stdout.write("buffered ")  # not flushed yet
+exit_process(2) if sys.argv[1] == "exit_process" else sys.exit(2)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit_process", "sys.exit"])
+def test_a_job_process_ends_as_python_does_but_skips_the_teardown(how):
+    """A job's process (jobs/*.py) ends with its code after its threads, its exit handlers and its output, as
+    `sys.exit` does; only the interpreter's teardown, where an Arrow thread can abort the process, is not run."""
+    r = subprocess.run([sys.executable, "-c", EXITING, how], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    teardown = "teardown\n" if how == "sys.exit" else ""
+    assert r.stdout == "buffered thread done\nexit handler\n" + teardown
+
+
+def test_every_job_script_ends_its_process_with_exit_process():
+    scripts = [os.path.join(ROOT, "jobs", f) for f in os.listdir(os.path.join(ROOT, "jobs")) if f[0] != "_"]
+    entry_points = os.path.join(ROOT, "tank_spark", "entry_points")
+    scripts += [os.path.join(entry_points, f) for f in os.listdir(entry_points) if f[0] != "_"]
+    for script in scripts:
+        with open(script) as f:
+            assert "exit_process(main())" in f.read(), script
