@@ -229,6 +229,8 @@ def spark():
     register(session)
     yield session
     session.stop()
+    # py4j's objects still collected at exit talk to a JVM that is gone, and log it at INFO to streams pytest closed
+    logging.getLogger("py4j").setLevel(logging.ERROR)
 
 
 def pytest_configure(config):
