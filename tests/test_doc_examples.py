@@ -188,7 +188,10 @@ def test_doc_page_examples_run(page, tmp_path):
     text = Path(ROOT, page).read_text(encoding="utf-8")
     configs = _configs(page, scratch)
     done: set[str] = set()
-    for n, b in enumerate(b for b in ALL if b.page == page and b.kind == "run"):
+    spark_code: list[str] = []
+    spark_lines: list[str] = []
+    blocks = [b for b in ALL if b.page == page and b.kind == "run"]
+    for n, b in enumerate(blocks):
         _setup(scratch, text, b.options, done)
         code = _mapped(b.code, scratch)
         for name, path in configs.items():
@@ -196,10 +199,14 @@ def test_doc_page_examples_run(page, tmp_path):
         what = f"{page}:{b.line}"
         if b.lang in ("bash", "sh"):
             _run(["bash", "-e", "-c", code], what, ROOT)
-        elif "spark" in b.options:
-            script = scratch / f"block{n}.py"
-            script.write_text(SPARK_PREAMBLE + code + "\nspark.stop()\n")
-            _run([sys.executable, str(script)], what, str(scratch))
+        elif "spark" in b.options:  # a run of Spark blocks shares one session (one JVM start, ~15 s here)
+            spark_code.append(f"print('block at line {b.line}', file=sys.stderr)\n" + code)
+            spark_lines.append(str(b.line))
+            if n + 1 == len(blocks) or "spark" not in blocks[n + 1].options:
+                script = scratch / f"block{n}.py"
+                script.write_text(SPARK_PREAMBLE + "\n".join(spark_code) + "\nspark.stop()\n")
+                _run([sys.executable, str(script)], f"{page}:{','.join(spark_lines)}", str(scratch))
+                spark_code, spark_lines = [], []
         else:
             script = scratch / f"block{n}.py"
             script.write_text(code)
@@ -208,6 +215,7 @@ def test_doc_page_examples_run(page, tmp_path):
 
 SPARK_PREAMBLE = textwrap.dedent(
     """\
+    import sys
     from pyspark.sql import SparkSession
     spark = (
         SparkSession.builder.master("local[2]")
