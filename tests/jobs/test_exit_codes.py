@@ -108,6 +108,9 @@ class Teardown:
 kept = Teardown()
 atexit.register(lambda: print("exit handler"))
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(2)  # left open: its idle workers wait for work until told to stop
+pool.submit(time.sleep, 0)
 sys.stdout.write("buffered ")  # not flushed yet
 exit_process(2) if sys.argv[1] == "exit_process" else sys.exit(2)
 """
@@ -115,9 +118,10 @@ exit_process(2) if sys.argv[1] == "exit_process" else sys.exit(2)
 
 @pytest.mark.parametrize("how", ["exit_process", "sys.exit"])
 def test_a_job_process_ends_as_python_does_but_skips_the_teardown(how):
-    """A job's process (jobs/*.py) ends with its code after its threads, its exit handlers and its output, as
-    `sys.exit` does; only the interpreter's teardown, where an Arrow thread can abort the process, is not run."""
-    r = subprocess.run([sys.executable, "-c", EXITING, how], capture_output=True, text=True, timeout=60)
+    """A job's process (jobs/*.py) ends with its code after its threads (a thread pool left open too), its exit
+    handlers and its output, as `sys.exit` does; only the interpreter's teardown, where an Arrow thread can abort the
+    process, is not run."""
+    r = subprocess.run([sys.executable, "-c", EXITING, how], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     teardown = "teardown\n" if how == "sys.exit" else ""
     assert r.stdout == "buffered thread done\nexit handler\n" + teardown
