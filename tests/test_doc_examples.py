@@ -23,6 +23,7 @@ server).
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -188,29 +189,31 @@ def test_doc_page_examples_run(page, tmp_path):
     text = Path(ROOT, page).read_text(encoding="utf-8")
     configs = _configs(page, scratch)
     done: set[str] = set()
-    spark_code: list[str] = []
-    spark_lines: list[str] = []
-    blocks = [b for b in ALL if b.page == page and b.kind == "run"]
-    for n, b in enumerate(blocks):
+
+    def code_of(b: Block) -> str:
         _setup(scratch, text, b.options, done)
         code = _mapped(b.code, scratch)
         for name, path in configs.items():
             code = code.replace(name, path)
-        what = f"{page}:{b.line}"
-        if b.lang in ("bash", "sh"):
-            _run(["bash", "-e", "-c", code], what, ROOT)
-        elif "spark" in b.options:  # a run of Spark blocks shares one session (one JVM start, ~15 s here)
-            spark_code.append(f"print('block at line {b.line}', file=sys.stderr)\n" + code)
-            spark_lines.append(str(b.line))
-            if n + 1 == len(blocks) or "spark" not in blocks[n + 1].options:
-                script = scratch / f"block{n}.py"
-                script.write_text(SPARK_PREAMBLE + "\n".join(spark_code) + "\nspark.stop()\n")
-                _run([sys.executable, str(script)], f"{page}:{','.join(spark_lines)}", str(scratch))
-                spark_code, spark_lines = [], []
-        else:
-            script = scratch / f"block{n}.py"
-            script.write_text(code)
-            _run([sys.executable, str(script)], what, str(scratch))
+        return code
+
+    blocks = [b for b in ALL if b.page == page and b.kind == "run"]
+    for spark, run in itertools.groupby(blocks, key=lambda b: b.lang not in ("bash", "sh") and "spark" in b.options):
+        group = list(run)
+        if spark:  # consecutive Spark blocks share one session (one JVM start: ~15 s a block)
+            code = "\n".join(f"print('block at line {b.line}', file=sys.stderr)\n{code_of(b)}" for b in group)
+            script = scratch / f"block{group[0].line}.py"
+            script.write_text(SPARK_PREAMBLE + code + "\nspark.stop()\n")
+            _run([sys.executable, str(script)], f"{page}:{','.join(str(b.line) for b in group)}", str(scratch))
+            continue
+        for b in group:
+            code, what = code_of(b), f"{page}:{b.line}"
+            if b.lang in ("bash", "sh"):
+                _run(["bash", "-e", "-c", code], what, ROOT)
+            else:
+                script = scratch / f"block{b.line}.py"
+                script.write_text(code)
+                _run([sys.executable, str(script)], what, str(scratch))
 
 
 SPARK_PREAMBLE = textwrap.dedent(
