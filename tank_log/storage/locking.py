@@ -56,7 +56,8 @@ class PartitionLock:
         """Raises:
         PartitionLocked: another tank-log process holds the lock (non-blocking mode).
         """
-        if os.path.realpath(self.path) in _HELD.get():  # an enclosing `holding` of this thread has it
+        held = _HELD.get()
+        if held and os.path.realpath(self.path) in held:  # an enclosing `holding` of this thread has it
             return self
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
