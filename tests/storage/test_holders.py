@@ -2,6 +2,7 @@
 an index mapped, a command line naming the base path. Each makes the mutation skip the partition (even with
 --broker-stopped) and leave every byte; dry runs report it and proceed; once the process exits, the job proceeds."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -97,3 +98,23 @@ def test_the_spark_driver_of_this_task_is_ours_on_its_host(profiles0):
             assert [h.pid for h in partition_holders(part.path)] == [driver.pid]
     finally:
         driver.kill()
+
+
+def test_a_mapped_index_is_found_under_any_directory_name_and_only_there(tmp_path):
+    """A base path with a newline in its name (`maps` writes it as `\\012`) still finds the process mapping one of
+    its indexes; partition 1 is not held by a process mapping partition 10's index (the same leading characters)."""
+    from tank_log.format.bundle import Message
+    from tank_log.storage.partition_writer import write_partition
+
+    base = str(tmp_path / "odd\nbase")
+    msgs = [Message(s, 1_700_000_000_000 + s, b"k", b"v%d" % s) for s in range(1, 41)]
+    for pid in (1, 10):
+        write_partition(os.path.join(base, "t", str(pid)), msgs, segment_bytes=200)
+    index10 = sorted(glob.glob(os.path.join(base, "t", "10", "*.index")))[0]
+    proc = Detached([sys.executable, "-c", HOLD["mmap"]], dict(os.environ, HOLD=os.path.realpath(index10)))
+    try:
+        (held,) = partition_holders(os.path.join(base, "t", "10"))
+        assert held.pid == proc.pid and held.how.startswith("maps ") and "\n" not in held.how
+        assert partition_holders(os.path.join(base, "t", "1")) == []
+    finally:
+        proc.kill()
