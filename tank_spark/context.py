@@ -87,7 +87,7 @@ def spark_context(ctx: JobContext, *, delta: bool = False) -> SparkContext:
     jobs that only run tasks (compact, retention, rebuild, maintain) need no SparkSession: creating one costs ~3 s
     more per run (bench/RESULTS.md). With `delta`, the driver loads Delta's jars (`jars.configure`: those
     scripts/setup.sh fetched) and Delta's SQL extension and catalog; only the runs that use Delta through Spark ask
-    for them (the jars on a local driver's classpath keep it from mapping the class archive: ~4 s more)."""
+    for them, in its class loader once its JVM runs (`jars.configure`: the class archive still maps)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # local mode: workers run this interpreter
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark import SparkConf, SparkContext
@@ -106,9 +106,9 @@ def spark_context(ctx: JobContext, *, delta: bool = False) -> SparkContext:
     worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
     if not under_spark_submit:
         class_archive.use_default(conf)  # ~4 s less start-up once the host's archive is built
-    if delta:
-        jars.configure(conf, submitted=under_spark_submit)
     _launch_jvm(conf, under_spark_submit)  # the JVM (local runs) is launched with these settings
+    if delta:
+        jars.configure(conf, jvm_running=True)
     jvm = SparkContext._jvm
     assert jvm is not None
     log4j = jvm.org.apache.logging.log4j  # before the context starts: its start-up lines obey the level too

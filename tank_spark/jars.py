@@ -56,16 +56,18 @@ def has_delta(paths: list[str]) -> bool:
     return any(os.path.basename(p).startswith("delta-spark_") for p in paths)
 
 
-def configure(conf: SparkConf, *, submitted: bool = False) -> bool:
+def configure(conf: SparkConf, *, jvm_running: bool = False) -> bool:
     """Load the jars in this run's driver and executors, and when delta-spark is among them turn on Delta's SQL
     extension and catalog (unless the configuration chose others). Return whether delta-spark is loaded.
 
-    A driver this process launches in local mode gets them on its classpath (`spark.driver.extraClassPath`: its
-    executors are in its JVM; `spark.jars` would copy every jar, the AWS SDK's 700 MB too, into each run's temporary
-    folder); with a cluster master, `spark.jars` (spark-submit adds them to the driver and ships them to executors).
-    A driver spark-submit launched (`submitted`: its JVM runs already) gets them in its class loader, and its
-    executors through `spark.jars`. Jars the submission chose itself (a delta-spark jar in `spark.jars`, Delta in
-    `spark.jars.packages`) are left as they are."""
+    A driver whose JVM runs already (`jvm_running`: spark-submit's, or the one a job launched before creating its
+    SparkContext) gets them in its class loader. Its classpath stays the one the class archive was built with
+    (`tank_spark.class_archive`), so it still maps the archive: a driver with the jars on its classpath cannot, and
+    starts ~5 s slower. A driver not yet launched gets them on its classpath in local mode
+    (`spark.driver.extraClassPath`: its executors are in its JVM; `spark.jars` would copy every jar, the AWS SDK's
+    700 MB too, into each run's temporary folder). With a cluster master, `spark.jars` also ships them to the
+    executors. Jars the submission chose itself (a delta-spark jar in `spark.jars`, Delta in `spark.jars.packages`)
+    are left as they are."""
     paths = jars()
     chosen = [j for j in (conf.get("spark.jars") or "").split(",") if j]
     if has_delta(chosen) or "io.delta:" in (conf.get("spark.jars.packages") or ""):
@@ -73,12 +75,12 @@ def configure(conf: SparkConf, *, submitted: bool = False) -> bool:
     elif not paths:
         return False
     local = (conf.get("spark.master") or "local").startswith("local")
-    if submitted:
+    if paths and jvm_running:
         _add_to_driver(paths)
-    if paths and local and not submitted:
+    elif paths and local:
         cp = [c for c in (conf.get("spark.driver.extraClassPath") or "").split(os.pathsep) if c]
         conf.set("spark.driver.extraClassPath", os.pathsep.join([*cp, *(p for p in paths if p not in cp)]))
-    elif paths and not local:
+    if paths and not local:
         conf.set("spark.jars", ",".join([*chosen, *(p for p in paths if p not in chosen)]))
     if not conf.contains("spark.sql.extensions"):
         conf.set("spark.sql.extensions", DELTA_EXTENSION)
@@ -91,9 +93,10 @@ def configure(conf: SparkConf, *, submitted: bool = False) -> bool:
 
 
 def _add_to_driver(paths: list[str]) -> None:
-    """Add jars to the class loader of a running driver JVM (spark-submit's: a `MutableURLClassLoader` for the
-    submission's own jars, the context class loader of the threads PySpark calls in through, which is where Spark
-    looks up data sources, SQL extensions and catalogs)."""
+    """Add jars to the class loader of a running driver JVM. spark-submit starts every driver JVM, PySpark's own too,
+    with a `MutableURLClassLoader` for the submission's jars as the context class loader of the threads PySpark
+    calls in through: where Spark looks up data sources, SQL extensions and catalogs, and, in local mode, the parent
+    of the executors' class loader."""
     from pyspark import SparkContext
 
     jvm = SparkContext._jvm

@@ -203,7 +203,7 @@ def spark():
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
     from tank_spark import jars, worker_daemon
@@ -214,15 +214,16 @@ def spark():
     # Delta's VACUUM lists a table in this many tasks (default 10,000: 85 s of a 2-core machine for 4 files; 12 s)
     conf.set("spark.sql.sources.parallelPartitionDiscovery.parallelism", "4")
     worker_daemon.configure(conf)  # as the jobs run
-    jars.configure(conf)
     # this JVM lives for the whole run and does real work (Delta commits, OPTIMIZE, MERGE, streaming): unlike the
     # short-lived drivers, it gains from the C2 compiler
     opts = os.environ.get("SPARK_SUBMIT_OPTS", "")
     os.environ["SPARK_SUBMIT_OPTS"] = opts.replace("-XX:TieredStopAtLevel=1", "").strip()
     try:
-        session = SparkSession.builder.config(conf=conf).getOrCreate()
+        SparkContext._ensure_initialized(conf=conf)  # the JVM first, as the jobs do: it maps the class archive
     finally:
         os.environ["SPARK_SUBMIT_OPTS"] = opts
+    jars.configure(conf, jvm_running=True)
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
     from tank_spark.source import register
 

@@ -36,21 +36,24 @@ def test_a_driver_loads_its_classes_from_the_archive(tmp_path):
 JOB_DRIVER = """
 import sys
 from tank_log.jobs.config import JobConfig
-from tank_spark.context import JobContext, spark_context
-sc = spark_context(JobContext("check", JobConfig(), ("/tmp",), None, False, None, "local[1]"))
-maps = open(f"/proc/{sc._gateway.proc.pid}/maps").read()
+from tank_spark.context import JobContext, spark_session
+spark = spark_session(JobContext("check", JobConfig(), ("/tmp",), None, False, None, "local[1]"), delta=True)
+spark.range(3).write.format("delta").save(sys.argv[2])  # Delta's jars, loaded after the JVM started
+assert spark.read.format("delta").load(sys.argv[2]).count() == 3
+maps = open(f"/proc/{spark.sparkContext._gateway.proc.pid}/maps").read()
 print("mapped" if sys.argv[1] in maps else "not mapped")
-sc.stop()
+spark.stop()
 """
 
 
 def test_a_job_driver_maps_the_hosts_archive_by_itself_unless_turned_off(tmp_path):
+    """Also one that loads Delta's jars: they go into its class loader, its classpath stays the archive's."""
     archive = default_path()
     opts = " ".join(o for o in os.environ["SPARK_SUBMIT_OPTS"].split() if "SharedArchiveFile" not in o)
     env = dict(os.environ, SPARK_SUBMIT_OPTS=opts, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
     for setting, want in (("", "mapped"), ("off", "not mapped")):
         run = subprocess.run(
-            [sys.executable, "-c", JOB_DRIVER, archive],
+            [sys.executable, "-c", JOB_DRIVER, archive, str(tmp_path / f"table-{setting}")],
             capture_output=True,
             text=True,
             timeout=300,
