@@ -230,8 +230,11 @@ def spark():
     register(session)
     yield session
     session.stop()
-    # py4j's objects still collected at exit talk to a JVM that is gone, and log it at INFO to streams pytest closed
+    # py4j's objects still collected at exit talk to a JVM that is gone, and log it at INFO to streams pytest closed:
+    # through its own logger, and through the root logger (`logging.info` in py4j.java_gateway), which a job run in
+    # this process may have set to INFO
     logging.getLogger("py4j").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
 
 
 def pytest_configure(config):
