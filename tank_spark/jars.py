@@ -75,13 +75,14 @@ def configure(conf: SparkConf, *, jvm_running: bool = False) -> bool:
     elif not paths:
         return False
     local = (conf.get("spark.master") or "local").startswith("local")
-    if paths and jvm_running:
-        _add_to_driver(paths)
-    elif paths and local:
-        cp = [c for c in (conf.get("spark.driver.extraClassPath") or "").split(os.pathsep) if c]
-        conf.set("spark.driver.extraClassPath", os.pathsep.join([*cp, *(p for p in paths if p not in cp)]))
-    if paths and not local:
-        conf.set("spark.jars", ",".join([*chosen, *(p for p in paths if p not in chosen)]))
+    if paths:
+        if jvm_running:
+            _add_to_driver(paths)
+        elif local:
+            cp = [c for c in (conf.get("spark.driver.extraClassPath") or "").split(os.pathsep) if c]
+            conf.set("spark.driver.extraClassPath", os.pathsep.join([*cp, *(p for p in paths if p not in cp)]))
+        if not local:
+            conf.set("spark.jars", ",".join([*chosen, *(p for p in paths if p not in chosen)]))
     if not conf.contains("spark.sql.extensions"):
         conf.set("spark.sql.extensions", DELTA_EXTENSION)
     if not conf.contains("spark.sql.catalog.spark_catalog"):

@@ -93,11 +93,12 @@ def holders(directories: Iterable[str | os.PathLike[str]], *, names: Iterable[st
         return []
     parents = _parents()
     ours = _ours(parents)
+    in_maps = _as_in_maps(dirs)
     out = []
     for pid in parents:
         if pid in ours:
             continue
-        how = _named_by_command(pid, dirs, exact) or _open_under(pid, dirs) or _mapped_under(pid, dirs)
+        how = _named_by_command(pid, dirs, exact) or _open_under(pid, dirs) or _mapped_under(pid, in_maps)
         if how:
             out.append(Holder(pid, _command(pid), how, _in_tank_log_run(pid, parents)))
     return out
@@ -146,12 +147,17 @@ def _real(path: str | os.PathLike[str]) -> str:
 
 
 def _under(path: str, dirs: list[str]) -> bool:
-    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+    return path in dirs or path.startswith(_prefixes(dirs))
 
 
 def _prefixes(dirs: list[str]) -> tuple[str, ...]:
-    """What a path at or under one of `dirs` starts with (each directory's path and a slash)."""
+    """What a path under one of `dirs` starts with (each directory's path and a slash)."""
     return tuple(d.rstrip("/") + "/" for d in dirs)
+
+
+def _as_in_maps(dirs: list[str]) -> tuple[bytes, ...]:
+    """`_prefixes` as `/proc/<pid>/maps` writes paths: bytes, a newline as `\\012`."""
+    return tuple(os.fsencode(p.replace("\n", "\\012")) for p in _prefixes(dirs))
 
 
 def _parents() -> dict[int, int]:
@@ -242,17 +248,16 @@ def _open_under(pid: int, dirs: list[str]) -> str | None:
     return None
 
 
-def _mapped_under(pid: int, dirs: list[str]) -> str | None:
-    """The first file under `dirs` that process `pid` maps. `maps` names each mapped file by its absolute path, with
-    a newline written as `\\012`: a process whose `maps` does not contain the (so written) path of one of the
-    directories maps nothing under them, and one search of the whole text rules out most processes (a JVM maps
-    thousands of files: parsing every line of every process took ~1 ms per process per partition)."""
+def _mapped_under(pid: int, prefixes: tuple[bytes, ...]) -> str | None:
+    """The first file process `pid` maps under the directories of `prefixes` (`_as_in_maps`). `maps` names each
+    mapped file by its absolute path: a process whose `maps` contains none of the prefixes maps nothing under them,
+    and one search of the whole text rules out most processes (a JVM maps thousands of files: parsing every line of
+    every process took ~1 ms per process per partition)."""
     try:
         with open(f"{PROC}/{pid}/maps", "rb") as fh:
             text = fh.read()
     except OSError:
         return None
-    prefixes = tuple(os.fsencode(p.replace("\n", "\\012")) for p in _prefixes(dirs))
     if not any(p in text for p in prefixes):
         return None
     for line in text.split(b"\n"):
