@@ -10,4 +10,6 @@ bash scripts/setup.sh
 site=$(mktemp -d)  # the docs site: a broken link, a missing page or a failing reference generator fails the run
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet -d "$site"
 rm -rf "$site"
-.venv/bin/python -m pytest "$@"
+# two workers (TANK_LOG_TEST_WORKERS; 0 for one process): most tests wait on real processes about half the time, so
+# a second worker fills the idle core; each steals tests from the other when it runs out
+.venv/bin/python -m pytest -n "${TANK_LOG_TEST_WORKERS:-2}" --dist worksteal "$@"

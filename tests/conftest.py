@@ -18,6 +18,8 @@ import pytest
 
 from tank_log.tools import standin_broker as standin_module
 
+pytest_plugins = ["run_locks"]  # tests marked `alone` run with no other test beside them
+
 logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientserver connection" after pytest exits
 
 # Every Spark driver JVM the tests start (in process, job subprocesses, spark-submit) compiles with C1 only: it only

@@ -149,6 +149,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.alone  # the healthy rerun must finish within the timeout the hung one runs past
 def test_a_job_hung_past_its_timeout_is_killed_with_every_process_and_the_next_run_succeeds(airflow):
     """The compaction's driver and its workers hang mid-run (SIGSTOP, as on a stuck disk): Airflow's
     execution_timeout kills spark-submit, and the driver and its workers die with it within seconds. `tank-log

@@ -18,6 +18,8 @@ from tank_log.maintenance.verify import verify_path
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 GONE_WITHIN_S = 2.0
 
+pytestmark = pytest.mark.alone  # "within 2 s" is measured with no other test beside it
+
 
 def _children(pid: int) -> list[int]:
     try:

@@ -74,6 +74,7 @@ def test_a_worker_that_dies_fails_the_run_with_a_clear_error_and_no_hang():
     assert time.monotonic() - t0 < 30
 
 
+@pytest.mark.alone  # timed in fractions of a second
 def test_ctrl_c_drains_the_running_partition_and_starts_no_new_one():
     """SIGINT to the driver's main thread while the first partition runs: it finishes, the others are reported
     interrupted, none of them started (each would take 0.4 s)."""
