@@ -5,7 +5,7 @@ finish within it, processes gone within 2 s of their driver. Beside another work
 
 Every test holds the run's gate file shared, an `alone` test holds it exclusively (`flock`). Both pass a turnstile
 file first, and an `alone` test keeps it while it waits and runs, so once it waits, the other worker starts nothing
-new. The controller (or the one process) makes the lock files' directory and removes it at the end.
+new. The controller makes the lock files' directory and removes it at the end.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MADE = pytest.StashKey[str]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: times real processes against deadlines; no other test runs beside it")
-    if not hasattr(config, "workerinput"):
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):  # the controller
         os.environ[ENV] = config.stash[MADE] = tempfile.mkdtemp(prefix="tank-log-tests-")
 
 
