@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from conftest import HERE
+from run_locks import ENV
 
 TESTS = """
 import json, os, time
@@ -38,7 +39,7 @@ def test_an_alone_test_runs_with_nothing_beside_it_and_the_others_side_by_side(t
     spans, tmp = tmp_path / "spans", tmp_path / "tmp"
     spans.mkdir()
     tmp.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("TANK_LOG_TEST_LOCKS", "PYTEST_XDIST_WORKER")}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV, "PYTEST_XDIST_WORKER")}
     env.update(PYTHONPATH=HERE, SPANS=str(spans), TMPDIR=str(tmp))
     r = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "load", "t"],
