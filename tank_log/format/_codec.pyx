@@ -154,7 +154,6 @@ cdef enum:
     R_BUDGET = 4
     R_ERROR = 5
     # bundle flags (§3.3) and message flags (§3.5): the same values as bundle.py
-    SPARSE = 0x40
     RESERVED = 0x80
     SIMPLE_MASK = 0xC2
     HAVE_KEY = 0x01
@@ -162,7 +161,6 @@ cdef enum:
     SEQ_PREV_PLUS_ONE = 0x04
     UNKNOWN_MESSAGE_FLAGS = 0xF8
     MIN_MESSAGE_BYTES = 2
-    PAD = 512  # decode.py's padding after the last message set
     # Raw Snappy blocks of up to this many bytes are decoded by tl_snappy_raw (codecs.BlockCodec.raw_snappy), larger
     # ones by the codec's decompress_into: a call costs ~1 µs, more than decoding a one-message set, while on sets
     # of ~12 KB cramjam's decoder is faster than this one (bench/RESULTS.md, "Scan into Arrow")
@@ -388,8 +386,6 @@ cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, t
     zero bytes (plain sets only: the walked bundles copied whole, as decode._walk does). None when a block does not
     decompress to its claimed length; *nrows is then that row's index."""
     cdef Py_ssize_t i, n = nrows[0], total = 0, at = 0, ln, lo
-    cdef uint8_t codec
-    cdef int rc
     cdef bint packed = False
     for i in range(n):
         total += rows[i].set_len
@@ -414,27 +410,51 @@ cdef object _gather(Row *rows, Py_ssize_t *nrows, const uint8_t *b, object mv, t
     cdef object dst = PyMemoryView_FromMemory(o, total + PAD, PyBUF_WRITE)  # the new bytes is ours until returned
     for i in range(n):
         ln = rows[i].set_len
-        codec = rows[i].flags & 0x03
         st[i] = at
-        if codec == 0:
-            memcpy(o + at, b + rows[i].set_off, ln)
-        elif codecs[codec][2] and ln <= SNAPPY_HERE_MAX:  # a small raw Snappy block: decoded here
-            with nogil:
-                rc = tl_snappy_raw(b + rows[i].set_off, rows[i].end - rows[i].set_off, <uint8_t *>o + at, ln)
-            if rc:
-                nrows[0] = i
-                return None
-        else:
-            try:
-                written = codecs[codec][0](mv[rows[i].set_off:rows[i].end], dst[at:at + ln])
-            except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
-                written = -1
-            if written != ln:
-                nrows[0] = i
-                return None
+        if unpack_set(b, rows[i].set_off, rows[i].end, rows[i].flags, ln, codecs, mv, <uint8_t *>o, at, dst):
+            nrows[0] = i
+            return None
         at += ln
         en[i] = at
     return out, starts, ends
+
+
+cdef int set_length(const uint8_t *b, Py_ssize_t set_off, Py_ssize_t end, uint8_t flags, int64_t count,
+                    tuple codecs, Py_ssize_t *length) except -1:
+    """The uncompressed length of a walked bundle's message set at [set_off, end) of b into *length; 1 when its
+    codec is not in `codecs` or its Snappy block claims an impossible length (checked before anything is
+    allocated)."""
+    cdef uint8_t codec = flags & 0x03
+    cdef uint32_t claim = 0
+    if not codec:
+        length[0] = end - set_off
+        return 0
+    if codecs[codec] is None or _bad_claim(b, set_off, end, count, codecs[codec][1], &claim):
+        return 1
+    length[0] = claim
+    return 0
+
+
+cdef int unpack_set(const uint8_t *b, Py_ssize_t set_off, Py_ssize_t end, uint8_t flags, Py_ssize_t length,
+                    tuple codecs, object src, uint8_t *out, Py_ssize_t at, object out_view) except -1:
+    """A walked bundle's message set at [set_off, end) of b into out[at:at + length]: copied, or decompressed to
+    exactly `length` bytes (`set_length`); 1 when it does not decompress to that. `src` is a memoryview of b and
+    `out_view` a writable one of out, for a codec's decompress_into."""
+    cdef uint8_t codec = flags & 0x03
+    cdef uint8_t *dst = out + at
+    cdef int rc
+    if codec == 0:
+        memcpy(dst, b + set_off, length)
+        return 0
+    if codecs[codec][2] and length <= SNAPPY_HERE_MAX:  # a small raw Snappy block: decoded here
+        with nogil:
+            rc = tl_snappy_raw(b + set_off, end - set_off, dst, length)
+        return 1 if rc else 0
+    try:
+        written = codecs[codec][0](src[set_off:end], out_view[at:at + length])
+    except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
+        written = -1
+    return 0 if written == length else 1
 
 
 def snappy_raw_into(const uint8_t[::1] block, uint8_t[::1] out) -> bool:
@@ -482,8 +502,7 @@ def collect(object data, const int64_t[::1] offsets, const int64_t[::1] ends, co
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t n = counts.shape[0], size = view.shape[0], i
     cdef const uint8_t *b = &view[0] if size else NULL
-    cdef uint32_t claim = 0
-    cdef uint8_t codec
+    cdef Py_ssize_t length = 0
     cdef Row *rows = <Row *>PyMem_Malloc((n + 1) * sizeof(Row))
     if rows == NULL:
         raise MemoryError()
@@ -496,13 +515,9 @@ def collect(object data, const int64_t[::1] offsets, const int64_t[::1] ends, co
             rows[i].set_off = set_offsets[i]
             rows[i].count = counts[i]
             rows[i].flags = flags[i]
-            codec = flags[i] & 0x03
-            if codec:
-                if codecs[codec] is None or _bad_claim(b, set_offsets[i], ends[i], counts[i], codecs[codec][1], &claim):
-                    return i
-                rows[i].set_len = claim
-            else:
-                rows[i].set_len = ends[i] - set_offsets[i]
+            if set_length(b, set_offsets[i], ends[i], flags[i], counts[i], codecs, &length):
+                return i
+            rows[i].set_len = length
         gathered = _gather(rows, &n, b, memoryview(data), codecs)
         return n if gathered is None else gathered
     finally:
@@ -517,100 +532,104 @@ def decode(object data, const int64_t[::1] set_starts, const int64_t[::1] set_en
            const uint8_t[::1] bundle_flags, const uint64_t[::1] firsts, const uint64_t[::1] lasts):
     """Decode every message of the collected bundles (§3.5, seqs per §3.6) like decode._decode_pure. Returns
     (seq, ts, key_off, key_len, val_off, val_len, bundle), or None when a message set is malformed (the pure
-    decoder then names the error). `data` ends with PAD bytes of padding after the last message set: a message's
-    fields are read before its end is checked, as the pure decoder does."""
+    decoder then names the error). `data` ends with PAD bytes of padding after the last message set (`parse_set`)."""
     cdef const uint8_t[::1] view = data
     cdef Py_ssize_t size = view.shape[0]
     cdef const uint8_t *buf = &view[0] if size else NULL
     cdef Py_ssize_t nb = counts.shape[0], b, total = 0, out = 0, p, end
     cdef int64_t i, n
-    cdef uint64_t seq = 0, prev_seq, ts, prev_ts, first, last
-    cdef uint32_t delta = 0, vlen = 0
-    cdef uint8_t f, kl
-    cdef bint sparse, bad = False
+    cdef bint bad = False
     for b in range(nb):
         total += counts[b]
     seq_a = np.empty(total, np.uint64)
     ts_a = np.empty(total, np.uint64)
-    koff_a = np.full(total, -1, np.int64)
-    klen_a = np.zeros(total, np.int64)
+    koff_a = np.empty(total, np.int64)
+    klen_a = np.empty(total, np.int64)
     voff_a = np.empty(total, np.int64)
     vlen_a = np.empty(total, np.int64)
     bundle_a = np.empty(total, np.int64)
     cdef uint64_t[::1] seq_o = seq_a, ts_o = ts_a
     cdef int64_t[::1] koff_o = koff_a, klen_o = klen_a, voff_o = voff_a, vlen_o = vlen_a, bundle_o = bundle_a
+    if total == 0:
+        return seq_a, ts_a, koff_a, klen_a, voff_a, vlen_a, bundle_a
     with nogil:
         for b in range(nb):
             p = set_starts[b]
             end = set_ends[b]
             n = counts[b]
-            sparse = (bundle_flags[b] & SPARSE) != 0
-            first = firsts[b]
-            last = lasts[b]
-            if p < 0 or p > end or end > size - PAD:
+            if p < 0 or p > end or end > size - PAD or n < 0 or out + n > total:
                 bad = True
                 break
-            prev_seq = first
-            prev_ts = 0
+            if parse_set(buf, p, end, n, (bundle_flags[b] & SPARSE) != 0, firsts[b], lasts[b], &seq_o[out],
+                         &ts_o[out], &koff_o[out], &klen_o[out], &voff_o[out], &vlen_o[out]):
+                bad = True
+                break
             for i in range(n):
-                if p >= end:  # message count exceeds the messages in the set
-                    bad = True
-                    break
-                f = buf[p]
-                if f & UNKNOWN_MESSAGE_FLAGS:
-                    bad = True
-                    break
-                p += 1
-                if i == 0:
-                    seq = first
-                else:
-                    seq = prev_seq + 1
-                    if sparse and i == n - 1:
-                        seq = last
-                        if last <= prev_seq:
-                            bad = True
-                            break
-                    elif sparse:
-                        if not f & SEQ_PREV_PLUS_ONE:
-                            if read_varint(buf, p, p + 5, &delta, &p):
-                                bad = True
-                                break
-                            seq = seq + delta
-                        if seq >= last or seq <= prev_seq:
-                            bad = True
-                            break
-                if f & USE_LAST_TS:
-                    ts = prev_ts if i else 0
-                else:
-                    ts = tl_load_u64(buf + p)
-                    p += 8
-                if f & HAVE_KEY:
-                    kl = buf[p]
-                    if kl:
-                        koff_o[out] = p + 1
-                        klen_o[out] = kl
-                    p += 1 + kl
-                if read_varint(buf, p, p + 5, &vlen, &p):
-                    bad = True
-                    break
-                voff_o[out] = p
-                vlen_o[out] = vlen
-                p += vlen
-                if p > end:  # message runs past the end of its message set
-                    bad = True
-                    break
-                seq_o[out] = seq
-                ts_o[out] = ts
-                bundle_o[out] = b
-                out += 1
-                prev_seq = seq
-                prev_ts = ts
-            if bad or p != end:  # p != end: bytes left over
-                bad = True
-                break
+                bundle_o[out + i] = b
+            out += n
     if bad:
         return None
     return seq_a, ts_a, koff_a, klen_a, voff_a, vlen_a, bundle_a
+
+
+cdef int parse_set(const uint8_t *buf, Py_ssize_t p, Py_ssize_t end, int64_t n, bint sparse, uint64_t first,
+                   uint64_t last, uint64_t *seq_o, uint64_t *ts_o, int64_t *koff_o, int64_t *klen_o,
+                   int64_t *voff_o, int64_t *vlen_o) noexcept nogil:
+    """The n messages of the message set at [p, end) of buf (§3.5; seqs per §3.6 from the bundle's first and last)
+    into the columns' rows 0..n-1 (key_off -1 and key_len 0 for a keyless message; offsets into buf). 1 when the set
+    is malformed. buf holds PAD readable bytes after `end`: a message's fields are read before its end is checked, as
+    the pure decoder does."""
+    cdef int64_t i
+    cdef uint64_t seq = 0, prev_seq = first, ts, prev_ts = 0
+    cdef uint32_t delta = 0, vlen = 0
+    cdef uint8_t f, kl
+    for i in range(n):
+        if p >= end:  # message count exceeds the messages in the set
+            return 1
+        f = buf[p]
+        if f & UNKNOWN_MESSAGE_FLAGS:
+            return 1
+        p += 1
+        if i == 0:
+            seq = first
+        else:
+            seq = prev_seq + 1
+            if sparse and i == n - 1:
+                seq = last
+                if last <= prev_seq:
+                    return 1
+            elif sparse:
+                if not f & SEQ_PREV_PLUS_ONE:
+                    if read_varint(buf, p, p + 5, &delta, &p):
+                        return 1
+                    seq = seq + delta
+                if seq >= last or seq <= prev_seq:
+                    return 1
+        if f & USE_LAST_TS:
+            ts = prev_ts if i else 0
+        else:
+            ts = tl_load_u64(buf + p)
+            p += 8
+        koff_o[i] = -1
+        klen_o[i] = 0
+        if f & HAVE_KEY:
+            kl = buf[p]
+            if kl:
+                koff_o[i] = p + 1
+                klen_o[i] = kl
+            p += 1 + kl
+        if read_varint(buf, p, p + 5, &vlen, &p):
+            return 1
+        voff_o[i] = p
+        vlen_o[i] = vlen
+        p += vlen
+        if p > end:  # message runs past the end of its message set
+            return 1
+        seq_o[i] = seq
+        ts_o[i] = ts
+        prev_seq = seq
+        prev_ts = ts
+    return 1 if p != end else 0  # p != end: bytes left over
 
 
 # ---------------------------------------------------------------------------------------------------------------

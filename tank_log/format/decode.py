@@ -175,9 +175,9 @@ Gathered: TypeAlias = tuple[bytes, np.ndarray, np.ndarray]  # collected message 
 # what both walks return: header columns, the collected message sets or None, stop, next_seq, reason, need
 _RawWalk: TypeAlias = tuple[tuple[np.ndarray, ...], Gathered | None, int, int, int, int]
 
-# the codec table as the compiled walk takes it: (decompress_into, max_expansion, raw_snappy) per codec id 0..3, None
-# if unknown
-_NATIVE_CODECS = tuple(
+# the codec table as the compiled code takes it (the walk here, compaction's key pass): (decompress_into,
+# max_expansion, raw_snappy) per codec id 0..3, None if unknown
+NATIVE_CODECS = tuple(
     (CODECS[i].decompress_into, CODECS[i].max_expansion, CODECS[i].raw_snappy) if i in CODECS else None
     for i in range(4)
 )
@@ -644,14 +644,14 @@ class CompiledWalker:
         stop_seq: int | None,
         max_messages: int,
     ) -> _RawWalk:
-        raw = _codec.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, _NATIVE_CODECS)
+        raw = _codec.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages, NATIVE_CODECS)
         if raw[4] == _NATIVE_ERROR:  # malformed: the pure walk raises the precise error at that bundle
             _walk(buf, raw[2], raw[3], collect, None, None, max_messages)
             raise AssertionError(f"the compiled walk rejects the bundle at {raw[2]}, the pure walk does not")
         return raw
 
     def collect(self, buf: bytes, sub: BundleTable) -> Gathered | int:
-        return _codec.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, _NATIVE_CODECS)
+        return _codec.collect(buf, sub.offsets, sub.ends, sub.set_offsets, sub.flags, sub.counts, NATIVE_CODECS)
 
     def decode(self, table: BundleTable) -> MessageColumns | None:
         assert table.set_starts is not None and table.set_ends is not None  # a collecting walk sets both

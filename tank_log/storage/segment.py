@@ -209,14 +209,16 @@ class Segment:
         walk = self._walk(collect=False, start=start, next_seq=next_seq)
         return SegmentWalk(_flat_map(walk, lambda res, base: res.table.headers(base)))
 
-    def tables(self, *, start: int = 0, next_seq: int | None = None) -> SegmentWalk[tuple[int, BundleTable]]:
+    def tables(
+        self, *, start: int = 0, next_seq: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    ) -> SegmentWalk[tuple[int, BundleTable]]:
         """Bundle headers in bulk, a walked chunk at a time: (file offset of the table's offset 0, its table); no
-        decompression.
+        decompression (`table.walked` holds the chunk's bytes).
 
         Raises:
             TankFormatError: a malformed bundle (file and offset).
         """
-        walk = self._walk(collect=False, start=start, next_seq=next_seq)
+        walk = self._walk(collect=False, start=start, next_seq=next_seq, chunk_bytes=chunk_bytes)
         return SegmentWalk(_flat_map(walk, lambda res, base: [(base, res.table)]))
 
     def chunks(

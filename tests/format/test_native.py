@@ -343,6 +343,58 @@ def test_the_compiled_key_map_agrees_with_the_pure_one(base, seed, count, budget
         assert taken == count
 
 
+def test_keys_added_straight_from_the_walked_sets_as_from_decoded_columns():
+    """Compaction's first pass adds keys straight from each message set (`add_walked`) instead of from a decoded
+    chunk's columns: on valid and mutated segments, the same messages taken (up to the first bundle that does not
+    decode), the same latest ordinal per key and the same keyless messages and tombstones marked."""
+    from tank_log.maintenance.compaction.key_state import add_walked
+
+    seen = {"all": 0, "stopped": 0}
+    for _, _, base, buf in mutated(2024, 1500):
+        try:
+            headers = walk_bundles(buf, 0, base, collect=False).table
+        except TankFormatError:
+            continue
+        decoded = []  # the oracle: each bundle decoded on its own, up to the first that does not decode
+        for i in range(len(headers)):
+            try:
+                decoded.append(decode_messages(collect_bundles(headers, np.array([i], np.int64))))
+            except TankFormatError:
+                break
+        total = int(headers.counts.sum())
+        fast, oracle = _key_map.KeyMap(1 << 24), _key_map.KeyMap(1 << 24)
+        marked = np.zeros(total, dtype=bool)
+        taken = add_walked(fast, headers, 1000, marked)
+        want_marked, ordinal = [], 1000
+        for c in decoded:
+            ords = np.arange(ordinal, ordinal + len(c), dtype=np.uint64)
+            assert oracle.add(c.data, c.key_off, c.key_len, ords) == len(c)
+            want_marked += ((c.key_off < 0) | (c.val_len == 0)).tolist()
+            ordinal += len(c)
+        assert taken == ordinal - 1000
+        assert marked[:taken].tolist() == want_marked
+        assert _records_as_dict(fast.records()) == _records_as_dict(oracle.records())
+        seen["all" if taken == total else "stopped"] += 1
+    assert seen["all"] > 200 and seen["stopped"] > 100, seen
+
+
+def test_keys_added_straight_from_the_walked_sets_stop_where_the_map_is_full():
+    """A full map stops `add_walked` at the first new key that does not fit, as `add` stops."""
+    from tank_log.maintenance.compaction.key_state import add_walked
+
+    msgs = [Message(i + 1, 5, b"key-%05d" % i, b"v" * 40) for i in range(3000)]
+    sets = [msgs[i : i + 100] for i in range(0, 3000, 100)]
+    buf = b"".join(frame(encode_bundle(s, sparse=False, codec=Codec.SNAPPY)) for s in sets)
+    headers = walk_bundles(buf, 0, 1, collect=False).table
+    c = decode_messages(collect_bundles(headers, np.arange(len(headers))))
+    fast, oracle = _key_map.KeyMap(40_000), _key_map.KeyMap(40_000)
+    ords = np.arange(len(c), dtype=np.uint64)
+    want = oracle.add(c.data, c.key_off, c.key_len, ords)
+    assert 0 < want < len(c)
+    assert add_walked(fast, headers, 0, np.zeros(len(c), dtype=bool)) == want
+    assert _records_as_dict(fast.records()) == _records_as_dict(oracle.records())
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 10**6), st.integers(1, 400))
 def test_key_records_pack_and_unpack_alike_on_both_cores(seed, count):

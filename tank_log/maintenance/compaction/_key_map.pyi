@@ -5,6 +5,8 @@ from typing import TypeAlias
 
 import numpy as np
 
+from tank_log.format._codec import CodecSpec
+
 Data: TypeAlias = bytes | bytearray | memoryview | np.ndarray
 
 class KeyMap:
@@ -18,6 +20,19 @@ class KeyMap:
     @property
     def nbytes(self) -> int: ...
     def add(self, data: Data, key_off: np.ndarray, key_len: np.ndarray, ords: np.ndarray) -> int: ...
+    def add_sets(
+        self,
+        walked: Data,
+        set_offsets: np.ndarray,
+        ends: np.ndarray,
+        flags: np.ndarray,
+        counts: np.ndarray,
+        firsts: np.ndarray,
+        lasts: np.ndarray,
+        first_ord: int,
+        codecs: tuple[CodecSpec, ...],
+        marked: np.ndarray,
+    ) -> int: ...
     def mark(self, bits: np.ndarray) -> None: ...
     def records(self) -> Iterator[bytes]: ...
 

@@ -12,6 +12,8 @@ from libc.string cimport memcpy, memset
 
 cimport cython
 
+from tank_log.format._codec cimport PAD, SPARSE, parse_set, set_length, unpack_set
+
 import numpy as np
 
 cdef extern from *:
@@ -377,20 +379,99 @@ cdef class KeyMap:
         passed over). Returns how many messages were taken: all of them, or up to the first new key that does not
         fit in the budget."""
         cdef const uint8_t[::1] view = data
-        cdef const uint8_t *d = &view[0] if view.shape[0] else NULL
-        cdef Py_ssize_t n = ords.shape[0], i, j, size = view.shape[0]
+        cdef Py_ssize_t n = ords.shape[0]
+        if key_off.shape[0] != n or key_len.shape[0] != n:
+            raise ValueError("columns of different lengths")
+        if n == 0:
+            return 0
+        return self._add(&view[0] if view.shape[0] else NULL, view.shape[0], &key_off[0], &key_len[0], &ords[0], n)
+
+    def add_sets(self, object walked, const int64_t[::1] set_offsets, const int64_t[::1] ends,
+                 const uint8_t[::1] flags, const int64_t[::1] counts, const uint64_t[::1] firsts,
+                 const uint64_t[::1] lasts, uint64_t first_ord, tuple codecs, uint8_t[::1] marked):
+        """`add` straight from walked bundles (a headers-only walk's columns over `walked`), without their columns:
+        each message set is unpacked into one small reused buffer and parsed there (`_codec.parse_set`), so it is
+        still in cache when its keys are hashed. The messages' ordinals are first_ord, first_ord + 1, ... in order;
+        `marked[i]` is set to 1 for each keyless message and tombstone (empty value). Returns how many messages were
+        taken: all of them, or fewer when the map is full (as `add`) or a message set does not unpack or parse (the
+        caller decodes the bundles for the precise error, or for the spill, and goes on from there)."""
+        cdef const uint8_t[::1] view = walked
+        cdef Py_ssize_t size = view.shape[0], nb = counts.shape[0], i, k, length = 0, cap = 0, rows = 0, taken
+        cdef Py_ssize_t done = 0, total = 0
+        cdef const uint8_t *b = &view[0] if size else NULL
+        cdef int64_t n
+        cdef uint8_t *buf = NULL
+        cdef uint8_t *grown
+        cdef uint64_t *cols = NULL  # six columns of `rows` entries each: seq, ts, key_off, key_len, val_off, val_len
+        cdef int64_t *koff
+        cdef int64_t *klen
+        cdef int64_t *vlen
+        cdef uint64_t *ords = NULL
+        cdef object src = memoryview(walked), buf_view = None
+        if not (set_offsets.shape[0] == ends.shape[0] == flags.shape[0] == nb == firsts.shape[0] == lasts.shape[0]):
+            raise ValueError("columns of different lengths")
+        for i in range(nb):
+            total += counts[i]
+        if marked.shape[0] < total:
+            raise ValueError("marked is shorter than the messages")
+        try:
+            for i in range(nb):
+                n = counts[i]
+                if n <= 0 or not 0 <= set_offsets[i] <= ends[i] <= size:
+                    return done
+                if set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length):
+                    return done
+                if length + PAD > cap:
+                    cap = max(length + PAD, 2 * cap, 1 << 15)
+                    grown = <uint8_t *>PyMem_Realloc(buf, cap)
+                    if grown == NULL:
+                        raise MemoryError()
+                    buf = grown
+                    buf_view = PyMemoryView_FromMemory(<char *>buf, cap, PyBUF_WRITE)
+                if n > rows:
+                    rows = max(n, 2 * rows, 256)
+                    PyMem_Free(cols)
+                    PyMem_Free(ords)
+                    cols = <uint64_t *>PyMem_Malloc(6 * rows * sizeof(uint64_t))
+                    ords = <uint64_t *>PyMem_Malloc(rows * sizeof(uint64_t))
+                    if cols == NULL or ords == NULL:
+                        raise MemoryError()
+                if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, buf, 0, buf_view):
+                    return done
+                memset(buf + length, 0, PAD)
+                koff = <int64_t *>(cols + 2 * rows)
+                klen = <int64_t *>(cols + 3 * rows)
+                vlen = <int64_t *>(cols + 5 * rows)
+                if parse_set(buf, 0, length, n, (flags[i] & SPARSE) != 0, firsts[i], lasts[i], cols, cols + rows,
+                             koff, klen, <int64_t *>(cols + 4 * rows), vlen):
+                    return done
+                for k in range(n):
+                    ords[k] = first_ord + done + k
+                    marked[done + k] = koff[k] < 0 or vlen[k] == 0
+                taken = self._add(buf, length, koff, klen, ords, n)
+                done += taken
+                if taken < n:
+                    return done
+            return done
+        finally:
+            PyMem_Free(buf)
+            PyMem_Free(cols)
+            PyMem_Free(ords)
+
+    cdef Py_ssize_t _add(self, const uint8_t *d, Py_ssize_t size, const int64_t *key_off, const int64_t *key_len,
+                         const uint64_t *ords, Py_ssize_t n) except -1:
+        """`add` over n rows of columns (n > 0)."""
+        cdef Py_ssize_t i, j
         cdef int64_t kl
         cdef uint8_t *e
         cdef uint64_t h
         cdef uint64_t ahead[AHEAD]
-        if key_off.shape[0] != n or key_len.shape[0] != n:
-            raise ValueError("columns of different lengths")
         for i in range(min(n, AHEAD)):
-            ahead[i] = self._hash_ahead(d, size, &key_off[0], &key_len[0], i)
+            ahead[i] = self._hash_ahead(d, size, key_off, key_len, i)
         for i in range(n):
             h = ahead[i & (AHEAD - 1)]
             if i + AHEAD < n:
-                ahead[i & (AHEAD - 1)] = self._hash_ahead(d, size, &key_off[0], &key_len[0], i + AHEAD)
+                ahead[i & (AHEAD - 1)] = self._hash_ahead(d, size, key_off, key_len, i + AHEAD)
             if i + AHEAD // 2 < n:
                 self._key_ahead(ahead[(i + AHEAD // 2) & (AHEAD - 1)])
             if key_off[i] < 0:

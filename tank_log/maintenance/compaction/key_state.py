@@ -22,6 +22,7 @@ from typing import Protocol, TypeAlias
 import numpy as np
 
 from tank_log.format import native
+from tank_log.format.decode import NATIVE_CODECS, BundleTable
 
 try:
     from tank_log.maintenance.compaction import _key_map
@@ -109,6 +110,15 @@ def new_key_map(budget: int, wide: bool = False) -> KeyMap:
     return KEYS.impl.new_map(budget, wide)
 
 
+def add_walked(key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int:
+    """`key_map.add` straight from a headers-only walk's `table`, without decoding it into columns, where the
+    compiled core can (each message set unpacked and parsed in a small buffer, in cache for its keys); ordinals
+    first, first + 1, ...; `marked[i]` (bool) set for each keyless message and tombstone. Returns how many messages
+    were taken: all of them, or fewer (none on the pure-Python core) when the map is full or a message set is
+    malformed; the caller then decodes the table and goes on from there."""
+    return KEYS.impl.add_walked(key_map, table, first, marked)
+
+
 def key_hashes(data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
     """Each message's key hash (uint64; 0 for a keyless one): what the spill's buckets are chosen by."""
     return KEYS.impl.key_hashes(data, key_off, key_len)
@@ -130,6 +140,8 @@ class Keys(Protocol):
 
     def new_map(self, budget: int, wide: bool) -> KeyMap: ...
 
+    def add_walked(self, key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int: ...
+
     def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray: ...
 
     def pack_records(
@@ -144,6 +156,9 @@ class PureKeys:
 
     def new_map(self, budget: int, wide: bool) -> KeyMap:
         return PureKeyMap(budget, wide)
+
+    def add_walked(self, key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int:
+        return 0  # the pure decoder is fast on whole chunks only: the caller decodes the columns
 
     def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
         out = np.zeros(len(key_off), dtype=np.uint64)
@@ -180,6 +195,12 @@ class CompiledKeys:
 
     def new_map(self, budget: int, wide: bool) -> KeyMap:
         return _key_map.KeyMap(budget, wide)
+
+    def add_walked(self, key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int:
+        assert isinstance(key_map, _key_map.KeyMap)
+        t, codecs = table, NATIVE_CODECS
+        columns = (t.set_offsets, t.ends, t.flags, t.counts, t.firsts, t.lasts)
+        return key_map.add_sets(t.walked, *columns, first, codecs, marked.view(np.uint8))
 
     def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
         return _key_map.key_hashes(data, key_off, key_len)

@@ -10,9 +10,9 @@ import numpy as np
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import SPARSE
-from tank_log.format.decode import BundleTable
+from tank_log.format.decode import BundleTable, collect_bundles, decode_messages
 from tank_log.format.messages import MessageColumns, tombstones
-from tank_log.maintenance.compaction.key_state import KeyMap, new_key_map
+from tank_log.maintenance.compaction.key_state import KeyMap, add_walked, new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.maintenance.compaction.spill import KeySpill, bucket_count, mark_latest
@@ -63,23 +63,32 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     read_before = 0
     try:
         for seg in inputs:
-            walk = seg.chunks(chunk_bytes=pass_chunk_bytes())
-            for chunk in walk:
-                c = chunk.cols
-                n = len(c)
+            walk = seg.tables(chunk_bytes=pass_chunk_bytes())
+            for base, table in walk:
+                n = int(table.counts.sum())
                 ordinal = survivors.messages
-                ords = np.arange(ordinal, ordinal + n, dtype=np.uint64)
-                survivors.marked.set_run(ordinal, (c.key_off < 0) | (c.val_len == 0))
                 survivors.messages += n
                 taken = 0
                 if key_map is not None:
+                    survivors.marked.reserve(ordinal + n)  # before the budget: the map's share is what is left
                     key_map.budget = budget - survivors.nbytes
-                    taken = key_map.add(c.data, c.key_off, c.key_len, ords)
+                    marked = np.zeros(n, dtype=bool)
+                    taken = add_walked(key_map, table, ordinal, marked)
+                    if taken == n:  # every set parsed and every key taken: no columns needed
+                        survivors.marked.set_run(ordinal, marked)
+                        res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + survivors.nbytes)
+                        continue
+                c = _decoded(seg, base, table)
+                ords = np.arange(ordinal, ordinal + n, dtype=np.uint64)
+                survivors.marked.set_run(ordinal, (c.key_off < 0) | (c.val_len == 0))
+                if key_map is not None:
+                    key_map.budget = budget - survivors.nbytes
+                    taken += key_map.add(c.data, c.key_off[taken:], c.key_len[taken:], ords[taken:])
                     res.key_state_bytes = max(res.key_state_bytes, key_map.nbytes + survivors.nbytes)
                     if taken < n:
                         if not len(key_map):
                             raise NeedsAttention(f"compaction.key_state_budget ({budget} bytes) cannot hold one key")
-                        read = read_before + chunk.file_offset + int(chunk.table.offsets[c.bundle[taken]])
+                        read = read_before + base + int(table.offsets[c.bundle[taken]])
                         spill = _start_spill(key_map, spill_dir, read / total)
                         key_map = None
                 if spill is not None and taken < n:
@@ -107,6 +116,18 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     finally:
         if spill is not None:
             spill.remove()
+
+
+def _decoded(seg: Segment, base: int, table: BundleTable) -> MessageColumns:
+    """The messages of a headers-only chunk's table as columns.
+
+    Raises:
+        TankFormatError: a malformed message set (file and offset).
+    """
+    try:
+        return decode_messages(collect_bundles(table, np.arange(len(table))))
+    except TankFormatError as err:
+        raise err.located(seg.path, base) from None
 
 
 def _start_spill(key_map: KeyMap, directory: str, fraction_read: float) -> KeySpill:
