@@ -70,8 +70,8 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
                 survivors.messages += n
                 taken = 0
                 if key_map is not None:
-                    survivors.marked.reserve(ordinal + n)  # before the budget: the map's share is what is left
-                    key_map.budget = budget - survivors.nbytes
+                    # the map's share: what the survivors' bits leave, these messages' marks included
+                    key_map.budget = budget - survivors.nbytes - survivors.marked.growth(ordinal + n)
                     marked = np.zeros(n, dtype=bool)
                     taken = add_walked(key_map, table, ordinal, marked)
                     if taken == n:  # every set parsed and every key taken: no columns needed

@@ -28,9 +28,18 @@ class Bits:
     def reserve(self, nbits: int) -> None:
         need = (nbits + 7) // 8
         if need > len(self.bytes):
-            grown = np.zeros(need + need // 8, dtype=np.uint8)  # an eighth more: few copies, little slack
+            grown = np.zeros(self._grown(need), dtype=np.uint8)
             grown[: len(self.bytes)] = self.bytes
             self.bytes = grown
+
+    def growth(self, nbits: int) -> int:
+        """The bytes that `reserve(nbits)` would add."""
+        need = (nbits + 7) // 8
+        return self._grown(need) - len(self.bytes) if need > len(self.bytes) else 0
+
+    @staticmethod
+    def _grown(need: int) -> int:
+        return need + need // 8  # an eighth more: few copies, little slack
 
     def set_run(self, start: int, flags: np.ndarray) -> None:
         """Set bits start, start + 1, ... where `flags` (bool) is True."""
