@@ -16,6 +16,7 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
+from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cimport cython
 
@@ -540,6 +541,8 @@ def decode(object data, const int64_t[::1] set_starts, const int64_t[::1] set_en
     cdef int64_t i, n
     cdef bint bad = False
     for b in range(nb):
+        if counts[b] < 0 or counts[b] > PY_SSIZE_T_MAX - total:
+            return None
         total += counts[b]
     seq_a = np.empty(total, np.uint64)
     ts_a = np.empty(total, np.uint64)
@@ -550,14 +553,12 @@ def decode(object data, const int64_t[::1] set_starts, const int64_t[::1] set_en
     bundle_a = np.empty(total, np.int64)
     cdef uint64_t[::1] seq_o = seq_a, ts_o = ts_a
     cdef int64_t[::1] koff_o = koff_a, klen_o = klen_a, voff_o = voff_a, vlen_o = vlen_a, bundle_o = bundle_a
-    if total == 0:
-        return seq_a, ts_a, koff_a, klen_a, voff_a, vlen_a, bundle_a
     with nogil:
         for b in range(nb):
             p = set_starts[b]
             end = set_ends[b]
             n = counts[b]
-            if p < 0 or p > end or end > size - PAD or n < 0 or out + n > total:
+            if p < 0 or p > end or end > size - PAD or n > total - out:
                 bad = True
                 break
             if parse_set(buf, p, end, n, (bundle_flags[b] & SPARSE) != 0, firsts[b], lasts[b], &seq_o[out],

@@ -15,7 +15,8 @@ from test_bundle import message_runs
 from test_robustness import _samples, mutate
 
 from tank_log.errors import TankFormatError
-from tank_log.format import native
+from tank_log.format import _codec, native
+from tank_log.format import decode as decode_mod
 from tank_log.format.bundle import (
     Codec,
     Message,
@@ -574,3 +575,53 @@ def test_the_command_line_and_the_jobs_run_the_compiled_core():
         code = f"import {first}; from tank_log.format import native; print(native.name())"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
         assert out.strip() == "native", first
+
+
+def test_the_compiled_key_map_refuses_inconsistent_columns_and_a_spent_budget():
+    """Columns no walk gives (a bundle without messages, counts past `marked`, counts that overflow, ordinals past
+    2**64, a short codec table) are refused before anything is read; a map whose budget is already spent takes no
+    key and allocates nothing."""
+    buf = b"".join(frame(encode_bundle([Message(s, 5, b"k%d" % s, b"v")], sparse=False)) for s in range(1, 4))
+    t = walk_bundles(buf, 0, 1, collect=False).table
+    cols = (t.set_offsets, t.ends, t.flags, t.firsts, t.lasts)
+    codecs = decode_mod.NATIVE_CODECS
+
+    def call(counts, first=0, marked=3, codec_table=codecs):
+        m = _key_map.KeyMap(1 << 20)
+        so, en, fl, fi, la = cols
+        counts = np.array(counts, np.int64)
+        return m.add_sets(buf, so, en, fl, counts, fi, la, first, codec_table, np.zeros(marked, np.uint8))
+
+    assert call([1, 1, 1]) == 3
+    for counts, first, marked, codec_table in [
+        ([1, -1, 1], 0, 3, codecs),
+        ([1, 0, 1], 0, 3, codecs),
+        ([1, 1, 2], 0, 3, codecs),
+        ([2**62, 2**62, 2**62], 0, 3, codecs),
+        ([1, 1, 1], 2**64 - 2, 3, codecs),
+        ([1, 1, 1], 0, 3, ()),
+    ]:
+        with pytest.raises(ValueError):
+            call(counts, first, marked, codec_table)
+    spent = _key_map.KeyMap(-463_203)
+    key_off, key_len = np.array([0], np.int64), np.array([2], np.int64)
+    assert spent.add(b"k1", key_off, key_len, np.array([0], np.uint64)) == 0
+    assert spent.nbytes == 0
+
+
+def test_the_compiled_decode_refuses_counts_no_walk_gives():
+    """Negative counts, counts that overflow when summed, and a bundle without messages but with bytes: None (the
+    pure decoder then names the error), never a write past the columns."""
+    data = b"\0" * 600
+    for counts in ([1, 2**63 - 1, -(2**63) + 2], [-1], [0]):
+        n = len(counts)
+        got = _codec.decode(
+            data,
+            np.zeros(n, np.int64),
+            np.full(n, 10, np.int64),
+            np.array(counts, np.int64),
+            np.zeros(n, np.uint8),
+            np.ones(n, np.uint64),
+            np.ones(n, np.uint64),
+        )
+        assert got is None, counts

@@ -105,3 +105,45 @@ def test_a_run_killed_while_it_spills_leaves_the_partition_as_it_was_and_repair_
         assert again.status in ("compacted", "nothing-to-do") and _spill_files(part) == []
         assert tree_digest(base) == tree_digest(reference)  # the same files as the run that spilled nothing
     assert killed_with_spill >= 2
+
+
+def _pass1(inputs, budget, tmp_path, monkeypatch, from_columns):
+    """Pass 1 over `inputs`: its survivors' bits and what it reports, from the message sets (as compaction runs)
+    or, with `from_columns`, from every chunk decoded into columns first."""
+    from tank_log.maintenance.compaction import passes
+    from tank_log.maintenance.compaction.options import CompactionResult
+
+    with monkeypatch.context() as m:
+        if from_columns:
+            m.setattr(passes, "add_walked", lambda *args: 0)
+        res = CompactionResult("t", 0, str(tmp_path))
+        survivors = passes.map_keys(inputs, budget, str(tmp_path), res)
+    bits = (survivors.latest.bytes.tobytes().rstrip(b"\0"), survivors.marked.bytes.tobytes().rstrip(b"\0"))
+    return bits, (res.distinct_keys, res.key_state_bytes, res.spill_buckets, res.spill_bytes)
+
+
+@pytest.mark.skipif(not native.compiled(), reason="the pass from the message sets is the compiled core's")
+def test_the_first_pass_from_the_message_sets_decides_as_from_decoded_columns(tmp_path, monkeypatch):
+    """The first pass maps keys straight from each message set under a budget lowered for the marks the messages
+    may hold; where that budget binds it hands over to the columns. Around the budgets where compaction starts to
+    spill, the same bits, key state and spill as a pass over decoded columns, also with the 1 M messages a decode
+    holds cut small (`DEFAULT_MAX_MESSAGES`)."""
+    from tank_log.maintenance.compaction import passes
+
+    rng = random.Random(3)
+    msgs = []
+    for seq in range(1, 200_001):
+        value = b"" if seq > 150_000 and rng.random() < 0.01 else b"v%d" % seq  # the first marks come late
+        msgs.append(Message(seq, seq, b"key-%06d" % rng.randrange(150_000), value))
+    base = tmp_path / "data"
+    policy = BundlePolicy(max_messages=100)
+    write_partition(str(base / "t" / "0"), msgs, segment_bytes=1 << 20, with_active=False, policy=policy)
+    (part,) = scan_data_dir(str(base)).partitions()
+    for budget in (1_900_000, 2_020_000, 2_100_000, 2_200_000, 8_000_000):
+        got = _pass1(part.ro, budget, tmp_path, monkeypatch, from_columns=False)
+        assert got == _pass1(part.ro, budget, tmp_path, monkeypatch, from_columns=True), budget
+        if budget == 2_020_000:
+            assert got[1][2] > 0  # this budget spills
+    monkeypatch.setattr(passes, "DEFAULT_MAX_MESSAGES", 250)
+    small = _pass1(part.ro, 2_020_000, tmp_path, monkeypatch, from_columns=False)
+    assert small == _pass1(part.ro, 2_020_000, tmp_path, monkeypatch, from_columns=True)

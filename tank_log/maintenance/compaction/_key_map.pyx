@@ -205,6 +205,7 @@ cdef class KeyMap:
     cdef Py_ssize_t nslots, used, nblocks, blocks_cap, block_size, head
     cdef uint64_t max_ord
     cdef public Py_ssize_t budget  # lowered as other key state grows (the survivors' bits)
+    cdef bint cautious  # a step the budget limits stops the add instead of shrinking to fit (see add_sets)
 
     def __cinit__(self, Py_ssize_t budget, bint wide=False):
         self.budget = budget
@@ -214,6 +215,7 @@ cdef class KeyMap:
         self.used = 0
         self.nblocks = 0
         self.blocks_cap = 0
+        self.cautious = False
         self.ctrl = NULL
         self.refs = NULL
         self.blocks = NULL
@@ -274,10 +276,12 @@ cdef class KeyMap:
         n = 64 if self.nslots == 0 else (self.nslots * 2 if self.nslots < (1 << 16) else self.nslots + self.nslots // 4)
         fit = (self.budget - arena - self.nslots * 5) // 5  # while rehashing, the old and the new slots are both held
         if n > fit:
+            if self.cautious:
+                return False
             n = fit
-        if <uint64_t>n > U32_MAX:
+        if n > <Py_ssize_t>U32_MAX:
             n = <Py_ssize_t>U32_MAX
-        if n * 9 < (self.used + 1) * 10 or n <= self.nslots:
+        if n <= self.nslots or n * 9 < (self.used + 1) * 10:  # also a budget already spent (fit < 0)
             return False
         ctrl = <uint8_t *>PyMem_Malloc(n)
         refs = <uint32_t *>PyMem_Malloc(n * 4)
@@ -391,10 +395,12 @@ cdef class KeyMap:
                  const uint64_t[::1] lasts, uint64_t first_ord, tuple codecs, uint8_t[::1] marked):
         """`add` straight from walked bundles (a headers-only walk's columns over `walked`), without their columns:
         each message set is unpacked into one small reused buffer and parsed there (`_codec.parse_set`), so it is
-        still in cache when its keys are hashed. The messages' ordinals are first_ord, first_ord + 1, ... in order;
-        `marked[i]` is set to 1 for each keyless message and tombstone (empty value). Returns how many messages were
-        taken: all of them, or fewer when the map is full (as `add`) or a message set does not unpack or parse (the
-        caller decodes the bundles for the precise error, or for the spill, and goes on from there)."""
+        still in cache when its keys are hashed. The messages' ordinals are first_ord, first_ord + 1, ... in order.
+        Returns how many messages were taken; `marked[i]` is then 1 for each keyless message and tombstone (empty
+        value) among them, 0 for the others. Fewer than all are taken where a message set does not unpack or parse,
+        or where the budget limits a step of the map: it stops there instead of shrinking the step to fit, so that
+        a budget lowered for marks the messages may not need changes nothing (the caller decodes the bundles and
+        goes on from there with `add`, for the precise error or with the exact budget)."""
         cdef const uint8_t[::1] view = walked
         cdef Py_ssize_t size = view.shape[0], nb = counts.shape[0], i, k, length = 0, cap = 0, rows = 0, taken
         cdef Py_ssize_t done = 0, total = 0
@@ -410,17 +416,22 @@ cdef class KeyMap:
         cdef object src = memoryview(walked), buf_view = None
         if not (set_offsets.shape[0] == ends.shape[0] == flags.shape[0] == nb == firsts.shape[0] == lasts.shape[0]):
             raise ValueError("columns of different lengths")
+        if len(codecs) != 4:
+            raise ValueError("a codec entry per codec id 0..3")
         for i in range(nb):
+            if counts[i] <= 0 or counts[i] > marked.shape[0] - total:
+                raise ValueError("a bundle without messages, or marked shorter than the messages")
             total += counts[i]
-        if marked.shape[0] < total:
-            raise ValueError("marked is shorter than the messages")
+        if <uint64_t>total > ~first_ord:
+            raise ValueError("ordinals beyond 2**64")
+        self.cautious = True
         try:
             for i in range(nb):
                 n = counts[i]
-                if n <= 0 or not 0 <= set_offsets[i] <= ends[i] <= size:
+                if not 0 <= set_offsets[i] <= ends[i] <= size:
                     return done
-                if set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length):
-                    return done
+                if set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length) or n > length // 2:
+                    return done  # (a message takes 2 bytes at least)
                 if length + PAD > cap:
                     cap = max(length + PAD, 2 * cap, 1 << 15)
                     grown = <uint8_t *>PyMem_Realloc(buf, cap)
@@ -428,7 +439,10 @@ cdef class KeyMap:
                         raise MemoryError()
                     buf = grown
                     buf_view = PyMemoryView_FromMemory(<char *>buf, cap, PyBUF_WRITE)
-                if n > rows:
+                if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, buf, 0, buf_view):
+                    return done
+                memset(buf + length, 0, PAD)
+                if n > rows:  # after the unpack: n is at most half of what the set really holds
                     rows = max(n, 2 * rows, 256)
                     PyMem_Free(cols)
                     PyMem_Free(ords)
@@ -436,9 +450,6 @@ cdef class KeyMap:
                     ords = <uint64_t *>PyMem_Malloc(rows * sizeof(uint64_t))
                     if cols == NULL or ords == NULL:
                         raise MemoryError()
-                if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, buf, 0, buf_view):
-                    return done
-                memset(buf + length, 0, PAD)
                 koff = <int64_t *>(cols + 2 * rows)
                 klen = <int64_t *>(cols + 3 * rows)
                 vlen = <int64_t *>(cols + 5 * rows)
@@ -454,6 +465,7 @@ cdef class KeyMap:
                     return done
             return done
         finally:
+            self.cautious = False
             PyMem_Free(buf)
             PyMem_Free(cols)
             PyMem_Free(ords)

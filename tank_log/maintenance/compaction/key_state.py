@@ -113,9 +113,10 @@ def new_key_map(budget: int, wide: bool = False) -> KeyMap:
 def add_walked(key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int:
     """`key_map.add` straight from a headers-only walk's `table`, without decoding it into columns, where the
     compiled core can (each message set unpacked and parsed in a small buffer, in cache for its keys); ordinals
-    first, first + 1, ...; `marked[i]` (bool) set for each keyless message and tombstone. Returns how many messages
-    were taken: all of them, or fewer (none on the pure-Python core) when the map is full or a message set is
-    malformed; the caller then decodes the table and goes on from there."""
+    first, first + 1, ... Returns how many messages were taken, `marked[:taken]` (bool) telling the keyless messages
+    and tombstones among them. Fewer than all (none on the pure-Python core) where a message set is malformed or the
+    budget limits a step of the map (it stops rather than shrink the step to fit); the caller then decodes the table
+    and goes on from there with `add`."""
     return KEYS.impl.add_walked(key_map, table, first, marked)
 
 
