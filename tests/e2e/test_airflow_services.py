@@ -119,7 +119,9 @@ def test_a_run_triggered_by_hand_with_conf_succeeds_and_its_asset_runs_retention
 
 
 def _job_processes(marker: str) -> list[tuple[int, str]]:
-    """Live processes whose command line holds `marker`: spark-submit's JVM, the job's driver, its workers."""
+    """Live processes of this test run whose command line holds `marker`: spark-submit's JVM, the job's driver, its
+    workers (another run's jobs on the same host are not this test's)."""
+    run = f"TANK_LOG_TEST_RUN={os.environ['TANK_LOG_TEST_RUN']}".encode()
     out = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -127,9 +129,11 @@ def _job_processes(marker: str) -> list[tuple[int, str]]:
                 cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{pid}/stat") as fh:
                 state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                ours = run in fh.read().split(b"\0")
         except OSError:
             continue
-        if marker in cmd and state != "Z" and int(pid) != os.getpid():
+        if marker in cmd and ours and state != "Z" and int(pid) != os.getpid():
             out.append((int(pid), cmd))
     return out
 
