@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 
@@ -239,19 +240,47 @@ def spark():
     logging.getLogger().setLevel(max(logging.getLogger().level, logging.WARNING))
 
 
-def pytest_configure(config):
+SCRATCH = "TANK_LOG_TEST_SCRATCH"  # the run's scratch directory, inherited by every process the tests start
+_SCRATCH_MADE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
     """Every process the tests start carries this run's marker in its environment; tests/reaper.py SIGKILLs those
-    still running once pytest has exited, however it exited (a SIGKILLed run leaves no Airflow, broker or JVM)."""
+    still running once pytest has exited, however it exited (a SIGKILLed run leaves no Airflow, broker or JVM).
+    Their JVMs keep their temporary files in the run's scratch directory, not in /tmp (a SIGKILLed JVM runs no
+    shutdown hook to remove them): pytest removes it when it ends, the reaper once it has ended what was left."""
     if os.environ.get("TANK_LOG_TEST_RUN"):  # a run inside a run (or an xdist worker): the outer one reaps
         return
+    scratch = config.stash[_SCRATCH_MADE] = tempfile.mkdtemp(prefix="tank-log-run-")
+    # java.io.tmpdir: artifacts-*, spark-submit's spark-*, the native libraries lz4-java and snappy-java unpack;
+    # hadoop.tmp.dir: hadoop-<user>/s3a, S3A's upload buffers
+    jvm = f"-Djava.io.tmpdir={scratch} -Dhadoop.tmp.dir={scratch}"
+    os.environ.update(
+        {
+            SCRATCH: scratch,
+            "SPARK_LOCAL_DIRS": scratch,  # Spark's local directories: spark-*, blockmgr-*
+            # drivers, and through their configuration the executors of a cluster
+            "SPARK_SUBMIT_OPTS": f'{os.environ["SPARK_SUBMIT_OPTS"]} {jvm} "-Dspark.executor.extraJavaOptions={jvm}"',
+            # a standalone cluster's master and workers
+            "SPARK_DAEMON_JAVA_OPTS": f"{os.environ.get('SPARK_DAEMON_JAVA_OPTS', '')} {jvm}".strip(),
+        }
+    )
     marker = f"{os.getpid()}-{time.time_ns()}"
     subprocess.Popen(
-        [sys.executable, os.path.join(HERE, "reaper.py"), str(os.getpid()), marker],
+        [sys.executable, os.path.join(HERE, "reaper.py"), str(os.getpid()), marker, scratch],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
     os.environ["TANK_LOG_TEST_RUN"] = marker
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The run's scratch directory goes when pytest ends, failed tests or not (the reaper removes what the processes
+    it ends wrote since)."""
+    scratch = config.stash.get(_SCRATCH_MADE, None)
+    if scratch is not None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 # Markers: `spark` (starts Spark, in-process or through a job) and `slow` (more than a few seconds). Tests under

@@ -4,14 +4,16 @@ tests/conftest.py starts this script when pytest starts, with pytest's pid and a
 environment every process started by the tests inherits (`TANK_LOG_TEST_RUN`). The script waits until pytest has
 exited, then SIGKILLs every process that still carries the marker: Airflow's services, brokers started through
 `setsid`, Spark JVMs, job subprocesses — whatever their session, process group or parent. It prints one line naming
-what it ended, on pytest's standard error.
+what it ended, on pytest's standard error. Then it removes the run's scratch directory, where the JVMs it ended (and
+others) left their temporary files.
 
-    python tests/reaper.py PYTEST_PID MARKER
+    python tests/reaper.py PYTEST_PID MARKER SCRATCH_DIR
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -59,7 +61,7 @@ def reap(marker: str, rounds: int = 20) -> dict[int, str]:
 
 
 def main(argv: list[str]) -> int:
-    parent, marker = int(argv[1]), argv[2]
+    parent, marker, scratch = int(argv[1]), argv[2], argv[3]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the run reaches its process group: outlive it
     while os.getppid() == parent:  # re-parented once pytest has exited, however it exited
         time.sleep(0.5)
@@ -67,6 +69,7 @@ def main(argv: list[str]) -> int:
     while marked(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     ended = reap(marker)
+    shutil.rmtree(scratch, ignore_errors=True)  # once nothing of the run can write there any more
     if ended:
         names = ", ".join(f"{pid} {command}" for pid, command in sorted(ended.items())[:8])
         more = f" and {len(ended) - 8} more" if len(ended) > 8 else ""
