@@ -13,10 +13,10 @@ from cpython.buffer cimport PyBUF_WRITE
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
-from cpython.pyport cimport PY_SSIZE_T_MAX
 
 cimport cython
 

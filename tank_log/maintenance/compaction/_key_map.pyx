@@ -205,7 +205,6 @@ cdef class KeyMap:
     cdef Py_ssize_t nslots, used, nblocks, blocks_cap, block_size, head
     cdef uint64_t max_ord
     cdef public Py_ssize_t budget  # lowered as other key state grows (the survivors' bits)
-    cdef bint cautious  # a step the budget limits stops the add instead of shrinking to fit (see add_sets)
 
     def __cinit__(self, Py_ssize_t budget, bint wide=False):
         self.budget = budget
@@ -215,7 +214,6 @@ cdef class KeyMap:
         self.used = 0
         self.nblocks = 0
         self.blocks_cap = 0
-        self.cautious = False
         self.ctrl = NULL
         self.refs = NULL
         self.blocks = NULL
@@ -265,8 +263,9 @@ cdef class KeyMap:
         else:
             memcpy(e + 1, &v, 4)
 
-    cdef bint _grow_slots(self) noexcept:
-        """Double the slots (or take what the budget leaves, if that is still more); rehash from the arena."""
+    cdef bint _grow_slots(self, bint cautious) noexcept:
+        """Double the slots (or take what the budget leaves, if that is still more, unless `cautious`); rehash from
+        the arena."""
         cdef Py_ssize_t arena = self.nblocks * self.block_size, n, fit, b, p, j
         cdef uint8_t *ctrl
         cdef uint32_t *refs
@@ -276,7 +275,7 @@ cdef class KeyMap:
         n = 64 if self.nslots == 0 else (self.nslots * 2 if self.nslots < (1 << 16) else self.nslots + self.nslots // 4)
         fit = (self.budget - arena - self.nslots * 5) // 5  # while rehashing, the old and the new slots are both held
         if n > fit:
-            if self.cautious:
+            if cautious:
                 return False
             n = fit
         if n > <Py_ssize_t>U32_MAX:
@@ -388,7 +387,7 @@ cdef class KeyMap:
             raise ValueError("columns of different lengths")
         if n == 0:
             return 0
-        return self._add(&view[0] if view.shape[0] else NULL, view.shape[0], &key_off[0], &key_len[0], &ords[0], n)
+        return self._add(&view[0] if view.shape[0] else NULL, view.shape[0], &key_off[0], &key_len[0], &ords[0], n, False)
 
     def add_sets(self, object walked, const int64_t[::1] set_offsets, const int64_t[::1] ends,
                  const uint8_t[::1] flags, const int64_t[::1] counts, const uint64_t[::1] firsts,
@@ -424,7 +423,6 @@ cdef class KeyMap:
             total += counts[i]
         if <uint64_t>total > ~first_ord:
             raise ValueError("ordinals beyond 2**64")
-        self.cautious = True
         try:
             for i in range(nb):
                 n = counts[i]
@@ -459,20 +457,20 @@ cdef class KeyMap:
                 for k in range(n):
                     ords[k] = first_ord + done + k
                     marked[done + k] = koff[k] < 0 or vlen[k] == 0
-                taken = self._add(buf, length, koff, klen, ords, n)
+                taken = self._add(buf, length, koff, klen, ords, n, True)
                 done += taken
                 if taken < n:
                     return done
             return done
         finally:
-            self.cautious = False
             PyMem_Free(buf)
             PyMem_Free(cols)
             PyMem_Free(ords)
 
     cdef Py_ssize_t _add(self, const uint8_t *d, Py_ssize_t size, const int64_t *key_off, const int64_t *key_len,
-                         const uint64_t *ords, Py_ssize_t n) except -1:
-        """`add` over n rows of columns (n > 0)."""
+                         const uint64_t *ords, Py_ssize_t n, bint cautious) except -1:
+        """`add` over n rows of columns (n > 0); `cautious`: a step the budget limits stops it instead of shrinking to
+        fit (`add_sets`)."""
         cdef Py_ssize_t i, j
         cdef int64_t kl
         cdef uint8_t *e
@@ -495,12 +493,12 @@ cdef class KeyMap:
                 if ords[i] >> 40:
                     raise ValueError("ordinal beyond 2**40")
                 return i  # a narrow map holds no ordinal past 2**32: the rest spills
-            if self.nslots == 0 and not self._grow_slots():
+            if self.nslots == 0 and not self._grow_slots(cautious):
                 return i
             j = self._find(d + key_off[i], kl, h)
             if self.ctrl[j] == 0:
                 if (self.used + 1) * 10 > self.nslots * 9:
-                    if not self._grow_slots():
+                    if not self._grow_slots(cautious):
                         return i
                     j = self._find(d + key_off[i], kl, h)
                 e = self._new_record(kl)

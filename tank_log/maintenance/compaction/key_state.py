@@ -199,9 +199,9 @@ class CompiledKeys:
 
     def add_walked(self, key_map: KeyMap, table: BundleTable, first: int, marked: np.ndarray) -> int:
         assert isinstance(key_map, _key_map.KeyMap)
-        t, codecs = table, NATIVE_CODECS
+        t = table
         columns = (t.set_offsets, t.ends, t.flags, t.counts, t.firsts, t.lasts)
-        return key_map.add_sets(t.walked, *columns, first, codecs, marked.view(np.uint8))
+        return key_map.add_sets(t.walked, *columns, first, NATIVE_CODECS, marked.view(np.uint8))
 
     def key_hashes(self, data: Buffer, key_off: np.ndarray, key_len: np.ndarray) -> np.ndarray:
         return _key_map.key_hashes(data, key_off, key_len)
