@@ -81,6 +81,16 @@ def mutated(seed: int, count: int):
         yield n, rng, base, mutate(rng, data)
 
 
+def walked_headers(seed: int, count: int):
+    """(rng, buffer, headers-only table) of the mutations (`mutated`) whose bundle headers walk."""
+    for _, rng, base, buf in mutated(seed, count):
+        try:
+            headers = walk_bundles(buf, 0, base, collect=False).table
+        except TankFormatError:
+            continue
+        yield rng, buf, headers
+
+
 def test_mutated_segments_give_the_same_outcome_on_both_cores():
     seen = {"ok": 0, "error": 0}
     for n, _, base, buf in mutated(4321, 3000):
@@ -93,11 +103,7 @@ def test_collecting_chosen_bundles_decodes_as_the_collecting_walk(codec_core):
     """Compaction's pass 2 walks headers, then collects some bundles (`collect_bundles`): the same messages, or the
     same error, as collecting each chosen bundle with a walk of its own."""
     seen = {"ok": 0, "error": 0}
-    for _, rng, base, buf in mutated(99, 1500):
-        try:
-            headers = walk_bundles(buf, 0, base, collect=False).table
-        except TankFormatError:
-            continue
+    for rng, buf, headers in walked_headers(99, 1500):
         rows = np.array(sorted(rng.sample(range(len(headers)), rng.randrange(len(headers) + 1))), dtype=np.int64)
         try:  # the oracle: each chosen bundle collected by a walk of its own
             one_by_one = []
@@ -351,11 +357,7 @@ def test_keys_added_straight_from_the_walked_sets_as_from_decoded_columns():
     from tank_log.maintenance.compaction.key_state import add_walked
 
     seen = {"all": 0, "stopped": 0}
-    for _, _, base, buf in mutated(2024, 1500):
-        try:
-            headers = walk_bundles(buf, 0, base, collect=False).table
-        except TankFormatError:
-            continue
+    for _, _, headers in walked_headers(2024, 1500):
         decoded = []  # the oracle: each bundle decoded on its own, up to the first that does not decode
         for i in range(len(headers)):
             try:
