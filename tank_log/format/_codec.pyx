@@ -54,6 +54,20 @@ cdef extern from *:
         memcpy(d, &a, 8);
         memcpy(d + 8, &b, 8);
     }
+    /* Per copy tag byte (§3.4): its length (bits 0-7), the high bits of its offset (8-10) and how many offset bytes
+       follow (11-13), as Snappy's own decoder tabulates them; tl_snappy_init fills it */
+    static uint16_t tl_snappy_tags[256];
+    static void tl_snappy_init(void) {
+        unsigned c;
+        for (c = 0; c < 256; c++) {
+            switch (c & 3) {
+            case 1: tl_snappy_tags[c] = (uint16_t)((4 + ((c >> 2) & 7)) | ((c >> 5) << 8) | (1 << 11)); break;
+            case 2: tl_snappy_tags[c] = (uint16_t)((1 + (c >> 2)) | (2 << 11)); break;
+            case 3: tl_snappy_tags[c] = (uint16_t)((1 + (c >> 2)) | (4 << 11)); break;
+            default: tl_snappy_tags[c] = 0;
+            }
+        }
+    }
     /* A raw Snappy block (§3.4) into dst[0:dlen]: 0, or -1 when it is malformed or does not make exactly dlen bytes
        (the blocks cramjam rejects too: the pure walk then names the error). Every read is checked against the end
        of the block and every write against dlen. Away from the end of dst, literals of up to 16 bytes move as 16
@@ -65,6 +79,7 @@ cdef extern from *:
         uint8_t *op = dst, *oe = dst + dlen, *end, c;
         uint64_t claim = 0;
         size_t len, off, nb, i;
+        uint32_t word, entry;
         int shift = 0;
         do {  /* the uncompressed length: the walk has read it as dlen */
             if (ip >= ie || shift > 35) return -1;
@@ -75,8 +90,7 @@ cdef extern from *:
         if (claim != dlen) return -1;
         while (ip < ie) {
             c = *ip++;
-            switch (c & 3) {
-            case 0:
+            if ((c & 3) == 0) {  /* a literal */
                 len = (size_t)(c >> 2) + 1;
                 if (len <= 16 && ie - ip >= 16 && oe - op >= 16) {  /* the common short literal */
                     tl_copy16(op, ip);
@@ -96,6 +110,18 @@ cdef extern from *:
                 ip += len;
                 op += len;
                 continue;
+            }
+            if (ie - ip >= 4) {  /* a copy (§3.4) away from the end of the block: one path for the three kinds */
+                entry = tl_snappy_tags[c];
+                nb = entry >> 11;
+                memcpy(&word, ip, 4);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+                word = __builtin_bswap32(word);
+    #endif
+                len = entry & 0xff;
+                off = (entry & 0x700) + (word & (uint32_t)(((uint64_t)1 << (8 * nb)) - 1));
+                ip += nb;
+            } else switch (c & 3) {
             case 1:
                 if (ip >= ie) return -1;
                 len = 4 + ((c >> 2) & 7);
@@ -108,10 +134,7 @@ cdef extern from *:
                 ip += 2;
                 break;
             default:
-                if (ie - ip < 4) return -1;
-                len = 1 + (size_t)(c >> 2);
-                off = (size_t)ip[0] | ((size_t)ip[1] << 8) | ((size_t)ip[2] << 16) | ((size_t)ip[3] << 24);
-                ip += 4;
+                return -1;  /* a copy with a 4-byte offset needs 4 more bytes */
             }
             if (off == 0 || off > (size_t)(op - dst) || len > (size_t)(oe - op)) return -1;
             from = op - off;
@@ -144,6 +167,7 @@ cdef extern from *:
     uint64_t tl_load_u64(const uint8_t *p) noexcept nogil
     void tl_store_u64(uint8_t *p, uint64_t v) noexcept nogil
     int tl_snappy_raw(const uint8_t *ip, size_t n, uint8_t *dst, size_t dlen) noexcept nogil
+    void tl_snappy_init() noexcept nogil
 
 
 cdef enum:
@@ -163,11 +187,12 @@ cdef enum:
     UNKNOWN_MESSAGE_FLAGS = 0xF8
     MIN_MESSAGE_BYTES = 2
     # Raw Snappy blocks of up to this many bytes are decoded by tl_snappy_raw (codecs.BlockCodec.raw_snappy), larger
-    # ones by the codec's decompress_into: a call costs ~1 µs, more than decoding a one-message set, while on sets
-    # of ~12 KB cramjam's decoder is faster than this one (bench/RESULTS.md, "Scan into Arrow")
-    SNAPPY_HERE_MAX = 4096
+    # ones by the codec's decompress_into: a call costs ~0.45 µs, while cramjam's decoder is ~1.5 % faster per byte,
+    # which only outweighs the call on blocks of ~45 KB and more (bench/RESULTS.md, "Scan into Arrow")
+    SNAPPY_HERE_MAX = 65536
 
 cdef uint64_t U32_MAX = 0xFFFFFFFF
+tl_snappy_init()
 
 
 
@@ -443,14 +468,11 @@ cdef int unpack_set(const uint8_t *b, Py_ssize_t set_off, Py_ssize_t end, uint8_
     `out_view` a writable one of out, for a codec's decompress_into."""
     cdef uint8_t codec = flags & 0x03
     cdef uint8_t *dst = out + at
-    cdef int rc
     if codec == 0:
         memcpy(dst, b + set_off, length)
         return 0
-    if codecs[codec][2] and length <= SNAPPY_HERE_MAX:  # a small raw Snappy block: decoded here
-        with nogil:
-            rc = tl_snappy_raw(b + set_off, end - set_off, dst, length)
-        return 1 if rc else 0
+    if codecs[codec][2] and length <= SNAPPY_HERE_MAX:  # a raw Snappy block of at most 64 KiB: decoded here, in
+        return 1 if tl_snappy_raw(b + set_off, end - set_off, dst, length) else 0  # < 40 µs: not worth the GIL
     try:
         written = codecs[codec][0](src[set_off:end], out_view[at:at + length])
     except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
@@ -939,3 +961,4 @@ def gather_spans(object data, const int64_t[::1] off, const int64_t[::1] length)
             at += length[i]
         o[i + 1] = <int32_t>at
     return offsets, out
+
