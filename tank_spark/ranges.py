@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
 from tank_log.errors import TankFormatError, UnrepresentableData
-from tank_log.format.arrow import skip_pandas_detection, to_record_batch
+from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
@@ -316,27 +316,26 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
     topic = pa.array([r.topic], pa.string())
     stop_seq = r.stop_seq if r.stop is not None else None
     audit = SegmentAudit(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
-    chunks = seg.chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
+    chunks = seg.batch_chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
     for chunk in audited(chunks, audit):
-        c = chunk.cols
-        in_seqs = seq_mask(c.seq, r.min_seq, r.max_seq)
-        sel = np.ones(len(c), dtype=bool) if in_seqs is None else in_seqs
+        seq, ts = chunk.seq, chunk.batch.column(1).to_numpy()
+        in_seqs = seq_mask(seq, r.min_seq, r.max_seq)
+        sel = np.ones(len(seq), dtype=bool) if in_seqs is None else in_seqs
         if r.min_ts is not None:
-            sel &= c.ts >= np.uint64(max(r.min_ts, 0))
+            sel &= ts >= np.uint64(max(r.min_ts, 0))
         if r.max_ts is not None:
-            sel &= c.ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(c), bool)
+            sel &= ts <= np.uint64(max(r.max_ts, 0)) if r.max_ts >= 0 else np.zeros(len(seq), bool)
         if not sel.any():
             continue
-        if int(c.seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
+        if int(seq[-1]) > SPARK_LONG_MAX:  # seqs increase: the last is the largest
             i = next(k for k, last in enumerate(chunk.table.lasts) if last > SPARK_LONG_MAX)
             at = chunk.file_offset + int(chunk.table.offsets[i])  # the first bundle holding such a seq
             raise UnrepresentableData(
-                f"seq {int(c.seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows "
-                f"cannot hold",
+                f"seq {int(seq[-1])} exceeds Spark's long (2**63-1): valid TANK data (§3.6, u64) that rows cannot hold",
                 r.path,
                 at,
             )
-        batch = to_record_batch(c, None if sel.all() else sel)
+        batch = chunk.batch if sel.all() else chunk.batch.filter(sel)
         n = batch.num_rows
         ts, ts_raw = spark_ts(batch.column("ts").to_numpy())
         yield pa.RecordBatch.from_arrays(

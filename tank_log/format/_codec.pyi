@@ -68,3 +68,13 @@ def encode_bundles(
     compress: Callable[[bytes], bytes],
 ) -> tuple[bytes, np.ndarray] | None: ...
 def gather_spans(data: Data, off: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, bytes] | None: ...
+def scan_sets(
+    walked: Data,
+    set_offsets: np.ndarray,
+    ends: np.ndarray,
+    flags: np.ndarray,
+    counts: np.ndarray,
+    firsts: np.ndarray,
+    lasts: np.ndarray,
+    codecs: tuple[CodecSpec, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None: ...

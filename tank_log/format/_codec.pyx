@@ -16,7 +16,7 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.pyport cimport PY_SSIZE_T_MAX
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy, memmove, memset
 
 cimport cython
 
@@ -962,3 +962,88 @@ def gather_spans(object data, const int64_t[::1] off, const int64_t[::1] length)
         o[i + 1] = <int32_t>at
     return offsets, out
 
+
+def scan_sets(object walked, const int64_t[::1] set_offsets, const int64_t[::1] ends, const uint8_t[::1] flags,
+              const int64_t[::1] counts, const uint64_t[::1] firsts, const uint64_t[::1] lasts, tuple codecs):
+    """The messages of walked bundles (a headers-only walk's columns over `walked`) as the buffers of Arrow arrays,
+    in one pass: each message set is unpacked after the values so far, parsed there, its keys copied out and its
+    values moved down over its headers while the set is still in cache. Returns (seq, ts, key validity bitmap or
+    None, null keys, key offsets, key bytes, value offsets, value bytes), offsets int32; None when a message set
+    does not unpack or parse, or the keys or values need more than int32 offsets (the caller then decodes the
+    bundles, for the precise error or with larger offsets)."""
+    cdef const uint8_t[::1] view = walked
+    cdef Py_ssize_t size = view.shape[0], nb = counts.shape[0], i, k, length = 0, rows = 0
+    cdef Py_ssize_t total = 0, bound = 0, done = 0, kat = 0, vat = 0, nulls = 0
+    cdef const uint8_t *b = &view[0] if size else NULL
+    cdef int64_t n
+    cdef int64_t *spans = NULL  # four columns of `rows` entries each: key_off, key_len, val_off, val_len
+    cdef object src = memoryview(walked)
+    if not (set_offsets.shape[0] == ends.shape[0] == flags.shape[0] == nb == firsts.shape[0] == lasts.shape[0]):
+        raise ValueError("columns of different lengths")
+    if len(codecs) != 4:
+        raise ValueError("a codec entry per codec id 0..3")
+    for i in range(nb):  # every set's length first: it bounds the rows and the bytes, checked before allocating
+        n = counts[i]
+        if n <= 0 or not 0 <= set_offsets[i] <= ends[i] <= size:
+            return None
+        if set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length) or n > length // 2:
+            return None  # (a message takes 2 bytes at least)
+        total += n
+        bound += length
+        if bound > 0x7FFFFFFF:
+            return None
+    seq_a = np.empty(total, np.uint64)
+    ts_a = np.empty(total, np.uint64)
+    valid_a = np.zeros((total + 7) // 8, np.uint8)
+    koffs_a = np.empty(total + 1, np.int32)
+    voffs_a = np.empty(total + 1, np.int32)
+    kdata_a = np.empty(bound, np.uint8)
+    vdata_a = np.empty(bound + PAD, np.uint8)  # each set is unpacked at the end of the values, then its values moved
+    cdef uint64_t[::1] seq = seq_a, ts = ts_a
+    cdef uint8_t[::1] valid = valid_a
+    cdef int32_t[::1] koffs = koffs_a, voffs = voffs_a
+    cdef uint8_t[::1] kdata = kdata_a, vdata = vdata_a
+    cdef uint8_t *at
+    cdef object vdata_view = PyMemoryView_FromMemory(<char *>&vdata[0], bound + PAD, PyBUF_WRITE)
+    cdef int64_t *koff
+    cdef int64_t *klen
+    cdef int64_t *voff
+    cdef int64_t *vlen
+    koffs[0] = 0
+    voffs[0] = 0
+    try:
+        for i in range(nb):
+            n = counts[i]
+            set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length)
+            if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, &vdata[0], vat, vdata_view):
+                return None
+            at = &vdata[vat]
+            memset(at + length, 0, PAD)
+            if n > rows:  # after the unpack: n is at most half of what the set really holds
+                rows = max(n, 2 * rows, 256)
+                PyMem_Free(spans)
+                spans = <int64_t *>PyMem_Malloc(4 * rows * sizeof(int64_t))
+                if spans == NULL:
+                    raise MemoryError()
+            koff = spans
+            klen = spans + rows
+            voff = spans + 2 * rows
+            vlen = spans + 3 * rows
+            if parse_set(at, 0, length, n, (flags[i] & SPARSE) != 0, firsts[i], lasts[i], &seq[done], &ts[done],
+                         koff, klen, voff, vlen):
+                return None
+            for k in range(n):  # parse_set keeps every span inside the set: at most `bound` bytes in all
+                if koff[k] >= 0:
+                    valid[(done + k) >> 3] |= <uint8_t>(1 << ((done + k) & 7))
+                    memcpy(&kdata[kat], at + koff[k], klen[k])
+                    kat += klen[k]
+                else:
+                    nulls += 1
+                koffs[done + k + 1] = <int32_t>kat
+                memmove(&vdata[vat], at + voff[k], vlen[k])  # down, over bytes already read: vat <= at + voff[k]
+                vat += vlen[k]
+                voffs[done + k + 1] = <int32_t>vat
+            done += n
+    finally:
+        PyMem_Free(spans)
+    return seq_a, ts_a, valid_a if nulls else None, nulls, koffs_a, kdata_a[:kat], voffs_a, vdata_a[:vat]

@@ -1,5 +1,9 @@
 """Decoded message columns ↔ Arrow, without a Python object per message.
 
+`walked_batch` reads the bundles of a headers-only walk into a batch: the compiled core in one pass per message set
+(`compiled_walked_batch`), the pure-Python core through the decoded columns (`columns_batch`). `WALKED_BATCH` holds
+the one in use.
+
 Keys and values sit interleaved with message headers in the decoded buffer. The compiled core copies them into one
 buffer of the exact size (`gather_spans`); the pure-Python core views the buffer as one binary array whose elements
 alternate value / gap (offsets = start0, end0, start1, end1, ...; spans sorted by offset) and has Arrow `take` the
@@ -18,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from tank_log.format import native
+from tank_log.format.decode import NATIVE_CODECS, BundleTable, collect_bundles, decode_messages
 from tank_log.format.messages import MessageColumns
 
 try:
@@ -130,6 +135,39 @@ def to_record_batch(cols: MessageColumns, select: np.ndarray | None = None) -> p
     return pa.RecordBatch.from_arrays([pa.array(seq), pa.array(ts), keys, values], schema=MESSAGE_SCHEMA)
 
 
+def walked_batch(table: BundleTable) -> pa.RecordBatch:
+    """The messages of a headers-only walk's table (`walk_bundles(collect=False)`, or a piece of one: see
+    `decode.pieces`) as one batch of MESSAGE_SCHEMA.
+
+    Raises:
+        TankFormatError: a malformed message set (buffer offset; the caller adds the file).
+    """
+    return WALKED_BATCH.impl(table)
+
+
+def columns_batch(table: BundleTable) -> pa.RecordBatch:
+    """`walked_batch` through decoded columns: the message sets gathered, decoded, then keys and values gathered."""
+    return to_record_batch(decode_messages(collect_bundles(table, np.arange(len(table)))))
+
+
+def compiled_walked_batch(table: BundleTable) -> pa.RecordBatch:
+    """`walked_batch` in one compiled pass (`_codec.scan_sets`); a table it declines (a malformed message set, or keys
+    or values past int32 offsets) goes through the columns, for the precise error or with large offsets."""
+    t = table
+    got = _codec.scan_sets(t.walked, t.set_offsets, t.ends, t.flags, t.counts, t.firsts, t.lasts, NATIVE_CODECS)
+    if got is None:
+        return columns_batch(table)
+    seq, ts, key_valid, null_keys, key_offsets, key_bytes, value_offsets, value_bytes = got
+    n = len(seq)
+    validity = None if key_valid is None else pa.py_buffer(key_valid)
+    buffers = [validity, pa.py_buffer(key_offsets), pa.py_buffer(key_bytes)]
+    keys = pa.Array.from_buffers(pa.binary(), n, buffers, null_count=null_keys)
+    values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(value_offsets), pa.py_buffer(value_bytes)])
+    seqs = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(seq)])
+    tss = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(ts)])
+    return pa.RecordBatch.from_arrays([seqs, tss, keys, values], schema=MESSAGE_SCHEMA)
+
+
 def columns_from_arrow(seq: np.ndarray, ts: np.ndarray, key: pa.Array, value: pa.Array) -> MessageColumns:
     """The way back (rows to write): seqs and ms timestamps (uint64) with binary keys (null = no key) and values
     (no nulls) → MessageColumns over one buffer, the keys' bytes then the values' (one copy of each)."""
@@ -168,3 +206,6 @@ def _spans(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, byt
 
 
 GATHER: native.Choice[Gather] = native.Choice(pure_gather, lambda: compiled_gather)
+WALKED_BATCH: native.Choice[Callable[[BundleTable], pa.RecordBatch]] = native.Choice(
+    columns_batch, lambda: compiled_walked_batch
+)

@@ -210,6 +210,18 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
     return sub
 
 
+def pieces(table: BundleTable) -> Iterator[BundleTable]:
+    """A headers-only chunk's table in runs of whole bundles of at most DEFAULT_MAX_MESSAGES messages (a bundle
+    may hold more on its own): what one decode holds, as the collecting walk bounds it."""
+    ends = np.cumsum(table.counts)
+    start = 0
+    while start < len(table):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + DEFAULT_MAX_MESSAGES, side="right")))
+        yield table if start == 0 and stop == len(table) else table.take(slice(start, stop))
+        start = stop
+
+
 def _collect_pure(buf: bytes, sub: BundleTable) -> Gathered | int:
     """The pure-Python collect: the gathered message sets, or the index of the first bundle that does not collect."""
     mv = memoryview(buf)

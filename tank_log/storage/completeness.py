@@ -19,6 +19,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -31,9 +32,10 @@ from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Unread
 from tank_log.storage.salvage import data_beyond_break
-from tank_log.storage.segment import Chunk, Segment, SegmentWalk, Tail
+from tank_log.storage.segment import BatchChunk, Chunk, Segment, SegmentWalk, Tail
 
 log = logging.getLogger(__name__)
+C = TypeVar("C", Chunk, BatchChunk)  # a walk's chunks, decoded to columns or read into Arrow batches
 
 
 @dataclass(frozen=True)
@@ -257,12 +259,12 @@ class SegmentAudit:
         return None
 
 
-def audited(walk: SegmentWalk[Chunk], audit: SegmentAudit) -> Iterator[Chunk]:
+def audited(walk: SegmentWalk[C], audit: SegmentAudit) -> Iterator[C]:
     """The walk's chunks, each shown to `audit` first; malformed data raises the hole it leaves instead (`HoleError`:
     file, offset, the seqs from the last chunk out)."""
     try:
         for chunk in walk:
-            audit.observe(chunk.file_offset, chunk.table, chunk.cols.seq)
+            audit.observe(chunk.file_offset, chunk.table, chunk.seq)
             yield chunk
     except TankFormatError as err:
         if isinstance(err, HoleError):

@@ -26,6 +26,7 @@ from tank_log.format.decode import (
     WalkResult,
     collect_bundles,
     decode_messages,
+    pieces,
     walk_bundles,
 )
 from tank_log.format.index import lookup, usable_entries
@@ -59,6 +60,26 @@ class Chunk:
     file_offset: int  # file position of table offset 0
     table: BundleTable
     cols: MessageColumns
+
+    @property
+    def seq(self) -> np.ndarray:
+        """The messages' seqs."""
+        return self.cols.seq
+
+
+@dataclass
+class BatchChunk:
+    """Consecutive complete bundles of a file, with their messages as an Arrow batch (`format.arrow.MESSAGE_SCHEMA`)."""
+
+    file_offset: int  # file position of table offset 0
+    table: BundleTable
+    batch: pa.RecordBatch
+
+    @property
+    def seq(self) -> np.ndarray:
+        """The messages' seqs (a view of the batch's column)."""
+        seq: np.ndarray = self.batch.column(0).to_numpy()
+        return seq
 
 
 class SegmentWalk(Iterator[T]):
@@ -257,6 +278,44 @@ class Segment:
         )
         return SegmentWalk(_flat_map(walk, decode))
 
+    def batch_chunks(
+        self,
+        *,
+        start: int = 0,
+        next_seq: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        stop_seq: int | None = None,
+        stop_offset: int | None = None,
+    ) -> SegmentWalk[BatchChunk]:
+        """`chunks` with the messages as Arrow batches (`format.arrow.walked_batch`), read from each walked chunk's
+        message sets in one pass, without decoded columns; a chunk of more than DEFAULT_MAX_MESSAGES messages comes
+        in pieces (`decode.pieces`).
+
+        Raises:
+            TankFormatError: a malformed bundle or message (file and offset).
+        """
+        from tank_log.format.arrow import skip_pandas_detection, walked_batch
+
+        skip_pandas_detection()  # pyarrow would import pandas at its first conversion (format/arrow.py)
+
+        def read(res: WalkResult, base: int) -> Iterator[BatchChunk]:
+            for table in pieces(res.table):
+                try:
+                    batch = walked_batch(table)
+                except TankFormatError as err:
+                    raise err.located(self.path, base) from None
+                yield BatchChunk(base, table, batch)
+
+        walk = self._walk(
+            collect=False,
+            start=start,
+            next_seq=next_seq,
+            chunk_bytes=chunk_bytes,
+            stop_seq=stop_seq,
+            stop_offset=stop_offset,
+        )
+        return SegmentWalk(_flat_map(walk, read))
+
     # ---- convenient views ----------------------------------------------------------------------------------------
 
     def batches(
@@ -271,20 +330,18 @@ class Segment:
 
         With `min_seq` the index is used to seek (docs/FORMAT.md §4.4 step 3) when `use_index` and it exists.
         """
-        from tank_log.format.arrow import skip_pandas_detection, to_record_batch
-
-        skip_pandas_detection()  # pyarrow would import pandas at its first conversion (format/arrow.py)
         start, next_seq = 0, None
         if min_seq is not None and use_index:
             start, next_seq = self.seek(min_seq)
 
         def gen() -> Generator[pa.RecordBatch, None, Tail | None]:
-            walk = self.chunks(start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=max_seq)
+            walk = self.batch_chunks(start=start, next_seq=next_seq, chunk_bytes=chunk_bytes, stop_seq=max_seq)
             for chunk in walk:
-                select = seq_mask(chunk.cols.seq, min_seq, max_seq)
-                if select is not None and not select.any():
-                    continue
-                yield to_record_batch(chunk.cols, select)
+                select = seq_mask(chunk.seq, min_seq, max_seq)
+                if select is None or select.all():
+                    yield chunk.batch
+                elif select.any():
+                    yield chunk.batch.filter(select)
             return walk.tail
 
         return SegmentWalk(gen())

@@ -157,16 +157,62 @@ def test_seqs_up_to_two_to_the_64():
 def test_snappy_sets_on_both_sides_of_the_compiled_decoders_limit():
     """Snappy sets of up to 64 KiB are decoded by the walk's own decoder, larger ones by cramjam (_codec.pyx
     SNAPPY_HERE_MAX, 65536 bytes): sets of every size around the limit, valid and damaged, read the same on both
-    cores."""
+    cores, by the walk and into Arrow batches."""
     rng = random.Random(7)
     for size in range(65510, 65570, 3):
         msgs = [Message(1, 5, b"k", bytes(rng.choice(b"abcd") for _ in range(size - 20)))]
         bundle = frame(encode_bundle(msgs, sparse=False, codec=Codec.SNAPPY))
         assert both(bundle)[0] == "ok"
+        assert batch_outcome(bundle)[0] == "ok"
         for _ in range(5):
             damaged = bytearray(bundle)
             damaged[rng.randrange(8, len(damaged))] ^= 1 << rng.randrange(8)
             both(bytes(damaged))
+            batch_outcome(bytes(damaged))
+
+
+def batch_outcome(buf: bytes, next_seq: int = 1) -> tuple:
+    """The Arrow batch of a headers-only walk's bundles (`walked_batch`), or its error, the same on both cores."""
+    from tank_log.format.arrow import walked_batch
+
+    got = []
+    for pure in (False, True):
+        with native.use_pure(pure):
+            try:
+                batch = walked_batch(walk_bundles(buf, 0, next_seq, collect=False).table)
+                batch.validate(full=True)
+                got.append(("ok", batch))
+            except TankFormatError as err:
+                got.append(("error", err.message, err.offset))
+    fast, pure_ = got
+    assert fast[0] == pure_[0] and (fast[1].equals(pure_[1]) if fast[0] == "ok" else fast == pure_)
+    return fast
+
+
+def test_walked_batches_of_mutated_segments_are_the_decoded_columns_batches():
+    """The compiled one-pass read into Arrow (`_codec.scan_sets`) against the columns the pure core decodes: the
+    same batch, or the same error at the same offset, on 1,500 mutated segments whose headers walk."""
+    from tank_log.format import _codec
+    from tank_log.format.arrow import columns_batch, compiled_walked_batch
+    from tank_log.format.decode import NATIVE_CODECS as CODECS
+
+    seen = {"ok": 0, "error": 0}
+    for _, _, headers in walked_headers(2024, 1500):
+        outcomes = []
+        for read in (compiled_walked_batch, columns_batch):
+            try:
+                batch = read(headers)
+                batch.validate(full=True)
+                outcomes.append(("ok", batch))
+            except TankFormatError as err:
+                outcomes.append(("error", err.message, err.offset))
+        fast, slow = outcomes
+        assert fast[0] == slow[0] and (fast[1].equals(slow[1]) if fast[0] == "ok" else fast == slow)
+        t = headers
+        one_pass = _codec.scan_sets(t.walked, t.set_offsets, t.ends, t.flags, t.counts, t.firsts, t.lasts, CODECS)
+        assert (one_pass is not None) == (fast[0] == "ok")  # the batch came from the one pass, not the columns
+        seen[fast[0]] += 1
+    assert seen["ok"] > 300 and seen["error"] > 100, seen
 
 
 @settings(max_examples=300, deadline=None)
@@ -482,7 +528,8 @@ def _framed_sizes(buf: bytes) -> list[int]:
 @given(st.lists(message_runs(max_len=30), min_size=1, max_size=4), st.lists(st.booleans()), st.data())
 def test_arrow_batches_are_identical_on_both_cores(groups, codecs, data):
     """to_record_batch: the compiled core gathers keys and values into buffers of the exact size, the pure one has
-    Arrow `take` them; the same arrays (null keys, plain and Snappy sets out of buffer order, a row mask)."""
+    Arrow `take` them; the same arrays (null keys, plain and Snappy sets out of buffer order, a row mask). The batch
+    read from the walked sets in one pass (`walked_batch`) is the same again."""
     from tank_log.format.arrow import to_record_batch
 
     buf, seq = b"", 1
@@ -502,6 +549,7 @@ def test_arrow_batches_are_identical_on_both_cores(groups, codecs, data):
             batches.append(batch)
         assert batches[0].equals(batches[1])
         assert batches[0].column("key").null_count == int(((cols.key_off < 0) & (True if mask is None else mask)).sum())
+    assert batch_outcome(buf)[1].equals(to_record_batch(cols))
 
 
 def _snappy_outcome(block: bytes, size: int) -> tuple[bool, bytes]:
