@@ -2,7 +2,8 @@
 
 Writes >= 1M generated messages (BENCH.md generator) per configuration — plain / Snappy, 1-message / 100-message
 bundles — then scans every segment into `pyarrow.RecordBatch`es. Also measures the raw Snappy decompression of the
-same compressed message sets (the ceiling for the Snappy cases). Each configuration is scanned on both codec cores
+same compressed message sets (the ceiling for the Snappy cases) after every round of scans, so that each round has
+its own reference. Each configuration is scanned on both codec cores
 (compiled and pure Python), alternating, in the same run.
 
 The scans run with the allocator setting the export's readers make (jobs/allocator.py); `--glibc-default-allocator`
@@ -55,24 +56,24 @@ def scan(part_dir: str) -> tuple[int, int, float, float]:
     return rows, nbytes, t.wall, t.cpu
 
 
-def snappy_ceiling(part_dir: str) -> tuple[float, float, int]:
-    """Seconds (wall, CPU) to raw-decompress every Snappy message set of the partition with the Snappy library
-    (cramjam, the backend python-snappy uses), one call per set (best of 3)."""
+def snappy_blocks(part_dir: str) -> list[bytes]:
+    """The partition's compressed message sets, in memory."""
     part = scan_partition(part_dir, "bench", 0)
     blocks = []
     for s in part.segments:
         raw = open(s.path, "rb").read()
-        for h in s.bundles():
-            if h.codec:
-                blocks.append(raw[h.set_offset : h.end])
-    best, best_cpu = float("inf"), float("inf")
-    for _ in range(3):
-        with Timer() as t:
-            decompress = cramjam.snappy.decompress_raw
-            for b in blocks:
-                decompress(b)
-        best, best_cpu = min(best, t.wall), min(best_cpu, t.cpu)
-    return best, best_cpu, len(blocks)
+        blocks += [raw[h.set_offset : h.end] for h in s.bundles() if h.codec]
+    return blocks
+
+
+def snappy_pass(blocks: list[bytes]) -> tuple[float, float]:
+    """Seconds (wall, CPU) to raw-decompress every block with the Snappy library (cramjam, the backend
+    python-snappy uses), one call per set."""
+    decompress = cramjam.snappy.decompress_raw
+    with Timer() as t:
+        for b in blocks:
+            decompress(b)
+    return t.wall, t.cpu
 
 
 def main() -> None:
@@ -108,17 +109,21 @@ def main() -> None:
             )
         scan(d)  # warm the page cache
         runs: dict[str, list[tuple[int, int, float, float]]] = {"native": [], "pure": []}
-        for _ in range(args.runs):  # alternate the cores: the machine's noise hits both alike
+        blocks = snappy_blocks(d) if snap is SnappyPolicy.ALWAYS else []
+        raw_passes: list[tuple[float, float]] = []
+        for _ in range(args.runs):  # alternate the cores and the raw pass: the machine's noise hits all alike
             for core in runs:
                 with native.use_pure(core == "pure"):
                     runs[core].append(scan(d))
+            if blocks:
+                raw_passes.append(snappy_pass(blocks))
         res: dict = {"config": label, "write_s": round(tw.wall, 1), "load_average": load_average()}
         secs = cpu_secs = 0.0
-        if snap is SnappyPolicy.ALWAYS:
-            secs, cpu_secs, blocks = snappy_ceiling(d)
+        if blocks:
+            secs, cpu_secs = min(r[0] for r in raw_passes), min(r[1] for r in raw_passes)
             res["snappy_decompress_only_s"] = round(secs, 3)
             res["snappy_decompress_only_cpu_s"] = round(cpu_secs, 3)
-            res["snappy_blocks"] = blocks
+            res["snappy_blocks"] = len(blocks)
         for core, core_runs in runs.items():
             rows, nbytes, wall, cpu = min(core_runs, key=lambda r: r[2])
             res["messages"], res["bytes_on_disk"] = rows, nbytes
@@ -131,6 +136,9 @@ def main() -> None:
                 "scan_over_decompress": round(wall / secs, 2) if secs else None,
                 "scan_over_decompress_cpu": round(cpu / cpu_secs, 2) if cpu_secs else None,
             }
+            if blocks:  # each round's scan over the same round's raw pass, CPU: [lowest, median, highest]
+                per_round = sorted(r[3] / p[1] for r, p in zip(core_runs, raw_passes, strict=True))
+                res[core]["round_ratios_cpu"] = [round(per_round[i], 2) for i in (0, len(per_round) // 2, -1)]
         results.append(res)
         print(json.dumps(res), flush=True)
         shutil.rmtree(d, ignore_errors=True)
