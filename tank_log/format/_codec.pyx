@@ -54,20 +54,32 @@ cdef extern from *:
         memcpy(d, &a, 8);
         memcpy(d + 8, &b, 8);
     }
-    /* Per copy tag byte (§3.4): its length (bits 0-7), the high bits of its offset (8-10) and how many offset bytes
-       follow (11-13), as Snappy's own decoder tabulates them; tl_snappy_init fills it */
-    static uint16_t tl_snappy_tags[256];
-    static void tl_snappy_init(void) {
-        unsigned c;
-        for (c = 0; c < 256; c++) {
-            switch (c & 3) {
-            case 1: tl_snappy_tags[c] = (uint16_t)((4 + ((c >> 2) & 7)) | ((c >> 5) << 8) | (1 << 11)); break;
-            case 2: tl_snappy_tags[c] = (uint16_t)((1 + (c >> 2)) | (2 << 11)); break;
-            case 3: tl_snappy_tags[c] = (uint16_t)((1 + (c >> 2)) | (4 << 11)); break;
-            default: tl_snappy_tags[c] = 0;
-            }
-        }
-    }
+    /* Per tag byte (§3.4) of a copy: its length (bits 0-7), the high bits of its offset (8-10) and how many offset
+       bytes follow (11-13), as Snappy's own decoder tabulates them; 0 for a literal's tag */
+    static const uint16_t tl_snappy_tags[256] = {
+        0x0000, 0x0804, 0x1001, 0x2001, 0x0000, 0x0805, 0x1002, 0x2002, 0x0000, 0x0806, 0x1003, 0x2003,
+        0x0000, 0x0807, 0x1004, 0x2004, 0x0000, 0x0808, 0x1005, 0x2005, 0x0000, 0x0809, 0x1006, 0x2006,
+        0x0000, 0x080a, 0x1007, 0x2007, 0x0000, 0x080b, 0x1008, 0x2008, 0x0000, 0x0904, 0x1009, 0x2009,
+        0x0000, 0x0905, 0x100a, 0x200a, 0x0000, 0x0906, 0x100b, 0x200b, 0x0000, 0x0907, 0x100c, 0x200c,
+        0x0000, 0x0908, 0x100d, 0x200d, 0x0000, 0x0909, 0x100e, 0x200e, 0x0000, 0x090a, 0x100f, 0x200f,
+        0x0000, 0x090b, 0x1010, 0x2010, 0x0000, 0x0a04, 0x1011, 0x2011, 0x0000, 0x0a05, 0x1012, 0x2012,
+        0x0000, 0x0a06, 0x1013, 0x2013, 0x0000, 0x0a07, 0x1014, 0x2014, 0x0000, 0x0a08, 0x1015, 0x2015,
+        0x0000, 0x0a09, 0x1016, 0x2016, 0x0000, 0x0a0a, 0x1017, 0x2017, 0x0000, 0x0a0b, 0x1018, 0x2018,
+        0x0000, 0x0b04, 0x1019, 0x2019, 0x0000, 0x0b05, 0x101a, 0x201a, 0x0000, 0x0b06, 0x101b, 0x201b,
+        0x0000, 0x0b07, 0x101c, 0x201c, 0x0000, 0x0b08, 0x101d, 0x201d, 0x0000, 0x0b09, 0x101e, 0x201e,
+        0x0000, 0x0b0a, 0x101f, 0x201f, 0x0000, 0x0b0b, 0x1020, 0x2020, 0x0000, 0x0c04, 0x1021, 0x2021,
+        0x0000, 0x0c05, 0x1022, 0x2022, 0x0000, 0x0c06, 0x1023, 0x2023, 0x0000, 0x0c07, 0x1024, 0x2024,
+        0x0000, 0x0c08, 0x1025, 0x2025, 0x0000, 0x0c09, 0x1026, 0x2026, 0x0000, 0x0c0a, 0x1027, 0x2027,
+        0x0000, 0x0c0b, 0x1028, 0x2028, 0x0000, 0x0d04, 0x1029, 0x2029, 0x0000, 0x0d05, 0x102a, 0x202a,
+        0x0000, 0x0d06, 0x102b, 0x202b, 0x0000, 0x0d07, 0x102c, 0x202c, 0x0000, 0x0d08, 0x102d, 0x202d,
+        0x0000, 0x0d09, 0x102e, 0x202e, 0x0000, 0x0d0a, 0x102f, 0x202f, 0x0000, 0x0d0b, 0x1030, 0x2030,
+        0x0000, 0x0e04, 0x1031, 0x2031, 0x0000, 0x0e05, 0x1032, 0x2032, 0x0000, 0x0e06, 0x1033, 0x2033,
+        0x0000, 0x0e07, 0x1034, 0x2034, 0x0000, 0x0e08, 0x1035, 0x2035, 0x0000, 0x0e09, 0x1036, 0x2036,
+        0x0000, 0x0e0a, 0x1037, 0x2037, 0x0000, 0x0e0b, 0x1038, 0x2038, 0x0000, 0x0f04, 0x1039, 0x2039,
+        0x0000, 0x0f05, 0x103a, 0x203a, 0x0000, 0x0f06, 0x103b, 0x203b, 0x0000, 0x0f07, 0x103c, 0x203c,
+        0x0000, 0x0f08, 0x103d, 0x203d, 0x0000, 0x0f09, 0x103e, 0x203e, 0x0000, 0x0f0a, 0x103f, 0x203f,
+        0x0000, 0x0f0b, 0x1040, 0x2040
+    };
     /* A raw Snappy block (§3.4) into dst[0:dlen]: 0, or -1 when it is malformed or does not make exactly dlen bytes
        (the blocks cramjam rejects too: the pure walk then names the error). Every read is checked against the end
        of the block and every write against dlen. Away from the end of dst, literals of up to 16 bytes move as 16
@@ -167,7 +179,6 @@ cdef extern from *:
     uint64_t tl_load_u64(const uint8_t *p) noexcept nogil
     void tl_store_u64(uint8_t *p, uint64_t v) noexcept nogil
     int tl_snappy_raw(const uint8_t *ip, size_t n, uint8_t *dst, size_t dlen) noexcept nogil
-    void tl_snappy_init() noexcept nogil
 
 
 cdef enum:
@@ -192,7 +203,6 @@ cdef enum:
     SNAPPY_HERE_MAX = 65536
 
 cdef uint64_t U32_MAX = 0xFFFFFFFF
-tl_snappy_init()
 
 
 
@@ -384,7 +394,7 @@ def walk(object data, Py_ssize_t start, object next_seq, bint collect, object ma
                 reason = R_LIMIT if pos < n else R_COMPLETE
                 break
             collected += c
-            if collect and collected >= max_messages and pos < n:
+            if collected >= max_messages and pos < n:
                 reason = R_BUDGET
                 break
         if collect:  # also before a bad header: a block before it that does not decompress is the first error
@@ -471,8 +481,9 @@ cdef int unpack_set(const uint8_t *b, Py_ssize_t set_off, Py_ssize_t end, uint8_
     if codec == 0:
         memcpy(dst, b + set_off, length)
         return 0
-    if codecs[codec][2] and length <= SNAPPY_HERE_MAX:  # a raw Snappy block of at most 64 KiB: decoded here, in
-        return 1 if tl_snappy_raw(b + set_off, end - set_off, dst, length) else 0  # < 40 µs: not worth the GIL
+    if codecs[codec][2] and length <= SNAPPY_HERE_MAX:  # a raw Snappy block of at most 64 KiB is decoded here,
+        # holding the GIL on purpose: it takes < 40 µs, less than releasing and taking it back is worth
+        return 1 if tl_snappy_raw(b + set_off, end - set_off, dst, length) else 0
     try:
         written = codecs[codec][0](src[set_off:end], out_view[at:at + length])
     except Exception:  # the pure walk re-raises it as a TankFormatError at this bundle
@@ -997,14 +1008,17 @@ def scan_sets(object walked, const int64_t[::1] set_offsets, const int64_t[::1] 
     valid_a = np.zeros((total + 7) // 8, np.uint8)
     koffs_a = np.empty(total + 1, np.int32)
     voffs_a = np.empty(total + 1, np.int32)
-    kdata_a = np.empty(bound, np.uint8)
-    vdata_a = np.empty(bound + PAD, np.uint8)  # each set is unpacked at the end of the values, then its values moved
+    # bytearrays, cut to what they hold at the end (a cut to below half its size gives the rest back, so a batch
+    # keeps less than twice its bytes alive); each set is unpacked after the values so far, then its values moved
+    keys_out = PyByteArray_FromStringAndSize(NULL, bound)
+    values_out = PyByteArray_FromStringAndSize(NULL, bound + PAD)
     cdef uint64_t[::1] seq = seq_a, ts = ts_a
     cdef uint8_t[::1] valid = valid_a
     cdef int32_t[::1] koffs = koffs_a, voffs = voffs_a
-    cdef uint8_t[::1] kdata = kdata_a, vdata = vdata_a
+    cdef uint8_t *kdata = <uint8_t *>PyByteArray_AS_STRING(keys_out)
+    cdef uint8_t *vdata = <uint8_t *>PyByteArray_AS_STRING(values_out)
     cdef uint8_t *at
-    cdef object vdata_view = PyMemoryView_FromMemory(<char *>&vdata[0], bound + PAD, PyBUF_WRITE)
+    cdef object vdata_view = PyMemoryView_FromMemory(<char *>vdata, bound + PAD, PyBUF_WRITE)
     cdef int64_t *koff
     cdef int64_t *klen
     cdef int64_t *voff
@@ -1015,9 +1029,9 @@ def scan_sets(object walked, const int64_t[::1] set_offsets, const int64_t[::1] 
         for i in range(nb):
             n = counts[i]
             set_length(b, set_offsets[i], ends[i], flags[i], n, codecs, &length)
-            if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, &vdata[0], vat, vdata_view):
+            if unpack_set(b, set_offsets[i], ends[i], flags[i], length, codecs, src, vdata, vat, vdata_view):
                 return None
-            at = &vdata[vat]
+            at = vdata + vat
             memset(at + length, 0, PAD)
             if n > rows:  # after the unpack: n is at most half of what the set really holds
                 rows = max(n, 2 * rows, 256)
@@ -1035,15 +1049,18 @@ def scan_sets(object walked, const int64_t[::1] set_offsets, const int64_t[::1] 
             for k in range(n):  # parse_set keeps every span inside the set: at most `bound` bytes in all
                 if koff[k] >= 0:
                     valid[(done + k) >> 3] |= <uint8_t>(1 << ((done + k) & 7))
-                    memcpy(&kdata[kat], at + koff[k], klen[k])
+                    memcpy(kdata + kat, at + koff[k], klen[k])
                     kat += klen[k]
                 else:
                     nulls += 1
                 koffs[done + k + 1] = <int32_t>kat
-                memmove(&vdata[vat], at + voff[k], vlen[k])  # down, over bytes already read: vat <= at + voff[k]
+                memmove(vdata + vat, at + voff[k], vlen[k])  # down, over bytes already read: vat <= at + voff[k]
                 vat += vlen[k]
                 voffs[done + k + 1] = <int32_t>vat
             done += n
     finally:
         PyMem_Free(spans)
-    return seq_a, ts_a, valid_a if nulls else None, nulls, koffs_a, kdata_a[:kat], voffs_a, vdata_a[:vat]
+    del vdata_view  # the raw view of values_out goes before it is cut
+    PyByteArray_Resize(keys_out, kat)
+    PyByteArray_Resize(values_out, vat)
+    return seq_a, ts_a, valid_a if nulls else None, nulls, koffs_a, keys_out, voffs_a, values_out

@@ -57,12 +57,13 @@ COMPLETE = "complete"  # every byte consumed
 INCOMPLETE = "incomplete"  # the last bundle (or its length varint) continues past the buffer
 ZERO = "zero"  # a zero length varint: trailing zero bytes (torn tail) or corruption
 LIMIT = "limit"  # stopped early at max_bytes / stop_seq
-BUDGET = "budget"  # stopped after `max_messages` collected messages; more bundles follow
+BUDGET = "budget"  # stopped after `max_messages` walked messages; more bundles follow
 REASONS = (COMPLETE, INCOMPLETE, ZERO, LIMIT, BUDGET)  # the compiled walk's reason codes; 5 = malformed input
 _NATIVE_ERROR = len(REASONS)
 
 MIN_MESSAGE_BYTES = 2  # flags + a 1-byte content length (§3.5): bounds a bundle's count by its message set's size
 DEFAULT_MAX_MESSAGES = 1 << 20  # messages per collecting walk: bounds decode_messages' arrays (~64 B each)
+NO_MESSAGE_LIMIT = 1 << 62  # a walk's max_messages that never binds
 
 
 def _column(dtype: type[np.generic]) -> Any:
@@ -158,16 +159,19 @@ def walk_bundles(
     collect: bool = True,
     max_bytes: int | None = None,
     stop_seq: int | None = None,
-    max_messages: int = DEFAULT_MAX_MESSAGES,
+    max_messages: int | None = None,
 ) -> WalkResult:
     """Walk framed bundles of `buf` from `start`; see module docstring.
 
     `collect`: decompress Snappy message sets and build `data` (for `decode_messages`); otherwise headers only.
     `max_bytes`: stop after the bundle that brings the walked bytes to this size. `stop_seq`: stop after the
-    bundle whose last seq is >= stop_seq. `max_messages`: with `collect`, stop (reason BUDGET) after the bundle
-    that brings the collected messages to this many, so what is decoded at once stays bounded on any input (a
-    bundle's count is checked against its message set's size first).
+    bundle whose last seq is >= stop_seq. `max_messages`: stop (reason BUDGET) after the bundle that brings the
+    walked messages to this many (None: DEFAULT_MAX_MESSAGES when collecting, no limit for headers only), so what
+    is decoded at once stays bounded on any input (a bundle's count is checked against its message set's size
+    first).
     """
+    if max_messages is None:
+        max_messages = DEFAULT_MAX_MESSAGES if collect else NO_MESSAGE_LIMIT
     return _result(buf, WALKER.impl.walk(buf, start, next_seq, collect, max_bytes, stop_seq, max_messages))
 
 
@@ -208,18 +212,6 @@ def collect_bundles(table: BundleTable, rows: np.ndarray) -> BundleTable:
         _raise_first_error(table, pick, sub, got)
     sub.data, sub.set_starts, sub.set_ends = got
     return sub
-
-
-def pieces(table: BundleTable) -> Iterator[BundleTable]:
-    """A headers-only chunk's table in runs of whole bundles of at most DEFAULT_MAX_MESSAGES messages (a bundle
-    may hold more on its own): what one decode holds, as the collecting walk bounds it."""
-    ends = np.cumsum(table.counts)
-    start = 0
-    while start < len(table):
-        before = int(ends[start - 1]) if start else 0
-        stop = max(start + 1, int(np.searchsorted(ends, before + DEFAULT_MAX_MESSAGES, side="right")))
-        yield table if start == 0 and stop == len(table) else table.take(slice(start, stop))
-        start = stop
 
 
 def _collect_pure(buf: bytes, sub: BundleTable) -> Gathered | int:
@@ -337,7 +329,7 @@ def _walk(
             reason = LIMIT if pos < n else COMPLETE
             break
         collected += c
-        if collect and collected >= max_messages and pos < n:
+        if collected >= max_messages and pos < n:
             reason = BUDGET  # enough for one decode: the caller continues from `stop`
             break
     columns = _header_columns(rows)

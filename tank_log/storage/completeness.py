@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -32,10 +32,23 @@ from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
 from tank_log.storage.datadir import Unread
 from tank_log.storage.salvage import data_beyond_break
-from tank_log.storage.segment import BatchChunk, Chunk, Segment, SegmentWalk, Tail
+from tank_log.storage.segment import Segment, SegmentWalk, Tail
 
 log = logging.getLogger(__name__)
-C = TypeVar("C", Chunk, BatchChunk)  # a walk's chunks, decoded to columns or read into Arrow batches
+
+
+class Walked(Protocol):
+    """A walked chunk the audit observes: `Chunk` (decoded columns) or `BatchChunk` (an Arrow batch)."""
+
+    @property
+    def file_offset(self) -> int: ...
+    @property
+    def table(self) -> BundleTable: ...
+    @property
+    def seq(self) -> np.ndarray: ...
+
+
+C = TypeVar("C", bound=Walked)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 import numpy as np
 
 from tank_log.errors import TankFormatError
+from tank_log.format import decode as decoding
 from tank_log.format.bundle import SPARSE, BundleHeader, Message, messages_of
 from tank_log.format.decode import (
     BUDGET,
@@ -26,7 +27,6 @@ from tank_log.format.decode import (
     WalkResult,
     collect_bundles,
     decode_messages,
-    pieces,
     walk_bundles,
 )
 from tank_log.format.index import lookup, usable_entries
@@ -175,9 +175,14 @@ class Segment:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stop_seq: int | None = None,
         stop_offset: int | None = None,
+        as_collected: bool = False,
     ) -> Generator[tuple[WalkResult, int], None, Tail | None]:
         """Yield (WalkResult, file offset of its buffer) per chunk; return the Tail at the end of the file (None
-        when stopped early by `stop_seq` / `stop_offset`)."""
+        when stopped early by `stop_seq` / `stop_offset`).
+
+        `as_collected`: a headers-only walk whose chunks end where a collecting walk's do (its message budget), and
+        whose error is the one a collecting walk meets first (a message set before a bad header that does not
+        decompress), so that reading the chunks' sets afterwards gives the same chunks and errors."""
         next_seq = self.base if next_seq is None else next_seq
         at_entry = start > 0  # reading from an index entry: it says which seq the bundle there starts with
         with open(self.path, "rb") as fh:
@@ -191,9 +196,14 @@ class Segment:
                 buf = fh.read(min(want, size - pos))
                 at_eof = pos + len(buf) >= size
                 max_bytes = None if stop_offset is None else stop_offset - pos
+                budget = decoding.DEFAULT_MAX_MESSAGES if as_collected else None
                 try:
-                    res = walk_bundles(buf, 0, next_seq, collect=collect, stop_seq=stop_seq, max_bytes=max_bytes)
+                    res = walk_bundles(
+                        buf, 0, next_seq, collect=collect, stop_seq=stop_seq, max_bytes=max_bytes, max_messages=budget
+                    )
                 except TankFormatError as err:
+                    if as_collected and not collect:
+                        err = _collecting_error(buf, next_seq, stop_seq, max_bytes) or err
                     raise err.located(self.path, pos) from None
                 if len(res.table):
                     if at_entry:
@@ -288,8 +298,7 @@ class Segment:
         stop_offset: int | None = None,
     ) -> SegmentWalk[BatchChunk]:
         """`chunks` with the messages as Arrow batches (`format.arrow.walked_batch`), read from each walked chunk's
-        message sets in one pass, without decoded columns; a chunk of more than DEFAULT_MAX_MESSAGES messages comes
-        in pieces (`decode.pieces`).
+        message sets in one pass, without decoded columns: the same chunks, messages and errors.
 
         Raises:
             TankFormatError: a malformed bundle or message (file and offset).
@@ -298,13 +307,13 @@ class Segment:
 
         skip_pandas_detection()  # pyarrow would import pandas at its first conversion (format/arrow.py)
 
-        def read(res: WalkResult, base: int) -> Iterator[BatchChunk]:
-            for table in pieces(res.table):
-                try:
-                    batch = walked_batch(table)
-                except TankFormatError as err:
-                    raise err.located(self.path, base) from None
-                yield BatchChunk(base, table, batch)
+        def read(res: WalkResult, base: int) -> list[BatchChunk]:
+            t = res.table
+            try:
+                return [BatchChunk(base, t, walked_batch(t))]
+            except TankFormatError as err:  # the error `chunks` meets first: the sets' decompression, then the decode
+                err = _collecting_error(t.walked, int(t.firsts[0]), None, int(t.ends[-1]), decode=True) or err
+                raise err.located(self.path, base) from None
 
         walk = self._walk(
             collect=False,
@@ -313,6 +322,7 @@ class Segment:
             chunk_bytes=chunk_bytes,
             stop_seq=stop_seq,
             stop_offset=stop_offset,
+            as_collected=True,
         )
         return SegmentWalk(_flat_map(walk, read))
 
@@ -450,6 +460,20 @@ def _flat_map(
             tail: Tail | None = stop.value
             return tail
         yield from items(res, base)
+
+
+def _collecting_error(
+    buf: bytes, next_seq: int, stop_seq: int | None, max_bytes: int | None, *, decode: bool = False
+) -> TankFormatError | None:
+    """The error a collecting walk of `buf` meets first (then, with `decode`, the decode of what it walked), as
+    `Segment.chunks` meets them; None where it stops before any."""
+    try:
+        res = walk_bundles(buf, 0, next_seq, collect=True, stop_seq=stop_seq, max_bytes=max_bytes)
+        if decode:
+            decode_messages(res.table)
+    except TankFormatError as err:
+        return err
+    return None
 
 
 def _zeros_to_eof(fh: BinaryIO, pos: int, size: int) -> bool:

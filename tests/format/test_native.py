@@ -189,17 +189,88 @@ def batch_outcome(buf: bytes, next_seq: int = 1) -> tuple:
     return fast
 
 
+def segment_reads(seg, read, **kwargs) -> tuple:
+    """A segment read chunk by chunk (`read`: "chunks" or "batch_chunks"): each chunk's file offset, bundle offsets
+    and seqs, then the error (message, file, offset), and what the hole audit makes of the same read."""
+    from tank_log.storage.completeness import SegmentAudit, audited
+
+    got: list = []
+    try:
+        for c in getattr(seg, read)(**kwargs):
+            got.append((c.file_offset, c.table.offsets.tolist(), c.seq.tolist()))
+    except TankFormatError as err:
+        got.append(("error", err.message, err.path, err.offset))
+    audit = SegmentAudit(seg)
+    walk = getattr(seg, read)(**kwargs)
+    try:
+        for _ in audited(walk, audit):
+            pass
+        hole = audit.finish(walk.tail)
+    except TankFormatError as err:
+        hole = err
+    return tuple(got), str(hole)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [None, 5])
+def test_segments_read_into_batches_as_into_decoded_chunks(tmp_path, monkeypatch, budget):
+    """Mutated segments on disk read with `Segment.batch_chunks` (headers first, then each chunk's sets in one pass)
+    and with `Segment.chunks` (decompressing while walking): the same chunks, the same first error in file order
+    (a set that does not decompress before a bad header), the same hole; small chunks, and a message budget that
+    ends them (DEFAULT_MAX_MESSAGES cut to 5)."""
+    from tank_log.storage.segment import Segment
+
+    if budget is not None:
+        monkeypatch.setattr(decode_mod, "DEFAULT_MAX_MESSAGES", budget)
+    seen = {"ok": 0, "error": 0}
+    path = tmp_path / "1.log"
+    for n, _, base, buf in mutated(77, 500):
+        path.write_bytes(buf)
+        seg = Segment(path, base)
+        kwargs = {"chunk_bytes": [1 << 20, 300, 64][n % 3]}
+        reads = segment_reads(seg, "batch_chunks", **kwargs)
+        assert reads == segment_reads(seg, "chunks", **kwargs)
+        seen["error" if reads[0] and reads[0][-1][0] == "error" else "ok"] += 1
+    assert seen["ok"] > 200 and seen["error"] > 150, seen
+
+
+def test_a_walked_batch_keeps_no_more_memory_alive_than_it_holds():
+    """The one-pass read sizes its key and value buffers for every set's whole length, then cuts them to what they
+    hold: keyless messages leave no key buffer behind, and the batch keeps little more than its bytes alive."""
+    import tracemalloc
+
+    from tank_log.format.arrow import compiled_walked_batch
+
+    msgs = [Message(s, 5, None, bytes([s % 251]) * 200) for s in range(1, 20_001)]
+    buf = b"".join(
+        frame(encode_bundle(msgs[i : i + 100], sparse=False, codec=Codec.SNAPPY)) for i in range(0, 20_000, 100)
+    )
+    table = walk_bundles(buf, 0, 1, collect=False).table
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        batch = compiled_walked_batch(table)
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert batch.column("key").null_count == 20_000 and batch.column("key").buffers()[2].size == 0
+    assert batch.nbytes <= kept < 1.1 * batch.nbytes, (kept, batch.nbytes)
+
+
 def test_walked_batches_of_mutated_segments_are_the_decoded_columns_batches():
     """The compiled one-pass read into Arrow (`_codec.scan_sets`) against the columns the pure core decodes: the
     same batch, or the same error at the same offset, on 1,500 mutated segments whose headers walk."""
-    from tank_log.format import _codec
     from tank_log.format.arrow import columns_batch, compiled_walked_batch
     from tank_log.format.decode import NATIVE_CODECS as CODECS
+
+    def pure_columns_batch(table):
+        with native.use_pure(True):
+            return columns_batch(table)
 
     seen = {"ok": 0, "error": 0}
     for _, _, headers in walked_headers(2024, 1500):
         outcomes = []
-        for read in (compiled_walked_batch, columns_batch):
+        for read in (compiled_walked_batch, pure_columns_batch):
             try:
                 batch = read(headers)
                 batch.validate(full=True)

@@ -128,7 +128,7 @@ def test_the_first_pass_from_the_message_sets_decides_as_from_decoded_columns(tm
     may hold; where that budget binds it hands over to the columns. Around the budgets where compaction starts to
     spill, the same bits, key state and spill as a pass over decoded columns, also with the 1 M messages a decode
     holds cut small (`DEFAULT_MAX_MESSAGES`)."""
-    from tank_log.format import decode
+    from tank_log.maintenance.compaction import passes
 
     rng = random.Random(3)
     msgs = []
@@ -144,6 +144,6 @@ def test_the_first_pass_from_the_message_sets_decides_as_from_decoded_columns(tm
         assert got == _pass1(part.ro, budget, tmp_path, monkeypatch, from_columns=True), budget
         if budget == 2_020_000:
             assert got[1][2] > 0  # this budget spills
-    monkeypatch.setattr(decode, "DEFAULT_MAX_MESSAGES", 250)
+    monkeypatch.setattr(passes, "DEFAULT_MAX_MESSAGES", 250)
     small = _pass1(part.ro, 2_020_000, tmp_path, monkeypatch, from_columns=False)
     assert small == _pass1(part.ro, 2_020_000, tmp_path, monkeypatch, from_columns=True)

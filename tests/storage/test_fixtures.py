@@ -44,28 +44,30 @@ def test_arrow_batches_equal_the_dump(name, codec_core):
         assert rows == expected.get(part.key, [])
 
 
-def test_batches_of_more_messages_than_a_decode_holds_come_in_pieces(codec_core, monkeypatch):
-    """A walked chunk of more than DEFAULT_MAX_MESSAGES messages is read in pieces of whole bundles (`decode.pieces`):
-    the same messages as the decoded chunks, the audit's tables in file order, a seq range cut from the pieces."""
+def test_batches_come_in_the_decoded_chunks(codec_core, monkeypatch):
+    """The batches read in one pass per message set (`Segment.batch_chunks`) come in the chunks the decoding walk
+    makes, also where its message budget ends them (DEFAULT_MAX_MESSAGES, cut to 7 here): the same file offsets,
+    bundles and messages; a seq range is cut from them."""
     from tank_log.format import decode
 
     monkeypatch.setattr(decode, "DEFAULT_MAX_MESSAGES", 7)
-    pieces = 0
+    budget_stops = 0
     for name in sorted(DATASETS):
         for part in partitions_at(data_dir(name)):
             for seg in part.segments:
-                decoded = [int(s) for c in seg.chunks() for s in c.cols.seq]
-                chunks = list(seg.batch_chunks())
-                assert [int(s) for c in chunks for s in c.seq] == decoded
-                ends = [c.file_offset + int(c.table.ends[-1]) for c in chunks]
-                assert ends == sorted(ends) and len(set(ends)) == len(ends)
-                assert all(len(c.seq) <= 7 or len(c.table) == 1 for c in chunks)
-                pieces += sum(len(c.seq) > 0 for c in chunks)
-                if len(decoded) > 2:
-                    lo, hi = decoded[1], decoded[-2]
+                decoded = list(seg.chunks())
+                read = list(seg.batch_chunks())
+                assert [(c.file_offset, c.table.offsets.tolist()) for c in read] == [
+                    (c.file_offset, c.table.offsets.tolist()) for c in decoded
+                ]
+                assert [c.seq.tolist() for c in read] == [c.cols.seq.tolist() for c in decoded]
+                budget_stops += sum(int(c.table.counts[:-1].sum()) < 7 <= int(c.table.counts.sum()) for c in read)
+                seqs = [s for c in decoded for s in c.cols.seq.tolist()]
+                if len(seqs) > 2:
+                    lo, hi = seqs[1], seqs[-2]
                     got = [s for b in seg.batches(min_seq=lo, max_seq=hi) for s in b.column("seq").to_pylist()]
-                    assert got == [s for s in decoded if lo <= s <= hi]
-    assert pieces > 20
+                    assert got == [s for s in seqs if lo <= s <= hi]
+    assert budget_stops > 20
 
 
 @pytest.mark.parametrize("name", sorted(DATASETS))

@@ -4,13 +4,14 @@ message what survives (docs/FORMAT.md §6.2) and streams survivors to the output
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import numpy as np
 
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format import native
 from tank_log.format.bundle import SPARSE
-from tank_log.format.decode import BundleTable, collect_bundles, decode_messages, pieces
+from tank_log.format.decode import DEFAULT_MAX_MESSAGES, BundleTable, collect_bundles, decode_messages
 from tank_log.format.messages import MessageColumns, tombstones
 from tank_log.maintenance.compaction.key_state import KeyMap, add_walked, new_key_map
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
@@ -64,7 +65,7 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     try:
         for seg in inputs:
             walk = seg.tables(chunk_bytes=pass_chunk_bytes())
-            for base, table in ((base, piece) for base, chunk in walk for piece in pieces(chunk)):
+            for base, table in ((base, piece) for base, chunk in walk for piece in _pieces(chunk)):
                 n = int(table.counts.sum())
                 ordinal = survivors.messages
                 survivors.messages += n
@@ -117,6 +118,18 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     finally:
         if spill is not None:
             spill.remove()
+
+
+def _pieces(table: BundleTable) -> Iterator[BundleTable]:
+    """A headers-only chunk's table in runs of whole bundles of at most DEFAULT_MAX_MESSAGES messages (a bundle
+    may hold more on its own): what one decode holds, as the collecting walk bounds it."""
+    ends = np.cumsum(table.counts)
+    start = 0
+    while start < len(table):
+        before = int(ends[start - 1]) if start else 0
+        stop = max(start + 1, int(np.searchsorted(ends, before + DEFAULT_MAX_MESSAGES, side="right")))
+        yield table if start == 0 and stop == len(table) else table.take(slice(start, stop))
+        start = stop
 
 
 def _decoded(seg: Segment, base: int, table: BundleTable) -> MessageColumns:
