@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from tank_log.format import native
-from tank_log.format.decode import NATIVE_CODECS, BundleTable, collect_bundles, decode_messages
+from tank_log.format.decode import NATIVE_CODECS, NO_MESSAGE_LIMIT, BundleTable, decode_messages, walk_bundles
 from tank_log.format.messages import MessageColumns
 
 try:
@@ -146,8 +146,17 @@ def walked_batch(table: BundleTable) -> pa.RecordBatch:
 
 
 def columns_batch(table: BundleTable) -> pa.RecordBatch:
-    """`walked_batch` through decoded columns: the message sets gathered, decoded, then keys and values gathered."""
-    return to_record_batch(decode_messages(collect_bundles(table, np.arange(len(table)))))
+    """`walked_batch` through decoded columns, as `Segment.chunks` reads: the table's bundles walked again collecting
+    their message sets, decoded, then keys and values gathered; so the first error in file order is the one a
+    collecting walk meets (a set that does not decompress, then the decode)."""
+    if not len(table):
+        return pa.RecordBatch.from_pylist([], schema=MESSAGE_SCHEMA)
+    start, end = int(table.offsets[0]), int(table.ends[-1])
+    walked = walk_bundles(
+        table.walked, start, int(table.firsts[0]), max_bytes=end - start, max_messages=NO_MESSAGE_LIMIT
+    ).table
+    assert len(walked) == len(table), "a walk again over walked headers stops where they end"
+    return to_record_batch(decode_messages(walked))
 
 
 def compiled_walked_batch(table: BundleTable) -> pa.RecordBatch:

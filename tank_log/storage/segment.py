@@ -308,11 +308,9 @@ class Segment:
         skip_pandas_detection()  # pyarrow would import pandas at its first conversion (format/arrow.py)
 
         def read(res: WalkResult, base: int) -> list[BatchChunk]:
-            t = res.table
             try:
-                return [BatchChunk(base, t, walked_batch(t))]
-            except TankFormatError as err:  # the error `chunks` meets first: the sets' decompression, then the decode
-                err = _collecting_error(t.walked, int(t.firsts[0]), None, int(t.ends[-1]), decode=True) or err
+                return [BatchChunk(base, res.table, walked_batch(res.table))]
+            except TankFormatError as err:
                 raise err.located(self.path, base) from None
 
         walk = self._walk(
@@ -462,15 +460,11 @@ def _flat_map(
         yield from items(res, base)
 
 
-def _collecting_error(
-    buf: bytes, next_seq: int, stop_seq: int | None, max_bytes: int | None, *, decode: bool = False
-) -> TankFormatError | None:
-    """The error a collecting walk of `buf` meets first (then, with `decode`, the decode of what it walked), as
-    `Segment.chunks` meets them; None where it stops before any."""
+def _collecting_error(buf: bytes, next_seq: int, stop_seq: int | None, max_bytes: int | None) -> TankFormatError | None:
+    """The error a collecting walk of `buf` meets first, as `Segment.chunks` meets it; None where it stops before
+    any."""
     try:
-        res = walk_bundles(buf, 0, next_seq, collect=True, stop_seq=stop_seq, max_bytes=max_bytes)
-        if decode:
-            decode_messages(res.table)
+        walk_bundles(buf, 0, next_seq, collect=True, stop_seq=stop_seq, max_bytes=max_bytes)
     except TankFormatError as err:
         return err
     return None

@@ -171,6 +171,21 @@ def test_snappy_sets_on_both_sides_of_the_compiled_decoders_limit():
             batch_outcome(bytes(damaged))
 
 
+def batch_or_error(read, table) -> tuple:
+    """("ok", the batch `read` makes of a headers-only walk's table, validated), or ("error", message, offset)."""
+    try:
+        batch = read(table)
+        batch.validate(full=True)
+        return ("ok", batch)
+    except TankFormatError as err:
+        return ("error", err.message, err.offset)
+
+
+def assert_same_outcome(a: tuple, b: tuple) -> None:
+    """Two `batch_or_error` outcomes: equal batches, or the same error at the same offset."""
+    assert a[0] == b[0] and (a[1].equals(b[1]) if a[0] == "ok" else a == b)
+
+
 def batch_outcome(buf: bytes, next_seq: int = 1) -> tuple:
     """The Arrow batch of a headers-only walk's bundles (`walked_batch`), or its error, the same on both cores."""
     from tank_log.format.arrow import walked_batch
@@ -178,15 +193,9 @@ def batch_outcome(buf: bytes, next_seq: int = 1) -> tuple:
     got = []
     for pure in (False, True):
         with native.use_pure(pure):
-            try:
-                batch = walked_batch(walk_bundles(buf, 0, next_seq, collect=False).table)
-                batch.validate(full=True)
-                got.append(("ok", batch))
-            except TankFormatError as err:
-                got.append(("error", err.message, err.offset))
-    fast, pure_ = got
-    assert fast[0] == pure_[0] and (fast[1].equals(pure_[1]) if fast[0] == "ok" else fast == pure_)
-    return fast
+            got.append(batch_or_error(walked_batch, walk_bundles(buf, 0, next_seq, collect=False).table))
+    assert_same_outcome(*got)
+    return got[0]
 
 
 def segment_reads(seg, read, **kwargs) -> tuple:
@@ -269,16 +278,8 @@ def test_walked_batches_of_mutated_segments_are_the_decoded_columns_batches():
 
     seen = {"ok": 0, "error": 0}
     for _, _, headers in walked_headers(2024, 1500):
-        outcomes = []
-        for read in (compiled_walked_batch, pure_columns_batch):
-            try:
-                batch = read(headers)
-                batch.validate(full=True)
-                outcomes.append(("ok", batch))
-            except TankFormatError as err:
-                outcomes.append(("error", err.message, err.offset))
-        fast, slow = outcomes
-        assert fast[0] == slow[0] and (fast[1].equals(slow[1]) if fast[0] == "ok" else fast == slow)
+        fast = batch_or_error(compiled_walked_batch, headers)
+        assert_same_outcome(fast, batch_or_error(pure_columns_batch, headers))
         t = headers
         one_pass = _codec.scan_sets(t.walked, t.set_offsets, t.ends, t.flags, t.counts, t.firsts, t.lasts, CODECS)
         assert (one_pass is not None) == (fast[0] == "ok")  # the batch came from the one pass, not the columns
