@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import copy_tree, data_dir, duckdb_with, new_bucket, run_job_script
@@ -338,6 +339,7 @@ def test_orphans_of_a_crashed_run_and_upkeep(tmp_path):
     committed = lake.data_files()
     r = run(lake, *args, env={"TANK_LOG_EXPORT_CRASH": "before-commit"})
     assert r.returncode == 137, r.stderr[-2000:]
+    crashed_at = time.monotonic()
     crashed = lake.data_files() - committed
     assert crashed
     r = run(lake, *args, "--report", str(tmp_path / "next.json"))
@@ -345,7 +347,8 @@ def test_orphans_of_a_crashed_run_and_upkeep(tmp_path):
     assert report(tmp_path / "next.json")["summary"]["orphans"]["recent_files"] == len(crashed)  # within 12 h
     assert lake.rows() == sorted(expected)
 
-    # the crashed run started seconds ago, longer than a 1 s horizon: its files go, nothing else
+    # the crashed run started over a second ago, longer than a 1 s horizon: its files go, nothing else
+    time.sleep(max(0.0, 1.5 - (time.monotonic() - crashed_at)))  # the run above alone usually took longer
     r = run(lake, *args, "--upkeep-only", "--orphan-horizon=1s", "--report", str(tmp_path / "sweep.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     orphans = report(tmp_path / "sweep.json")["summary"]["orphans"]

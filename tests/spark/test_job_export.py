@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -273,13 +274,27 @@ def test_upkeep_optimize_and_vacuum_and_a_run_past_the_orphan_horizon(tmp_path, 
     assert r.returncode == 0 and json.load(open(tmp_path / "next.json"))["summary"]["rows"] == len(new)
     assert table_rows(lake) == sorted(expected)
 
-    # a run that outlives the orphan horizon does not commit, and leaves none of its files behind
+    # a run that outlives the orphan horizon does not commit, and leaves none of its files behind: its files are
+    # written on Spark's executors, then it is held at its commit until it is older than the horizon
     roll_and_append(base, "events", 3)
     version, stored = lake.table().version(), data_files()
-    on_spark = dict(env_extra=lake.env, executors=True)  # Spark's start alone outlasts 1 s
-    r = run_job(*args, "--orphan-horizon=1s", "--report", str(tmp_path / "old.json"), **on_spark)
+    hold = str(tmp_path / "release")
+    release = threading.Thread(target=_release_after, args=(hold, 1.5), daemon=True)
+    release.start()
+    env = {**lake.env, "TANK_LOG_EXPORT_HOLD": hold}
+    r = run_job(*args, "--orphan-horizon=1s", "--report", str(tmp_path / "old.json"), env_extra=env, executors=True)
+    release.join(timeout=5)
     assert r.returncode == 1 and "longer than the orphan horizon" in json.load(open(tmp_path / "old.json"))["error"]
     assert lake.table().version() == version and data_files() == stored
+
+
+def _release_after(hold: str, seconds: float) -> None:
+    """Let a run held at its commit (`TANK_LOG_EXPORT_HOLD`) go on `seconds` after it reached the hold."""
+    deadline = time.monotonic() + 300
+    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(seconds)
+    open(hold, "w").close()
 
 
 @pytest.fixture
