@@ -116,14 +116,31 @@ def link_prose(markdown: str, src_uri: str) -> str:
     return "\n".join(lines)
 
 
+def host_slug(heading: str) -> str:
+    """The anchor a Git host (GitHub, GitLab) gives a heading: lower case, punctuation dropped, each space a hyphen,
+    hyphens kept as they are ("(`bench/fleet.py --tank`)" → "benchfleetpy---tank")."""
+    text = re.sub(r"[^\w\- ]", "", re.sub(r"[`*]", "", heading).lower())
+    return text.replace(" ", "-")
+
+
+def site_anchors(markdown: str) -> str:
+    """An included file's links to its own headings, from the anchors a Git host gives them (the file is read there
+    too) to the ones this site's table of contents gives them, which collapse runs of hyphens."""
+    for line in markdown.split("\n"):
+        m = re.match(r"#{1,6} (.+?)\s*$", line)
+        if m and host_slug(m.group(1)) != (ours := slugify(re.sub(r"[`*]", "", m.group(1)), "-")):
+            markdown = markdown.replace(f"](#{host_slug(m.group(1))})", f"](#{ours})")
+    return markdown
+
+
 def inline_snippets(markdown: str) -> str:
     """A page that is a whole-file include (`--8<-- "bench/RESULTS.md"`) gets the file's text here, so its prose is
-    linked like any page's."""
+    linked like any page's, and its links to its own headings find them (`site_anchors`)."""
     root = os.path.dirname(DOCS)
 
     def include(m: re.Match[str]) -> str:
         with open(os.path.join(root, m.group(1)), encoding="utf-8") as fh:
-            return fh.read()
+            return site_anchors(fh.read())
 
     return re.sub(r'^--8<-- "([^"]+)"$', include, markdown, flags=re.MULTILINE)
 

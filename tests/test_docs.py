@@ -5,6 +5,7 @@ import re
 import subprocess
 import textwrap
 
+import pytest
 from conftest import ROOT, load_script
 
 
@@ -85,21 +86,35 @@ def test_the_generated_references_list_every_option_and_key():
     assert every_field == {k.rsplit(".", 1)[-1].removeprefix("brokers[]") for k in keys} - {""}
 
 
-def test_the_docs_site_builds_strictly(tmp_path):
-    """`mkdocs build --strict` (also in scripts/test.sh): every page of the nav exists, every link resolves, the
-    generated pages build (the library reference with a heading for every public name), the Mermaid diagrams are
-    there."""
-    import sys
+def readme_docs_commands() -> dict[str, list[str]]:
+    """The commands README.md gives for the docs site (`.venv/bin/mkdocs build`, `.venv/bin/mkdocs serve`), by verb."""
+    import shlex
 
-    mkdocs = os.path.join(os.path.dirname(sys.executable), "mkdocs")
-    r = subprocess.run(
-        [mkdocs, "build", "--strict", "--quiet", "-d", str(tmp_path / "site")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, NO_MKDOCS_2_WARNING="1"),
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as fh:
+        found = re.findall(r"`(\.venv/bin/mkdocs (build|serve)\b[^`]*)`", fh.read())
+    return {verb: shlex.split(command) for command, verb in found}
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def build_warnings(log: str) -> list[str]:
+    """The warnings and errors of an mkdocs log (as it prints them: `WARNING -  ...`), whatever else it prints."""
+    return [line for line in ANSI.sub("", log).splitlines() if re.match(r"\s*(WARNING|ERROR)\b", line)]
+
+
+def test_the_docs_site_builds_as_the_readme_says(tmp_path):
+    """README.md's own build command, run as a user runs it (nothing hidden: no `--quiet`), builds the site with no
+    warning at all: every page of the nav exists, every link and anchor resolves (mkdocs.yml is strict, so any
+    warning also aborts the build), the generated pages build (the library reference with a heading for every public
+    name), the Mermaid diagrams are there."""
+    commands = readme_docs_commands()
+    assert set(commands) == {"build", "serve"}, commands
+    build = commands["build"]
+    with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as fh:
+        assert re.search(r"^strict: true$", fh.read(), re.M)  # the README's command is strict without --strict
+    r = subprocess.run([*build, "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and build_warnings(r.stderr + r.stdout) == [], r.stderr[-3000:]
     cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
     assert "--keep-unexported" in cli and "--metrics-file" in cli
     assert 'class="mermaid"' in (tmp_path / "site" / "operations" / "crash-safety" / "index.html").read_text()
@@ -108,6 +123,48 @@ def test_the_docs_site_builds_strictly(tmp_path):
 
     headed = set(re.findall(r'<h4 id="[^"]*"><code>([^<]+)</code>', library))
     assert [name for name in tank_log.__all__ if name not in headed] == []
+
+
+@pytest.mark.slow
+def test_the_docs_site_serves_as_the_readme_says(tmp_path):
+    """README.md's `mkdocs serve` builds the site with no warning and serves its home page."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*readme_docs_commands()["serve"], "--dev-addr", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        page = ""
+        while not page:
+            assert proc.poll() is None, f"mkdocs serve exited {proc.returncode}: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"mkdocs serve did not serve: {log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
+                    page = resp.read().decode()
+            except OSError:
+                time.sleep(0.5)
+        assert "<title>" in page
+        assert build_warnings(log.read_text()) == [], log.read_text()[-3000:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_build_warnings_are_found_in_a_log_as_mkdocs_prints_it():
+    log = "INFO    -  Cleaning site directory\n\x1b[33mWARNING \x1b[0m -  Doc file 'a.md' contains a link '#x'\n"
+    assert build_warnings(log) == ["WARNING  -  Doc file 'a.md' contains a link '#x'"]
+    assert build_warnings(" │  To disable this warning, set NO_MKDOCS_2_WARNING=1.\n") == []
 
 
 def test_the_library_reference_gives_every_public_name_its_signature_and_docstring():
