@@ -50,6 +50,58 @@ def test_a_deeply_nested_or_non_utf8_config_is_a_usage_error_naming_the_file(tmp
     )
 
 
+BILLION_LAUGHS = "retention:\n  topics:\n    t: &a0 {max_age: 1day}\n" + "".join(
+    f"    t{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10)
+)
+
+
+@pytest.mark.parametrize("where", ["cli", "job"])
+def test_a_yaml_alias_bomb_is_refused_in_bounded_time(tmp_path, where):
+    """Ten lines whose aliases expand to 9**9 values (ran for hours at 100 % CPU): refused in one line naming the file
+    and the rule, exit 2, in the time the text takes to read; an alias inside its own anchor too."""
+    import time
+
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    assert len(BILLION_LAUGHS.splitlines()) == 12
+    base = many_small_partitions(tmp_path / "base", 1)
+    t0 = time.monotonic()
+    if where == "cli":
+        r = subprocess.run([*CLI, "config", "check", str(bomb)], capture_output=True, text=True, timeout=120)
+    else:
+        r = _job("compact", "--data-dir", base, "--config", str(bomb), "--dry-run")
+    assert time.monotonic() - t0 < 60
+    _one_line_usage_error(r, str(bomb), "aliases expand it to more than 100,000 values")
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("retention:\n  topics: &t {x: *t}\n")
+    _one_line_usage_error(
+        subprocess.run([*CLI, "config", "check", str(loop)], capture_output=True, text=True, timeout=120),
+        str(loop),
+        "alias inside its own anchor",
+    )
+
+
+def test_anchors_and_merge_keys_of_a_real_config_still_work(tmp_path):
+    """What anchors are for: one topic's settings shared by others (aliases and `<<` merge keys)."""
+    from tank_log.jobs.config import load_job_config
+
+    conf = tmp_path / "job.yaml"
+    conf.write_text(
+        "compaction:\n"
+        "  topics:\n"
+        "    sessions: &kv {policy: cleanup, tombstone_retention: 7days}\n"
+        "    carts: *kv\n"
+        "    users: {<<: *kv, tombstone_retention: 1day}\n"
+        "retention:\n"
+        "  topics:\n" + "".join(f"    t{i}: &r{i} {{max_age: 3days, max_bytes: 1gb}}\n" for i in range(200))
+    )
+    cfg = load_job_config(conf)
+    topics = cfg.compaction.topics
+    assert topics["carts"] == topics["sessions"] and topics["carts"].tombstone_retention_ms == 7 * 86400_000
+    assert topics["users"].policy == "cleanup" and topics["users"].tombstone_retention_ms == 86400_000
+    assert len(cfg.retention.topics) == 200
+
+
 def test_a_table_path_under_a_file_is_a_usage_error(tmp_path):
     base = many_small_partitions(tmp_path / "base", 1)
     (tmp_path / "file").write_text("x")

@@ -14,9 +14,22 @@ from pydantic import BaseModel, ValidationError
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config.models import EXPORT_TABLE, JobConfig, KeepUnexported
 
+MAX_NODES = 100_000  # far above any job config (a few hundred values); an alias bomb expands far beyond it
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's last key silently wins; a job config must not (a repeated section would hide the first)."""
+    """YAML's last key silently wins; a job config must not (a repeated section would hide the first). Its document
+    is refused when its aliases expand it beyond `MAX_NODES` (`_expanded_nodes`): work bounded by the text's size."""
+
+    def get_single_node(self) -> yaml.Node | None:
+        """Raises:
+        JobConfigError: the document's aliases expand it beyond `MAX_NODES` nodes, or an alias lies inside its own
+            anchor (a cycle no validation could walk).
+        """
+        node: yaml.Node | None = super().get_single_node()
+        if node is not None:
+            _expanded_nodes(node)
+        return node
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         """Raises:
@@ -24,11 +37,51 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         """
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys are defaults, written ones win
+                continue
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise JobConfigError(f"duplicate key {key!r} (line {key_node.start_mark.line + 1})")
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+def _expanded_nodes(root: yaml.Node) -> int:
+    """How many nodes `root` has once every alias is expanded (a composed document shares one node per anchor, so
+    this is computed once per distinct node: time bounded by the text's size, without recursion).
+
+    Raises:
+        JobConfigError: more than `MAX_NODES`, or an alias inside its own anchor.
+    """
+    size: dict[int, int] = {}
+    on_path: set[int] = set()
+    todo: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while todo:
+        node, children_done = todo.pop()
+        if id(node) in size:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if children_done:
+            on_path.discard(id(node))
+            size[id(node)] = total = 1 + sum(size[id(c)] for c in children)
+            if total > MAX_NODES:
+                raise JobConfigError(
+                    f"its aliases expand it to more than {MAX_NODES:,} values (line {node.start_mark.line + 1}): "
+                    "a job config is refused beyond that (an alias bomb?)"
+                )
+            continue
+        if id(node) in on_path:
+            raise JobConfigError(
+                f"an alias inside its own anchor (line {node.start_mark.line + 1}): a job config cannot be recursive"
+            )
+        on_path.add(id(node))
+        todo.append((node, True))
+        todo.extend((c, False) for c in children if id(c) not in size)
+    return size[id(root)]
 
 
 def parse_job_config(doc: Any, source: str = "config") -> JobConfig:
@@ -126,7 +179,8 @@ def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
     (an Airflow worker's is not the repository).
 
     Raises:
-        JobConfigError: a missing file, invalid YAML, a repeated key, an unknown key or a bad value.
+        JobConfigError: a missing file, invalid YAML, a repeated key, aliases expanding beyond `MAX_NODES`, an
+            unknown key or a bad value.
     """
     if path is None:
         return JobConfig()
