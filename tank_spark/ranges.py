@@ -20,7 +20,7 @@ from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.completeness import SegmentAudit, audited, non_file_hole
+from tank_log.storage.completeness import SegmentAudit, audited, layout_hole
 from tank_log.storage.datadir import MOVE_RETRIES, Partition, Unread, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
@@ -161,7 +161,11 @@ def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, sp
         pb = _partition_bounds(b, part.key)
         if pb is None:
             continue
-        segments: list[Segment | Unread] = [*part.ro, *(u for u in part.unread if u.first_seq is not None)]
+        holes = [u for u in part.unread if u.first_seq is not None]
+        if part.overlaps:  # two files claim the same seqs: nothing of the partition is read (datadir.OVERLAP)
+            out.append(_hole_range(part, part.overlaps[0], pb))
+            continue
+        segments: list[Segment | Unread] = [*part.ro, *holes]
         segments.sort(key=lambda s: s.base if isinstance(s, Segment) else s.first_seq or 0)
         segments += [part.active] if part.active and include_active else []
         for sf in segments:
@@ -170,31 +174,36 @@ def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, sp
                 continue
             if pb.min_seq is not None and last is not None and last < pb.min_seq:
                 continue
-            if isinstance(sf, Unread):  # a segment no reader can open (a directory, a FIFO): its seqs are a hole
-                hole = non_file_hole(sf.path, base, last)
-                stop_seq = None if last is None else last + 1
-                out.append(
-                    SegmentRange(
-                        part.topic,
-                        part.id,
-                        sf.path,
-                        base,
-                        0,
-                        base,
-                        None,
-                        pb.min_seq,
-                        pb.max_seq,
-                        None,
-                        None,
-                        str(hole.error().message),
-                        sf.path,
-                        None,
-                        stop_seq,
-                    )
-                )
+            if isinstance(sf, Unread):  # a segment no reader can open (a directory, a FIFO, a lost file): a hole
+                out.append(_hole_range(part, sf, pb))
                 continue
             out += segment_ranges(part.topic, part.id, sf, pb, split_bytes)
     return out
+
+
+def _hole_range(part: Partition, u: Unread, b: Bounds) -> SegmentRange:
+    """A read task that fails with the seqs a scan found missing (`completeness.layout_hole`)."""
+    hole = layout_hole(u)
+    stop_seq = None if hole.last_seq is None else hole.last_seq + 1
+    message = str(hole.error().message)
+    first = hole.first_seq
+    return SegmentRange(
+        part.topic,
+        part.id,
+        u.path,
+        first,
+        0,
+        first,
+        None,
+        b.min_seq,
+        b.max_seq,
+        None,
+        None,
+        message,
+        u.path,
+        None,
+        stop_seq,
+    )
 
 
 def segment_ranges(topic: str, pid: int, sf: Segment, b: Bounds, split_bytes: int) -> list[SegmentRange]:

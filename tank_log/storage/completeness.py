@@ -30,7 +30,7 @@ from tank_log.format.index import disagreeing_entries, usable_entries, verify_in
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
-from tank_log.storage.datadir import Unread
+from tank_log.storage.datadir import NOT_A_FILE, Unread
 from tank_log.storage.salvage import data_beyond_break
 from tank_log.storage.segment import Segment, SegmentWalk, Tail
 
@@ -106,6 +106,16 @@ def non_file_hole(path: str, first_seq: int, last_seq: int | None) -> Hole:
     """A non-regular file (a directory, a FIFO) under a segment name: none of its seqs can be read."""
     reason = "not a regular file under a segment name: the broker fails opening it; nothing of it is read"
     return Hole(path, None, first_seq, last_seq, "not-a-file", reason, first_seq - 1)
+
+
+def layout_hole(u: Unread) -> Hole:
+    """The seqs a scan found the partition cannot return (`Unread` with a `first_seq`): a non-regular file under a
+    segment name, a segment file lost beside its index, or seqs two files claim at once (`datadir.OVERLAP`)."""
+    assert u.first_seq is not None
+    if u.code in (None, NOT_A_FILE):
+        return non_file_hole(u.path, u.first_seq, u.last_seq)
+    reason = u.reason.removeprefix(f"[{u.code}] ")
+    return Hole(u.path, u.offset, u.first_seq, u.last_seq, u.code, reason, u.first_seq - 1)
 
 
 class SegmentAudit:

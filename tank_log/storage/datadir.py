@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tank_log.errors import SegmentNameError, TankFormatError, UsageError
 from tank_log.format.broker_config import PartitionConfig, load_config
 from tank_log.format.cleanup_log import FILE_NAME as CLEANUP_LOG
+from tank_log.format.index import read_index
 from tank_log.format.names import SIDE_FILE, CompactionTemp, FileName, Kind, parse_name
 from tank_log.problems import Problem
 from tank_log.storage.cleanup_marks import read_cleanup_log, unusable_records
@@ -20,6 +21,8 @@ from tank_log.storage.segment import Segment
 
 MOVE_RETRIES = 3  # re-scans of a partition whose segment keeps vanishing under a live broker before a read fails
 NOT_A_FILE = "not-a-file"  # Problem code: a non-regular file where a segment, index or temporary should be
+OVERLAP = "overlap"  # Unread code: two segment files claim the same seqs (§6.4, §11.15)
+LOST_SEGMENT = "lost-segment"  # Unread code: an index left behind by a segment file that is gone (§2.3, §4)
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class Unread:
     size: int | None = None
     first_seq: int | None = None  # the seqs the partition claims there (None: none known)
     last_seq: int | None = None  # (None with a first_seq: up to an end nobody knows)
+    code: str | None = None  # the damage, in verify's words (`NOT_A_FILE`, `OVERLAP`, `LOST_SEGMENT`)
 
     def __str__(self) -> str:
         where = self.path if self.offset is None else f"{self.path} @{self.offset}"
@@ -61,6 +65,17 @@ class Partition:
     def segments(self) -> list[Segment]:
         """RO segments then the active one: the partition's data in seq order."""
         return self.ro + ([self.active] if self.active else [])
+
+    @property
+    def overlaps(self) -> list[Unread]:
+        """Seqs two segment files claim at once (`OVERLAP`): a reader returns nothing of such a partition."""
+        return [u for u in self.unread if u.code == OVERLAP]
+
+    @property
+    def readable(self) -> list[Segment]:
+        """The segments a reader returns: all of them in seq order, or none when two claim the same seqs (which of
+        them holds the right messages is for `tank-log repair` to decide, not for a reader to guess)."""
+        return [] if self.overlaps else self.segments
 
     @property
     def key(self) -> tuple[str, int]:
@@ -118,7 +133,11 @@ def scan_partition(path: str, topic: str, pid: int, config: PartitionConfig | No
         if (parsed is not None or _job_touches_unparsed(entry)) and _not_regular(full):
             part.problems.append(_not_a_file(full))
             if isinstance(parsed, FileName) and parsed.kind is not Kind.INDEX:  # a segment nobody can read
-                part.unread.append(Unread(full, _not_a_file(full).message, first_seq=parsed.base, last_seq=parsed.last))
+                part.unread.append(
+                    Unread(
+                        full, _not_a_file(full).message, first_seq=parsed.base, last_seq=parsed.last, code=NOT_A_FILE
+                    )
+                )
             continue
         if parsed is None:
             if is_our_temp(entry):
@@ -184,6 +203,80 @@ def _place_segments(part: Partition, logs: list[Segment]) -> None:
                 "warning",
             )
         )
+    part.unread += _overlaps(part) + _lost_segments(part)
+
+
+def _overlaps(part: Partition) -> list[Unread]:
+    """Seqs claimed by two segment files: an RO range starting at or below the end of an earlier one (§9 rule 3), or
+    an active segment starting at or below the last RO seq. The broker makes this layout itself when a crash during
+    its compaction resurrects the inputs next to the outputs (§6.4, §11.15) and routes by base (§4.4): the same seqs
+    come from either file, and a reader that returned both would duplicate them. A pair is damage only if both files
+    are still there after the listing (a live broker renames compaction inputs away while a directory is listed)."""
+    out = []
+    prev: Segment | None = None
+    following = part.ro + ([part.active] if part.active is not None and part.active.size else [])
+    for seg in following:
+        if prev is not None and prev.last is not None and seg.base <= prev.last:
+            if os.path.exists(seg.path) and os.path.exists(prev.path):
+                last = prev.last if seg.last is None else min(seg.last, prev.last)
+                what = "the active segment" if seg.is_active else f"RO range {seg.base}-{seg.last}"
+                reason = (
+                    f"[{OVERLAP}] {what} overlaps {os.path.basename(prev.path)} ({prev.base}-{prev.last}), as a "
+                    "compaction input resurrected next to its output does (§6.4, §11.15): nothing of the partition "
+                    "is read until `tank-log repair` or an operator removes one"
+                )
+                out.append(Unread(seg.path, reason, first_seq=seg.base, last_seq=last, code=OVERLAP))
+        if prev is None or (seg.last is not None and prev.last is not None and seg.last > prev.last):
+            prev = seg
+    return out
+
+
+def _lost_segments(part: Partition) -> list[Unread]:
+    """Seqs the partition claimed in a segment file that is gone, proved by the index it left behind (`<b>.index`
+    without a segment of base b, §2.1) when b lies above the partition's first segment, below the active one and in
+    no RO range: the broker names an index after its segment and deletes the index with it (§5), so such an index
+    outlived a `.ilog` that held seqs b.. (its entries name some of them, §4.1; the next segment's base bounds them).
+
+    Harmless, and left to verify's `stale-index` warning: an index below the first segment (what retention's
+    interrupted deletion leaves, §5), inside an RO range (a compaction input's index renamed back by the broker's
+    recovery, §6.4), at or above the active base, or above the last RO segment with no active one (a 0-byte active
+    segment deleted at open leaves its index, §2.6; the next roll appends to it, §2.3)."""
+    segs = part.segments
+    if not segs:
+        return []
+    bases = {s.base for s in segs} | {u.first_seq for u in part.unread if u.code == NOT_A_FILE}
+    first = segs[0].base
+    out = []
+    for b, path in sorted(part.index_files.items()):
+        if b in bases or b <= first:
+            continue
+        if part.active is not None and b >= part.active.base:
+            continue
+        if any(s.last is not None and s.base <= b <= s.last for s in part.ro):
+            continue
+        later = [s.base for s in segs if s.base > b]
+        if not later:
+            continue  # above the last RO segment, no active one: a deleted 0-byte active segment's index
+        if not os.path.exists(path):
+            continue  # deleted since the listing
+        last = later[0] - 1
+        known = _indexed_seq(path, b)
+        named = "" if known is None else f" (its index names seqs up to at least {known})"
+        reason = (
+            f"[{LOST_SEGMENT}] index without its segment: the `.ilog` of base {b} is gone{named}, up to the next "
+            "segment's base; lost unless the file is restored (§2.3, §4.1)"
+        )
+        out.append(Unread(path, reason, first_seq=b, last_seq=last, code=LOST_SEGMENT))
+    return out
+
+
+def _indexed_seq(path: str, base: int) -> int | None:
+    """The highest seq an index's entries name (the first seq of the last indexed bundle), None when unreadable."""
+    try:
+        entries = read_index(path)
+    except (OSError, TankFormatError):
+        return None
+    return base + max(rel for rel, _ in entries) if entries else None
 
 
 def rescan_partition(path: str, topic: str, pid: int) -> Partition:

@@ -197,7 +197,7 @@ def dump_path(
         parts, left_out = scan_partitions(path, topics)
         for u in left_out:
             _note(losses, u)
-        targets = [(s, p.topic, p.id) for p in parts for s in p.segments]
+        targets = [(s, p.topic, p.id) for p in parts for s in p.readable]  # none of an overlap
     yield from _formatted(_blocks(targets, bundles, losses, strict=unread is None))
 
 

@@ -67,6 +67,9 @@ def partition_stats(
         TableUnreadable: `exported`'s table cannot be read.
     """
     st = PartitionStats(part.topic, part.id, segments=len(part.segments), ro_segments=len(part.ro))
+    if part.overlaps:  # two files claim the same seqs: no figure of the partition can be trusted
+        st.error = f"nothing counted: {part.overlaps[0]}"
+        return st
     keys: set[bytes] = set()
     after = None if exported is None else (exported.last_seq(part.topic, part.id) or 0)
     oldest_unexported_ms: int | None = None

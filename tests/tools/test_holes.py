@@ -3,6 +3,7 @@ a directory or a FIFO in place of a segment. `dump` and `stats` exited 0 with fe
 nothing on stderr while `verify` reported `[name-last]` or `[not-a-file]`; they now exit 1 naming the file, offset
 and seq range (storage/completeness.py)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -73,3 +74,69 @@ def test_hole_sweep_dump_and_stats(tmp_path):
     assert figures["dump"]["losses"] == len(cases) - 4 and figures["dump"]["silent"] == 0
     assert figures["stats"]["silent"] == 0 and figures["invisible_to_verify"] == 0
     assert figures["dump"]["false_alarms"] == figures["stats"]["false_alarms"] == 0
+
+
+LOST = "1005-2828_1795261032.ilog"  # seqs 1005..2828 of events/1
+
+
+def layout_damage(tmp_path, kind):
+    """events/1 of A_multi as t/0 with its segment files damaged as a broker crash or an operator leaves them;
+    returns the base path and the partition directory.
+
+    - `overlap`: the compaction of 1005-2828 and 2829-4682 into one `1005-4682` output (no message dropped) whose
+      second input was resurrected next to it (FORMAT.md §6.4): two files claim seqs 2829..4682;
+    - `lost`: the RO segment 1005-2828 deleted, its `1005.index` left behind."""
+    pdir = tmp_path / "base" / "t" / "0"
+    shutil.copytree(os.path.join(FIXTURES, "A_multi", "data", "events", "1"), pdir)
+    for f in os.listdir(pdir):
+        os.chmod(pdir / f, 0o644)
+    if kind == "overlap":
+        (pdir / "1005-4682_1795261032.ilog").write_bytes((pdir / LOST).read_bytes() + (pdir / SEGMENT).read_bytes())
+    if kind != "none":
+        (pdir / LOST).unlink()
+    return str(tmp_path / "base"), pdir
+
+
+@pytest.mark.parametrize(
+    ("kind", "named", "seqs"),
+    [("overlap", SEGMENT, "seqs 2829..4682"), ("lost", "1005.index", "seqs 1005..2828")],
+)
+def test_dump_and_stats_refuse_overlaps_and_lost_segments(tmp_path, kind, named, seqs):
+    """Both exited 0: dump printed seqs 2829..4682 twice (1,854 duplicates) over an overlap, and 6,672 messages
+    without a word over a lost segment. Now exit 1 naming the file and the seqs; nothing of an overlapping partition
+    is printed (which file is right is for repair to decide)."""
+    base, pdir = layout_damage(tmp_path, kind)
+    dump = subprocess.run([*CLI, "dump", base], capture_output=True, text=True, timeout=120)
+    stats = subprocess.run([*CLI, "stats", "--json", base], capture_output=True, text=True, timeout=120)
+    for r in (dump, stats):
+        assert r.returncode == 1, r.stderr
+        assert "Traceback" not in r.stderr
+        (line,) = [line for line in r.stderr.splitlines() if line.startswith(f"  {pdir / named}")]
+        assert seqs in line and f"[{kind if kind == 'overlap' else 'lost-segment'}]" in line
+    seqs_out = [json.loads(line)["seq"] for line in dump.stdout.splitlines()]
+    assert len(seqs_out) == len(set(seqs_out))
+    (row,) = json.loads(stats.stdout)
+    if kind == "overlap":
+        assert seqs_out == [] and row["messages"] == 0 and "[overlap]" in row["error"]
+    else:  # every segment that is there is printed; the lost one's seqs are not
+        assert len(seqs_out) == 8496 - 1824 and not any(1005 <= s <= 2828 for s in seqs_out)
+        assert row["messages"] == 8496 - 1824
+
+
+@pytest.mark.parametrize("where", ["below-first", "inside-ro", "active", "above-ro"])
+def test_harmless_orphan_indexes_are_no_loss(tmp_path, where):
+    """An index whose segment is gone proves nothing lost when retention's interrupted deletion (below the first
+    segment, §5), the broker's compaction recovery (inside an RO range, §6.4) or a deleted 0-byte active segment
+    (§2.6, §2.3) leaves it: readers still exit 0."""
+    base, pdir = layout_damage(tmp_path, "none")
+    if where == "below-first":
+        (pdir / "1-1004_1795261032.ilog").unlink()  # 1.index stays
+    elif where == "inside-ro":
+        shutil.copyfile(pdir / "1005.index", pdir / "2000.index")
+    elif where == "active":
+        shutil.copyfile(pdir / "7377.index", pdir / "7400.index")
+    else:
+        (pdir / "7377_1795261032.log").unlink()  # RO only; 7377.index stays (a deleted 0-byte active one)
+    for command in ("dump", "stats"):
+        r = subprocess.run([*CLI, command, base], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
