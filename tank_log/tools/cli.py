@@ -1,4 +1,4 @@
-"""`tank-log` command line: dump, verify, stats, repair, compact, demo (see --help of each)."""
+"""`tank-log` command line: dump, verify, stats, audit, repair, compact, demo (see --help of each)."""
 
 from __future__ import annotations
 
@@ -137,6 +137,32 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return _incomplete("stats", unread) or (1 if any(r.error for r in rows) else 0)
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from tank_log.lakehouse import TableLocation, TableUnreadable, storage_options
+    from tank_log.tools.audit import audit_table, format_table
+
+    if args.catalog and args.format != "iceberg":
+        raise UsageError("--catalog goes with --format iceberg")
+    if not os.path.isdir(args.path):
+        raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
+    location = TableLocation.of(args.table, storage_options({}, args.storage_option), args.format, args.catalog)
+    try:
+        table = location.open()
+    except Exception as err:  # the formats' libraries raise their own types for a store they cannot reach
+        print(
+            f"tank-log audit: {TableUnreadable(location)}: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr
+        )
+        return 1
+    if table is None:
+        raise UsageError(f"{location}: no {args.format} table there")
+    report = audit_table(args.path, table, str(location), args.topics)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        print(format_table(report))
+    return report.exit_code
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tank_log.tools.demo import write_demo
 
@@ -247,6 +273,44 @@ def _mark_run(args: argparse.Namespace) -> None:
 
 
 _RUN_MARKS = contextlib.ExitStack()  # closed when the process exits
+
+
+def given_path(path: str, *, segment: bool = False) -> None:
+    """Check a path given on the command line before any work: it exists, its symbolic links resolve, and a file is a
+    segment log file by its name (§2.1: `<base>_<ts>.log`, `<base>-<last>_<ts>.ilog`); with `segment`, it must be
+    one. These are the user's mistakes, not the data's, so each is a usage error (exit 2), whatever the command.
+
+    Raises:
+        UsageError: one line naming the path and the rule.
+    """
+    import errno
+    import stat
+
+    from tank_log.format.names import FileName, Kind, parse_name
+
+    try:
+        st = os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ENOENT:
+            raise UsageError(f"{path}: no such file or directory") from None
+        if err.errno == errno.ELOOP:
+            raise UsageError(f"{path}: a loop of symbolic links (give the path they should lead to)") from None
+        raise UsageError(f"{path}: cannot be opened: {err.strerror}") from None
+    wanted = "a segment log file (.ilog or .log)" if segment else "a segment log file or a directory"
+    if stat.S_ISDIR(st.st_mode):
+        if segment:
+            raise UsageError(f"{path}: a directory, not {wanted}")
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{path}: not a regular file: give {wanted}")
+    try:
+        parsed = parse_name(os.path.basename(path))
+    except TankFormatError as err:
+        raise UsageError(f"{path}: {err}") from None
+    if not isinstance(parsed, FileName) or parsed.kind is Kind.INDEX:
+        raise UsageError(
+            f"{path}: not {wanted}: a segment is named <base>_<ts>.log or <base>-<last>_<ts>.ilog (FORMAT.md §2.1)"
+        )
 
 
 def _require_base_path(path: str) -> None:
@@ -414,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The commands that read and change nothing: dump, verify, stats."""
+    """The commands that read and change nothing: dump, verify, stats, audit."""
     p = sub.add_parser("dump", help="messages as JSON lines (or bundle headers with --bundles)")
     p.add_argument("path", help="segment file, partition dir, topic dir or base path")
     p.add_argument("--bundles", action="store_true", help="print bundle headers instead of messages")
@@ -463,6 +527,20 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     add_metrics_file(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)
+
+    p = sub.add_parser(
+        "audit",
+        help="does a table hold the log? per partition: missing, duplicated and pending seqs; exit 0 only when every "
+        "difference is accounted for",
+    )
+    p.add_argument("path", help="base path (or topic or partition directory) the table was exported from")
+    p.add_argument("--table", required=True, metavar="TABLE", help="the export's table: a path or URI")
+    p.add_argument("--format", choices=sorted(FORMATS), default="delta", help="the table's format (default delta)")
+    p.add_argument("--catalog", metavar="URI", help="with --format iceberg: the SQL catalog, a SQLAlchemy URI")
+    add_storage_option(p, "--table")
+    p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
+    p.add_argument("--json", action="store_true", help="the report as JSON")
+    p.set_defaults(func=_cmd_audit)
 
 
 def _add_maintenance_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -551,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if getattr(args, "segment", None) is not None:  # rebuild-index
+            given_path(args.segment, segment=True)
+        elif getattr(args, "path", None) is not None:  # dump, verify, stats, repair, compact, maintain
+            given_path(args.path)
         code: int = args.func(args)
         return code
     except BrokenPipeError:  # an OSError: must come first (`tank-log dump ... | head` is not an error)
