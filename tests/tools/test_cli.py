@@ -225,3 +225,37 @@ def test_the_cli_and_every_job_tell_their_version():
             timeout=120,
         )
         assert r.returncode == 0 and r.stdout.strip() == f"{name} (tank-log {tank_log.__version__})", r.stderr
+
+
+def test_bad_paths_are_usage_errors_naming_the_path(tmp_path):
+    """A path that does not exist, a symbolic link loop, a file that is not a segment (or, for rebuild-index, a
+    directory): exit 2 with one line naming the path and the rule, whatever the command (it was 1 or 2 at random)."""
+    seg = os.path.join(data_dir("A_multi"), "small", "0")
+    seg = os.path.join(seg, next(n for n in sorted(os.listdir(seg)) if n.endswith((".ilog", ".log"))))
+    (tmp_path / "notes.txt").write_text("not a segment\n")
+    os.symlink(tmp_path / "b", tmp_path / "a")
+    os.symlink(tmp_path / "a", tmp_path / "b")
+    missing, loop, text = str(tmp_path / "missing"), str(tmp_path / "a"), str(tmp_path / "notes.txt")
+    index = os.path.join(os.path.dirname(seg), os.path.basename(seg).split("-")[0].split("_")[0] + ".index")
+    cases = [
+        (("dump", text), text, "not a segment log file"),
+        (("dump", index), index, "not a segment log file"),
+        (("dump", missing), missing, "no such file or directory"),
+        (("dump", loop), loop, "a loop of symbolic links"),
+        (("verify", missing), missing, "no such file or directory"),
+        (("stats", loop), loop, "a loop of symbolic links"),
+        (("repair", missing), missing, "no such file or directory"),
+        (("rebuild-index", missing), missing, "no such file or directory"),
+        (("rebuild-index", loop), loop, "a loop of symbolic links"),
+        (("rebuild-index", text), text, "not a segment log file"),
+        (("rebuild-index", str(tmp_path)), str(tmp_path), "a directory, not a segment log file"),
+    ]
+    assert os.path.exists(index)
+    for args, path, rule in cases:
+        r = run(*args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == "", (args, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert path in line and rule in line, (args, line)
+    r = run("dump", seg)  # a segment file is still dumped
+    assert r.returncode == 0 and r.stdout, r.stderr
