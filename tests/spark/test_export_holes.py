@@ -124,3 +124,38 @@ def test_the_continuous_export_fails_on_a_hole_or_skips_it_saying_so(tmp_path):
     (lost,) = json.load(open(tmp_path / "skip.json"))["summary"]["data_loss"]
     assert (lost["topic"], lost["partition"], lost["from_seq"], lost["to_seq"]) == ("t", 0, 4383, 4682)
     assert lost["hole"].startswith(hole)
+
+
+def _layout_damage(tmp_path, kind):
+    """events/1 of A_multi as t/0: 1005-2828 and 2829-4682 compacted into one `1005-4682` output whose second input
+    was resurrected next to it (`overlap`, FORMAT.md §6.4), or 1005-2828 deleted with its index left (`lost`)."""
+    pdir = tmp_path / "base" / "t" / "0"
+    shutil.copytree(os.path.join(data_dir("A_multi"), "events", "1"), pdir)
+    for f in os.listdir(pdir):
+        os.chmod(pdir / f, 0o644)
+    lost = pdir / "1005-2828_1795261032.ilog"
+    if kind == "overlap":
+        (pdir / "1005-4682_1795261032.ilog").write_bytes(lost.read_bytes() + (pdir / SEGMENT).read_bytes())
+    lost.unlink()
+    return str(tmp_path / "base"), pdir
+
+
+@pytest.mark.parametrize(("kind", "where"), [("overlap", "executors"), ("lost", "driver")])
+def test_overlaps_and_lost_segments_are_holes_for_the_export(tmp_path, kind, where):
+    """Over an overlap (a compaction input resurrected next to its output) the export committed seqs 2829..4682
+    twice (1,854 duplicated rows), exit 0; over an RO segment lost beside its index it recorded seq 8496 with seqs
+    1005..2828 never exported, exit 0. Now: exit 1 naming the file and the seqs; nothing of an overlapping
+    partition is exported, and the recorded version stops before a lost segment."""
+    base, pdir = _layout_damage(tmp_path, kind)
+    table, report = str(tmp_path / "table"), str(tmp_path / "r.json")
+    r, p = _export(base, table, report, executors=where == "executors")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert p["status"] == "failed"
+    if kind == "overlap":
+        assert p["error"].startswith(f"{pdir / SEGMENT}: seqs 2829..4682 not read ([overlap]")
+        assert p["exported_to_seq"] is None and _rows(table) == []
+        assert recorded_version(DeltaTable(table), table, "t", 0)[1] is None
+    else:
+        assert p["error"].startswith(f"{pdir / '1005.index'}: seqs 1005..2828 not read ([lost-segment]")
+        assert p["exported_to_seq"] == 1004 and _rows(table) == _want(1004)
+        assert recorded_version(DeltaTable(table), table, "t", 0)[1] == 1004
