@@ -353,3 +353,120 @@ def library_reference() -> str:
             if doc:
                 parts.append(doc + "\n")
     return "\n".join(parts)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALERT_RULES = os.path.join("conf", "prometheus", "tank-log-alerts.yml")
+METRICS = "<!-- the metrics: generated from tank_log/metrics.py by scripts/docs_reference.py -->"
+ALERTS = "<!-- the alert rules: generated from conf/prometheus/tank-log-alerts.yml by scripts/docs_reference.py -->"
+LABEL = re.compile(r"\{\{\s*\$labels\.(\w+)\s*\}\}")
+
+
+def metric_families() -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
+    """(name, labels, help) of every metric tank-log writes, by what writes it: "run" (every job's and command's
+    `--metrics-file`, from its report) and "data" (`tank-log stats`, with an export table). Taken from the registries
+    `tank_log.metrics` builds, fed a run and a partition that set every metric."""
+    from tank_log import metrics
+    from tank_log.tools.stats import PartitionStats
+
+    report = {
+        "job": "maintain",
+        "status": "ok",
+        "duration_s": 1,
+        "summary": {"by_status": {"ok": 1}},
+        "partitions": [
+            {
+                "topic": "t",
+                "partition": 0,
+                "status": "data-loss",
+                "kept_unexported": {"table": "t", "bytes": 1, "max_bytes": 2},
+            }
+        ],
+    }
+    row = PartitionStats("t", 0, last_seq=1, dirty_ratio=0.5, export_lag_messages=1, export_lag_seconds=1.0, error=None)
+    out: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+    for kind, registry in (
+        ("run", metrics.report_registry(report)),
+        ("data", metrics.stats_registry([row], table="t")),
+    ):
+        for family in registry.collect():
+            labels: dict[str, None] = {}
+            for sample in family.samples:
+                labels.update(dict.fromkeys(sample.labels))
+            out.setdefault(kind, []).append((family.name, tuple(labels), family.documentation))
+    return out
+
+
+def metrics_tables() -> str:
+    """The monitoring page's two metric tables, of every run and of the data."""
+    titles = {
+        "run": "Metrics of every run",
+        "data": "Metrics of the data",
+    }
+    intros = {
+        "run": "Written from the job's report at the end of each run, by every job's `--metrics-file` (and "
+        "`metrics_file:`) and by `tank-log compact` and `maintain`; the `job` label is the tank-log job (`compact`, "
+        "`retention`, `maintain`, …), which Prometheus renames `exported_job` on scrape (below).",
+        "data": "Written by `tank-log stats --metrics-file` (or printed by `--format prometheus`), one series per "
+        "partition; the export lag ones with `--export-table TABLE`. Run it every few minutes (cron, a systemd "
+        "timer).",
+    }
+    lines = []
+    for kind, families in metric_families().items():
+        lines += [f"### {titles[kind]}", "", intros[kind], "", "| metric | labels | what it says |", "|---|---|---|"]
+        for name, labels, doc in families:
+            shown = ", ".join(f"`{label}`" for label in labels)
+            lines.append(f"| `{name}` | {shown} | {doc.replace('|', PIPE)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """The alerting rules of the shipped rules file, in its order."""
+    import yaml
+
+    with open(os.path.join(ROOT, ALERT_RULES), encoding="utf-8") as fh:
+        groups = yaml.safe_load(fh)["groups"]
+    return [rule for group in groups for rule in group["rules"] if "alert" in rule]
+
+
+def _labels_as_code(text: str) -> str:
+    """An annotation's `{{ $labels.topic }}` as `topic`."""
+    return LABEL.sub(lambda m: f"`{m.group(1)}`", " ".join(text.split()))
+
+
+def alerts_reference() -> str:
+    """The monitoring page's list of the shipped alerts: a table, then each rule with its description and query."""
+    import textwrap
+
+    rules = alert_rules()
+    lines = [
+        f"The {len(rules)} alerts of `{ALERT_RULES}`, as the file has them (the queries wrapped to fit the page):",
+        "",
+        "| alert | severity | says |",
+        "|---|---|---|",
+    ]
+    for rule in rules:
+        name, summary = rule["alert"], _labels_as_code(rule["annotations"]["summary"]).replace("|", PIPE)
+        lines.append(f"| [`{name}`](#{name.lower()}) | {rule['labels']['severity']} | {summary} |")
+    lines.append("")
+    for rule in rules:
+        pending = f", after holding for {rule['for']}" if rule.get("for") else ", as soon as it holds"
+        words = []  # a selector too long for a line gets its matchers on a line of their own
+        for word in rule["expr"].split():
+            long = len(word) > HELP_COLUMNS - 20 and "{" in word and word.endswith("}")
+            words += [word[: word.index("{") + 1], word[word.index("{") + 1 : -1], "}"] if long else [word]
+        query = textwrap.wrap(
+            " ".join(words), HELP_COLUMNS, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False
+        )
+        lines += [
+            f"#### `{rule['alert']}`",
+            "",
+            f"Severity {rule['labels']['severity']}{pending}. {_labels_as_code(rule['annotations']['description'])}",
+            "",
+            "```text",
+            *query,
+            "```",
+            "",
+        ]
+    return "\n".join(lines)

@@ -14,7 +14,16 @@ from mkdocs.structure.files import File
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # docs_reference.py, beside this file
 
-from docs_reference import LIBRARY_API, cli_reference, config_reference, library_reference  # noqa: E402
+from docs_reference import (  # noqa: E402
+    ALERTS,
+    LIBRARY_API,
+    METRICS,
+    alerts_reference,
+    cli_reference,
+    config_reference,
+    library_reference,
+    metrics_tables,
+)
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 GLOSSARY = "glossary.md"
@@ -148,4 +157,6 @@ def inline_snippets(markdown: str) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if LIBRARY_API in markdown:  # reference/library.md: its prose, then the public API from the code
         markdown = markdown.replace(LIBRARY_API, library_reference())
+    if METRICS in markdown or ALERTS in markdown:  # operations/monitoring.md: from tank_log/metrics.py, conf/prometheus
+        markdown = markdown.replace(METRICS, metrics_tables()).replace(ALERTS, alerts_reference())
     return link_prose(inline_snippets(markdown), page.file.src_uri)

@@ -215,3 +215,64 @@ def test_the_configuration_example_fits_the_page_and_reads_the_same():
     assert max(len(line) for line in shown.split("\n")) <= HELP_COLUMNS
     original = (config.__doc__ or "").split("\n\n", 2)[-1]
     assert yaml.safe_load(shown) == yaml.safe_load(textwrap.dedent(original))
+
+
+def test_the_monitoring_page_shows_the_alerts_and_metrics_that_ship(tmp_path):
+    """docs/operations/monitoring.md's alert list and metric tables are generated when the site is built, from the
+    shipped rules (conf/prometheus/tank-log-alerts.yml) and the metrics tank-log writes (tank_log/metrics.py): every
+    alert with its severity and its query as the file has it, every metric (those the alerts use among them), and no
+    hand-copied rule or metric row beside them that could drift."""
+    import shutil
+
+    import yaml
+
+    from tank_log import metrics
+
+    ref = load_script(os.path.join("scripts", "docs_reference.py"))
+    with open(os.path.join(ROOT, "docs", "operations", "monitoring.md"), encoding="utf-8") as fh:
+        page = fh.read()
+    assert ref.METRICS in page and ref.ALERTS in page
+    assert not re.search(r"^\s*- alert:|^\| `tank_log_", page, re.M)
+
+    with open(os.path.join(ROOT, "conf", "prometheus", "tank-log-alerts.yml"), encoding="utf-8") as fh:
+        rules = [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"] if "alert" in r]
+    alerts = ref.alerts_reference()
+    assert len(rules) == 6
+    assert re.findall(r"^#### `(\w+)`$", alerts, re.M) == [r["alert"] for r in rules]
+    shown = re.findall(r"^```text\n(.*?)\n```$", alerts, re.M | re.S)
+    assert ["".join(q.split()) for q in shown] == ["".join(r["expr"].split()) for r in rules]
+    for rule in rules:
+        assert f"| [`{rule['alert']}`](#{rule['alert'].lower()}) | {rule['labels']['severity']} |" in alerts
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not on the PATH: scripts/setup.sh installs it (Debian's prometheus)"
+    as_shown = {"groups": [{"name": "shown", "rules": [{**r, "expr": q} for r, q in zip(rules, shown, strict=True)]}]}
+    path = tmp_path / "shown-rules.yml"
+    path.write_text(yaml.safe_dump(as_shown))
+    r = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr  # the wrapped queries are still the rules' queries
+
+    written = {m.name for m in metrics.stats_registry([], table="t").collect()}
+    written |= {m.name for m in metrics.report_registry({"job": "maintain", "status": "ok"}).collect()}
+    tables = ref.metrics_tables()
+    listed = re.findall(r"^\| `(tank_log_\w+)` \|", tables, re.M)
+    assert len(listed) == len(set(listed)) and set(listed) == written
+    used = {name for rule in rules for name in re.findall(r"\btank_log_\w+", rule["expr"])}
+    assert used and used <= set(listed), used - set(listed)
+
+
+# a selector on the metrics' own `job` label as the files write it: a tank-log job's name (not a scrape job's: `node`)
+TANK_LOG_JOB_SELECTOR = re.compile(
+    r"tank_log_\w+\{[^}]*(?<!exported_)\bjob\s*(?:=|!=|=~|!~)\s*\"(?:maintain|compact|retention|export|import|rebuild|tank-log)"
+)
+
+
+def test_no_doc_selects_the_tank_log_job_by_its_scraped_away_label():
+    """On scrape the metrics' own `job` label becomes `exported_job` (Prometheus' default honor_labels: false): a
+    query with `job="maintain"` matches nothing."""
+    found = []
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "docs")):
+        for name in names:
+            if name.endswith(".md"):
+                with open(os.path.join(dirpath, name), encoding="utf-8") as fh:
+                    found += [f"{name}: {m}" for m in re.findall(TANK_LOG_JOB_SELECTOR, fh.read())]
+    assert found == []
