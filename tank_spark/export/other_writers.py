@@ -8,6 +8,9 @@ statistics (topic, `partition` min/max, `seq` max) can hold such rows are read (
 filtered), and any row found refuses the run in one line naming the table, the partition, the seqs and the writer
 (the commit that added the file: its operation, app id and engine). Our own files never hold rows above the version
 they were committed with, so only files that span several partitions are read when no other writer wrote.
+
+A table partitioned by `topic` or `partition` (Hive-style, as Delta writes it) holds no such column in its files:
+its value is the file's (its add action's `partitionValues`, `partition.<column>` in `file_stats`).
 """
 
 from __future__ import annotations
@@ -70,7 +73,8 @@ def other_rows(table: LakeTable, recorded: Mapping[tuple[str, int], int | None])
         of_topic = by_topic.get(add["partition.topic"], {}) if "partition.topic" in add else recorded
         wanted = {k: v for k, v in of_topic.items() if _may_hold(add, k[0], k[1], v)}
         if wanted:  # one read of the file for every partition it may hold
-            for key, got in _rows_above(filesystem, f"{root}/{unquote(add['path'])}", wanted).items():
+            fixed = {c: add[f"partition.{c}"] for c in ("topic", "partition") if f"partition.{c}" in add}
+            for key, got in _rows_above(filesystem, f"{root}/{unquote(add['path'])}", wanted, fixed).items():
                 found.setdefault(key, []).append((*got, add["path"]))
     if not found:
         return []
@@ -111,27 +115,39 @@ def _may_hold(add: dict[str, Any], topic: str, partition: int, version: int | No
             return False
     elif add.get("min.topic") is not None and not add["min.topic"] <= topic <= add["max.topic"]:
         return False
-    lo, hi = add.get("min.partition"), add.get("max.partition")
-    if lo is not None and hi is not None and not lo <= partition <= hi:
-        return False
+    if "partition.partition" in add:
+        if add["partition.partition"] is None or int(add["partition.partition"]) != partition:
+            return False
+    elif (lo := add.get("min.partition")) is not None and (hi := add.get("max.partition")) is not None:
+        if not lo <= partition <= hi:
+            return False
     top = add.get("max.seq")
     return top is None or version is None or top > version
 
 
 def _rows_above(
-    filesystem: Any, path: str, wanted: Mapping[tuple[str, int], int | None]
+    filesystem: Any,
+    path: str,
+    wanted: Mapping[tuple[str, int], int | None],
+    fixed: Mapping[str, Any] | None = None,
 ) -> dict[tuple[str, int], tuple[int, int, int]]:
-    """(first seq, last seq, rows) of each wanted partition above its version in one Parquet file (a table
-    partitioned by topic holds no `topic` column in its files)."""
+    """(first seq, last seq, rows) of each wanted partition above its version in one Parquet file. A column the
+    file does not hold (a partition column of the table) has the file's partition value in `fixed`: a file that
+    holds neither counts as possibly holding any topic or partition (refusing is safe; exporting twice is not)."""
+    fixed = fixed or {}
     names = pq.read_schema(path, filesystem=filesystem).names
-    has_topic = "topic" in names
-    data = pq.read_table(path, filesystem=filesystem, columns=["partition", "seq", *(["topic"] if has_topic else [])])
+    in_file = [c for c in ("topic", "partition") if c in names]
+    data = pq.read_table(path, filesystem=filesystem, columns=["seq", *in_file])
     out = {}
     for (topic, partition), version in wanted.items():
-        keep = pc.equal(data["partition"], partition)
-        if version is not None:
-            keep = pc.and_(keep, pc.greater(data["seq"], version))
-        if has_topic:
+        if "topic" not in in_file and fixed.get("topic", topic) != topic:
+            continue
+        if "partition" not in in_file and fixed.get("partition") not in (None, partition):
+            continue
+        keep = pc.greater(data["seq"], version if version is not None else -1)
+        if "partition" in in_file:
+            keep = pc.and_(keep, pc.equal(data["partition"], partition))
+        if "topic" in in_file:
             keep = pc.and_(keep, pc.equal(data["topic"], topic))
         seqs = data["seq"].filter(keep)
         if len(seqs):
