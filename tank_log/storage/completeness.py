@@ -295,6 +295,25 @@ def audited(walk: SegmentWalk[C], audit: SegmentAudit) -> Iterator[C]:
         raise audit.failed(err).error() from None
 
 
+def untrusted(seg: Segment) -> Hole | None:
+    """A headers-only pass over a whole segment (no decompression: cheap beside a decode): the hole that leaves none
+    of it trustworthy (`Hole.trusted_through` below its base: a bundle cut out or duplicated, a base or last the
+    content contradicts), or None. A reader that prints as it decodes asks first, so it prints nothing of such a
+    segment; a hole that trusts what precedes it (a torn tail, corrupt bytes) is found again by the decoding read,
+    which stops there."""
+    audit = SegmentAudit(seg)
+    walk = seg.tables()
+    hole: Hole | None
+    try:
+        for file_offset, table in walk:
+            audit.observe(file_offset, table)
+    except TankFormatError as err:
+        hole = audit.failed(err)
+    else:
+        hole = audit.finish(walk.tail)
+    return hole if hole is not None and hole.trusted_through < seg.base else None
+
+
 def segment_problems(audit: SegmentAudit, tail: Tail) -> list[Problem]:
     """What `verify` reports about a whole segment read with `audit` (name against content, torn tails, corruption
     inside the file), in its words; the index is checked by `format.index.verify_index`."""

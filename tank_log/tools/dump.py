@@ -15,7 +15,7 @@ from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.codecs import Codec
 from tank_log.format.messages import MessageColumns
-from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
+from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss, untrusted
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
 from tank_log.storage.segment import Segment
 
@@ -35,6 +35,10 @@ def message_chunks(
     """A segment's messages, a decoded chunk at a time, with the prefix of their JSON lines (`json_lines`); what the
     read could not return is appended to `unread`."""
     prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
+    hole = untrusted(segment)  # before any line is out: nothing of a segment whose seqs cannot be trusted
+    if hole is not None:
+        _note(unread, hole.unread(segment.size))
+        return
     audit = SegmentAudit(segment)
     walk = segment.chunks(chunk_bytes=CHUNK_BYTES)
     try:

@@ -140,3 +140,31 @@ def test_harmless_orphan_indexes_are_no_loss(tmp_path, where):
     for command in ("dump", "stats"):
         r = subprocess.run([*CLI, command, base], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("at", [1, -1])
+@pytest.mark.parametrize("kind", ["cut", "dup"])
+def test_dump_prints_nothing_of_a_segment_it_cannot_trust(tmp_path, kind, at):
+    """A bundle cut out of (or duplicated in) an RO segment renumbers every message after it; dump printed those
+    messages with wrong seqs on stdout before it exited 1. Now every line it prints is the ground truth's line for
+    that seq, and nothing of the damaged segment is printed."""
+    from conftest import load_dump_lines
+
+    pdir = tmp_path / "base" / "t" / "0"
+    shutil.copytree(os.path.join(FIXTURES, "A_multi", "data", "events", "1"), pdir)
+    path = pdir / SEGMENT
+    os.chmod(path, 0o644)
+    headers = list(Segment(str(path)).bundles())
+    data, h = path.read_bytes(), headers[at]
+    cut = data[: h.offset] + data[h.offset + h.size :]
+    path.write_bytes(cut if kind == "cut" else data[: h.offset + h.size] + data[h.offset :])
+    r = subprocess.run([*CLI, "dump", str(tmp_path / "base")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    truth = {json.loads(line)["seq"]: line for line in load_dump_lines("A_multi")[("events", 1)]}
+    lines = r.stdout.splitlines()
+    seqs = [json.loads(line)["seq"] for line in lines]
+    assert not any(2829 <= s <= 4682 for s in seqs)
+    assert len(seqs) == 8496 - 1854
+    assert [line.replace('"topic":"t","partition":0', "") for line in lines] == [
+        truth[s].replace('"topic":"events","partition":1', "") for s in seqs
+    ]
