@@ -287,6 +287,10 @@ def _run_job(
     new_data_dir: bool,
 ) -> int:
     """`run_job`, with `marks` holding the run marker once the data dirs are known."""
+    # an orchestrator's stop, from here on: report what finished, like Ctrl-C (before, the entry point's
+    # `stop_while_starting` ends a process that has done nothing yet)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     _start_driver()
     parser = job_parser(job, description)
     add_options(parser)
@@ -300,9 +304,12 @@ def _run_job(
         print(f"{job}: {err}", file=sys.stderr)
         report.end(getattr(args, "report", None) or report_arg(argv), "usage-error", error=str(err))
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the run reads its options and plans: no partition ran
+        report.end(getattr(args, "report", None) or report_arg(argv), "interrupted", partitions=[])
+        print(f"{job}: interrupted while planning, before any partition ran; a rerun does the work", file=sys.stderr)
+        return EXIT_INTERRUPTED
     report.doc.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark: SparkSession | SparkContext | None = None
-    signal.signal(signal.SIGTERM, on_sigterm)  # an orchestrator's stop: report what finished, like Ctrl-C
     try:
         if needs_spark is None or needs_spark(ctx, prepared):
             spark = _start_spark(ctx, report, sql=sql, delta=needs_delta is not None and needs_delta(ctx, prepared))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -37,6 +38,22 @@ class Terminated(KeyboardInterrupt):
 def on_sigterm(signum: int, frame: Any) -> None:
     """The driver's SIGTERM handler: raise `Terminated` in the main thread, where the run waits for its tasks."""
     raise Terminated()
+
+
+def stop_while_starting(job: str) -> None:
+    """A job process's signal handling from its first instant (its entry point's first statements), until the run
+    installs the drain's (`tank_spark.runner.run_job`, before it parses its command line): SIGTERM or Ctrl-C while
+    the process only imports its modules ends it at once, with one line and exit 130 (`exits.EXIT_INTERRUPTED`).
+    Without it, a stop in the first seconds killed the process by the signal: exit 143 and nothing said, or a
+    traceback through whatever was being imported."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        os.write(2, f"{job}: interrupted ({how}) while starting, before any work; a rerun does the work\n".encode())
+        os._exit(130)  # exits.EXIT_INTERRUPTED, not imported: nothing heavier than `signal` runs before this
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
 
 @contextlib.contextmanager

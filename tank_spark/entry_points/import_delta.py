@@ -4,8 +4,13 @@ python -m tank_spark.entry_points.import_delta --help
 spark-submit $(tank-log job-path import_delta) ...
 """
 
-from tank_log.jobs.exits import exit_process
-from tank_spark.import_delta import main
+from tank_log.jobs.stopping import stop_while_starting
+
+if __name__ == "__main__":  # a stop from here on ends the run with 130 and a line, not by the signal
+    stop_while_starting("import_delta")
+
+from tank_log.jobs.exits import exit_process  # noqa: E402
+from tank_spark.import_delta import main  # noqa: E402
 
 if __name__ == "__main__":
     exit_process(main())
