@@ -5,13 +5,33 @@ A process holds a directory when its command line names it or a path under it (t
 when it has a file under it open (`/proc/<pid>/fd`) or mapped (`/proc/<pid>/maps`: the broker mmaps indexes, §9).
 Our own process, its ancestors (the shell, Airflow, the Spark driver that started us) and its descendants are not
 holders. Processes whose `/proc` entries we may not read (another user's, without privileges) are checked by their
-command line only, which is world-readable.
+command line only, which is world-readable. A process whose main thread has exited while its other threads run
+shows its files, maps and command line only under a thread's entry (`/proc/<pid>/task/<tid>`): read there.
+
+One look at every process serves every partition of a run (`partition_holders`): a scan of `/proc` indexed by path,
+so that a partition's check is a few lookups, not a read of every process's descriptors and maps (a topic of 65,530
+partition directories, most of them empty, is a legal layout). The scan is kept fresh enough to keep the broker out:
+- a process started since the scan is seen within `NEW_S` (the pid list is read again, new pids read in full): a
+  broker started during a run is seen by the next partition's check;
+- every process is read again at least every `RESCAN_S` (or ten times a scan's own duration on a machine where a
+  scan is slower, so that scans take at most a tenth of a run): what a process that existed at the scan opened or
+  mapped since (or became by exec) is seen within that bound;
+- a process the scan finds holding the partition is read again before it is reported: one that let go, exited or
+  became a zombie is not a holder; one whose command line cannot be read (a process exiting: the kernel drops its
+  memory, and so its command line, before its descriptors) is watched for up to `UNNAMED_WAIT_S` and reported only
+  if it still holds the partition then, named by what `/proc` still says of it (its `comm`, its executable, whether
+  it is exiting), never as a blank.
+`holders` (a base path's check before a broker starts, a wait for it to stop) always looks afresh.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import re
 import socket
+import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,8 +40,14 @@ from tank_log.errors import PartitionHeld
 from tank_log.storage.locking import is_run_mark
 
 PROC = "/proc"
+NEW_S = 0.01  # a process started this long before a partition's check is seen by it
+RESCAN_S = 1.0  # every process is read again at least this often (see RESCAN_SHARE)
+RESCAN_SHARE = 10  # ... or this many times a scan's own duration, when that is longer
+UNNAMED_WAIT_S = 2.0  # how long a holder whose command line cannot be read is watched before it is reported
+PF_EXITING = 0x4  # `flags` of /proc/<pid>/stat (include/linux/sched.h): the process is exiting
 
 _also_ours: list[int] = []  # pids whose process family counts as ours too (`also_ours`)
+_pause = time.sleep  # how a check waits before it looks at an unnamed holder again (tests make it deterministic)
 
 
 @contextmanager
@@ -40,9 +66,20 @@ def also_ours(host: str, pid: int) -> Iterator[None]:
 
 
 def partition_holders(partition_dir: str | os.PathLike[str]) -> list[Holder]:
-    """`holders` of one partition directory: files under it, or a command line naming it or its base path."""
+    """`holders` of one partition directory: files under it, or a command line naming it or its base path. Served
+    by the run's scan of `/proc`, kept fresh as the module says."""
     d = os.path.abspath(os.fspath(partition_dir))
-    return holders([d], names=[os.path.dirname(os.path.dirname(d))])
+    if not os.path.isdir(PROC):
+        return []
+    dirs, exact = [_real(d)], {_real(os.path.dirname(os.path.dirname(d)))}
+    global _scan
+    with _scan_lock:
+        now = time.monotonic()
+        if _scan is None or _scan.owner != os.getpid() or now - _scan.taken > _scan.max_age:
+            _scan = _Scan()
+        elif now - _scan.listed > NEW_S:
+            _scan.add_new()
+        return _scan.holders(dirs, exact)
 
 
 def check_not_held(partition_dir: str | os.PathLike[str]) -> None:
@@ -74,7 +111,7 @@ class Holder:
     """A process holding a directory, and how."""
 
     pid: int
-    command: str  # its command line (arguments joined by spaces, shortened)
+    command: str  # its command line (arguments joined by spaces, shortened), or what /proc says of it without one
     how: str  # e.g. "has /data/t/0/1-9_1.ilog open"
     tank_log_run: bool = False  # another run of ours (it or its family holds one of our locks or run markers)
 
@@ -86,22 +123,256 @@ class Holder:
 def holders(directories: Iterable[str | os.PathLike[str]], *, names: Iterable[str] = ()) -> list[Holder]:
     """Processes other than ours that hold any of `directories` (open or mapped files under them, or a command line
     naming them or a path under them), plus those whose command line names one of `names` (e.g. the base path of a
-    partition: `tank -p BASE` serves every partition under it). Empty on systems without `/proc`."""
+    partition: `tank -p BASE` serves every partition under it). Empty on systems without `/proc`. A fresh look at
+    every process (a caller waiting for the broker to stop polls it); it also serves the next `partition_holders`."""
     dirs = [_real(d) for d in directories]
     exact = {_real(n) for n in names}
     if not os.path.isdir(PROC):
         return []
-    parents = _parents()
-    ours = _ours(parents)
-    in_maps = _as_in_maps(dirs)
-    out = []
-    for pid in parents:
-        if pid in ours:
-            continue
-        how = _named_by_command(pid, dirs, exact) or _open_under(pid, dirs) or _mapped_under(pid, in_maps)
-        if how:
-            out.append(Holder(pid, _command(pid), how, _in_tank_log_run(pid, parents)))
-    return out
+    global _scan
+    with _scan_lock:
+        _scan = _Scan()
+        return _scan.holders(dirs, exact)
+
+
+@dataclass
+class _Proc:
+    """What one look at a process found: its parent, state, flags and name (`/proc/<pid>/stat`), where its other
+    entries are, and, when read, its command line with the paths it names, its open files and its mapped files."""
+
+    pid: int
+    ppid: int
+    state: str
+    flags: int
+    comm: str
+    where: str | None  # /proc/<pid>, or a live thread's entry when the main thread has exited; None: holds nothing
+    argv: list[str] | None = None
+    named: list[str] | None = None  # the real paths its command line names
+    opened: list[str] | None = None  # its descriptors' targets as /proc shows them (maybe ending " (deleted)")
+    mapped: list[str] | None = None  # its mapped files as `maps` writes them (a newline as `\\012`)
+
+    @property
+    def exiting(self) -> bool:
+        return bool(self.flags & PF_EXITING)
+
+
+_Entry = tuple[str, int, str]  # (path, pid, how) in a sorted index
+
+_scan: _Scan | None = None
+_scan_lock = threading.Lock()
+
+
+class _Scan:
+    """One look at every process, indexed by the paths they hold, plus the processes started since (`add_new`)."""
+
+    def __init__(self) -> None:
+        t0 = time.monotonic()
+        self.owner = os.getpid()
+        self.procs: dict[int, _Proc] = {}
+        for pid in _pids():
+            p = _look(pid)
+            if p is not None:
+                self.procs[pid] = p
+        self.extra: dict[int, _Proc] = {}  # started since the scan: checked one by one
+        self.gone: set[int] = set()  # exited since the scan (a reread found no such process)
+        self.version = 0
+        self._ours: tuple[tuple[object, ...], set[int]] | None = None
+        self._runs: dict[int, bool] = {}
+        named: list[_Entry] = []
+        opened: list[_Entry] = []
+        mapped: list[_Entry] = []
+        for p in self.procs.values():
+            named += ((path, p.pid, _names(path)) for path in p.named or ())
+            opened += ((_strip(t), p.pid, _has(t)) for t in p.opened or () if t.startswith("/"))
+            mapped += ((m, p.pid, _maps(m)) for m in p.mapped or ())
+        self.index = (sorted(named), sorted(opened), sorted(mapped))
+        self.taken = self.listed = time.monotonic()
+        self.max_age = max(RESCAN_S, RESCAN_SHARE * (self.taken - t0))
+
+    def add_new(self) -> None:
+        """Read the processes started since the scan (or since the last call)."""
+        for pid in _pids():
+            if (pid in self.procs or pid in self.extra) and pid not in self.gone:
+                continue
+            p = _look(pid)
+            if p is not None:
+                self.gone.discard(pid)
+                self.procs.pop(pid, None)
+                self.extra[pid] = p
+                self.version += 1
+        self.listed = time.monotonic()
+
+    def holders(self, dirs: list[str], exact: set[str]) -> list[Holder]:
+        """The processes other than ours that hold `dirs` (or name one of `exact`), each read again first."""
+        found = self._candidates(dirs, exact)
+        ours = self.ours()
+        out = []
+        for pid in sorted(found):
+            if pid in ours or pid in self.gone:
+                continue
+            live = self._reread(pid, dirs, exact)
+            if live is not None:
+                p, how = live
+                out.append(Holder(pid, _command(p), how, self._in_tank_log_run(p)))
+        return out
+
+    def _candidates(self, dirs: list[str], exact: set[str]) -> dict[int, str]:
+        """pid → how, for what the scan (and the processes started since) says holds `dirs` or names `exact`."""
+        found: dict[int, str] = {}
+        named, opened, mapped = self.index
+        for index, keys in ((named, [*dirs, *exact]), (opened, dirs)):
+            for key in keys:
+                for _, pid, how in _at_or_under(index, key, under=key in dirs):
+                    found.setdefault(pid, how)
+        for prefix in _as_in_maps(dirs):
+            for _, pid, how in _under_prefix(mapped, os.fsdecode(prefix)):
+                found.setdefault(pid, how)
+        in_maps = _as_in_maps(dirs)
+        for pid, p in self.extra.items():
+            held = _holds(p, dirs, exact, in_maps)
+            if held:
+                found.setdefault(pid, held)
+        return found
+
+    def ours(self) -> set[int]:
+        """`_ours` of the processes the scan knows, for this process and the `also_ours` ones (kept until either
+        changes: a forked worker takes a scan of its own)."""
+        key = (os.getpid(), tuple(_also_ours), self.version)
+        if self._ours is None or self._ours[0] != key:
+            self._ours = (key, _ours(self.parents()))
+        return self._ours[1]
+
+    def parents(self) -> dict[int, int]:
+        return {pid: p.ppid for pid, p in (*self.procs.items(), *self.extra.items()) if pid not in self.gone}
+
+    def _reread(self, pid: int, dirs: list[str], exact: set[str]) -> tuple[_Proc, str] | None:
+        """Whether process `pid` holds `dirs` now (read again), and how; one that cannot be named (no command line:
+        exiting, or it never set one) is watched until it lets go or can be named, for up to `UNNAMED_WAIT_S`."""
+        in_maps = _as_in_maps(dirs)
+        deadline = time.monotonic() + UNNAMED_WAIT_S
+        wait = 0.01
+        while True:
+            p = _look(pid, lazily=True)
+            how = _holds(p, dirs, exact, in_maps) if p is not None else None
+            if p is None or how is None:
+                if p is None or p.where is None:
+                    self.gone.add(pid)
+                    self.version += 1
+                return None
+            if p.argv or time.monotonic() >= deadline:
+                return p, how
+            _pause(wait)
+            wait = min(2 * wait, 0.2)
+
+    def _in_tank_log_run(self, p: _Proc) -> bool:
+        """`_in_tank_log_run`, once per process and scan."""
+        if p.pid not in self._runs:
+            self._runs[p.pid] = _in_tank_log_run(p, self.parents())
+        return self._runs[p.pid]
+
+
+def _at_or_under(index: list[_Entry], key: str, *, under: bool) -> Iterator[_Entry]:
+    """The entries of a sorted index whose path is `key` or, with `under`, a path under it."""
+    i = bisect.bisect_left(index, (key,))
+    while i < len(index) and index[i][0] == key:
+        yield index[i]
+        i += 1
+    if under:
+        yield from _under_prefix(index, key.rstrip("/") + "/")
+
+
+def _under_prefix(index: list[_Entry], prefix: str) -> Iterator[_Entry]:
+    i = bisect.bisect_left(index, (prefix,))
+    while i < len(index) and index[i][0].startswith(prefix):
+        yield index[i]
+        i += 1
+
+
+def _holds(p: _Proc, dirs: list[str], exact: set[str], in_maps: tuple[bytes, ...]) -> str | None:
+    """How process `p` holds `dirs` (or names one of `exact`): its command line first, then its open files, then
+    its mapped files (each read on demand when the look was lazy); None when it does not."""
+    if p.where is None:  # a zombie: it holds nothing
+        return None
+    _fill_named(p)
+    for path in p.named or ():
+        if path in exact or _under(path, dirs):
+            return _names(path)
+    if p.opened is None:
+        p.opened = list(_links(p.where))
+    for target in p.opened:
+        if target.startswith("/") and _under(_strip(target), dirs):
+            return _has(target)
+    if p.mapped is None:
+        p.mapped = _mapped(p.where)
+    prefixes = tuple(os.fsdecode(b) for b in in_maps)
+    for m in p.mapped:
+        if m.startswith(prefixes):
+            return _maps(m)
+    return None
+
+
+def _names(path: str) -> str:
+    return f"names {path} on its command line"
+
+
+def _has(target: str) -> str:
+    return f"has {target} open"
+
+
+def _maps(mapped: str) -> str:
+    return f"maps {_strip(mapped)}"  # as `maps` writes it: one line
+
+
+def _strip(target: str) -> str:
+    return target.removesuffix(" (deleted)")
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(e) for e in os.listdir(PROC) if e.isdigit()]
+    except OSError:
+        return []
+
+
+def _look(pid: int, *, lazily: bool = False) -> _Proc | None:
+    """What `/proc` says of process `pid` (None: there is no such process any more); everything, or with `lazily`
+    only its stat (`_holds` reads the rest as it needs it)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:  # exited since the listing
+        return None
+    close = stat.rfind(b")")
+    fields = stat[close + 2 :].split()  # after "(comm)": state, ppid, pgrp, session, tty, tpgid, flags, ...
+    try:
+        state, ppid, flags = fields[0].decode(), int(fields[1]), int(fields[6])
+    except (IndexError, ValueError):
+        return None
+    comm = stat[stat.find(b"(") + 1 : close].decode(errors="replace")
+    p = _Proc(pid, ppid, state, flags, comm, _where(pid, state))
+    if not lazily and p.where is not None:
+        _fill_named(p)
+        p.opened = list(_links(p.where))
+        p.mapped = _mapped(p.where)
+    return p
+
+
+def _where(pid: int, state: str) -> str | None:
+    """Where process `pid`'s entries are: its own, or, when its main thread has exited (a zombie leader) while
+    other threads run, a live thread's; None for a zombie."""
+    if state not in ("Z", "X"):
+        return f"{PROC}/{pid}"
+    try:
+        tids = [t for t in os.listdir(f"{PROC}/{pid}/task") if t != str(pid)]
+    except OSError:
+        return None
+    return f"{PROC}/{pid}/task/{tids[0]}" if tids else None
+
+
+def _fill_named(p: _Proc) -> None:
+    if p.argv is None and p.where is not None:
+        p.argv = _argv_at(p.where)
+        p.named = _named_paths(p.where, p.argv)
 
 
 JOBS = ("maintain", "compact", "retention", "rebuild_indexes", "export_delta", "import_delta")  # entry_points.NAMES
@@ -119,17 +390,18 @@ def _runs_ours(argv: list[str]) -> bool:
     return False
 
 
-def _in_tank_log_run(pid: int, parents: dict[int, int]) -> bool:
-    """Whether `pid` is a tank-log run: its command line runs one of our programs, or it, an ancestor or a descendant
-    of it holds one of our locks or run markers open (its driver, its worker processes, the JVM and spark-submit
-    between them)."""
-    if _runs_ours(_argv(pid)):
+def _in_tank_log_run(p: _Proc, parents: dict[int, int]) -> bool:
+    """Whether process `p` is a tank-log run: its command line runs one of our programs, or it, an ancestor or a
+    descendant of it holds one of our locks or run markers open (its driver, its worker processes, the JVM and
+    spark-submit between them)."""
+    if _runs_ours(p.argv or []):
         return True
+    pid = p.pid
     family = {pid}
-    p = parents.get(pid, 0)
-    while p > 1 and p not in family:
-        family.add(p)
-        p = parents.get(p, 0)
+    q = parents.get(pid, 0)
+    while q > 1 and q not in family:
+        family.add(q)
+        q = parents.get(q, 0)
     todo = [pid]
     children: dict[int, list[int]] = {}
     for child, parent in parents.items():
@@ -139,7 +411,11 @@ def _in_tank_log_run(pid: int, parents: dict[int, int]) -> bool:
             if child not in family:
                 family.add(child)
                 todo.append(child)
-    return any(is_run_mark(target) for member in family for target in _links(member))
+    for member in family:
+        where = p.where if member == pid else _where(member, "R")
+        if where is not None and any(is_run_mark(target) for target in _links(where)):
+            return True
+    return False
 
 
 def _real(path: str | os.PathLike[str]) -> str:
@@ -158,22 +434,6 @@ def _prefixes(dirs: list[str]) -> tuple[str, ...]:
 def _as_in_maps(dirs: list[str]) -> tuple[bytes, ...]:
     """`_prefixes` as `/proc/<pid>/maps` writes paths: bytes, a newline as `\\012`."""
     return tuple(os.fsencode(p.replace("\n", "\\012")) for p in _prefixes(dirs))
-
-
-def _parents() -> dict[int, int]:
-    """pid → parent pid of every process."""
-    out = {}
-    for entry in os.listdir(PROC):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"{PROC}/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:  # exited since the listing
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()  # after "(comm)": state, ppid, ...
-        out[int(entry)] = int(fields[1])
-    return out
 
 
 def _ours(parents: dict[int, int]) -> set[int]:
@@ -197,39 +457,58 @@ def _ours(parents: dict[int, int]) -> set[int]:
     return ours
 
 
-def _argv(pid: int) -> list[str]:
+def _argv_at(where: str) -> list[str]:
     try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as fh:
+        with open(f"{where}/cmdline", "rb") as fh:
             raw = fh.read()
     except OSError:
         return []
     return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
-def _command(pid: int, limit: int = 160) -> str:
-    text = " ".join(_argv(pid))
+def _command(p: _Proc, limit: int = 160) -> str:
+    """Its command line, or, without one, what /proc still says of it: its name, its executable, whether it is
+    exiting."""
+    text = " ".join(p.argv or [])
+    if not text:
+        try:
+            exe = os.readlink(f"{p.where}/exe") if p.where else ""
+        except OSError:
+            exe = ""
+        text = f"[{p.comm}]" + (f" {exe}" if exe else "") + " without a command line"
+        text += ": exiting" if p.exiting else ""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _named_by_command(pid: int, dirs: list[str], exact: set[str]) -> str | None:
-    """The first argument (or `--opt=VALUE` value) that names a path at or under `dirs`, or one of `exact`."""
+_named_cache: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+
+def _named_paths(where: str, argv: list[str]) -> list[str]:
+    """The real paths of the arguments (or `--opt=VALUE` values) that look like paths, in order (resolved once per
+    command line and working directory: a Spark JVM's class path has hundreds)."""
     try:
-        cwd = os.readlink(f"{PROC}/{pid}/cwd")
+        cwd = os.readlink(f"{where}/cwd")
     except OSError:
         cwd = "/"
-    for arg in _argv(pid)[1:]:
+    key = (cwd, tuple(argv[1:]))
+    cached = _named_cache.get(key)
+    if cached is not None:
+        return cached
+    out = []
+    for arg in argv[1:]:
         for candidate in (arg, arg.split("=", 1)[1] if "=" in arg else ""):
             if candidate and ("/" in candidate or candidate in (".", "..")):
                 if candidate.startswith(("/dev/", "/proc/")):  # e.g. `bash /dev/fd/3`: its fds, not ours to resolve
                     continue
-                path = os.path.realpath(os.path.join(cwd, candidate))
-                if path in exact or _under(path, dirs):
-                    return f"names {path} on its command line"
-    return None
+                out.append(os.path.realpath(os.path.join(cwd, candidate)))
+    if len(_named_cache) > 4096:
+        _named_cache.clear()
+    _named_cache[key] = out
+    return out
 
 
-def _links(pid: int) -> Iterator[str]:
-    d = f"{PROC}/{pid}/fd"
+def _links(where: str) -> Iterator[str]:
+    d = f"{where}/fd"
     try:
         fds = os.listdir(d)
     except OSError:  # another user's process: only its command line is visible
@@ -241,27 +520,15 @@ def _links(pid: int) -> Iterator[str]:
             continue
 
 
-def _open_under(pid: int, dirs: list[str]) -> str | None:
-    for target in _links(pid):
-        if target.startswith("/") and _under(target.removesuffix(" (deleted)"), dirs):
-            return f"has {target} open"
-    return None
+_MAPPED = re.compile(rb"^\S+ \S+ \S+ \S+ \S+ +(/[^\n]*)$", re.MULTILINE)
 
 
-def _mapped_under(pid: int, prefixes: tuple[bytes, ...]) -> str | None:
-    """The first file process `pid` maps under the directories of `prefixes` (`_as_in_maps`). `maps` names each
-    mapped file by its absolute path: a process whose `maps` contains none of the prefixes maps nothing under them,
-    and one search of the whole text rules out most processes (a JVM maps thousands of files: parsing every line of
-    every process took ~1 ms per process per partition)."""
+def _mapped(where: str) -> list[str]:
+    """The files a process maps, each once, as `maps` writes them (a JVM maps thousands of regions of a few hundred
+    files)."""
     try:
-        with open(f"{PROC}/{pid}/maps", "rb") as fh:
+        with open(f"{where}/maps", "rb") as fh:
             text = fh.read()
     except OSError:
-        return None
-    if not any(p in text for p in prefixes):
-        return None
-    for line in text.split(b"\n"):
-        parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].startswith(prefixes):
-            return f"maps {os.fsdecode(parts[5].removesuffix(b' (deleted)'))}"  # as `maps` writes it: one line
-    return None
+        return []
+    return list(dict.fromkeys(os.fsdecode(m) for m in _MAPPED.findall(text)))

@@ -6,6 +6,7 @@ import glob
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import Detached, tree_digest
@@ -118,3 +119,129 @@ def test_a_mapped_index_is_found_under_any_directory_name_and_only_there(tmp_pat
         assert partition_holders(os.path.join(base, "t", "1")) == []
     finally:
         proc.kill()
+
+
+NO_ARGV = (  # execs Python with no arguments at all (argc 0): /proc/<pid>/cmdline is empty; it reads its script on fd 0
+    "import ctypes, os, sys; fd = os.open(os.environ['BODY'], os.O_RDONLY); os.dup2(fd, 0); "
+    "env = [f'{k}={v}'.encode() for k, v in os.environ.items()]; "
+    "ctypes.CDLL(None).execve(sys.executable.encode(), (ctypes.c_char_p * 1)(None), "
+    "(ctypes.c_char_p * (len(env) + 1))(*env, None))"
+)
+
+
+def _start_unnamed(part, tmp_path):
+    """A process holding the partition's first RO segment open whose command line cannot be read."""
+    body = tmp_path / "body.py"
+    body.write_text(HOLD["open"])
+    proc = Detached([sys.executable, "-c", NO_ARGV], dict(os.environ, HOLD=part.ro[0].path, BODY=str(body)))
+    with open(f"/proc/{proc.pid}/cmdline", "rb") as fh:
+        assert fh.read().strip(b"\0") == b""
+    return proc
+
+
+def test_a_holder_without_a_command_line_is_named_by_what_proc_says(profiles0, tmp_path, monkeypatch):
+    """A live process that holds the partition and has no command line is a holder (it may write), watched for a
+    while and then reported by its name and executable, never as a blank `pid N ()`."""
+    from tank_log.storage import holders as module
+
+    monkeypatch.setattr(module, "UNNAMED_WAIT_S", 0.3, raising=False)
+    base, part = profiles0
+    proc = _start_unnamed(part, tmp_path)
+    try:
+        (held,) = partition_holders(part.path)
+        assert held.pid == proc.pid and held.how == f"has {part.ro[0].path} open" and not held.tank_log_run
+        assert held.command.startswith("[python") and "without a command line" in held.command
+        assert f"pid {proc.pid} ()" not in str(held)
+        res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+        assert res.status == Status.SKIPPED and "without a command line" in res.reason
+    finally:
+        proc.kill()
+
+
+def test_a_holder_that_exits_while_it_is_looked_at_is_not_a_holder(profiles0, tmp_path, monkeypatch):
+    """A process that cannot be named when it is found holding the partition (the kernel drops an exiting process's
+    command line before its descriptors) is looked at again: once it is gone it holds nothing, and the mutation
+    proceeds (it is not the broker). Deterministic: the wait before the second look is where it exits."""
+    from tank_log.storage import holders as module
+
+    base, part = profiles0
+    proc = _start_unnamed(part, tmp_path)
+    waits = []
+
+    def exits_meanwhile(seconds):
+        waits.append(seconds)
+        proc.kill()  # returns once it is a zombie or reaped
+
+    monkeypatch.setattr(module, "_pause", exits_meanwhile, raising=False)
+    try:
+        assert partition_holders(part.path) == []
+        assert len(waits) == 1
+        res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+        assert res.status == Status.COMPACTED and res.held_by is None
+    finally:
+        proc.kill()
+
+
+LEADER_EXITS = (  # the main thread exits, another keeps the file open: /proc/<pid> is a zombie's, the task's is not
+    "import ctypes, os, threading, time; f = open(os.environ['HOLD'], 'rb'); "
+    "threading.Thread(target=time.sleep, args=(600,)).start(); print('ready', flush=True); "
+    "ctypes.CDLL(None).pthread_exit(None)"
+)
+
+
+def test_a_process_whose_main_thread_exited_still_holds_its_files(profiles0):
+    """/proc/<pid>/fd and cmdline are empty when the main thread has exited; the files are under the live thread."""
+    base, part = profiles0
+    proc = Detached([sys.executable, "-c", LEADER_EXITS], dict(os.environ, HOLD=part.ro[0].path))
+    try:
+        (held,) = partition_holders(part.path)
+        assert held.pid == proc.pid and held.how == f"has {part.ro[0].path} open"
+        assert held.command.startswith(f"{sys.executable} -c import ctypes")
+        res = compact_partition(part, CompactionOptions(force=True, broker_stopped=True))
+        assert res.status == Status.SKIPPED and f"pid {proc.pid}" in res.reason
+    finally:
+        proc.kill()
+
+
+def test_one_scan_serves_many_partitions_and_sees_what_started_or_changed_since(tmp_path):
+    """Checks of many partitions share one look at every process; a process started since is seen by the next
+    check, and what a process that existed at the scan opened since is seen once the scan's age bound has passed."""
+    from tank_log.storage import holders as module
+
+    topic = tmp_path / "base" / "t"
+    for pid in range(300):
+        (topic / str(pid)).mkdir(parents=True)
+    (topic / "7" / "1_1.ilog").write_bytes(b"")
+    scans = []
+    real = module._Scan.__init__
+
+    def counted(self):
+        scans.append(1)
+        real(self)
+
+    module._scan = None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module._Scan, "__init__", counted)
+        t0 = time.monotonic()
+        assert all(partition_holders(topic / str(p)) == [] for p in range(300))
+        assert len(scans) <= 1 + (time.monotonic() - t0) / module.RESCAN_S
+    opener = (  # opens the file once told to (a file appears), after the scan has seen it holding nothing
+        "import os, time; e = os.environ; print('ready', flush=True)\n"
+        "while not os.path.exists(e['GO']): time.sleep(0.01)\n"
+        "f = open(e['HOLD'], 'rb'); open(e['GO'] + '.done', 'w').close(); time.sleep(600)"
+    )
+    target, go = str(topic / "7" / "1_1.ilog"), str(tmp_path / "go")
+    existing = Detached([sys.executable, "-c", opener], dict(os.environ, HOLD=target, GO=go))
+    assert partition_holders(topic / "7") == []  # a fresh scan: it exists and holds nothing
+    late = Detached([sys.executable, "-c", HOLD["open"]], dict(os.environ, HOLD=target))  # started after the scan
+    try:
+        assert [h.pid for h in partition_holders(topic / "7")] == [late.pid]  # seen by the next check
+        scan = module._scan
+        open(go, "w").close()
+        while not os.path.exists(go + ".done"):
+            time.sleep(0.01)
+        time.sleep(max(0.0, scan.taken + scan.max_age - time.monotonic()) + 0.05)
+        assert sorted(h.pid for h in partition_holders(topic / "7")) == sorted([late.pid, existing.pid])
+    finally:
+        late.kill()
+        existing.kill()
