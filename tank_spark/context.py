@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tank_log.job")
 
+# Settings every run's Spark holds whatever the config says: the tables it writes are the ones the delta-rs engine
+# writes. Parquet timestamps as 64-bit microseconds (Spark's default, INT96, is read as nanoseconds by Arrow, delta-rs,
+# Polars: a ts past 2262-04-11 comes back wrapped, e.g. 3000 as 1830; `ts` goes up to 9999-12-31).
+FIXED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+
 
 @dataclass(frozen=True)
 class JobContext:
@@ -101,7 +106,10 @@ def spark_context(ctx: JobContext, *, delta: bool = False) -> SparkContext:
     conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
     conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():
+        if k in FIXED_CONF and v != FIXED_CONF[k]:
+            log.warning("%s: spark.conf %s=%s ignored: the job writes %s", ctx.job, k, v, FIXED_CONF[k])
         conf.set(k, v)
+    conf.setAll(list(FIXED_CONF.items()))
     conf.set("spark.ui.showConsoleProgress", "false")
     worker_daemon.configure(conf)  # local mode: workers import the installed pyspark, ~1 s less per run
     if not under_spark_submit:
@@ -142,7 +150,10 @@ def spark_session(ctx: JobContext, *, delta: bool = False) -> SparkSession:
     from pyspark.sql import SparkSession
 
     spark_context(ctx, delta=delta)
-    return SparkSession.builder.getOrCreate()
+    session = SparkSession.builder.getOrCreate()
+    for k, v in FIXED_CONF.items():  # also on a session that existed before this run (spark-submit, a notebook)
+        session.conf.set(k, v)
+    return session
 
 
 def stop_spark(spark: SparkSession | SparkContext) -> None:
