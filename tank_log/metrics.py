@@ -118,6 +118,7 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
         PARTITION,
         registry=reg,
     )
+    _salvage_gauge(report, previous, reg)
     for p in entries:
         if p is None:
             continue
@@ -131,6 +132,33 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
         if p.get("status") == "data-loss" or before:
             loss.labels(*labels).set(before + (1 if p.get("status") == "data-loss" else 0))
     return reg
+
+
+def _salvage_gauge(report: dict[str, Any], previous: dict[str, float], reg: CollectorRegistry) -> None:
+    """Messages salvage cut per partition, over all runs (carried over from the file being replaced): every cut is
+    named in the log and the report too (`salvaged` actions: file, seqs, count, side file)."""
+    cut = Gauge(
+        f"{NS}_salvage_cut_messages",
+        "Messages salvage cut from torn tails (kept in side files), over all runs; a torn active bundle counts 1",
+        PARTITION,
+        registry=reg,
+    )
+    now: dict[tuple[str, str], int] = {}
+    for entry in report.get("partitions") or []:
+        step = (entry.get("steps") or {}).get("indexes") if "steps" in entry else entry
+        for action in (step or {}).get("actions") or []:
+            if action.get("action") == "salvaged":
+                labels = (str(entry.get("topic")), str(entry.get("partition")))
+                n = action.get("messages_cut")
+                now[labels] = now.get(labels, 0) + (1 if n is None else int(n))
+    prefix = f"{NS}_salvage_cut_messages{{"
+    before = {k: v for k, v in previous.items() if k.startswith(prefix)}
+    for key, value in before.items():
+        named = dict(pair.split("=", 1) for pair in key[len(prefix) : -1].split(","))
+        topic, pid = named["topic"].strip('"'), named["partition"].strip('"')
+        now[(topic, pid)] = now.get((topic, pid), 0) + int(value)
+    for (topic, pid), n in now.items():
+        cut.labels(topic, pid).set(n)
 
 
 def _retention_entry(entry: dict[str, Any]) -> dict[str, Any] | None:

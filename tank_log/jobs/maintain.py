@@ -97,13 +97,16 @@ def _not_run_after(steps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 
 def _repair(part: Partition, safety: IndexJobOptions) -> PartitionOutcome:
-    """The repair step: leftovers of killed runs, interrupted compactions and salvages (`storage/repair.py`)."""
+    """The repair step: leftovers of killed runs, interrupted compactions and salvages (`storage/repair.py`); what
+    repair leaves and names makes the partition need attention, as `tank-log repair` exits 1 on it."""
     res = PartitionOutcome(part.topic, part.id, part.path)
 
     def body(r: PartitionOutcome) -> None:
         rep = repair_partition(part.path, dry_run=safety.dry_run)
-        r.repair = rep.to_dict() if rep.has_work else None
+        r.repair = rep.to_dict() if rep.has_work or rep.problems else None
         r.status = (Status.DRY_RUN if safety.dry_run else Status.FIXED) if rep.has_work else Status.CLEAN
+        if rep.problems:  # what `tank-log repair` refuses and exits 1 on: never "clean"
+            r.status, r.reason = Status.NEEDS_ATTENTION, "repair refused: " + "; ".join(rep.problems)
 
     return run_on_partition(part.path, "repair", res, body, dry_run=safety.dry_run)
 

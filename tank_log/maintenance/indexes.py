@@ -125,7 +125,9 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
             except NeedsAttention as refused:
                 res.unfixed.append({"path": target.path, "code": "salvage-refused", "message": str(refused)})
                 continue
-            res.actions.append(salvage_tail(plan))
+            done = salvage_tail(plan)
+            res.actions.append(done)
+            res.reason = "; ".join(filter(None, [res.reason, cut_reason(done)]))
     if any(what in ("salvage", "move-aside") for what, _ in fixable):
         part = scan_partition(part.path, part.topic, part.id, part.config)
         problems = check_partition(part)
@@ -145,12 +147,29 @@ def _maintain(part: Partition, options: IndexJobOptions, res: IndexJobResult) ->
     res.status = Status.NEEDS_ATTENTION if res.unfixed else Status.FIXED
 
 
+def cut_reason(action: dict[str, Any]) -> str:
+    """One salvage's loss in words: the file, the seqs and how many messages it cut, and where the bytes are."""
+    seqs = action.get("seqs_cut")
+    n = action.get("messages_cut")
+    if seqs is None:
+        what = "no seq the names claim"
+    else:
+        what = f"seqs {seqs[0]}..{'' if seqs[1] is None else seqs[1]}"
+        what += f" ({n} messages lost)" if n is not None else " (the torn bundle, its count unknown)"
+    return (
+        f"salvage cut {action['bytes_cut']} bytes of {action['segment']} at {action['cut_at']}: {what}; the bytes are "
+        f"kept in {action['side_file']}"
+    )
+
+
 def _plan_fixes(part: Partition, problems: list[Problem], options: IndexJobOptions) -> list[tuple[str, Any]]:
     by_path = {s.path: s for s in part.segments}
     by_index = {s.index_path: s for s in part.segments}
     fixes: list[tuple[str, Any]] = []
     torn = {p.path for p in problems if p.code == "torn-tail"}
-    broken = {p.path for p in problems if p.code in ("format", "io")}
+    # a log that is malformed, or whose content contradicts its name, keeps its index: where a bundle was cut out or
+    # duplicated, the index's disagreement is the evidence of it, and a rebuilt one would make the damage look clean
+    broken = {p.path for p in problems if p.code in ("format", "io", "name-base", "name-last", "mid-file-corruption")}
     for p in problems:
         if p.code == "wide-index":
             fixes.append(("move-aside", p.path))

@@ -4,8 +4,10 @@ compactions (§6.4)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +52,12 @@ def refuse_if_live(part: Partition, job: str, window_s: int, now: float | None =
 
 
 def preflight(
-    part: Partition, job: str, safety: SafetyOptions, *, now: float | None = None
+    part: Partition,
+    job: str,
+    safety: SafetyOptions,
+    *,
+    now: float | None = None,
+    audit: Callable[[Partition], None] | None = None,
 ) -> tuple[Partition, dict[str, Any] | None]:
     """Name check, liveness check (unless the broker is stopped, or a dry run) and repair; returns the partition as
     it is now and what repair did (None if nothing). Outside a dry run the partition is scanned again first (the
@@ -59,6 +66,7 @@ def preflight(
     Raises:
         NeedsAttention: a file name the broker would mis-parse, or a non-regular file under a segment/index name.
         PartitionLooksLive: the partition changed within `live_window_s`.
+        NeedsAttention: also what repair leaves and names (`RepairResult.problems`), as `tank-log repair` does.
     """
     if not safety.dry_run:
         part = scan_partition(part.path, part.topic, part.id, part.config)
@@ -74,6 +82,11 @@ def preflight(
     if not safety.broker_stopped and not safety.dry_run:
         refuse_if_live(part, job, safety.live_window_s, now)
     rep = repair_partition(part.path, dry_run=safety.dry_run)
+    if rep.problems:  # what `tank-log repair` refuses (and exits 1 on), no job goes past
+        if audit is not None:  # the job's own check names the damage behind it, where it finds it
+            audit(scan_partition(part.path, part.topic, part.id, part.config) if not safety.dry_run else part)
+        done = " (after it: " + json.dumps(rep.to_dict()) + ")" if rep.has_work and not safety.dry_run else ""
+        raise NeedsAttention("repair refused: " + "; ".join(rep.problems) + done)
     if not rep.has_work:
         return part, None
     if not safety.dry_run:

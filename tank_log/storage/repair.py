@@ -31,14 +31,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from tank_log.errors import NeedsAttention
+from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.index import ENTRY, encode_index, read_index
 from tank_log.format.names import Kind, format_active_name, format_index_name, segment_logs
 from tank_log.storage.completeness import check_segment
 from tank_log.storage.datadir import non_regular_entries
 from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
 from tank_log.storage.locking import PartitionLock
-from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro
+from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro, true_last_or
 from tank_log.storage.segment import Segment
 from tank_log.storage.staging import committed_imports_into, finish_imports_into, recover_imports
 from tank_log.storage.swap import plan_swap_recovery
@@ -116,7 +116,7 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
         result.salvages_finished.append(rec.describe())
         if not dry_run:
             finish_salvage(rec)
-    for index, keep in _indexes_past_eof(d):
+    for index, keep in _indexes_past_eof(d, result):
         kept = f"kept {len(keep)} entries before the end of the log" if keep else "deleted"
         result.indexes_trimmed.append(f"{os.path.basename(index)}: {kept}")
         if dry_run:
@@ -179,8 +179,10 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     reactivate_last_ro(seg, ts)
 
 
-def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
-    """(index path, the entries before the end of its log) for every index whose last entry is at or past it."""
+def _indexes_past_eof(d: str, result: RepairResult) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(index path, the entries before the end of its log) for every index whose last entry is at or past it. An RO
+    segment whose content does not reach its name's last seq is not a crash state but lost data: its index entries
+    past the end are the evidence of what was there, kept, and the loss is named in `result.problems`."""
     out = []
     for n, parsed in segment_logs(sorted(os.listdir(d))).items():
         index = os.path.join(d, format_index_name(parsed.base))
@@ -199,8 +201,28 @@ def _indexes_past_eof(d: str) -> list[tuple[str, list[tuple[int, int]]]]:
         entries = read_index(index)
         if any(b[0] <= a[0] or b[1] <= a[1] for a, b in zip(entries, entries[1:], strict=False)):
             continue  # out of order: not a crash state, verify reports it and the index job rebuilds it
+        if parsed.kind is Kind.RO and (got := true_last_or(os.path.join(d, n), parsed)) != parsed.last:
+            if _torn(os.path.join(d, n)):
+                continue  # a torn RO tail: verify reports it, salvage replaces the index before it cuts (§3.11)
+            result.problems.append(
+                f"{os.path.basename(index)}: entries past the end of {n}, whose content ends at seq {got} before its "
+                f"name's last {parsed.last}: data lost from the segment, not a crash state; the index is kept as "
+                f"evidence (restore the segment, or salvage it)"
+            )
+            continue
         out.append((index, [e for e in entries if e[1] < log_size]))
     return out
+
+
+def _torn(path: str) -> bool:
+    """Whether a segment ends in bytes after its last complete bundle (a malformed one: not ours to judge here)."""
+    walk = Segment(path).bundles()
+    try:
+        for _ in walk:
+            pass
+    except TankFormatError:
+        return True
+    return walk.tail is not None and walk.tail.torn_bytes > 0
 
 
 def repair_base(base_path: str | os.PathLike[str], *, dry_run: bool = False) -> list[str]:

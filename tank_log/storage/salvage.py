@@ -31,6 +31,7 @@ last RO segment cannot become active (a gap before it).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ from tank_log.format.names import (
 )
 from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, write_temp_then_rename
 from tank_log.storage.segment import Segment, Tail
+
+log = logging.getLogger(__name__)
 
 RESYNC_SCAN_BYTES = 16 << 20  # how far past a break the resynchronisation scan looks for complete bundles
 
@@ -128,6 +131,19 @@ class SalvagePlan:
         """The last seq before the cut (an RO segment is renamed to it)."""
         return self.tail.next_seq - 1
 
+    @property
+    def cut_seqs(self) -> tuple[int, int | None, int | None]:
+        """The seqs the cut loses: (first, last, how many). An RO segment's name says where they end (the count
+        is the name's range, exact unless the lost bundles were sparse); a torn active tail is a bundle whose end
+        and count nobody knows (None)."""
+        first = self.true_last + 1
+        last = self.segment.last
+        if self.segment.is_active or last is None:
+            return first, None, None
+        if last < first:
+            return first, None, 0  # the bytes after the name's last seq: no seq the partition claims
+        return first, last, last - first + 1
+
 
 def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) -> SalvagePlan:
     """Plan the salvage of `seg`'s torn tail in a partition with RO segments `ro` (sorted) and `active`.
@@ -136,8 +152,14 @@ def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) ->
         NeedsAttention: no torn tail, mid-file corruption, or a cut that would break a layout rule (§9 rules 3–4).
         TankFormatError: the segment does not decode before the break.
     """
-    walk = seg.bundles()
-    headers = list(walk)
+    from tank_log.storage.completeness import SegmentAudit  # here: the completeness check reads this module's
+
+    audit = SegmentAudit(seg)
+    walk = seg.tables()
+    headers: list[BundleHeader] = []
+    for base, table in walk:
+        audit.observe(base, table, None)
+        headers += table.headers(base)
     tail = walk.tail
     assert tail is not None
     if not tail.torn_bytes:
@@ -147,6 +169,9 @@ def plan_salvage(seg: Segment, ro: Sequence[Segment], active: Segment | None) ->
         raise NeedsAttention(
             f"{seg.path} @{tail.valid_end}: not a torn tail, {beyond}: mid-file corruption, nothing cut"
         )
+    hole = audit.finish(tail)
+    if hole is not None and hole.code != "torn-tail":  # what precedes the cut is not what the names say: kept whole
+        raise NeedsAttention(f"{hole}; salvage would keep it as good data: nothing cut")
     true_last = tail.next_seq - 1
     if seg.is_active:
         if headers or not ro:
@@ -190,14 +215,26 @@ def salvage_tail(plan: SalvagePlan, on_step: StepHook | None = None) -> dict[str
     step("side file written")
     fsync_dir(d)
     step("side file in place")
+    first, last, count = plan.cut_seqs
     action: dict[str, Any] = {
         "action": "salvaged",
         "segment": seg.file_name,
         "cut_at": plan.cut,
         "bytes_cut": len(cut_bytes),
+        "seqs_cut": None if count == 0 else [first, last],  # last None: the torn bundle's end is unknown
+        "messages_cut": count,
         "side_file": os.path.basename(side),
     }
     action.update(_finish(seg, plan.cut, plan.true_last, step, reactivate=plan.reactivate))
+    log.warning(
+        "%s @%d: salvage cut %d bytes, %s (%s); kept in %s",
+        seg.path,
+        plan.cut,
+        len(cut_bytes),
+        "no seq" if count == 0 else f"seqs {first}..{last}" if last is not None else f"seqs from {first}",
+        f"{count} message(s) lost" if count is not None else "the torn bundle's messages, count unknown",
+        os.path.basename(side),
+    )
     return action
 
 
@@ -293,7 +330,7 @@ def plan_salvage_recovery(partition_dir: str) -> list[SalvageRecovery]:
             if size > cut:
                 what = "cut" if _tail_matches(log_path, cut, os.path.join(partition_dir, n)) else None
             elif size == cut and name.kind is Kind.RO:
-                what = "remove" if cut == 0 else ("rename" if _true_last_or(log_path, name) != name.last else None)
+                what = "remove" if cut == 0 else ("rename" if true_last_or(log_path, name) != name.last else None)
             elif size == cut == 0 and _last_ro_before(name.base, logs):
                 what = "reactivate"
         if what:
@@ -340,7 +377,7 @@ def _tail_matches(log_path: str, cut: int, side: str) -> bool:
         return fh.read() == sf.read()
 
 
-def _true_last_or(log_path: str, name: FileName) -> int | None:
+def true_last_or(log_path: str, name: FileName) -> int | None:
     """`_true_last`, or the name's own last when the log does not decode (verify reports it; not ours to fix)."""
     try:
         return _true_last(log_path, name)

@@ -122,12 +122,15 @@ def test_salvage_refuses_to_cut_the_last_ro_segment_before_the_active(fixture_co
     aborts on (§4.4: "a tool must never create this layout"): refused, the log left byte for byte."""
     part, sf, bundles = _torn_ro(fixture_copy, -1)
     before = open(sf.path, "rb").read()
+    index_before = open(sf.index_path, "rb").read()
     res = maintain_partition(part, IndexJobOptions(broker_stopped=True, salvage=True))
     assert "salvaged" not in [a["action"] for a in res.actions]
     assert res.status == "needs-attention"
-    assert [u["code"] for u in res.unfixed] == ["salvage-refused", "torn-tail", "name-last"]
+    # the index is not rebuilt over the cut: its entry into the torn bundle is evidence of what the log lost
+    assert [u["code"] for u in res.unfixed] == ["salvage-refused", "torn-tail", "name-last", "index-not-bundle-start"]
     assert "gap before the active segment" in res.unfixed[0]["message"]
     assert open(sf.path, "rb").read() == before
+    assert open(sf.index_path, "rb").read() == index_before
 
 
 def test_wide_index_is_moved_aside_and_leftovers_repaired(fixture_copy):

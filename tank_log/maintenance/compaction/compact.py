@@ -5,11 +5,11 @@ from __future__ import annotations
 import tempfile
 import time
 
-from tank_log.errors import NeedsAttention
 from tank_log.maintenance.compaction.options import CompactionOptions, CompactionResult
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.maintenance.compaction.passes import dirty_ratio, map_keys, pass2_segment, select_inputs
 from tank_log.maintenance.compaction.survivors import BundleFilter
+from tank_log.maintenance.damage import DamagedInput, describe, refuse_damage
 from tank_log.maintenance.outcome import Status, run_on_partition
 from tank_log.maintenance.preflight import preflight
 from tank_log.storage.cleanup_marks import update_cleanup_log
@@ -53,9 +53,12 @@ def _compact_locked(
     on_step: StepHook | None,
 ) -> None:
     now_ms = options.now_ms if options.now_ms is not None else int(time.time() * 1000)
-    part, res.repair = preflight(part, "compaction", options, now=now_ms / 1000)
-    _check_segment_order(part)
-    inputs = _inputs_to_compact(part, options, res, cleanup_mark, now_ms)
+    try:
+        part, res.repair = preflight(part, "compaction", options, now=now_ms / 1000, audit=_audit_all)
+        inputs = _audited_inputs(part, options, res, cleanup_mark, now_ms)
+    except DamagedInput as err:
+        res.damage = describe(err.damage)
+        raise
     if inputs is None:
         return
     res.segments_before = len(inputs)
@@ -68,7 +71,11 @@ def _compact_locked(
     # keys past the budget spill beside the data, where `repair` finds what a killed run leaves; a dry run writes
     # nothing into the data, so its spill goes to the system's temporary directory
     spill_dir = tempfile.gettempdir() if options.dry_run else part.path
-    survivors = map_keys(inputs, options.key_state_budget, spill_dir, res)  # pass 1
+    try:
+        survivors = map_keys(inputs, options.key_state_budget, spill_dir, res)  # pass 1, audited
+    except DamagedInput as err:
+        res.damage = describe(err.damage)
+        raise
     select = BundleFilter(survivors, range_last)
     out = (
         None if options.dry_run else OutputSegments(part.path, options, segment_bytes, part.config.index_interval_bytes)
@@ -90,13 +97,27 @@ def _compact_locked(
     res.status = Status.COMPACTED
 
 
-def _check_segment_order(part: Partition) -> None:
-    """Refuse a partition whose RO segments overlap each other or the active segment."""
-    for a, b in zip(part.ro, part.ro[1:], strict=False):
-        if b.base <= (a.last or 0):
-            raise NeedsAttention(f"overlapping RO segments {a.file_name} and {b.file_name}; run verify/repair first")
-    if part.ro and part.active is not None and part.active.base <= (part.ro[-1].last or 0):
-        raise NeedsAttention("active segment base <= last RO seq; run verify first")
+def _audit_all(part: Partition) -> None:
+    """Every RO segment's headers and the names, audited (where repair refuses: the damage behind it, named)."""
+    refuse_damage("compaction", part, part.ro)
+
+
+def _audited_inputs(
+    part: Partition, options: CompactionOptions, res: CompactionResult, cleanup_mark: int, now_ms: int
+) -> list[Segment] | None:
+    """`_inputs_to_compact` after the readers' completeness check (`maintenance.damage`): the partition's names
+    (overlaps, an index whose segment is gone, files a reader leaves out) always; the RO segments this run does not
+    read in pass 1 (a young tail, or all of them when there is nothing to do) by their headers. The inputs are
+    audited by pass 1 itself, on the headers it walks anyway. No "nothing-to-do" over a hole.
+
+    Raises:
+        DamagedInput: what is damaged (file, offset, seqs); nothing was written.
+    """
+    refuse_damage("compaction", part, [])
+    inputs = _inputs_to_compact(part, options, res, cleanup_mark, now_ms)
+    chosen = {s.path for s in inputs or []}
+    refuse_damage("compaction", part, [s for s in part.ro if s.path not in chosen], names=False)
+    return inputs
 
 
 def _inputs_to_compact(

@@ -50,3 +50,4 @@ class CompactionResult(PartitionOutcome):
     key_state_bytes: int = 0  # the most the key state held: a key map + the survivors' 2 bits per input message
     bundles_skipped: int = 0  # input bundles pass 2 dropped whole from their headers, without decoding them
     outputs: list[str] = field(default_factory=list)
+    damage: list[dict[str, object]] = field(default_factory=list)  # what made it refuse its input (file, offset, seqs)

@@ -18,6 +18,7 @@ from tank_log.maintenance.compaction.options import CompactionOptions, Compactio
 from tank_log.maintenance.compaction.output import OutputSegments
 from tank_log.maintenance.compaction.spill import KeySpill, bucket_count, mark_latest
 from tank_log.maintenance.compaction.survivors import BundleFilter, Survivors
+from tank_log.maintenance.damage import HeaderAudit
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import Segment, Tail
 
@@ -54,7 +55,8 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     spill in `spill_dir`, decided bucket by bucket (`spill.py`): one more read of the keys, not of the input.
 
     Raises:
-        TankFormatError: a malformed or torn input segment (salvage it first).
+        DamagedInput: an input the readers' completeness check refuses (a malformed, torn, cut or duplicated bundle;
+            names or index against content): file, offset and seqs; nothing was written.
         OSError: the spill could not be written (a full disk: nothing was changed).
     """
     survivors = Survivors()
@@ -64,8 +66,12 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
     read_before = 0
     try:
         for seg in inputs:
-            walk = seg.tables(chunk_bytes=pass_chunk_bytes())
-            for base, table in ((base, piece) for base, chunk in walk for piece in _pieces(chunk)):
+            audit = HeaderAudit(
+                seg, "compaction"
+            )  # the readers' completeness check, on the headers this pass walks anyway
+            for base, table in (
+                (base, piece) for base, chunk in audit.walk(pass_chunk_bytes()) for piece in _pieces(chunk)
+            ):
                 n = int(table.counts.sum())
                 ordinal = survivors.messages
                 survivors.messages += n
@@ -95,7 +101,6 @@ def map_keys(inputs: list[Segment], budget: int, spill_dir: str, res: Compaction
                         key_map = None
                 if spill is not None and taken < n:
                     spill.add(c.data, c.key_off[taken:], c.key_len[taken:], ords[taken:])
-            _check_complete(seg, walk.tail)
             read_before += seg.size
         res.messages_before = survivors.messages
         survivors.latest.reserve(survivors.messages)

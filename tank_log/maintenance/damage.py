@@ -1,0 +1,176 @@
+"""What a writer checks before it rewrites or deletes anything: that the data it reads is all the partition claims.
+
+The readers refuse an incomplete partition through `storage.completeness` (`SegmentAudit`, `Hole`); a writer that
+read past the same evidence would turn it into clean-looking data (a cut or duplicated bundle renumbers every
+message after it: compaction would keep the wrong survivors under the wrong seqs, and afterwards nothing could see
+it). Every writer here goes through the same audit, on bundle headers only (no decompression: a few numpy
+operations per walked chunk), and refuses what it cannot trust with the file, the offset and the seq range:
+
+- `segment_hole`: one segment's headers walked whole, the audit's verdict (`Hole` or None);
+- `HeaderAudit`: the same audit fed by a walk the writer makes anyway (compaction's pass 1);
+- `partition_damage`: what the names say is missing: RO segments that overlap, an index whose segment file is gone,
+  files the partition scan leaves out (`Partition.unread`);
+- `refuse_damage`: all of it for the segments a writer is about to trust, raised as `DamagedInput`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from tank_log.errors import NeedsAttention, TankFormatError
+from tank_log.format.decode import BundleTable
+from tank_log.storage.completeness import Hole, SegmentAudit
+from tank_log.storage.datadir import Partition
+from tank_log.storage.segment import DEFAULT_CHUNK_BYTES, Segment, SegmentWalk
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One piece of damage a writer found: the file, the offset (None: the whole file), the seqs the partition
+    claims there (`last_seq` None: an end nobody knows) and why."""
+
+    path: str
+    offset: int | None
+    first_seq: int | None
+    last_seq: int | None
+    code: str
+    reason: str
+
+    @classmethod
+    def of_hole(cls, hole: Hole) -> Damage:
+        last = hole.last_seq
+        return cls(hole.path, hole.offset, hole.first_seq, last, hole.code, hole.reason)
+
+    @property
+    def seqs(self) -> str:
+        if self.first_seq is None:
+            return "seqs unknown"
+        if self.last_seq is None:
+            return f"seqs {self.first_seq}.. (end unknown)"
+        return f"seqs {self.first_seq}..{self.last_seq}"
+
+    def __str__(self) -> str:
+        where = self.path if self.offset is None else f"{self.path} @{self.offset}"
+        return f"{where}: {self.seqs} cannot be trusted ([{self.code}] {self.reason})"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "offset": self.offset,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "code": self.code,
+            "reason": self.reason,
+        }
+
+
+class DamagedInput(NeedsAttention):
+    """A writer's input is damaged: it refused it and wrote nothing (`damage` says where and which seqs)."""
+
+    def __init__(self, job: str, damage: list[Damage]):
+        self.damage = damage
+        first = damage[0]
+        more = f" (and {len(damage) - 1} more)" if len(damage) > 1 else ""
+        super().__init__(
+            f"{first}{more}; {job} refused: nothing was written (`tank-log verify` shows it; salvage, repair or "
+            f"restore the segment first, docs/operations/crash-safety.md)"
+        )
+
+
+class HeaderAudit:
+    """The completeness audit of one segment fed by a headers-only walk the caller makes anyway: `observe` every
+    walked chunk's table, then `finish` with the walk."""
+
+    def __init__(self, seg: Segment, job: str):
+        self.seg, self.job = seg, job
+        self.audit = SegmentAudit(seg)
+
+    def observe(self, file_offset: int, table: BundleTable) -> None:
+        self.audit.observe(file_offset, table, None)
+
+    def failed(self, err: TankFormatError) -> Damage:
+        return Damage.of_hole(self.audit.failed(err))
+
+    def finish(self, walk: SegmentWalk[tuple[int, BundleTable]]) -> Damage | None:
+        """The damage the walk's end shows (None: the segment is all its name and index claim)."""
+        hole = self.audit.finish(walk.tail)
+        return None if hole is None else Damage.of_hole(hole)
+
+    def walk(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, BundleTable]]:
+        """The segment's headers-only chunks, each observed first; malformed data raises `DamagedInput`."""
+        walk = self.seg.tables(chunk_bytes=chunk_bytes)
+        try:
+            for base, table in walk:
+                self.observe(base, table)
+                yield base, table
+        except TankFormatError as err:
+            raise DamagedInput(self.job, [self.failed(err)]) from None
+        damage = self.finish(walk)
+        if damage is not None:
+            raise DamagedInput(self.job, [damage])
+
+
+def segment_hole(seg: Segment, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Damage | None:
+    """Walk one segment's bundle headers (no decompression) and say what it cannot be trusted for (None: nothing):
+    names against content, index entries against bundles, a torn or corrupt RO tail, a malformed header. A torn tail
+    of the active segment is an append in flight (§3.11), not damage."""
+    audit = HeaderAudit(seg, "the read")
+    walk = seg.tables(chunk_bytes=chunk_bytes)
+    try:
+        for base, table in walk:
+            audit.observe(base, table)
+    except TankFormatError as err:
+        return audit.failed(err)
+    except OSError as err:
+        return Damage(seg.path, None, seg.base, seg.last, "io", str(err))
+    return audit.finish(walk)
+
+
+def partition_damage(part: Partition) -> list[Damage]:
+    """What the partition's names say is missing or doubled: overlapping RO segments (a resurrected compaction
+    input next to its output, §6.4, §11.15), an index whose segment file is gone (the seqs from its base up to the
+    next segment were lost with it), and the files the partition scan leaves out (`Partition.unread`)."""
+    out: list[Damage] = []
+    for a, b in zip(part.ro, part.ro[1:], strict=False):
+        if a.last is not None and b.base <= a.last:
+            why = f"overlaps {a.file_name} (seqs {b.base}..{min(a.last, b.last or a.last)} twice, §6.4)"
+            out.append(Damage(b.path, None, b.base, min(a.last, b.last or a.last), "overlap", why))
+    ro_last = part.ro[-1].last if part.ro else None
+    if part.active is not None and ro_last is not None and part.active.base <= ro_last:
+        why = f"active segment base {part.active.base} <= last RO seq {ro_last}"
+        out.append(Damage(part.active.path, None, part.active.base, ro_last, "overlap", why))
+    bases = sorted(s.base for s in part.segments)
+    for base, index in sorted(part.index_files.items()):
+        if base in bases:
+            continue
+        later = [b for b in bases if b > base]
+        if not later and (ro_last is None or base > ro_last):
+            continue  # after every segment: the index of a segment not yet written (repair deletes it)
+        last = later[0] - 1 if later else None
+        why = "an index without its segment file: the segment was lost (or deleted without its index)"
+        out.append(Damage(index, None, base, last, "orphan-index", why))
+    for u in part.unread:
+        out.append(Damage(u.path, u.offset, u.first_seq, u.last_seq, "unread", u.reason))
+    return out
+
+
+def refuse_damage(job: str, part: Partition, segments: Iterable[Segment], *, names: bool = True) -> None:
+    """Raise `DamagedInput` naming every damage of `segments` (their headers walked) and, with `names`, of the
+    partition's names; return when there is none.
+
+    Raises:
+        DamagedInput: what was found (nothing was written yet: the caller writes only after this returns).
+    """
+    damage = partition_damage(part) if names else []
+    for seg in segments:
+        hole = segment_hole(seg)
+        if hole is not None:
+            damage.append(hole)
+    if damage:
+        raise DamagedInput(job, damage)
+
+
+def describe(damage: Iterable[Damage]) -> list[dict[str, object]]:
+    """Damage as report entries."""
+    return [d.to_dict() for d in damage]
