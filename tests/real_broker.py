@@ -223,6 +223,17 @@ class RealBroker:
         arg = (key + b"=" + value).decode()
         self._cli(["-t", topic, "-p", str(partition), "produce", "-K", arg], timeout)
 
+    def produce_bundle(
+        self, topic: str, partition: int, pairs: list[tuple[bytes, bytes]], *, timeout: float = 30.0
+    ) -> None:
+        """Keyed messages as one bundle through the broker's produce path (`tank-cli produce -s N -K k=v ...`)."""
+        args = []
+        for key, value in pairs:
+            if b"=" in key or b"\n" in key + value:
+                raise ValueError("a key without '=' and no newline: tank-cli splits on them")
+            args.append((key + b"=" + value).decode())
+        self._cli(["-t", topic, "-p", str(partition), "produce", "-s", str(len(args)), "-K", *args], timeout)
+
 
 _HEAD = re.compile(rb"(\d+):seq=(\d+):size=(\d+):\[")
 
@@ -381,11 +392,10 @@ def serve_main(argv: list[str] | None = None) -> int:
                 first = nxt[(topic, partition)]
                 pairs = []
                 for seq in range(first, first + args.bundle):
-                    key, value = fleet_message(topic, partition, seq, cleanup)
-                    pairs.append((key + b"=" + value).decode())
+                    pairs.append(fleet_message(topic, partition, seq, cleanup))
                 if stop:
                     break
-                broker._cli(["-t", topic, "-p", str(partition), "produce", "-s", str(args.bundle), "-K", *pairs], 30)
+                broker.produce_bundle(topic, partition, pairs)
                 nxt[(topic, partition)] = first + args.bundle
             next_at = max(next_at + args.bundle / args.rate, time.monotonic() - 1)  # no burst after a stall
     except BrokerFailed as e:
