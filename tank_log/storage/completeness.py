@@ -203,22 +203,23 @@ class SegmentAudit:
 
     def finish(self, tail: Tail | None, *, limit_seq: int | None = None) -> Hole | None:
         """What the read could not return (None: everything it covered). `tail`: the walk's end of file (None when it
-        stopped at `stop_offset` or at `limit_seq`, the highest seq it was asked for)."""
+        stopped at `stop_offset` or at `limit_seq`, the highest seq it was asked for).
+
+        A read stopped by `limit_seq` has not reached the evidence after it (the name's last seq, the next range's
+        index entry), yet a bundle cut out or duplicated before the bound renumbers the seqs it returned: the rest
+        of its range is walked here, headers only (no decompression), and checked like a whole read."""
+        if limit_seq is not None and tail is None and self.last_seq is not None and self.last_seq >= limit_seq:
+            try:
+                tail = self._walk_rest()
+            except TankFormatError as err:  # past the bound: the seqs returned are trusted, the rest is a hole
+                return self.failed(err)
         claimed = self._claimed_last()
-        if limit_seq is not None and self.last_seq is not None and self.last_seq >= limit_seq:
-            claimed = None  # stopped by the bound: the end is not checked
-            tail = None
-            stopped_by_seq = True
-        else:
-            stopped_by_seq = False
         if self.mismatch is not None:
             _, off, why = self.mismatch
             return self._renumbered(off, "index-data", f"index entry at offset {off}: {why}, the data disagrees")
         if self.start == 0 and self.first_seq is not None and self.first_seq != self.seg.base:
             reason = f"name says base {self.seg.base}, first message has seq {self.first_seq}"
             return Hole(self.seg.path, 0, self.seg.base, claimed, "name-base", reason, self.seg.base - 1)
-        if stopped_by_seq:
-            return None
         if tail is None:  # stopped at `stop_offset`: the next entry's bundle must start exactly there
             if self.stop_offset is None or self.stop_seq is None:
                 return None
@@ -231,6 +232,14 @@ class SegmentAudit:
             )
             return self._renumbered(self.end, "index-data", why)
         return self._end_of_file(tail)
+
+    def _walk_rest(self) -> Tail | None:
+        """Observe the bundle headers after the last one read, to the end of the range; the walk's tail."""
+        assert self.last_seq is not None
+        walk = self.seg.tables(start=self.end, next_seq=self.last_seq + 1, stop_offset=self.stop_offset, continued=True)
+        for file_offset, table in walk:
+            self.observe(file_offset, table)
+        return walk.tail
 
     def failed(self, err: TankFormatError) -> Hole:
         """The read stopped at malformed data (`err`): everything after the last message it returned is missing (a

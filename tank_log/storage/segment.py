@@ -176,15 +176,19 @@ class Segment:
         stop_seq: int | None = None,
         stop_offset: int | None = None,
         as_collected: bool = False,
+        continued: bool = False,
     ) -> Generator[tuple[WalkResult, int], None, Tail | None]:
         """Yield (WalkResult, file offset of its buffer) per chunk; return the Tail at the end of the file (None
         when stopped early by `stop_seq` / `stop_offset`).
 
         `as_collected`: a headers-only walk whose chunks end where a collecting walk's do (its message budget), and
         whose error is the one a collecting walk meets first (a message set before a bad header that does not
-        decompress), so that reading the chunks' sets afterwards gives the same chunks and errors."""
+        decompress), so that reading the chunks' sets afterwards gives the same chunks and errors.
+
+        `continued`: `start` is where an earlier walk stopped, not an index entry (a sparse bundle there may start
+        above `next_seq`)."""
         next_seq = self.base if next_seq is None else next_seq
-        at_entry = start > 0  # reading from an index entry: it says which seq the bundle there starts with
+        at_entry = start > 0 and not continued  # from an index entry: it says which seq the bundle there starts with
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
             pos = start
@@ -241,15 +245,29 @@ class Segment:
         return SegmentWalk(_flat_map(walk, lambda res, base: res.table.headers(base)))
 
     def tables(
-        self, *, start: int = 0, next_seq: int | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+        self,
+        *,
+        start: int = 0,
+        next_seq: int | None = None,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        stop_offset: int | None = None,
+        continued: bool = False,
     ) -> SegmentWalk[tuple[int, BundleTable]]:
         """Bundle headers in bulk, a walked chunk at a time: (file offset of the table's offset 0, its table); no
-        decompression (`table.walked` holds the chunk's bytes).
+        decompression (`table.walked` holds the chunk's bytes). From `start` (an index entry, or where an earlier
+        walk stopped when `continued`), before `stop_offset`.
 
         Raises:
             TankFormatError: a malformed bundle (file and offset).
         """
-        walk = self._walk(collect=False, start=start, next_seq=next_seq, chunk_bytes=chunk_bytes)
+        walk = self._walk(
+            collect=False,
+            start=start,
+            next_seq=next_seq,
+            chunk_bytes=chunk_bytes,
+            stop_offset=stop_offset,
+            continued=continued,
+        )
         return SegmentWalk(_flat_map(walk, lambda res, base: [(base, res.table)]))
 
     def chunks(

@@ -126,3 +126,43 @@ def test_timestamps_out_of_range_are_null_with_the_raw_value(spark, tmp_path):
     assert rows[1]["ts"].year == 9999
     millis = spark.read.format("tank").load(str(tmp_path)).orderBy("seq").select(F.unix_millis("ts")).collect()
     assert [m[0] for m in millis] == [1, MAX_TS_MS, None, None, None]
+
+
+def _cut_without_index(base):
+    """events/1's RO segment 2829-4682 without its index and with its second bundle cut out: the bundles after it
+    decode with seqs 16 lower than the broker gave them."""
+    from tank_log.storage.segment import Segment
+
+    pdir = os.path.join(base, "events", "1")
+    path = os.path.join(pdir, "2829-4682_1795261032.ilog")
+    os.unlink(os.path.join(pdir, "2829.index"))
+    data, h = open(path, "rb").read(), list(Segment(path).bundles())[1]
+    with open(path, "wb") as fh:
+        fh.write(data[: h.offset] + data[h.offset + h.size :])
+    return path
+
+
+@pytest.mark.parametrize("max_seq", [3000, 4000, 4681])
+def test_a_bounded_read_checks_the_rest_of_its_segment(fixture_copy, max_seq):
+    """A read stopped by `max_seq` skipped the end check, so renumbered rows came out without an error. The rest of
+    the segment is now walked, headers only, and the cut is a hole; a bound below the segment reads as before."""
+    from tank_log.storage.completeness import HoleError
+    from tank_spark.ranges import read_range
+
+    base = fixture_copy("A_multi")
+    path = _cut_without_index(base)
+    ranges = plan_ranges([base], Bounds(topics={"events"}, partitions={1}, max_seq=max_seq), False, 1 << 30)
+    with pytest.raises(HoleError, match=r"seqs 2829\.\.4682 not read \(\[name-last\]") as err:
+        for r in ranges:
+            list(read_range(r))
+    assert err.value.path == path
+    below = plan_ranges([base], Bounds(topics={"events"}, partitions={1}, max_seq=2828), False, 1 << 30)
+    seqs = [s for r in below for b in read_range(r) for s in b.column("seq").to_pylist()]
+    assert seqs == list(range(1, 2829))
+
+
+def test_a_bounded_spark_read_fails_on_a_cut_bundle(spark, fixture_copy):
+    base = fixture_copy("A_multi")
+    _cut_without_index(base)
+    with pytest.raises(Exception, match=r"seqs 2829\.\.4682 not read"):
+        read(spark, base, topics="events", partitions="1", max_seq=4000).count()
