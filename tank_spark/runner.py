@@ -314,7 +314,11 @@ def _run_job(
         if needs_spark is None or needs_spark(ctx, prepared):
             spark = _start_spark(ctx, report, sql=sql, delta=needs_delta is not None and needs_delta(ctx, prepared))
         else:
-            log.info("%s: Spark is not started", job)
+            log.info(
+                "%s: no Spark session started, also under spark-submit: the driver's own processes do this run "
+                "(in-driver path: a dry run, nothing to do, or data within --in-driver-max-bytes)",
+                job,
+            )
         results, summary = execute(ctx, prepared, spark)
         report.phase_done("execute_s")
         report.doc["executed_on"] = "executors" if spark is not None else "driver"
