@@ -13,7 +13,9 @@ Each ```bash, ```python and ```yaml block of README.md and docs/ carries an HTML
 - `<!-- test: skip: REASON -->`: not run here, and why (a cluster, Airflow's services, the suite itself).
 
 `; setup: exported` after `run` exports the demo base path to the demo table first, and moves its topics' retention
-limits out of their broker configs, as docs/guides/retention.md asks of a guarded topic.
+limits out of their broker configs, as docs/guides/retention.md asks of a guarded topic. `; setup: s3` starts the
+loopback S3 server (moto), exports the demo base path to `s3://lakehouse/tank/events` there, and gives the page's
+blocks its endpoint and credentials as the `AWS_*` variables a user's environment would hold.
 
 Paths of a production host are mapped into the scratch directory: `/tmp/X` → `SCRATCH/X`, `/var/lib/tank` (a demo
 base path written by `tank-log demo`), `/var/log/tank-log`, `/var/lib/node_exporter`, and a Delta table at
@@ -137,23 +139,30 @@ def _mapped(code: str, scratch: Path) -> str:
     return re.sub("|".join(re.escape(p) for p in paths), lambda m: paths[m.group(0)], code)
 
 
-def _env() -> dict[str, str]:
+S3_TABLE = "s3://lakehouse/tank/events"  # `setup: s3`: the demo data exported to the loopback S3 server
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=ROOT, NO_COLOR="1", SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    env.update(extra or {})
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     return env
 
 
-def _run(argv: list[str], what: str, cwd: str) -> None:
-    r = subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+def _run(argv: list[str], what: str, cwd: str, env: dict[str, str] | None = None) -> None:
+    r = subprocess.run(argv, cwd=cwd, env=_env(env), capture_output=True, text=True, timeout=TIMEOUT_S)
     output = f"--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
     assert r.returncode == 0, f"{what} exited {r.returncode}\n{output}"
 
 
-def _setup(scratch: Path, page_text: str, options: str, done: set[str]) -> None:
+def _setup(
+    scratch: Path, page_text: str, options: str, done: set[str], env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
     for d in ("log", "node_exporter"):
         (scratch / d).mkdir(exist_ok=True)
     tank = scratch / "tank"
-    if "demo" not in done and ("/var/lib/tank" in page_text or "conf/cluster.yaml" in page_text):
+    wants_demo = "/var/lib/tank" in page_text or "conf/cluster.yaml" in page_text or "setup: s3" in options
+    if "demo" not in done and wants_demo:
         _run([sys.executable, "-m", "tank_log.tools.cli", "demo", str(tank)], "tank-log demo", ROOT)
         done.add("demo")
     if "setup: exported" in options and "exported" not in done:
@@ -164,6 +173,15 @@ def _setup(scratch: Path, page_text: str, options: str, done: set[str]) -> None:
             kept = [line for line in config.read_text().splitlines() if not line.startswith("log.retention.")]
             config.write_text("".join(line + "\n" for line in kept))
         done.add("exported")
+    if "setup: s3" in options and "s3" not in done:
+        from conftest import new_bucket
+
+        s3 = request.getfixturevalue("s3_server")
+        new_bucket(s3, S3_TABLE.split("/")[2])
+        env.update({**s3["env"], "AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ALLOW_HTTP": "true"})
+        job = os.path.join(ROOT, "jobs", "export_delta.py")
+        _run([sys.executable, job, "--data-dir", str(tank), "--table", S3_TABLE], "export to S3", ROOT, env)
+        done.add("s3")
 
 
 def _configs(page: str, scratch: Path) -> dict[str, str]:
@@ -184,14 +202,15 @@ def _configs(page: str, scratch: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("page", [_param(p) for p in _pages_with({"run"})])
-def test_doc_page_examples_run(page, tmp_path):
+def test_doc_page_examples_run(page, tmp_path, request):
     scratch = tmp_path
     text = Path(ROOT, page).read_text(encoding="utf-8")
     configs = _configs(page, scratch)
     done: set[str] = set()
+    env: dict[str, str] = {}  # what the setup steps give the page's blocks (`setup: s3`: the S3 server's)
 
     def code_of(b: Block) -> str:
-        _setup(scratch, text, b.options, done)
+        _setup(scratch, text, b.options, done, env, request)
         code = _mapped(b.code, scratch)
         for name, path in configs.items():
             code = code.replace(name, path)
@@ -204,16 +223,16 @@ def test_doc_page_examples_run(page, tmp_path):
             code = "\n".join(f"print('block at line {b.line}', file=sys.stderr)\n{code_of(b)}" for b in group)
             script = scratch / f"block{group[0].line}.py"
             script.write_text(SPARK_PREAMBLE + code + "\nspark.stop()\n")
-            _run([sys.executable, str(script)], f"{page}:{','.join(str(b.line) for b in group)}", str(scratch))
+            _run([sys.executable, str(script)], f"{page}:{','.join(str(b.line) for b in group)}", str(scratch), env)
             continue
         for b in group:
             code, what = code_of(b), f"{page}:{b.line}"
             if b.lang in ("bash", "sh"):
-                _run(["bash", "-e", "-c", code], what, ROOT)
+                _run(["bash", "-e", "-c", code], what, ROOT, env)
             else:
                 script = scratch / f"block{b.line}.py"
                 script.write_text(code)
-                _run([sys.executable, str(script)], what, str(scratch))
+                _run([sys.executable, str(script)], what, str(scratch), env)
 
 
 SPARK_PREAMBLE = textwrap.dedent(
