@@ -69,17 +69,16 @@ def partition_holders(partition_dir: str | os.PathLike[str]) -> list[Holder]:
     """`holders` of one partition directory: files under it, or a command line naming it or its base path. Served
     by the run's scan of `/proc`, kept fresh as the module says."""
     d = os.path.abspath(os.fspath(partition_dir))
-    if not os.path.isdir(PROC):
-        return []
-    dirs, exact = [_real(d)], {_real(os.path.dirname(os.path.dirname(d)))}
     global _scan
     with _scan_lock:
         now = time.monotonic()
         if _scan is None or _scan.owner != os.getpid() or now - _scan.taken > _scan.max_age:
+            if not os.path.isdir(PROC):
+                return []
             _scan = _Scan()
         elif now - _scan.listed > NEW_S:
             _scan.add_new()
-        return _scan.holders(dirs, exact)
+        return _scan.holders([_scan.real(d)], {_scan.real(os.path.dirname(os.path.dirname(d)))})
 
 
 def check_not_held(partition_dir: str | os.PathLike[str]) -> None:
@@ -173,34 +172,46 @@ class _Scan:
             p = _look(pid)
             if p is not None:
                 self.procs[pid] = p
-        self.extra: dict[int, _Proc] = {}  # started since the scan: checked one by one
+        self.extra: dict[int, _Proc] = {}  # started since the scan
         self.gone: set[int] = set()  # exited since the scan (a reread found no such process)
         self.version = 0
         self._ours: tuple[tuple[object, ...], set[int]] | None = None
         self._runs: dict[int, bool] = {}
-        named: list[_Entry] = []
-        opened: list[_Entry] = []
-        mapped: list[_Entry] = []
+        self._reals: dict[str, str] = {}
+        entries: tuple[list[_Entry], list[_Entry], list[_Entry]] = ([], [], [])
         for p in self.procs.values():
-            named += ((path, p.pid, _names(path)) for path in p.named or ())
-            opened += ((_strip(t), p.pid, _has(t)) for t in p.opened or () if t.startswith("/"))
-            mapped += ((m, p.pid, _maps(m)) for m in p.mapped or ())
-        self.index = (sorted(named), sorted(opened), sorted(mapped))
+            for index, more in zip(entries, _entries(p), strict=True):
+                index += more
+        self.index = tuple(sorted(index) for index in entries)
         self.taken = self.listed = time.monotonic()
         self.max_age = max(RESCAN_S, RESCAN_SHARE * (self.taken - t0))
 
     def add_new(self) -> None:
-        """Read the processes started since the scan (or since the last call)."""
+        """Read the processes started since the scan (or since the last call), and index them."""
         for pid in _pids():
             if (pid in self.procs or pid in self.extra) and pid not in self.gone:
                 continue
             p = _look(pid)
-            if p is not None:
+            if p is not None and (p.where is not None or pid not in self.gone):  # not a zombie seen already
                 self.gone.discard(pid)
                 self.procs.pop(pid, None)
                 self.extra[pid] = p
                 self.version += 1
+                for index, more in zip(self.index, _entries(p), strict=True):
+                    for entry in more:
+                        bisect.insort(index, entry)
         self.listed = time.monotonic()
+
+    def real(self, path: str) -> str:
+        """`os.path.realpath` of a partition directory or base path, its parent's resolved once per scan (a topic's
+        partitions share it)."""
+        parent, _, leaf = path.rstrip("/").rpartition("/")
+        if not parent or leaf in ("", ".", "..") or os.path.islink(path):
+            return _real(path)
+        real = self._reals.get(parent)
+        if real is None:
+            real = self._reals[parent] = _real(parent)
+        return f"{real.rstrip('/')}/{leaf}"
 
     def holders(self, dirs: list[str], exact: set[str]) -> list[Holder]:
         """The processes other than ours that hold `dirs` (or name one of `exact`), each read again first."""
@@ -217,7 +228,8 @@ class _Scan:
         return out
 
     def _candidates(self, dirs: list[str], exact: set[str]) -> dict[int, str]:
-        """pid → how, for what the scan (and the processes started since) says holds `dirs` or names `exact`."""
+        """pid → how, for what the index (the scan and the processes started since) says holds `dirs` or names
+        `exact`."""
         found: dict[int, str] = {}
         named, opened, mapped = self.index
         for index, keys in ((named, [*dirs, *exact]), (opened, dirs)):
@@ -227,11 +239,6 @@ class _Scan:
         for prefix in _as_in_maps(dirs):
             for _, pid, how in _under_prefix(mapped, os.fsdecode(prefix)):
                 found.setdefault(pid, how)
-        in_maps = _as_in_maps(dirs)
-        for pid, p in self.extra.items():
-            held = _holds(p, dirs, exact, in_maps)
-            if held:
-                found.setdefault(pid, held)
         return found
 
     def ours(self) -> set[int]:
@@ -269,6 +276,15 @@ class _Scan:
         if p.pid not in self._runs:
             self._runs[p.pid] = _in_tank_log_run(p, self.parents())
         return self._runs[p.pid]
+
+
+def _entries(p: _Proc) -> tuple[list[_Entry], list[_Entry], list[_Entry]]:
+    """What process `p` holds, as index entries: the paths its command line names, its open files, its mapped files."""
+    return (
+        [(path, p.pid, _names(path)) for path in p.named or ()],
+        [(_strip(t), p.pid, _has(t)) for t in p.opened or () if t.startswith("/")],
+        [(m, p.pid, _maps(m)) for m in p.mapped or ()],
+    )
 
 
 def _at_or_under(index: list[_Entry], key: str, *, under: bool) -> Iterator[_Entry]:
