@@ -3,6 +3,7 @@ an index mapped, a command line naming the base path. Each makes the mutation sk
 --broker-stopped) and leave every byte; dry runs report it and proceed; once the process exits, the job proceeds."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -245,3 +246,41 @@ def test_one_scan_serves_many_partitions_and_sees_what_started_or_changed_since(
     finally:
         late.kill()
         existing.kill()
+
+
+KILLS_ON_SECOND_LOOK = """
+import os, sys, time
+from tank_log.storage import holders
+def exits_meanwhile(seconds):  # the holder exits while the run waits to look at it again
+    os.kill(int(os.environ["VICTIM"]), 9)
+    fds = f"/proc/{os.environ['VICTIM']}/fd"
+    while os.path.isdir(fds) and os.listdir(fds):  # until it has closed its files (a zombie) or is gone
+        time.sleep(0.01)
+holders._pause = exits_meanwhile
+from tank_log.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_that_meets_an_exiting_holder_it_cannot_name_is_not_told_to_stop_the_broker(tmp_path):
+    """What a second run of ours met on a loaded machine: a process of the first run, exiting, still had a file of
+    the partition open but no command line (`pid N ()`); the run skipped the partition and exited 3, telling the
+    operator to stop the broker. It looks again; the process is gone; the partition is compacted; exit 0."""
+    from conftest import many_small_partitions
+
+    from tank_log.storage.datadir import partitions_at
+
+    base = many_small_partitions(tmp_path / "base", 2)
+    part = next(p for p in partitions_at(base) if p.id == 0)
+    proc = _start_unnamed(part, tmp_path)
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", KILLS_ON_SECOND_LOOK, "compact", base, "--broker-stopped", "--processes", "1"],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, VICTIM=str(proc.pid)),
+        )  # fmt: skip
+    finally:
+        proc.kill()
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "stop the broker" not in r.stdout + r.stderr
+    entries = {e["partition"]: e for e in map(json.loads, r.stdout.splitlines())}
+    assert entries[0]["status"] == entries[1]["status"] == "compacted" and not entries[0]["held_by"]
