@@ -92,3 +92,20 @@ def preflight(
     if not safety.dry_run:
         part = scan_partition(part.path, part.topic, part.id, part.config)
     return part, rep.to_dict()
+
+
+def repair_summary(repair: dict[str, Any]) -> str:
+    """What the preflight's repair did, in one phrase for a report's reason (its dict has the details)."""
+    done = []
+    if repair.get("action") not in (None, "none"):
+        done.append(f"an interrupted compaction rolled {repair['action'].replace('roll', '')}")
+    if repair.get("active_restored"):
+        done.append(f"the last RO segment made active again ({repair['active_restored']}, §9 rule 4)")
+    if repair.get("overlaps_resolved"):
+        done.append(f"{len(repair['overlaps_resolved'])} group(s) of overlapping segments resolved")
+    for key, what in (("salvages_finished", "salvage(s) finished"), ("indexes_trimmed", "index(es) trimmed")):
+        if repair.get(key):
+            done.append(f"{len(repair[key])} {what}")
+    if repair.get("imports_finished"):
+        done.append(f"{len(repair['imports_finished'])} import(s) finished")
+    return "repair: " + ("; ".join(done) if done else "leftovers removed")

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from tank_log.errors import NeedsAttention
 from tank_log.format.broker_config import PartitionConfig, broker_deletes
+from tank_log.maintenance.damage import DamagedInput, HeaderAudit
 from tank_log.maintenance.outcome import PartitionOutcome, Status, run_on_partition
 from tank_log.maintenance.preflight import SafetyOptions, preflight
 from tank_log.storage.datadir import Partition
@@ -186,8 +187,29 @@ def plan_retention(part: Partition, rules: RetentionRules, now_s: float) -> list
     return out
 
 
-def _messages_in(sf: Segment) -> int:
-    return sum(h.count for h in sf.bundles())
+def _planned_entry(sf: Segment, why: str) -> dict[str, Any]:
+    """A segment retention deletes, as its report entry: the messages its bundles hold, counted through the
+    readers' completeness check (`maintenance.damage`): a damaged segment's count is not what its name claims, and
+    the entry says so (`damage`: file, offset, seqs)."""
+    audit = HeaderAudit(sf, "retention")
+    hole = None
+    try:
+        for _ in audit.walk():
+            pass
+    except DamagedInput as err:
+        hole = err.damage[0]
+    entry: dict[str, Any] = {
+        "name": os.path.basename(sf.path),
+        "base": sf.base,
+        "last": sf.last,
+        "bytes": sf.size,
+        "messages": audit.audit.messages,
+        "reason": why,
+    }
+    if hole is not None:
+        entry["damage"] = hole.to_dict()
+        log.warning("%s: deleting a damaged segment: %s", sf.path, hole)
+    return entry
 
 
 def _count_deleted(res: RetentionResult, remaining: list[Segment]) -> None:
@@ -280,17 +302,16 @@ def _retain(
             f"empty partition whose seqs restart at 1; nothing deleted"
         )
         return
-    planned = [
-        {
-            "name": os.path.basename(sf.path),
-            "base": sf.base,
-            "last": sf.last,
-            "bytes": sf.size,
-            "messages": _messages_in(sf),
-            "reason": why,
-        }
-        for sf, why in plan
-    ]
+    planned = [_planned_entry(sf, why) for sf, why in plan]
+    damaged = [e for e in planned if "damage" in e]
+    if damaged and guard is not None:  # what the table holds of a damaged segment is unknown: nothing deleted
+        res.status = Status.NEEDS_ATTENTION
+        res.reason = (
+            f"{len(damaged)} segment(s) past the limits are damaged ({damaged[0]['damage']['path']}: "
+            f"{damaged[0]['damage']['reason']}); the guard cannot tell what the table received of them: "
+            "nothing deleted"
+        )
+        return
     remaining = part.segments[len(plan) :]
     if options.dry_run:
         res.deleted = planned
@@ -301,6 +322,11 @@ def _retain(
         return
     _delete(part, plan, planned, remaining, res)
     res.status = Status.DELETED
+    if damaged:
+        res.reason = "deleted damaged segment(s): " + "; ".join(
+            f"{e['name']} ({e['damage']['code']}: seqs {e['base']}..{e['last']} as named, {e['messages']} read)"
+            for e in damaged
+        )
     if past_bound:
         res.status = Status.DATA_LOSS
         res.reason = f"deleted seqs {res.deleted_unexported} the lakehouse had not received (past max_holdback)"

@@ -19,7 +19,11 @@
    active segment would not do: the broker deletes it at open (§2.6). The broker then serves every message and
    appends after the last seq. A segment with a problem (`check_segment`) or
    after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported, and so is a
-   partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest).
+   partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest);
+6. (before 5) RO segments whose ranges overlap (the broker's own recovery resurrects compaction inputs next to their
+   output, §6.4, §11.15): the redundant copies are removed where the messages prove it (`_resolve_overlaps`), the
+   rest is named;
+7. an index without its segment file: removed inside another segment's range, named (lost seqs) before a later one.
 
 `repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
 removes interrupted imports (`staging.py`).
@@ -32,8 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tank_log.errors import NeedsAttention, TankFormatError
-from tank_log.format.index import ENTRY, encode_index, read_index
-from tank_log.format.names import Kind, format_active_name, format_index_name, segment_logs
+from tank_log.format.index import ENTRY, build_rebuild_rule, encode_index, read_index
+from tank_log.format.names import (
+    FileName,
+    Kind,
+    format_active_name,
+    format_index_name,
+    parse_log_name,
+    parse_name,
+    segment_logs,
+)
 from tank_log.storage.completeness import check_segment
 from tank_log.storage.datadir import non_regular_entries
 from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
@@ -56,6 +68,7 @@ class RepairResult:
     salvages_finished: list[str] = field(default_factory=list)
     indexes_trimmed: list[str] = field(default_factory=list)
     active_restored: str | None = None  # "<ilog> -> <log>": the last RO segment made active again
+    overlaps_resolved: list[str] = field(default_factory=list)  # redundant overlapping RO segments removed
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -67,6 +80,7 @@ class RepairResult:
             or self.salvages_finished
             or self.indexes_trimmed
             or self.active_restored
+            or self.overlaps_resolved
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +93,7 @@ class RepairResult:
             "salvages_finished": self.salvages_finished,
             "indexes_trimmed": self.indexes_trimmed,
             "active_restored": self.active_restored,
+            "overlaps_resolved": self.overlaps_resolved,
             "problems": self.problems,
         }
 
@@ -126,8 +141,136 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
         else:
             os.unlink(index)
             fsync_dir(d)
+    _resolve_overlaps(d, result, dry_run=dry_run)
     _restore_active(d, result, dry_run=dry_run)
+    _name_orphan_indexes(d, result, dry_run=dry_run)
     return result
+
+
+def _ro_names(d: str) -> list[tuple[int, int, str]]:
+    """(base, last, file name) of the RO segments, by base."""
+    logs = segment_logs(sorted(os.listdir(d)))
+    return sorted((p.base, p.last or p.base, n) for n, p in logs.items() if p.kind is Kind.RO)
+
+
+def _resolve_overlaps(d: str, result: RepairResult, *, dry_run: bool) -> None:
+    """Step 6 of the module docstring: RO segments whose seq ranges overlap (the broker's open after a compaction
+    killed in phases B-D renames the `.old` inputs back next to the outputs, §6.4, §11.15). Where it is proven
+    that one choice of non-overlapping segments holds every message of the group, each seq with the same ts, key
+    and value in every segment that has it, the others are redundant and removed (an output is a subset of its
+    inputs: the inputs stay, the next compaction runs again); the kept segments' indexes are checked and rebuilt
+    if another segment's had their name. Anything else is named and left as it is."""
+    for group in _overlapping_groups(_ro_names(d)):
+        names = [n for _, _, n in group]
+        try:
+            keep, why = _redundant(d, group)
+        except (TankFormatError, OSError) as err:
+            keep, why = None, f"a segment does not read ({err})"
+        if keep is None:
+            result.problems.append(
+                f"overlapping RO segments {', '.join(names)}: the same seqs twice (§6.4); not resolved: {why}; "
+                "readers refuse the partition until a human keeps one copy"
+            )
+            continue
+        drop = [n for n in names if n not in keep]
+        kept_bases = {parse_log_name(n).base for n in keep}  # type: ignore[union-attr]
+        result.overlaps_resolved.append(
+            f"{', '.join(drop)}: every message also in {', '.join(keep)} (same seq, ts, key, value): removed"
+        )
+        result.removed += [os.path.join(d, n) for n in drop]
+        if dry_run:
+            continue
+        for n in drop:
+            os.unlink(os.path.join(d, n))
+            base = parse_log_name(n).base  # type: ignore[union-attr]
+            if base not in kept_bases:
+                remove_if_exists(os.path.join(d, format_index_name(base)))
+        fsync_dir(d)
+        for n in keep:
+            seg = Segment(os.path.join(d, n))
+            if any(p.code.startswith("index") for p in check_segment(seg).problems):
+                headers = list(seg.bundles())
+                atomic_write(seg.index_path, encode_index(build_rebuild_rule(headers, seg.base)))
+                result.indexes_trimmed.append(f"{os.path.basename(seg.index_path)}: rebuilt for {n} (§4.5)")
+
+
+def _overlapping_groups(ro: list[tuple[int, int, str]]) -> list[list[tuple[int, int, str]]]:
+    """The RO segments in groups whose ranges chain by overlap; only groups of two or more."""
+    groups: list[list[tuple[int, int, str]]] = []
+    top = -1
+    for seg in ro:
+        if groups and seg[0] <= top:
+            groups[-1].append(seg)
+        else:
+            groups.append([seg])
+        top = max(top, seg[1]) if len(groups[-1]) > 1 else seg[1]
+    return [g for g in groups if len(g) > 1]
+
+
+def _redundant(d: str, group: list[tuple[int, int, str]]) -> tuple[list[str] | None, str]:
+    """The segments of an overlapping group to keep (None: no proof) and why not. Every segment must read whole
+    (`check_segment`: no problem but its index); no seq may differ between segments; the kept ones are the
+    non-overlapping choice holding the most messages (weighted interval scheduling), and they must hold every seq
+    of the group."""
+    held: dict[str, dict[int, tuple[int, bytes | None, bytes]]] = {}
+    union: dict[int, tuple[int, bytes | None, bytes]] = {}
+    for _, _, n in group:
+        path = os.path.join(d, n)
+        bad = [p for p in check_segment(path).problems if p.severity == "error" and not p.code.startswith("index")]
+        if bad:
+            return None, f"{n}: {bad[0].message}"
+        msgs = {m.seq: (m.ts, m.key, m.value) for m in Segment(path).messages()}
+        for seq, m in msgs.items():
+            if union.setdefault(seq, m) != m:
+                return None, f"seq {seq} differs between the copies"
+        held[n] = msgs
+    # weighted interval scheduling over [base, last] by message count
+    segs = sorted(group, key=lambda g: g[1])
+    best: list[tuple[int, list[str]]] = [(0, [])]
+    for i, (base, _, n) in enumerate(segs):
+        j = max((k + 1 for k in range(i) if segs[k][1] < base), default=0)
+        with_it = (best[j][0] + len(held[n]), [*best[j][1], n])
+        best.append(max(best[i], with_it, key=lambda b: b[0]))
+    total, keep = best[-1]
+    if total != len(union):
+        return None, f"no set of non-overlapping segments holds all {len(union)} messages"
+    return keep, ""
+
+
+def _name_orphan_indexes(d: str, result: RepairResult, *, dry_run: bool) -> None:
+    """Step 7: an index without its segment file. Inside another segment's range (what a removal of a redundant
+    overlapping segment killed midway leaves) it indexes nothing: removed. Before the next segment, its seqs were
+    lost with the file: named (the index is the evidence; readers refuse the partition)."""
+    names = sorted(os.listdir(d))
+    logs = segment_logs(names)
+    ranges = sorted((p.base, p.last) for p in logs.values())
+    bases = {b for b, _ in ranges}
+    last_ro = max((p.last for p in logs.values() if p.kind is Kind.RO and p.last is not None), default=None)
+    stale = []
+    for n in names:
+        try:
+            parsed = parse_name(n) if n.endswith(".index") else None
+        except TankFormatError:
+            continue  # the partition scan reports it
+        if not isinstance(parsed, FileName) or parsed.kind is not Kind.INDEX or parsed.wide or parsed.base in bases:
+            continue
+        b = parsed.base
+        if any(lo < b and (hi is None or b <= hi) for lo, hi in ranges):
+            stale.append(os.path.join(d, n))
+            continue
+        later = [lo for lo, _ in ranges if lo > b]
+        if not later and (last_ro is None or b > last_ro):
+            continue  # after every segment: step 5 and the broker's roll deal with it
+        upto = f"{later[0] - 1}" if later else "(end unknown)"
+        result.problems.append(
+            f"{n}: an index without its segment file: seqs {b}..{upto} were lost with it (restore the segment; "
+            "readers refuse the partition until then)"
+        )
+    result.removed += stale
+    if stale and not dry_run:
+        for f in stale:
+            remove_if_exists(f)
+        fsync_dir(d)
 
 
 def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
@@ -150,8 +293,18 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     ]
     errors += [str(p) for p in check_segment(seg).problems if p.severity == "error"]
     before = ro[-2][0].last if len(ro) > 1 else None
-    if before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
-        errors.append(f"seq gap or overlap {before + 1}..{parsed.base - 1} before it (§4.4)")
+    if before is not None and before >= parsed.base:
+        errors.append(f"it overlaps {ro[-2][1]} (seqs {parsed.base}..{before} twice, §6.4)")
+    elif before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
+        errors.append(
+            f"seq gap or overlap {before + 1}..{parsed.base - 1} before it (§4.4): the broker aborts on a read of a "
+            f"gap before its active segment. What to do: keep producers off {os.path.basename(d)} (the broker's next "
+            f"append hides seqs {ro[0][0].base}..{parsed.last}); if a segment holding seqs "
+            f"{before + 1}..{parsed.base - 1} was lost, restore it and run repair again; otherwise export the "
+            f"partition and import it into a fresh "
+            f"base (jobs/export_delta.py, then jobs/import_delta.py), which writes the gap inside a segment as a "
+            f"sparse bundle (§3.6)"
+        )
     if os.path.lexists(os.path.join(d, target)):
         errors.append(f"{target} exists")
     why = "RO segments without a non-empty active segment: the broker hides them after its next append (§9 rule 4)"

@@ -166,3 +166,137 @@ def test_maintain_repair_step_agrees_with_repair(tmp_path):
     (rep,) = reports(r.stdout)
     step = rep["steps"]["repair"]
     assert step["status"] == "needs-attention" and problem in step["reason"]
+
+
+def _resurrected(tmp_path) -> tuple[str, str, dict[str, bytes]]:
+    """E compacted, then its inputs renamed back next to the outputs: what the broker's open does after a compaction
+    killed in phases B-D (§6.4, §11.15). Returns the base, the partition and the inputs' bytes."""
+    base = keyed_copy(tmp_path, "E_before")
+    part = os.path.join(base, "kv", "0")
+    inputs = {n: open(os.path.join(part, n), "rb").read() for n in os.listdir(part) if n.endswith(".ilog")}
+    assert cli("compact", "--force", "--broker-stopped", base).returncode == 0
+    for n, data in inputs.items():
+        with open(os.path.join(part, n), "wb") as fh:
+            fh.write(data)
+    return base, part, inputs
+
+
+def test_repair_removes_the_output_next_to_resurrected_compaction_inputs(tmp_path):
+    """Overlapping RO segments whose messages prove the output redundant (every message of it in the inputs, same
+    seq, ts, key, value): repair removes the output, keeps every input, names what it did; verify is clean and
+    every message of the partition before compaction reads back."""
+    from tank_log.storage.segment import Segment
+
+    base, part, inputs = _resurrected(tmp_path)
+    outputs = sorted(n for n in os.listdir(part) if n.endswith(".ilog") and n not in inputs)
+    assert outputs
+    r = cli("repair", base)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rep,) = reports(r.stdout)
+    assert sorted(os.path.basename(p) for p in rep["removed"]) == outputs
+    assert rep["overlaps_resolved"] and all(n in rep["overlaps_resolved"][0] for n in outputs)
+    assert sorted(n for n in os.listdir(part) if n.endswith(".ilog")) == sorted(inputs)
+    assert cli("verify", base).returncode == 0
+    want = copy_tree(data_dir("E_before"), str(tmp_path / "intact"))
+    seqs = [
+        m.seq
+        for n in sorted(inputs, key=lambda n: int(n.split("-")[0]))
+        for m in Segment(os.path.join(part, n)).messages()
+    ]
+    intact = [
+        m.seq
+        for n in sorted(os.listdir(os.path.join(want, "kv", "0")))
+        if n.endswith(".ilog")
+        for m in Segment(os.path.join(want, "kv", "0", n)).messages()
+    ]
+    assert sorted(seqs) == sorted(intact)
+
+
+def test_repair_names_overlaps_it_cannot_prove_and_lost_segments(tmp_path):
+    """Overlapping copies that disagree on a message, or an index whose segment is gone: repair changes nothing,
+    names them and exits 1; maintain's repair step says the same."""
+    base, part, inputs = _resurrected(tmp_path)
+    name = one(base, "7136-8058_*.ilog")  # its last message, seq 8058, is in the output too
+    data = bytearray(inputs[os.path.basename(name)])
+    data[-3] ^= 0x55  # a value byte of that message: the copies disagree
+    with open(name, "wb") as fh:
+        fh.write(data)
+    before = tree_digest(base)
+    r = cli("repair", base)
+    assert r.returncode == 1, r.stdout + r.stderr
+    (rep,) = reports(r.stdout)
+    assert any("overlapping RO segments" in p and "not resolved" in p for p in rep["problems"]), rep
+    assert tree_digest(base) == before
+
+    lost = copy_tree(data_dir("E_before"), str(tmp_path / "lost"))
+    os.unlink(one(lost, "1226-2349_*.ilog"))
+    r = cli("repair", lost)
+    assert r.returncode == 1
+    (rep,) = reports(r.stdout)
+    assert rep["problems"] == [
+        "1226.index: an index without its segment file: seqs 1226..2349 were lost with it (restore the segment; "
+        "readers refuse the partition until then)"
+    ]
+    r = cli("maintain", "--broker-stopped", lost)
+    assert r.returncode == 1
+    (rep,) = reports(r.stdout)
+    assert rep["steps"]["repair"]["status"] == "needs-attention"
+
+
+def test_retention_names_a_damaged_segment_and_its_guard_keeps_it(tmp_path):
+    """Retention counts what it deletes through the completeness check: a damaged segment past the limits is named
+    in the report (its count is what its bundles hold, not its name's); with the lakehouse guard, which cannot tell
+    what the table received of it, nothing is deleted."""
+    from tank_log.maintenance.retention import ExportGuard, RetentionOptions, RetentionRules, apply_retention
+
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    seg = one(base, "1-1225_*.ilog")
+    duplicate(seg, 53439, 53583)
+    rules = RetentionRules(segments_count=6)
+    opts = RetentionOptions(broker_stopped=True)
+    (part,) = scan_data_dir(base).partitions()
+    before = tree_digest(base)
+    guarded = apply_retention(part, rules, opts, ExportGuard("t", exported_last=10**9))
+    assert guarded.status == "needs-attention" and "damaged" in guarded.reason and "nothing deleted" in guarded.reason
+    assert tree_digest(base) == before
+    (part,) = scan_data_dir(base).partitions()
+    res = apply_retention(part, rules, opts)
+    assert res.status == "deleted", res
+    (entry,) = res.deleted
+    assert entry["damage"]["path"] == seg and entry["damage"]["code"] == "index-data"
+    assert entry["messages"] > 1225 and "1-1225" in res.reason
+
+
+def test_compaction_of_an_ro_only_partition_names_the_repair(tmp_path):
+    """An RO-only partition (a broker killed inside its roll): the preflight's repair makes its last segment active
+    (§9 rule 4) and compaction's "nothing-to-do" says so, not only "no RO segments"."""
+    from tank_log.format.bundle import Message
+    from tank_log.storage.writer import write_segment
+
+    d = tmp_path / "base" / "t" / "0"
+    os.makedirs(d)
+    (tmp_path / "base" / "t" / "config").write_text("log.cleanup.policy=cleanup\n")
+    write_segment(
+        d, [Message(s, 1_790_000_000_000 + s, b"k%d" % (s % 3), b"v") for s in range(1, 30)], ts=1_790_000_000
+    )
+    r = cli("compact", "--force", "--broker-stopped", str(tmp_path / "base"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (rep,) = reports(r.stdout)
+    assert rep["status"] == "nothing-to-do" and rep["repair"]["active_restored"]
+    assert rep["reason"] == (
+        "no RO segments (after repair: the last RO segment made active again (1-29_1790000000.ilog -> "
+        "1_1790000000.log, §9 rule 4))"
+    )
+
+
+@pytest.mark.slow  # ~25 s: 8 runs of the real CLI
+def test_damage_sweep_short_mode(tmp_path):
+    """bench/damage_sweep.py's short mode: seeded damaged copies of the fixtures, each through one writer of the
+    real CLI: no run exits 0 over damage it does not name, no survivor lost or renumbered by compaction."""
+    from conftest import load_script
+
+    sweep = load_script(os.path.join("bench", "damage_sweep.py"))
+    figures = sweep.sweep(seed=7, cases=8, one_writer=True, work=str(tmp_path))
+    assert figures["runs"] == 8
+    assert figures["laundered"] == 0 and figures["bad"] == [], figures
+    assert figures["survivors_lost"] == 0 and figures["renumbered"] == 0

@@ -152,7 +152,10 @@ def test_repair_leaves_a_last_ro_segment_after_a_seq_gap_and_says_why(tmp_path):
     res = repair_partition(d)
     assert not res.has_work and tree_digest(str(d)) == before
     (problem,) = res.problems
-    assert problem.endswith("101-106_1790000000.ilog not made active: seq gap or overlap 7..100 before it (§4.4)")
+    assert "101-106_1790000000.ilog not made active: seq gap or overlap 7..100 before it (§4.4)" in problem
+    # and what the operator must do, exactly: the broker would hide everything at its next append
+    assert "keep producers off 0 (the broker's next append hides seqs 1..106)" in problem
+    assert "restore it and run repair again" in problem and "import it into a fresh base" in problem
 
 
 def test_maintain_restores_the_active_segment_in_its_repair_step(tmp_path):

@@ -11,7 +11,7 @@ from tank_log.maintenance.compaction.passes import dirty_ratio, map_keys, pass2_
 from tank_log.maintenance.compaction.survivors import BundleFilter
 from tank_log.maintenance.damage import DamagedInput, describe, refuse_damage
 from tank_log.maintenance.outcome import Status, run_on_partition
-from tank_log.maintenance.preflight import preflight
+from tank_log.maintenance.preflight import preflight, repair_summary
 from tank_log.storage.cleanup_marks import update_cleanup_log
 from tank_log.storage.datadir import Partition, scan_partition
 from tank_log.storage.fsutil import StepHook
@@ -132,6 +132,8 @@ def _inputs_to_compact(
     inputs = select_inputs(part, options, now_ms)
     if not inputs:
         res.status, res.reason = Status.NOTHING_TO_DO, "no RO segment old enough" if part.ro else "no RO segments"
+        if res.repair:  # e.g. an RO-only partition whose last segment repair made active: it says so
+            res.reason += f" (after {repair_summary(res.repair)})"
         return None
     if not options.force and res.dirty_ratio < threshold:
         res.status, res.reason = Status.NOTHING_TO_DO, f"dirty ratio {res.dirty_ratio} < {threshold}"
