@@ -20,7 +20,7 @@ from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.completeness import SegmentAudit, audited, layout_hole
+from tank_log.storage.completeness import SegmentAudit, audited, layout_hole, range_hole
 from tank_log.storage.datadir import MOVE_RETRIES, Partition, Unread, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
@@ -321,14 +321,22 @@ def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> It
 
 
 def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
+    """The range's rows, none past what the evidence trusts: a headers-only pass over the range comes first
+    (`completeness.range_hole`), so a hole that renumbers the rows before it fails the range before they are out."""
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())
     stop_seq = r.stop_seq if r.stop is not None else None
+    found = range_hole(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
+    max_seq = r.max_seq
+    if found is not None:
+        if found.trusted_through < r.seqs[0]:
+            raise found.error()
+        max_seq = found.trusted_through if max_seq is None else min(max_seq, found.trusted_through)
     audit = SegmentAudit(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
-    chunks = seg.batch_chunks(start=r.start, next_seq=r.next_seq, stop_seq=r.max_seq, stop_offset=r.stop)
+    chunks = seg.batch_chunks(start=r.start, next_seq=r.next_seq, stop_seq=max_seq, stop_offset=r.stop)
     for chunk in audited(chunks, audit):
         seq, ts = chunk.seq, chunk.batch.column(1).to_numpy()
-        in_seqs = seq_mask(seq, r.min_seq, r.max_seq)
+        in_seqs = seq_mask(seq, r.min_seq, max_seq)
         sel = np.ones(len(seq), dtype=bool) if in_seqs is None else in_seqs
         if r.min_ts is not None:
             sel &= ts >= np.uint64(max(r.min_ts, 0))
@@ -359,6 +367,8 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
             ],
             schema=ROW_SCHEMA,
         )
-    hole = audit.finish(chunks.tail, limit_seq=r.max_seq)
+    if found is not None:
+        raise found.error()
+    hole = audit.finish(chunks.tail, limit_seq=r.max_seq, rest_checked=True)
     if hole is not None:  # the read could not return every seq the segment claims (storage/completeness.py)
         raise hole.error()

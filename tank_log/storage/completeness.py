@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -148,6 +148,7 @@ class SegmentAudit:
         self.messages = 0
         self.bundles = 0
         self.last_bundle_offset = start
+        self.last_bundle_first: int | None = None  # the first seq of the last bundle read
         self.mismatch: tuple[int, int, str] | None = None  # (seq, offset, why) of the first entry that did not
 
     def observe(self, file_offset: int, table: BundleTable, seq: np.ndarray | None = None) -> None:
@@ -170,6 +171,7 @@ class SegmentAudit:
         self.messages += count
         self.bundles += n
         self.last_bundle_offset = file_offset + int(table.offsets[-1])
+        self.last_bundle_first = int(table.firsts[-1])
         lo, self.end = file_offset + int(table.offsets[0]), file_offset + int(table.ends[-1])
         if self.mismatch is not None or not len(self.entries):
             return
@@ -201,25 +203,28 @@ class SegmentAudit:
             return self.stop_seq - 1
         return self.seg.last
 
-    def finish(self, tail: Tail | None, *, limit_seq: int | None = None) -> Hole | None:
+    def finish(self, tail: Tail | None, *, limit_seq: int | None = None, rest_checked: bool = False) -> Hole | None:
         """What the read could not return (None: everything it covered). `tail`: the walk's end of file (None when it
         stopped at `stop_offset` or at `limit_seq`, the highest seq it was asked for).
 
         A read stopped by `limit_seq` has not reached the evidence after it (the name's last seq, the next range's
         index entry), yet a bundle cut out or duplicated before the bound renumbers the seqs it returned: the rest
-        of its range is walked here, headers only (no decompression), and checked like a whole read."""
-        if limit_seq is not None and tail is None and self.last_seq is not None and self.last_seq >= limit_seq:
+        of its range is walked here, headers only (no decompression), and checked like a whole read (unless
+        `rest_checked`: a headers-only pass over the whole range came first, `range_hole`)."""
+        bounded = limit_seq is not None and tail is None and self.last_seq is not None and self.last_seq >= limit_seq
+        if bounded and rest_checked:
+            return self._head_hole()
+        return self._zero_trim(self._finish(tail, walk_rest=bounded))
+
+    def _finish(self, tail: Tail | None, *, walk_rest: bool = False) -> Hole | None:
+        if walk_rest:
             try:
                 tail = self._walk_rest()
             except TankFormatError as err:  # past the bound: the seqs returned are trusted, the rest is a hole
-                return self.failed(err)
-        claimed = self._claimed_last()
-        if self.mismatch is not None:
-            _, off, why = self.mismatch
-            return self._renumbered(off, "index-data", f"index entry at offset {off}: {why}, the data disagrees")
-        if self.start == 0 and self.first_seq is not None and self.first_seq != self.seg.base:
-            reason = f"name says base {self.seg.base}, first message has seq {self.first_seq}"
-            return Hole(self.seg.path, 0, self.seg.base, claimed, "name-base", reason, self.seg.base - 1)
+                return self._failed(err)
+        head = self._head_hole()
+        if head is not None:
+            return head
         if tail is None:  # stopped at `stop_offset`: the next entry's bundle must start exactly there
             if self.stop_offset is None or self.stop_seq is None:
                 return None
@@ -244,8 +249,39 @@ class SegmentAudit:
     def failed(self, err: TankFormatError) -> Hole:
         """The read stopped at malformed data (`err`): everything after the last message it returned is missing (a
         malformed bundle fails the whole decoded chunk it is in, so the hole starts after the last chunk out)."""
+        hole = self._zero_trim(self._failed(err))
+        assert hole is not None
+        return hole
+
+    def _head_hole(self) -> Hole | None:
+        """The checks of a read's start alone: an index entry or the first seq the bundles contradict."""
         if self.mismatch is not None:
-            hole = self.finish(None)
+            _, off, why = self.mismatch
+            return self._renumbered(off, "index-data", f"index entry at offset {off}: {why}, the data disagrees")
+        if self.start == 0 and self.first_seq is not None and self.first_seq != self.seg.base:
+            reason = f"name says base {self.seg.base}, first message has seq {self.first_seq}"
+            return Hole(self.seg.path, 0, self.seg.base, self._claimed_last(), "name-base", reason, self.seg.base - 1)
+        return None
+
+    def _zero_trim(self, hole: Hole | None) -> Hole | None:
+        """A hole that starts at zero bytes right after a bundle whose own last byte is zero: the zeros (a crash
+        that extended the file without writing it, or a zeroed page) may start inside that bundle, which then
+        decodes with part of a value zeroed (no checksums, §11.18). That bundle is not trusted either."""
+        first = self.last_bundle_first
+        if hole is None or first is None or hole.trusted_through < first or hole.offset != self.end:
+            return hole
+        with open(self.seg.path, "rb") as fh:
+            fh.seek(max(self.end - 1, 0))
+            around = fh.read(2)
+        if around != b"\0\0":
+            return hole
+        at = self.last_bundle_offset
+        reason = f"{hole.reason}; the zeros there may start inside the bundle at offset {at} (seqs from {first})"
+        return replace(hole, offset=at, first_seq=first, trusted_through=first - 1, reason=reason)
+
+    def _failed(self, err: TankFormatError) -> Hole:
+        if self.mismatch is not None:
+            hole = self._finish(None)
             assert hole is not None
             return hole
         got = self.start_seq - 1 if self.last_seq is None else self.last_seq
@@ -304,23 +340,27 @@ def audited(walk: SegmentWalk[C], audit: SegmentAudit) -> Iterator[C]:
         raise audit.failed(err).error() from None
 
 
-def untrusted(seg: Segment) -> Hole | None:
-    """A headers-only pass over a whole segment (no decompression: cheap beside a decode): the hole that leaves none
-    of it trustworthy (`Hole.trusted_through` below its base: a bundle cut out or duplicated, a base or last the
-    content contradicts), or None. A reader that prints as it decodes asks first, so it prints nothing of such a
-    segment; a hole that trusts what precedes it (a torn tail, corrupt bytes) is found again by the decoding read,
-    which stops there."""
-    audit = SegmentAudit(seg)
-    walk = seg.tables()
-    hole: Hole | None
+def range_hole(
+    seg: Segment,
+    *,
+    start: int = 0,
+    next_seq: int | None = None,
+    stop_offset: int | None = None,
+    stop_seq: int | None = None,
+) -> Hole | None:
+    """A headers-only pass over a segment, or over a range of it as `SegmentAudit` takes it (no decompression: cheap
+    beside a decode): the hole a read of it would meet, or None. A reader that hands rows on as it decodes asks
+    first and stops at `Hole.trusted_through`: a bundle cut out or duplicated renumbers what follows it, and zeros
+    may run into the bundle before a break, so the decoding read alone would hand on rows before it knows. What only
+    a decode finds (a message set that does not decompress) fails the whole decoded chunk it is in."""
+    audit = SegmentAudit(seg, start=start, next_seq=next_seq, stop_offset=stop_offset, stop_seq=stop_seq)
+    walk = seg.tables(start=start, next_seq=next_seq, stop_offset=stop_offset)
     try:
         for file_offset, table in walk:
             audit.observe(file_offset, table)
     except TankFormatError as err:
-        hole = audit.failed(err)
-    else:
-        hole = audit.finish(walk.tail)
-    return hole if hole is not None and hole.trusted_through < seg.base else None
+        return audit.failed(err)
+    return audit.finish(walk.tail)
 
 
 def segment_problems(audit: SegmentAudit, tail: Tail) -> list[Problem]:

@@ -15,7 +15,7 @@ from tank_log.errors import TankFormatError
 from tank_log.format import native
 from tank_log.format.codecs import Codec
 from tank_log.format.messages import MessageColumns
-from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss, untrusted
+from tank_log.storage.completeness import HoleError, SegmentAudit, audited, range_hole, segment_loss
 from tank_log.storage.datadir import Unread, classify_path, scan_partitions
 from tank_log.storage.segment import Segment
 
@@ -35,12 +35,12 @@ def message_chunks(
     """A segment's messages, a decoded chunk at a time, with the prefix of their JSON lines (`json_lines`); what the
     read could not return is appended to `unread`."""
     prefix = json.dumps({"topic": topic, "partition": partition}, separators=(",", ":"))[:-1] + ',"seq":'
-    hole = untrusted(segment)  # before any line is out: nothing of a segment whose seqs cannot be trusted
-    if hole is not None:
+    hole = range_hole(segment)  # before any line is out: print no seq the evidence does not trust
+    if hole is not None and hole.trusted_through < segment.base:
         _note(unread, hole.unread(segment.size))
         return
     audit = SegmentAudit(segment)
-    walk = segment.chunks(chunk_bytes=CHUNK_BYTES)
+    walk = segment.chunks(chunk_bytes=CHUNK_BYTES, stop_seq=None if hole is None else hole.trusted_through)
     try:
         for chunk in audited(walk, audit):
             if len(chunk.cols):
@@ -48,7 +48,7 @@ def message_chunks(
     except HoleError as err:  # malformed data: the rest of the segment is a hole from the last message out
         _note(unread, err.hole.unread(segment.size))
         return
-    _note(unread, segment_loss(audit, walk.tail))
+    _note(unread, segment_loss(audit, walk.tail) if hole is None else hole.unread(segment.size))
 
 
 Block = bytes | tuple[str, MessageColumns]  # lines ready, or a chunk whose lines `json_lines` makes

@@ -128,3 +128,46 @@ def test_a_hole_fails_the_stream_or_is_logged(spark, tmp_path):
     assert (entry["topic"], entry["partition"], entry["from_seq"], entry["to_seq"]) == ("t", 0, 4383, 4682)
     assert entry["hole"].startswith(f"{segment} @27826: seqs 4383..4682 not read")
     s.stop()
+
+
+def _damaged_partition(tmp_path, pid, kind):
+    """events/`pid` of A_multi as t/0 with its first RO segment damaged: a bundle in the middle duplicated (`dup`:
+    every message after it renumbered), or zeros from the middle of that bundle to the end of the file (`zeros`: a
+    crash that extended the file without writing it; that bundle's message decodes with its value partly zeroed).
+    Returns the base path, the segment and the damaged bundle's header."""
+    from tank_log.storage.segment import Segment
+
+    src = os.path.join(data_dir("A_multi"), "events", str(pid))
+    base = copy_tree(src, str(tmp_path / "base" / "t" / "0"))
+    segment = os.path.join(base, sorted(f for f in os.listdir(base) if f.endswith(".ilog"))[0])
+    headers = list(Segment(segment).bundles())
+    data, h = open(segment, "rb").read(), headers[len(headers) // 2]
+    with open(segment, "wb") as fh:
+        if kind == "dup":
+            fh.write(data[: h.offset + h.size] + data[h.offset :])
+        else:
+            mid = h.offset + h.size // 2
+            fh.write(data[:mid] + bytes(len(data) - mid))
+    return str(tmp_path / "base"), segment, h
+
+
+@pytest.mark.parametrize(("pid", "kind"), [(1, "dup"), (0, "zeros")])
+def test_a_stream_that_skips_a_hole_hands_on_nothing_untrusted(spark, tmp_path, pid, kind):
+    """With failOnDataLoss=false the stream handed on what a range decoded before its hole was found: rows renumbered
+    by a duplicated bundle, and a message whose value was partly zeroed. Now only rows the evidence trusts come out,
+    and the loss names the file, offset and seqs."""
+    from pyspark.sql import functions as F
+
+    base, segment, h = _damaged_partition(tmp_path, pid, kind)
+    first, last = (int(x) for x in os.path.basename(segment).split("_")[0].split("-"))
+    lost_from, at = (first, None) if kind == "dup" else (h.first_seq, h.offset)
+    loss_log = str(tmp_path / "loss.jsonl")
+    s = Stream(spark, base, str(tmp_path / "ck"), failOnDataLoss="false", dataLossLog=loss_log).step()
+    rows = spark.table(s.name).select("seq", F.hex("value").alias("v")).collect()
+    s.stop()
+    truth = {seq: value.hex().upper() for seq, _, _, value in load_dump("A_multi")[("events", pid)]}
+    got = sorted((r.seq, r.v) for r in rows)
+    assert got == sorted((seq, v) for seq, v in truth.items() if not lost_from <= seq <= last)
+    (entry,) = read_data_loss_log(loss_log)
+    assert (entry["from_seq"], entry["to_seq"]) == (lost_from, last)
+    assert entry["hole"].startswith(segment if at is None else f"{segment} @{at}: seqs {lost_from}..{last} not read")

@@ -168,3 +168,29 @@ def test_dump_prints_nothing_of_a_segment_it_cannot_trust(tmp_path, kind, at):
     assert [line.replace('"topic":"t","partition":0', "") for line in lines] == [
         truth[s].replace('"topic":"events","partition":1', "") for s in seqs
     ]
+
+
+def test_dump_prints_no_bundle_that_zeros_run_into(tmp_path):
+    """Zeros from the middle of an uncompressed bundle to the end of its RO segment (a crash that extended the file
+    without writing it): dump printed that bundle's message with its value partly zeroed. The bundle before a run of
+    zeros that may start inside it is not trusted: named as lost, not printed."""
+    from conftest import load_dump_lines
+
+    pdir = tmp_path / "base" / "t" / "0"
+    shutil.copytree(os.path.join(FIXTURES, "A_multi", "data", "events", "0"), pdir)
+    path = pdir / "1-400_1795261032.ilog"
+    os.chmod(path, 0o644)
+    data, h = path.read_bytes(), list(Segment(str(path)).bundles())[200]
+    mid = h.offset + h.size // 2
+    path.write_bytes(data[:mid] + bytes(len(data) - mid))
+    r = subprocess.run([*CLI, "dump", str(tmp_path / "base")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    (line,) = [line for line in r.stderr.splitlines() if line.startswith(f"  {path}")]
+    assert f"@{h.offset}" in line and f"seqs {h.first_seq}..400" in line
+    truth = {json.loads(t)["seq"]: t for t in load_dump_lines("A_multi")[("events", 0)]}
+    lines = r.stdout.splitlines()
+    seqs = [json.loads(t)["seq"] for t in lines]
+    assert seqs == [s for s in sorted(truth) if not h.first_seq <= s <= 400]
+    assert [t.replace('"topic":"t","partition":0', "") for t in lines] == [
+        truth[s].replace('"topic":"events","partition":0', "") for s in seqs
+    ]
