@@ -55,7 +55,8 @@ class PartitionWriter:
     before the active segment (§4.4, §9 rule 3) — has a seq gap; very sparse input makes larger segments.
     `first_segment_ro`: the messages follow existing segments with a seq gap, so the first segment is rolled at the
     first place the counter continues (the gap then precedes an RO segment, never the active one).
-    Name timestamps: RO = newest message ts in seconds (≈ mtime at roll, §2.2); active = its first message's.
+    Name timestamps (§2.2): `name_ts` for every segment when given (an import's clock: `staging.stage_partition`);
+    else RO = newest message ts in seconds (≈ mtime at roll), active = its first message's.
     Finished segments are committed (renamed into place) as they roll; `abort` drops the open one.
     """
 
@@ -68,8 +69,10 @@ class PartitionWriter:
         policy: BundlePolicy = BundlePolicy(),
         index_interval: int = DEFAULT_INDEX_INTERVAL,
         first_segment_ro: bool = False,
+        name_ts: int | None = None,
     ):
         self.directory = os.fspath(directory)
+        self.name_ts = name_ts
         os.makedirs(self.directory, exist_ok=True)
         self.segment_bytes = segment_bytes
         self.with_active = with_active
@@ -146,7 +149,7 @@ class PartitionWriter:
     def _roll(self) -> None:
         w = self._writer
         assert w is not None
-        w.ts = name_ts_from_message_ts(self._newest)
+        w.ts = self._name_ts(self._newest)
         self.done.append(commit(w.finish()))  # type: ignore[arg-type]
         self._writer = None
 
@@ -166,12 +169,15 @@ class PartitionWriter:
         written = None if w is None else w.finish()
         if written is not None:
             written = (
-                replace(written, active=True, ts=name_ts_from_message_ts(self._first_ts))
+                replace(written, active=True, ts=self._name_ts(self._first_ts))
                 if self.with_active
-                else replace(written, ts=name_ts_from_message_ts(self._newest))
+                else replace(written, ts=self._name_ts(self._newest))
             )
             self.done.append(commit(written))
         return self.done
+
+    def _name_ts(self, message_ts: int) -> int:
+        return self.name_ts if self.name_ts is not None else name_ts_from_message_ts(message_ts)
 
     def abort(self) -> None:
         """Drop the open segment (committed ones stay: the caller owns the directory)."""

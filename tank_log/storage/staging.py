@@ -6,13 +6,22 @@ directory `BASE/.tank-import-<run>/<writer>/<topic>/<partition>/`, which the bro
 1. writes `BASE/.tank-import-<run>/COMMIT.json` (fsynced): every staged partition, where it goes, and the active
    segment to seal when appending. From here on the import rolls forward; before it, it rolls back.
 2. per partition: a new partition directory is renamed into place in one step; appending to an existing one seals
-   its active segment (`<base>-<last>_<ts>.ilog`, ts = its newest message's) and moves the new segments in by seq,
-   index before log, the new active segment last;
+   its active segment (`<base>-<last>_<ts>.ilog`, ts = the active log's mtime, as the broker's roll names it, §2.5)
+   and moves the new segments in by seq, index before log, the new active segment last; so does an import into a
+   partition directory without segments that holds other files (a partition `config`, a `.gitkeep`): they stay;
 3. creates the empty partition directories a topic lacks below its highest partition (the broker serves partitions
    0..count-1 of the digit-named directories, §1.4), then removes the staging directory.
 `recover_imports(base)` (run by the import job before it writes, and by `tank-log repair`) finishes an import
 whose COMMIT.json exists and removes one whose does not; `finish_imports_into(partition)` (run by every partition
 repair, `storage/repair.py`) finishes those moving segments into one partition. Every step is idempotent.
+
+Segment names: every staged segment is named with the import's clock (`stage_partition`'s `name_ts`, default
+now), never its messages' times. The broker ages RO segments by the name's ts (§2.2, §5: deleted once
+`ts + log.retention.secs` is past, at a roll) and names a segment at its roll with the active log's mtime (§2.5): the
+original segment of every restored message was named at a roll that happened before its rows were exported, so
+before the import, at the latest. Named by the import's clock, no restored segment is aged out sooner than the
+original would have been (a producer's ts may be far older than the append, and a restore named after it was deleted
+at the broker's first roll); it may live longer, by up to the time between the original's roll and the import.
 
 Writers and the driver meet at a lock file in the staging directory, created by `open_import` before any writer
 starts: a writer stages a partition holding it shared; the commit and the abort take it exclusively, so they wait
@@ -35,14 +44,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tank_log.errors import ImportAborted, ImportRefused
+from tank_log.errors import ImportAborted, ImportRefused, TankFormatError
 from tank_log.format.messages import MessageColumns
 from tank_log.format.names import (
     MAX_PARTITIONS,
     FileName,
     Kind,
     format_ro_name,
-    name_ts_from_message_ts,
     parse_name,
     partition_id_problem,
     topic_name_problem,
@@ -206,8 +214,10 @@ def stage_partition(
     append: bool,
     segment_bytes: int,
     policy: BundlePolicy | None = None,
+    name_ts: int | None = None,
 ) -> StagedPartition:
-    """Write one partition's messages (increasing seqs, in chunks of columns) as segments into the staging area.
+    """Write one partition's messages (increasing seqs, in chunks of columns) as segments into the staging area,
+    each named with `name_ts` (seconds; default now: see the module doc).
 
     Raises:
         ImportRefused: the topic or partition cannot be one the broker serves (`names.topic_name_problem`,
@@ -225,11 +235,11 @@ def stage_partition(
     with _writing(base, run_id):
         if os.path.exists(staged):  # an earlier attempt of the same writer
             shutil.rmtree(staged)
-        written = _write_segments(staged, target, chunks, last, segment_bytes, policy or BundlePolicy())
+        ts = int(time.time()) if name_ts is None else name_ts
+        written = _write_segments(staged, target, chunks, last, segment_bytes, policy or BundlePolicy(), ts)
     seal = None
     if last is not None and part is not None and part.active is not None:
-        newest = part.active.max_ts()
-        seal = (part.active.file_name, format_ro_name(part.active.base, last, name_ts_from_message_ts(newest)))
+        seal = (part.active.file_name, format_ro_name(part.active.base, last, _roll_ts(part.active.path)))
     return StagedPartition(
         topic,
         partition,
@@ -244,6 +254,12 @@ def stage_partition(
     )
 
 
+def _roll_ts(active_path: str) -> int:
+    """The name ts the broker's roll gives an active segment it seals: its log's mtime in seconds (§2.5; never 0,
+    §9 rule 6)."""
+    return max(1, int(os.stat(active_path).st_mtime))
+
+
 def _write_segments(
     staged: str,
     target: str,
@@ -251,6 +267,7 @@ def _write_segments(
     last: int | None,
     segment_bytes: int,
     policy: BundlePolicy,
+    name_ts: int,
 ) -> list[WrittenSegment]:
     """The partition's segments written into `staged` (removed again if anything fails)."""
     writer: PartitionWriter | None = None
@@ -263,7 +280,7 @@ def _write_segments(
             if writer is None:  # a gap after the existing segments must sit before an RO segment, never the active one
                 gap_before = last is not None and int(cols.seq[0]) != last + 1
                 writer = PartitionWriter(
-                    staged, segment_bytes=segment_bytes, policy=policy, first_segment_ro=gap_before
+                    staged, segment_bytes=segment_bytes, policy=policy, first_segment_ro=gap_before, name_ts=name_ts
                 )
             writer.add_columns(cols)
             prev = int(cols.seq[-1])
@@ -312,12 +329,28 @@ def commit_import(base: str, run_id: str, staged: list[StagedPartition], wait_s:
         seen[(s.topic, s.partition)] = s.staged_dir
     root = stage_root(base, run_id)
     for s in staged:
-        if s.seal is None and os.path.exists(s.target_dir) and os.listdir(s.target_dir):
+        if s.seal is None and _holds_segments(s.target_dir):
             raise ImportRefused(f"{s.target_dir}: appeared while importing; nothing was moved")
     with _writers_stopped(root, wait_s):  # e.g. a failed attempt's writer still running
         atomic_write(os.path.join(root, MANIFEST), json.dumps([asdict(s) for s in staged]).encode())
         fsync_dir(root)
         _roll_forward(base, root)
+
+
+def _holds_segments(partition_dir: str) -> bool:
+    """Whether a partition directory holds a segment, index or compaction file (by name, §2.1): a directory with
+    only a `config` or a `.gitkeep` is a partition without data, which an import may fill."""
+    if not os.path.isdir(partition_dir):
+        return False
+    for name in os.listdir(partition_dir):
+        if name.startswith("."):
+            continue
+        try:
+            if parse_name(name) is not None:
+                return True
+        except TankFormatError:  # a name the broker would mis-parse: not ours to fill around
+            return True
+    return False
 
 
 def abort_import(base: str, run_id: str, wait_s: float = WRITERS_WAIT_S) -> None:
@@ -392,16 +425,18 @@ def _roll_forward(base: str, root: str) -> None:
             os.makedirs(topic_dir)
             fsync_dir(os.path.dirname(topic_dir))
         if s.seal is None:
-            if os.path.isdir(s.staged_dir):
-                if os.path.isdir(s.target_dir) and not os.listdir(s.target_dir):
-                    os.rmdir(s.target_dir)  # an empty directory (e.g. made by hand): replaced in one step
+            if os.path.isdir(s.target_dir) and not os.listdir(s.target_dir):
+                os.rmdir(s.target_dir)  # an empty directory (e.g. made by hand): replaced in one step
+            if os.path.isdir(s.staged_dir) and not os.path.isdir(s.target_dir):
                 os.rename(s.staged_dir, s.target_dir)
                 fsync_dir(topic_dir)
-            continue
-        active, sealed = s.seal
-        if os.path.exists(os.path.join(s.target_dir, active)):
-            os.rename(os.path.join(s.target_dir, active), os.path.join(s.target_dir, sealed))
-            fsync_dir(s.target_dir)
+                continue
+        else:
+            active, sealed = s.seal
+            if os.path.exists(os.path.join(s.target_dir, active)):
+                os.rename(os.path.join(s.target_dir, active), os.path.join(s.target_dir, sealed))
+                fsync_dir(s.target_dir)
+        # appending, or a partition directory that holds other files (its `config`): the segments move in one by one
         if os.path.isdir(s.staged_dir):
             for name in _in_commit_order(os.listdir(s.staged_dir)):
                 os.rename(os.path.join(s.staged_dir, name), os.path.join(s.target_dir, name))

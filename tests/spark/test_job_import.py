@@ -395,8 +395,9 @@ def _pinned_table(path) -> str:
     return str(path)
 
 
-# the SHA-256 of every segment and index file the import writes from `_pinned_table` (name, then bytes)
-IMPORT_DIGEST = "5f17c0e6145ef8ae05687520cea251914bc305a7d6598d922ba389d89495aeed"
+# the SHA-256 of every segment and index file the import writes from `_pinned_table` (name with its ts as `T`, then
+# bytes): the names' ts is the import's clock, checked on its own
+IMPORT_DIGEST = "6024f170de4e73147743bd7fbae26922e89b918aa01a7b17dba7aa23e322aa35"
 
 
 @pytest.mark.parametrize("where", ["default", "executors"])
@@ -404,9 +405,12 @@ def test_import_writes_the_same_bytes_as_before(tmp_path, where):
     """The import's segment and index files, byte for byte, whichever way the rows reach the writer: a table this
     small is written by the driver without a JVM (no Spark in the report), or forced onto Spark's executors."""
     import hashlib
+    import re
+    import time
 
     table = _pinned_table(tmp_path / "table")
     dst = str(tmp_path / "dst")
+    t0 = int(time.time())
     flags = ["--in-driver-max-bytes", "0"] if where == "executors" else []
     r = run_import(
         "--data-dir", dst, "--table", table, "--segment-bytes", "64kb", *flags, "--report", str(tmp_path / "r")
@@ -421,7 +425,77 @@ def test_import_writes_the_same_bytes_as_before(tmp_path, where):
         for name in sorted(names):
             if name.endswith((".log", ".ilog", ".index")):
                 files += 1
-                digest.update(os.path.relpath(os.path.join(d, name), dst).encode() + b"\0")
+                ts = re.search(r"_(\d+)\.i?log$", name)
+                assert ts is None or t0 <= int(ts.group(1)) <= time.time(), name
+                named = re.sub(r"_\d+(\.i?log)$", r"_T\1", name)
+                digest.update(os.path.relpath(os.path.join(d, named), dst).encode() + b"\0")
                 digest.update(open(os.path.join(d, name), "rb").read())
     assert files > 6
     assert digest.hexdigest() == IMPORT_DIGEST
+
+
+def _deadlines(base, topic) -> dict[tuple[int, int], float]:
+    """(partition, seq) → when the broker's age retention may delete the message: its RO segment's name ts (§5; an
+    active segment's messages: never, until a roll)."""
+    out = {}
+    for part in partitions_at(base, [topic]):
+        for seg in part.segments:
+            for m in seg.messages():
+                out[(part.id, m.seq)] = float("inf") if seg.is_active else seg.ts
+    return out
+
+
+def test_a_restore_is_not_aged_out_by_the_broker_sooner_than_the_original(tmp_path):
+    """The broker ages an RO segment by its name's ts (§2.2, §5). The original base's names are roll times; the
+    messages' ts (here a year older) are the producer's. Restored segments are named by the import's clock: with the
+    topic's `log.retention.secs=30days`, the broker's retention at a roll today deletes nothing of the restore, as it
+    deletes nothing of the original (it deleted most of the restore), and no restored message's age deadline comes
+    before the original's (or, for the original's active segment, before the import)."""
+    import time
+
+    from tank_log.tools.standin_life import broker_retention
+
+    src = str(tmp_path / "src")
+    copy_tree(os.path.join(data_dir("A_multi"), "events"), os.path.join(src, "events"))
+    with open(os.path.join(src, "events", "config"), "w") as fh:
+        fh.write("log.retention.secs=30days\n")
+    table = str(tmp_path / "table")
+    assert run_export("--data-dir", src, "--table", table).returncode == 0
+    dst = str(tmp_path / "dst")
+    t0 = int(time.time())
+    r = run_import("--data-dir", dst, "--table", table, "--segment-bytes", "16kb")
+    assert r.returncode == 0, r.stderr[-3000:]
+    original, restored = _deadlines(src, "events"), _deadlines(dst, "events")
+    assert original.keys() == restored.keys() and min(original.values()) + 30 * 86400 > time.time()
+    assert sum(seg.ts < t0 for part in partitions_at(dst) for seg in part.ro) == 0
+    # a message of the original's active segment ages from the original's next roll, which no table records: at
+    # the import's time at the earliest, like the restore's
+    assert [k for k in original if restored[k] < min(original[k], t0)] == []
+    assert sum(original[k] == float("inf") and restored[k] < float("inf") for k in original) > 0  # such messages
+    now = int(time.time())
+    for part in partitions_at(dst, ["events"]):
+        assert len(part.ro) >= 2
+        assert broker_retention(part.path, "events", part.id, now) == []
+        assert broker_retention(part.path, "events", part.id, now + 29 * 86400) == []
+        assert broker_retention(part.path, "events", part.id, now + 31 * 86400)  # it does age, after 30 days
+
+
+def test_append_seals_the_active_segment_under_its_mtime(tmp_path):
+    """--append seals the partition's active segment as the broker's roll would: named with the log's mtime (§2.5),
+    not its newest message's ts; the appended segments carry the import's clock."""
+    import time
+
+    dst = str(tmp_path / "dst")
+    os.makedirs(os.path.join(dst, "t", "0"))
+    old = [Message(s, 1_600_000_000_000, None, b"old") for s in range(1, 6)]  # messages from 2020
+    write_segment(os.path.join(dst, "t", "0"), old, active=True, ts=1_790_000_000)
+    (active,) = [n for n in os.listdir(os.path.join(dst, "t", "0")) if n.endswith(".log")]
+    mtime = 1_795_000_000
+    os.utime(os.path.join(dst, "t", "0", active), (mtime, mtime))
+    table = _table(tmp_path / "table", [("t", 0, s, 1) for s in range(6, 9)])
+    t0 = int(time.time())
+    r = run_import("--data-dir", dst, "--table", table, "--append")
+    assert r.returncode == 0, r.stderr[-3000:]
+    (part,) = partitions_at(dst)
+    assert [(s.base, s.last, s.ts) for s in part.ro] == [(1, 5, mtime)]
+    assert part.active.base == 6 and t0 <= part.active.ts <= time.time()

@@ -183,3 +183,44 @@ def test_appending_to_a_partition_with_an_unreadable_segment_is_refused(tmp_path
     open_import(base, "r")
     with pytest.raises(ImportRefused, match=rf"{seg.path}: not read, seqs {seg.base}\.\.{seg.last} "):
         stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(41, 45)), append=True, segment_bytes=1 << 20)
+
+
+def test_staged_segments_are_named_by_the_imports_clock_and_a_seal_by_the_logs_mtime(tmp_path):
+    """The broker ages RO segments by the name's ts (§5) and names a segment at its roll with the log's mtime
+    (§2.5): staged segments carry the import's clock (or `name_ts`), never their messages' ts (here from 2020, which
+    the broker's retention would delete at once), and a sealed active segment its log's mtime."""
+    base = str(tmp_path)
+    old = [Message(s, 1_600_000_000_000 + s, None, b"v" * 40) for s in range(1, 41)]
+    five = BundlePolicy(max_messages=5)
+    write_partition(os.path.join(base, "t", "0"), old[:20], segment_bytes=200, policy=five)
+    (active,) = [n for n in os.listdir(os.path.join(base, "t", "0")) if n.endswith(".log")]
+    os.utime(os.path.join(base, "t", "0", active), (1_790_000_123, 1_790_000_123))
+    open_import(base, "r")
+    t0 = int(time.time())
+    appended = stage_partition(base, "r", "0-0", "t", 0, chunks(old[20:]), append=True, segment_bytes=200, policy=five)
+    fresh = stage_partition(
+        base, "r", "1-0", "u", 0, chunks(old), append=False, segment_bytes=200, policy=five, name_ts=1_800_000_000
+    )
+    commit_import(base, "r", [appended, fresh])
+    t, u = partitions_at(base, ["t"])[0], partitions_at(base, ["u"])[0]
+    sealed = next(s for s in t.ro if s.last == 20)
+    assert sealed.ts == 1_790_000_123
+    assert all(t0 <= s.ts <= time.time() for s in t.segments if s.base > 20) and len(t.segments) > 3
+    assert {s.ts for s in u.segments} == {1_800_000_000} and len(u.ro) >= 2
+
+
+def test_an_import_fills_a_partition_directory_that_holds_no_segment(tmp_path):
+    """A partition directory with only a `config` and a `.gitkeep` is a partition without data: the commit moves the
+    segments in and keeps the files (it refused: "appeared while importing")."""
+    base = str(tmp_path)
+    pdir = os.path.join(base, "t", "0")
+    os.makedirs(pdir)
+    for name in ("config", ".gitkeep"):
+        with open(os.path.join(pdir, name), "w") as fh:
+            fh.write("log.retention.secs=3days\n" if name == "config" else "")
+    open_import(base, "r")
+    staged = stage_partition(base, "r", "0-0", "t", 0, chunks(msgs(1, 30)), append=False, segment_bytes=300)
+    commit_import(base, "r", [staged])
+    assert messages_of(base) == {("t", 0): list(range(1, 31))}
+    assert open(os.path.join(pdir, "config")).read() == "log.retention.secs=3days\n"
+    assert os.path.exists(os.path.join(pdir, ".gitkeep")) and not os.path.exists(stage_root(base, "r"))
