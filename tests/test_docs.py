@@ -276,3 +276,23 @@ def test_no_doc_selects_the_tank_log_job_by_its_scraped_away_label():
                 with open(os.path.join(dirpath, name), encoding="utf-8") as fh:
                     found += [f"{name}: {m}" for m in re.findall(TANK_LOG_JOB_SELECTOR, fh.read())]
     assert found == []
+
+
+MAX_CELL = 500  # characters of one table cell's source: more is a paragraph, which reads better below the table
+
+
+def test_no_table_cell_is_a_wall_of_text():
+    """A table cell of many sentences (650-1,100 characters) squeezed into a column is hard to read: its content goes
+    in paragraphs or a list below the table, and the cell points there."""
+    long = []
+    for dirpath, _, names in os.walk(os.path.join(ROOT, "docs")):
+        for name in names:
+            if not name.endswith(".md") or "assets" in dirpath:
+                continue
+            path = os.path.join(dirpath, name)
+            with open(path, encoding="utf-8") as fh:
+                for n, line in enumerate(fh, 1):
+                    if line.startswith("|"):
+                        cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+                        long += [f"{os.path.relpath(path, ROOT)}:{n}: {len(c)}" for c in cells if len(c) > MAX_CELL]
+    assert long == []
