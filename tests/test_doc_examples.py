@@ -9,7 +9,8 @@ Each ```bash, ```python and ```yaml block of README.md and docs/ carries an HTML
 - `<!-- test: run spark -->`: a Python block that uses `spark`: run with a local SparkSession bound to it.
 - `<!-- test: config -->`: a job configuration (or a part of one): `tank-log config check` must accept it. When its
   first line is a comment naming a file (`# conf/cluster.yaml`), the page's commands that name that file get it.
-- `<!-- test: alerts -->`: Prometheus alert rules: every `tank_log_*` metric they use is one tank-log writes.
+- `<!-- test: alerts -->`: Prometheus alert rules: every `tank_log_*` metric they use is one tank-log writes (so must
+  those of the shipped rules, conf/prometheus/tank-log-alerts.yml).
 - `<!-- test: skip: REASON -->`: not run here, and why (a cluster, Airflow's services, the suite itself).
 
 `; setup: exported` after `run` exports the demo base path to the demo table first, and moves its topics' retention
@@ -257,7 +258,16 @@ def test_doc_config_examples_load(block, tmp_path):
     _run([sys.executable, "-m", "tank_log.tools.cli", "config", "check", str(path)], f"{block.page}:{block.line}", ROOT)
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.page}:{b.line}") for b in ALL if b.kind == "alerts"])
+SHIPPED_RULES = "conf/prometheus/tank-log-alerts.yml"  # what the docs show of alerts is generated from it
+
+
+def _alert_blocks() -> list[Block]:
+    """The docs' alert rule blocks, and the shipped rules file the monitoring page lists."""
+    shipped = Block(SHIPPED_RULES, 1, "yaml", "alerts", "", Path(ROOT, SHIPPED_RULES).read_text(encoding="utf-8"))
+    return [b for b in ALL if b.kind == "alerts"] + [shipped]
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.page}:{b.line}") for b in _alert_blocks()])
 def test_doc_alert_rules_use_real_metrics(block):
     from tank_log import metrics
 

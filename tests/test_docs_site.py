@@ -372,6 +372,8 @@ def test_common_questions_are_one_click_from_home(site):
             "guides/retention/#retention-that-keeps-what-the-lakehouse-lacks"
         ),
         "tank data in a dataframe": "guides/reading/",
+        "reading the exported table": "guides/read-the-table/",
+        "restoring one partition": "guides/import/#restoring-one-partition",
         "the key memory budget": "guides/compaction/#the-key-memory-budget",
         "metrics and alerts": "operations/monitoring/",
         "restoring a lost broker host from the lakehouse": (
