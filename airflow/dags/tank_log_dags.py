@@ -375,6 +375,7 @@ def maintain(broker: str, run_id: str | None = None) -> dict:
 
     from tank_log.jobs.config import load_job_config
     from tank_log.jobs.processes import killed_with_parent
+    from tank_log.jobs.window import window_source
 
     config = load_job_config(WINDOW_CONFIG)
     b = _window_broker(broker, config)
@@ -384,6 +385,7 @@ def maintain(broker: str, run_id: str | None = None) -> dict:
     cmd = ["spark-submit", "--master", config.window.spark_master, *(["--py-files", py_files] if py_files else [])]
     cmd += [os.path.join(home, "jobs", "maintain.py"), "--config", b.job_config or WINDOW_CONFIG, "--broker-stopped"]
     cmd += [arg for d in b.data_dirs for arg in ("--data-dir", d)] + ["--report", report_path]
+    cmd += ["--source", window_source(b)]  # the lakehouse guard reads this broker's recorded versions
     print("running:", " ".join(cmd), flush=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [home, os.environ.get("PYTHONPATH")])))
     # killed with this task whatever kills it (its timeout, a manual stop, SIGKILL); the job's driver dies with it

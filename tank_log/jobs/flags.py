@@ -89,6 +89,16 @@ def add_metrics_file(p: argparse.ArgumentParser, default: str = "") -> None:
     )
 
 
+def add_source(p: argparse.ArgumentParser) -> None:
+    """`--source NAME`: the broker whose partitions a run exports or guards (over `export.source`)."""
+    p.add_argument(
+        "--source",
+        metavar="NAME",
+        help="the broker these data dirs are on, part of every recorded version and the table's `source` column "
+        "(default: export.source, else this host's name; replicas of one partition: give them the same source)",
+    )
+
+
 def add_keep_unexported(p: argparse.ArgumentParser) -> None:
     """The lakehouse guard of retention (over `retention.keep_unexported`)."""
     p.add_argument(
@@ -97,6 +107,7 @@ def add_keep_unexported(p: argparse.ArgumentParser) -> None:
         help="never delete what this Delta table (a path or URI, or `export`: export.table) has not received",
     )
     add_storage_option(p, "--keep-unexported")
+    add_source(p)
     p.add_argument("--max-holdback-size", metavar="SIZE", help="past this many bytes held back: delete (data-loss)")
     p.add_argument(
         "--max-holdback-age", metavar="DURATION", help="past this much beyond its retention: delete (data-loss)"
@@ -122,4 +133,9 @@ def apply_guard_flags(config: JobConfig, args: argparse.Namespace) -> JobConfig:
         keep = keep.model_copy(update={"max_holdback_bytes": parse_size_arg(max_size, "--max-holdback-size")})
     if keep is not None and max_age:
         keep = keep.model_copy(update={"max_holdback_s": parse_duration_ms(max_age, "--max-holdback-age") // 1000})
-    return config.model_copy(update={"retention": config.retention.model_copy(update={"keep_unexported": keep})})
+    update: dict[str, object] = {"retention": config.retention.model_copy(update={"keep_unexported": keep})}
+    if getattr(args, "source", None):  # the guard reads the versions of this broker (`ExportGuards`)
+        from tank_log.lakehouse import check_source
+
+        update["export"] = config.export.model_copy(update={"source": check_source(args.source, "--source")})
+    return config.model_copy(update=update)

@@ -63,9 +63,22 @@ class ExportGuards:
             return None
         seqs = self._table(keep)
         try:
-            last = seqs.last_seq(part.topic, part.id)
+            recorded = seqs.recorded(part.topic, part.id)
         except TableUnreadable as err:
             return ExportGuard(seqs.uri, error=str(err))
+        last = recorded.version
+        if recorded.undone:  # a RESTORE or a rollback: keep what the table no longer holds
+            log.warning(
+                "retention: %s/%s: table %s records seq %s for source %s, but %s: it holds seqs up to %s, and "
+                "retention keeps what follows",
+                part.topic,
+                part.id,
+                seqs.uri,
+                recorded.recorded,
+                seqs.source,
+                recorded.undone,
+                "none" if last is None else last,
+            )
         return ExportGuard(seqs.uri, last, None, keep.max_holdback_bytes, keep.max_holdback_s)
 
     def _table(self, keep: KeepUnexported) -> ExportedSeqs:
@@ -78,7 +91,8 @@ class ExportGuards:
             fmt, catalog = export.format, export.catalog
         key = (uri, tuple(sorted(options.items())), fmt, catalog)
         if key not in self._tables:
-            self._tables[key] = ExportedSeqs(uri, options, fmt, catalog)
+            # the versions of this broker's partitions (export.source, `--source`; None: this host's name)
+            self._tables[key] = ExportedSeqs(uri, options, fmt, catalog, self._config.export.source)
         return self._tables[key]
 
 

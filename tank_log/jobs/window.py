@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tank_log.errors import WindowStepFailed
-from tank_log.jobs.config import BrokerHost
+from tank_log.jobs.config import BrokerHost, JobConfig
 from tank_log.storage.holders import Holder, foreign, holders
 
 log = logging.getLogger("tank_log.window")
@@ -40,6 +40,25 @@ class StepResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def window_source(broker: BrokerHost, job_config: JobConfig | None = None) -> str:
+    """The source (`export.source`) the window's runs on `broker` guard by: the `export.source` of the broker's own
+    job config (`job_config`, loaded from `broker.job_config`) when it sets one — replicas of one partition declare
+    one source so —, else the broker's name. Its export must record the same source (`--source`).
+
+    Raises:
+        JobConfigError: a name that cannot be a source.
+    """
+    from tank_log.lakehouse import check_source
+
+    if job_config is None and broker.job_config:
+        from tank_log.jobs.config import load_job_config
+
+        job_config = load_job_config(broker.job_config)
+    if job_config is not None and job_config.export.source:
+        return job_config.export.source
+    return check_source(broker.name, f"brokers[].name (the source of broker {broker.name!r}'s window runs)")
 
 
 def broker_holders(broker: BrokerHost) -> list[Holder]:

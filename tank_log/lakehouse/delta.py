@@ -20,13 +20,19 @@ from deltalake import DeltaTable
 from tank_log.errors import JobConfigError
 from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
+    LEGACY_SOURCE_KEY,
     RUN_KEY,
+    SOURCE_COLUMN,
     CommitConflict,
     DataFile,
+    Recorded,
     RunCommit,
+    TableUnreadable,
     UpkeepStep,
     app_id,
-    legacy_app_id,
+    candidate_ids,
+    lacks_only,
+    owns_unsourced,
 )
 
 if TYPE_CHECKING:
@@ -46,19 +52,28 @@ def table_id(table: DeltaTable) -> str:
     return str(table.metadata().id)
 
 
-def recorded_version(table: DeltaTable, table_path: str, topic: str, partition: int) -> tuple[str, int | None]:
-    """(app id, last exported seq recorded in the table for the partition, None if never)."""
-    aid = app_id(table_id(table), topic, partition)
-    version = table.transaction_version(aid)
-    if version is None:
-        version = table.transaction_version(legacy_app_id(table_path, topic, partition))
-    return aid, version
+def recorded_version(
+    table: DeltaTable, table_path: str, topic: str, partition: int, source: str | None = None
+) -> tuple[str, int | None]:
+    """(app id, last exported seq recorded in the table for the partition of `source` — None: this host's, as the
+    export's default —, None if never), as the table records it (`DeltaLakeTable.recorded` checks its history)."""
+    from tank_log.lakehouse.table import default_source
+
+    source = source or default_source()
+    owner = table.metadata().configuration.get(LEGACY_SOURCE_KEY)
+    ids = candidate_ids(table_id(table), table_path, topic, partition, source, owner)
+    for aid in ids:
+        version = table.transaction_version(aid)
+        if version is not None:
+            return aid, version
+    return ids[0], None
 
 
 class DeltaLakeTable(DeltaTable):
     """A Delta table (a delta-rs `DeltaTable`, which Delta users may use as such) as a `LakeTable`."""
 
     location: TableLocation
+    _lineage: _Lineage | None = None
 
     @property
     def table_id(self) -> str:
@@ -68,10 +83,28 @@ class DeltaLakeTable(DeltaTable):
         self.update_incremental()
 
     def app_id(self, topic: str, partition: int) -> str:
-        return app_id(self.table_id, topic, partition)
+        return app_id(self.table_id, topic, partition, self.location.source)
+
+    def recorded(self, topic: str, partition: int) -> Recorded:
+        """The first of `candidate_ids` recorded, checked against the RESTOREs of the table's history
+        (`_Lineage.checked`)."""
+        source = self.location.source
+        owner = self.metadata().configuration.get(LEGACY_SOURCE_KEY)
+        ids = candidate_ids(self.table_id, self.location.uri, topic, partition, source, owner)
+        if self._lineage is None or self._lineage.version != self.version():
+            self._lineage = _Lineage(self)
+        return self._lineage.checked(ids)
 
     def recorded_version(self, topic: str, partition: int) -> int | None:
-        return recorded_version(self, self.location.uri, topic, partition)[1]
+        return self.recorded(topic, partition).version
+
+    def claim_legacy_versions(self, source: str) -> None:
+        self.alter.set_table_properties({LEGACY_SOURCE_KEY: source}, raise_if_not_exists=False)
+        self.update_incremental()
+
+    def owns_unsourced_rows(self) -> bool:
+        """Whether this location's source owns the rows written before sources (a null `source`)."""
+        return owns_unsourced(self.location.source, self.metadata().configuration.get(LEGACY_SOURCE_KEY))
 
     def arrow_schema(self) -> pa.Schema:
         import pyarrow as pa
@@ -79,7 +112,7 @@ class DeltaLakeTable(DeltaTable):
         return pa.schema(self.schema().to_arrow())
 
     def check_compatible(
-        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: tuple[str, ...], spark: bool
     ) -> bool:
         from deltalake import Schema
 
@@ -90,7 +123,7 @@ class DeltaLakeTable(DeltaTable):
         generated = generated_columns(self) if spark else set()
         have = [c for c in _columns(self.schema()) if c[0] not in generated]
         want = _columns(Schema.from_arrow(schema))
-        lacks_last = have == want[:-1] and want[-1][0] == evolvable
+        lacks_last = lacks_only(have, want, evolvable)
         if have != want and not lacks_last:
             raise JobConfigError(
                 f"existing table {name} does not match this export (value format/schema differ?): "
@@ -156,7 +189,7 @@ class DeltaLakeTable(DeltaTable):
         merger = (
             self.merge(
                 source,
-                predicate=" AND ".join(f"t.{k} = s.{k}" for k in keys),
+                predicate=" AND ".join(_matches(k, self.owns_unsourced_rows()) for k in keys),
                 source_alias="s",
                 target_alias="t",
                 commit_properties=CommitProperties(
@@ -300,6 +333,116 @@ class DeltaLakeTable(DeltaTable):
             *after,
         )
         return UpkeepStep("vacuum", *before, *after, dry_run=dry_run)
+
+
+def _matches(column: str, unsourced_too: bool) -> str:
+    """The MERGE's match on one key column: on `source`, rows written before sources (null) are the owner's."""
+    if column == SOURCE_COLUMN and unsourced_too:
+        return f"(t.{column} = s.{column} OR t.{column} IS NULL)"
+    return f"t.{column} = s.{column}"
+
+
+class _Lineage:
+    """The RESTOREs of a Delta table's history, read once per table version, to check a recorded version.
+
+    A RESTORE puts back the files of an older version but keeps the app transactions (delta-rs and delta-spark
+    alike): the rows a later commit added are gone, its recorded version is not. So a version is trusted only if
+    the commit that recorded it is still in the table's lineage: no RESTORE after it, or only ones to a version at or
+    after it. Otherwise the table holds what it held at the RESTORE's target version, whose recorded version is
+    checked the same way (a RESTORE to a RESTORE)."""
+
+    def __init__(self, table: DeltaLakeTable):
+        self.table, self.version = table, table.version()
+        self.restores: list[tuple[int, int]] = []  # (the RESTORE's version, the version it restored), oldest first
+        self._txns: dict[int, set[str]] = {}
+        self._at: dict[int, DeltaTable] = {}
+        history = table.history()
+        for h in sorted(history, key=lambda h: int(h["version"])):
+            if h.get("operation") == "RESTORE":
+                self.restores.append((int(h["version"]), _restored_version(table, h, history)))
+
+    def checked(self, ids: list[str]) -> Recorded:
+        at = self.version
+        aid, version = self._recorded_at(at, ids)
+        recorded, undone = version, None
+        while True:
+            restore = next((r for r in reversed(self.restores) if r[0] <= at), None)
+            if version is None or restore is None or self._recorded_since(aid, restore[0], at):
+                return Recorded(version, recorded, undone, unsourced=version is not None and aid != ids[0])
+            at = restore[1]
+            aid, before = self._recorded_at(at, ids)
+            if before != version and undone is None:
+                undone = (
+                    f"the commit that recorded it was undone by the RESTORE at table version {restore[0]} (to "
+                    f"version {restore[1]})"
+                )
+            version = before
+
+    def _table_at(self, version: int) -> DeltaTable:
+        if version == self.version:
+            return self.table
+        if version not in self._at:
+            location = self.table.location
+            try:
+                self._at[version] = DeltaTable(location.uri, version=version, storage_options=location.options or None)
+            except Exception as err:  # delta-rs's errors: a version whose log was cleaned up
+                raise TableUnreadable(
+                    f"{location}: cannot read table version {version} (restored by a RESTORE) to check what the table "
+                    f"holds: {type(err).__name__}: {err}"
+                ) from err
+        return self._at[version]
+
+    def _recorded_at(self, version: int, ids: list[str]) -> tuple[str, int | None]:
+        table = self._table_at(version)
+        for aid in ids:
+            value = table.transaction_version(aid)
+            if value is not None:
+                return aid, value
+        return ids[0], None
+
+    def _recorded_since(self, aid: str, restore: int, at: int) -> bool:
+        """Whether a commit after the RESTORE at version `restore`, up to `at`, recorded `aid`."""
+        filesystem, root = self.table.location.filesystem()
+        for v in range(restore + 1, at + 1):
+            if v not in self._txns:
+                try:
+                    with filesystem.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
+                        lines = f.read().decode().splitlines()
+                except OSError as err:
+                    raise TableUnreadable(
+                        f"{self.table.location}: commit {v} after a RESTORE cannot be read to check what the table "
+                        f"holds: {err}"
+                    ) from err
+                txns = (json.loads(line).get("txn") for line in lines if line.strip())
+                self._txns[v] = {t["appId"] for t in txns if t}
+            if aid in self._txns[v]:
+                return True
+        return False
+
+
+def _restored_version(table: DeltaTable, info: dict[str, Any], history: list[dict[str, Any]]) -> int:
+    """The version a RESTORE commit restored: its `version` parameter, or the last version at or before its
+    `timestamp` parameter (RESTORE ... TO TIMESTAMP AS OF).
+
+    Raises:
+        TableUnreadable: neither is given or readable.
+    """
+    from datetime import UTC, datetime
+
+    params = info.get("operationParameters") or {}
+    version = params.get("version")
+    if version not in (None, "", "null"):
+        return int(version)
+    stamp = params.get("timestamp")
+    try:
+        when = datetime.fromisoformat(str(stamp))
+        ms = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000
+        return max(int(h["version"]) for h in history if h["timestamp"] <= ms and h["version"] < info["version"])
+    except (TypeError, ValueError) as err:
+        raise TableUnreadable(
+            f"table version {info.get('version')} is a RESTORE to neither a version nor a time this library reads "
+            f"({params}): what the table holds cannot be checked"
+        ) from err
 
 
 # The table features of a table delta-rs commits this export's files to, each checked with a table delta-spark made

@@ -1,24 +1,33 @@
-"""What a table has received of each TANK partition, for a run that must not outrun it (retention's guard, stats)."""
+"""What a table has received of each TANK partition of one broker, for a run that must not outrun it (retention's
+guard, stats)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from tank_log.lakehouse.location import TableLocation
-from tank_log.lakehouse.table import REQUIRED_COLUMNS, TableUnreadable, table_key
+from tank_log.lakehouse.table import REQUIRED_COLUMNS, Recorded, TableUnreadable, default_source, table_key
 
 if TYPE_CHECKING:
     from tank_log.lakehouse.location import LakeTable
 
 
 class ExportedSeqs:
-    """The last seq one table has received of each partition. The table is opened once, at the first question; a
-    table that cannot be read raises `TableUnreadable` for every one."""
+    """The last seq one table has received of each partition of one broker (`source`; None: this host's name, as
+    the export's default). A recorded version is checked against the table's history (`LakeTable.recorded`): after
+    a RESTORE or a rollback, what the table still holds. The table is opened once, at the first question; a table
+    that cannot be read raises `TableUnreadable` for every one."""
 
     def __init__(
-        self, uri: str, storage_options: dict[str, str] | None = None, fmt: str = "delta", catalog: str | None = None
+        self,
+        uri: str,
+        storage_options: dict[str, str] | None = None,
+        fmt: str = "delta",
+        catalog: str | None = None,
+        source: str | None = None,
     ):
         self.uri = table_key(uri)
+        self.source = source or default_source()
         self._options = dict(storage_options or {})
         self._format, self._catalog = fmt, catalog
         self._table: LakeTable | None = None
@@ -33,9 +42,20 @@ class ExportedSeqs:
         Raises:
             TableUnreadable: the table is missing, unreachable or not a tank-log export.
         """
+        return self.recorded(topic, partition).version
+
+    def recorded(self, topic: str, partition: int) -> Recorded:
+        """`last_seq`, with what the table's recorded version says and, when they differ, what undid it.
+
+        Raises:
+            TableUnreadable: the table is missing, unreachable or not a tank-log export, or its history cannot be
+                read.
+        """
         table = self._open()
         try:
-            return table.recorded_version(topic, partition)
+            return table.recorded(topic, partition)
+        except TableUnreadable:
+            raise
         except Exception as err:  # the formats' libraries raise their own types (and OSError) for I/O errors
             raise TableUnreadable(f"{self.uri}: {type(err).__name__}: {err}") from err
 
@@ -44,7 +64,7 @@ class ExportedSeqs:
             return self._table
         if self._error is None:
             try:
-                table = TableLocation.of(self.uri, self._options, self._format, self._catalog).open()
+                table = TableLocation.of(self.uri, self._options, self._format, self._catalog, self.source).open()
                 if table is None:
                     raise FileNotFoundError(f"no {self._format} table")
                 names = set(table.arrow_schema().names)

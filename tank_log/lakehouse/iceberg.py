@@ -23,7 +23,21 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError
-from tank_log.lakehouse.table import APP_ID_PREFIX, RUN_KEY, CommitConflict, DataFile, RunCommit, UpkeepStep, app_id
+from tank_log.lakehouse.table import (
+    APP_ID_PREFIX,
+    LEGACY_SOURCE_KEY,
+    RUN_KEY,
+    SOURCE_COLUMN,
+    CommitConflict,
+    DataFile,
+    Recorded,
+    RunCommit,
+    UpkeepStep,
+    app_id,
+    candidate_ids,
+    lacks_only,
+    owns_unsourced,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -39,6 +53,7 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "tank_log"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
+RECORDED_AT = "#sequence-number"  # `<app id>` + this: the sequence number of the snapshot that recorded the version
 MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"  # Iceberg's table property: the vacuum's least retention
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000  # Iceberg's default for it
 CATALOG_SUFFIX = ".iceberg-catalog.db"  # the default SQLite catalog of a local table: beside its directory
@@ -112,23 +127,73 @@ class IcebergTable:
         self.table.refresh()
 
     def app_id(self, topic: str, partition: int) -> str:
-        return app_id(self.table_id, topic, partition)
+        return app_id(self.table_id, topic, partition, self.location.source)
+
+    def recorded(self, topic: str, partition: int) -> Recorded:
+        """The first of `candidate_ids` recorded (a table property), checked against the current snapshot's
+        ancestors. A rollback (`rollback_to_snapshot`, `set_current_snapshot`) keeps the table's properties but not
+        the rows of the snapshots it leaves: so the version is trusted only if the nearest ancestor whose summary
+        records it (every commit of ours records its versions in its snapshots' summaries too) gives the same;
+        otherwise that ancestor's is what the table holds (None: no ancestor recorded one). A version recorded
+        before summaries held them, or whose recording snapshot expired, cannot be checked and is trusted."""
+        props = self.table.metadata.properties
+        ids = candidate_ids(self.table_id, None, topic, partition, self.location.source, props.get(LEGACY_SOURCE_KEY))
+        aid = next((i for i in ids if i in props), None)
+        if aid is None:
+            return Recorded(None, None)
+        recorded = int(props[aid])
+        at = props.get(aid + RECORDED_AT)
+        snapshots = {s.snapshot_id: s for s in self.table.snapshots()}
+        snapshot, complete = self.table.current_snapshot(), True
+        while snapshot is not None:
+            extra = snapshot.summary.additional_properties if snapshot.summary else {}
+            if aid in extra:
+                found = int(extra[aid])
+                if found == recorded:
+                    return Recorded(recorded, recorded, unsourced=aid != ids[0])
+                return Recorded(found, recorded, self._undone(at, snapshot.snapshot_id), unsourced=aid != ids[0])
+            parent = snapshot.parent_snapshot_id
+            complete = parent is None or parent in snapshots
+            snapshot = snapshots.get(parent) if parent is not None else None
+        if at is None or not complete:
+            return Recorded(recorded, recorded, unsourced=aid != ids[0])
+        return Recorded(None, recorded, self._undone(at, None))
+
+    def _undone(self, at: str | None, restored: int | None) -> str:
+        current = self.table.current_snapshot()
+        now = "no snapshot" if current is None else f"snapshot {current.snapshot_id}"
+        by = "" if at is None else f" (sequence number {at})"
+        back = "" if restored is None else f"; the nearest that did is snapshot {restored}"
+        return f"the snapshot that recorded it{by} is not an ancestor of the current one ({now}: a rollback){back}"
 
     def recorded_version(self, topic: str, partition: int) -> int | None:
-        value = self.table.metadata.properties.get(self.app_id(topic, partition))
-        return None if value is None else int(value)
+        return self.recorded(topic, partition).version
+
+    def claim_legacy_versions(self, source: str) -> None:
+        with self.table.transaction() as tx:
+            tx.set_properties({LEGACY_SOURCE_KEY: source})
+        self.table.refresh()
+
+    def _recording(self, tx: Any, versions: dict[str, int]) -> dict[str, str]:
+        """Set the new versions in `tx` (table properties, with the sequence number of the snapshot it commits) and
+        return them as that snapshot's summary records them (`recorded`)."""
+        if not versions:
+            return {}
+        at = str((getattr(self.table.metadata, "last_sequence_number", 0) or 0) + 1)  # v1 tables: none
+        tx.set_properties({**{k: str(v) for k, v in versions.items()}, **{k + RECORDED_AT: at for k in versions}})
+        return {k: str(v) for k, v in versions.items()}
 
     def arrow_schema(self) -> pa.Schema:
         return self.table.schema().as_arrow()
 
     def check_compatible(
-        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: tuple[str, ...], spark: bool
     ) -> bool:
         if spark:
             raise JobConfigError(f"table {name}: the delta-spark engine writes Delta tables, not Iceberg ones")
         have = [(f.name, str(f.field_type), f.required) for f in self.table.schema().fields]
         want = [(f.name, str(f.field_type), f.required) for f in _iceberg_schema(schema).fields]
-        lacks_last = have == want[:-1] and want[-1][0] == evolvable
+        lacks_last = lacks_only(have, want, evolvable)
         if have != want and not lacks_last:
             diff = [
                 f"{w[0]}: table has {h}, this export writes {w}" for h, w in zip(have, want, strict=False) if h != w
@@ -160,11 +225,10 @@ class IcebergTable:
 
         root = _uri(self.location).rstrip("/")
         tx = self.table.transaction()
-        if versions:
-            tx.set_properties({k: str(v) for k, v in versions.items()})
+        recording = self._recording(tx, versions)
         tx.add_files(
             [f"{root}/{f.path}" for f in files],
-            snapshot_properties={RUN_KEY: run_id, **metadata},
+            snapshot_properties={RUN_KEY: run_id, **metadata, **recording},
             check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
         )
         try:
@@ -206,12 +270,21 @@ class IcebergTable:
             scope = Or(scope, And(equal("topic", t), equal("partition", p)))
         schema = self.arrow_schema()
         target = self.table.scan(row_filter=scope).to_arrow() if scopes else schema.empty_table()
+        mine = self.location.source
+        if (
+            SOURCE_COLUMN in keys
+            and mine is not None
+            and owns_unsourced(mine, self.properties().get(LEGACY_SOURCE_KEY))
+        ):
+            import pyarrow.compute as pc
+
+            at = target.schema.get_field_index(SOURCE_COLUMN)  # rows written before sources are the owner's
+            target = target.set_column(at, target.field(at), pc.fill_null(target[SOURCE_COLUMN], mine))
         merged, counts = _merged(target, source, schema, keys, order, tombstone)
         tx = self.table.transaction()
-        if versions:
-            tx.set_properties({k: str(v) for k, v in versions.items()})
+        recording = self._recording(tx, versions)
         rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
-        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata})
+        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata, **recording})
         try:
             tx.commit_transaction()
         except CommitFailedException as err:
@@ -222,12 +295,19 @@ class IcebergTable:
     def properties(self) -> dict[str, str]:
         return dict(self.table.metadata.properties)
 
+    def _has_files(self) -> bool:
+        """Whether the current snapshot lists any manifest: pyiceberg's `inspect` tables fail on a snapshot with none
+        (a latest-mode commit that only advanced versions, or a merge that deleted every row) rather than give no
+        rows; such a snapshot is a table with no files."""
+        snapshot = self.table.current_snapshot()
+        return snapshot is not None and bool(snapshot.manifests(self.table.io))
+
     def file_stats(self) -> pa.Table:
         """From the current snapshot's manifests: each data file's path, size, partition values and its columns'
         lower and upper bounds."""
         import pyarrow as pa
 
-        files = self.table.inspect.data_files().to_pylist() if self.table.current_snapshot() else []
+        files = self.table.inspect.data_files().to_pylist() if self._has_files() else []
         root = _uri(self.location).rstrip("/") + "/"
         rows = []
         for f in files:
@@ -244,7 +324,7 @@ class IcebergTable:
     def file_writers(self, paths: set[str], lookback: int) -> dict[str, str]:
         """The snapshot that added each file (its manifest entry's snapshot id), as `snapshot N (sequence number
         S), operation …, app id …` (properties other than this library's that the snapshot's summary names)."""
-        if self.table.current_snapshot() is None:
+        if not self._has_files():
             return {}
         root = _uri(self.location).rstrip("/") + "/"
         snapshots = {s.snapshot_id: s for s in self.table.snapshots()}
@@ -319,7 +399,7 @@ class IcebergTable:
         Raises:
             JobConfigError: one line naming the table and what it has.
         """
-        if self.table.current_snapshot() is None:
+        if not self._has_files():
             return
         root = _uri(self.location).rstrip("/") + "/"
         files = self.table.inspect.files().select(["content", "file_path"]).to_pylist()
@@ -380,7 +460,7 @@ class IcebergTable:
 
     def _data_files(self) -> list[tuple[tuple[tuple[str, Any], ...], int]]:
         """The current snapshot's data files: (their partition values as (column, value) pairs, their size)."""
-        if self.table.current_snapshot() is None:
+        if not self._has_files():
             return []
         out = []
         for f in self.table.inspect.data_files().select(["partition", "file_size_in_bytes"]).to_pylist():

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from tank_log.lakehouse.table import DataFile, RunCommit, UpkeepStep
+    from tank_log.lakehouse.table import DataFile, Recorded, RunCommit, UpkeepStep
 
 METADATA_DIRS = ("_delta_log/", "metadata/")  # the formats' own files under a table: never data files
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
@@ -45,10 +45,16 @@ class TableLocation:
     options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
     format: str = "delta"
     catalog: str | None = field(default=None, repr=False)  # Iceberg's SQL catalog (a URI that may hold a password)
+    source: str | None = None  # the broker whose partitions this run reads or writes (`table.app_id`)
 
     @classmethod
     def of(
-        cls, table: str, options: dict[str, str] | None = None, fmt: str = "delta", catalog: str | None = None
+        cls,
+        table: str,
+        options: dict[str, str] | None = None,
+        fmt: str = "delta",
+        catalog: str | None = None,
+        source: str | None = None,
     ) -> TableLocation:
         """Raises:
         ValueError: an unsupported URI scheme, or a local path under a file.
@@ -67,7 +73,7 @@ class TableLocation:
                 at = os.path.dirname(at)
             if os.path.lexists(at) and not os.path.isdir(at):
                 raise ValueError(f"table {uri}: {at} is not a directory")
-        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt, catalog)
+        return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt, catalog, source)
 
     @property
     def partition_columns_in_files(self) -> bool:
@@ -244,11 +250,26 @@ class LakeTable(Protocol):
         ...
 
     def app_id(self, topic: str, partition: int) -> str:
-        """The id of the partition's recorded version in this table (`app_id`)."""
+        """The id the partition's recorded version is written under in this table: its source's (`location.source`;
+        `app_id`)."""
+        ...
+
+    def recorded(self, topic: str, partition: int) -> Recorded:
+        """The partition's recorded version (of `location.source`; `candidate_ids`), checked against the table's
+        history: the commit that recorded it must still be in the table's lineage (not undone by a Delta RESTORE
+        or an Iceberg rollback); otherwise the version of the last commit that is.
+
+        Raises:
+            TableUnreadable: the history needed to check it cannot be read.
+        """
         ...
 
     def recorded_version(self, topic: str, partition: int) -> int | None:
-        """The last seq of `topic`/`partition` the table holds (None: never exported)."""
+        """The last seq of `topic`/`partition` the table holds (None: never exported): `recorded(...).version`."""
+        ...
+
+    def claim_legacy_versions(self, source: str) -> None:
+        """Record that the versions written before sources existed are `source`'s (`LEGACY_SOURCE_KEY`)."""
         ...
 
     def arrow_schema(self) -> pa.Schema:
@@ -256,11 +277,11 @@ class LakeTable(Protocol):
         ...
 
     def check_compatible(
-        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: str, spark: bool
+        self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: tuple[str, ...], spark: bool
     ) -> bool:
         """Refuse (`JobConfigError`, one line naming `name`) a table this export cannot append `schema` to, before
-        anything is written; `spark`: the delta-spark engine writes. Return whether it only lacks the trailing
-        column `evolvable` of `schema` (a table made before it: `add_column` evolves it)."""
+        anything is written; `spark`: the delta-spark engine writes. Return whether it only lacks trailing columns
+        of `schema` among `evolvable` (a table made before them: `add_column` evolves it)."""
         ...
 
     def add_column(self, field: pa.Field) -> None:

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import socket
 from dataclasses import dataclass
+from typing import Any
 
 from tank_log.errors import JobConfigError, RunFailed, TankLogError
 
 REQUIRED_COLUMNS = ("topic", "partition", "seq")  # what makes a table a tank-log export
 APP_ID_PREFIX = "tank-log:"  # every recorded version's id starts so (`app_id`, `legacy_app_id`)
 RUN_KEY = "tank-log.run"  # the commit metadata field holding the id of the export run that made the commit
+SOURCE_COLUMN = "source"  # the column naming the broker (`source`) a row came from (null: written before sources)
+# The table property naming the source that owns the versions recorded before sources existed (absent: a table
+# written before sources whose first sourced export has not run yet; `candidate_ids`).
+LEGACY_SOURCE_KEY = "tank_log.export.legacy_source"
+SOURCE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class TableUnreadable(TankLogError):
@@ -27,11 +35,64 @@ class CommitConflict(RunFailed):
     """Another writer committed first and the format refused this commit: nothing of it is in the table."""
 
 
-def app_id(table_uuid: str, topic: str, partition: int) -> str:
+def app_id(table_uuid: str, topic: str, partition: int, source: str | None = None) -> str:
     """The id one partition's recorded version is kept under in one table. `table_uuid` is the table's own id
     (`LakeTable.table_id`, kept when the table is moved, copied or reached through another path or a symlink),
-    so exactly-once belongs to the table, not to the path used to reach it."""
-    return f"{APP_ID_PREFIX}{table_uuid}:{topic}:{partition}"
+    so exactly-once belongs to the table, not to the path used to reach it. `source` names the broker the
+    partition is on (two brokers' same-named partitions are two partitions of the table); None: the id of the
+    versions recorded before sources existed (read, never written by a sourced export)."""
+    if source is None:
+        return f"{APP_ID_PREFIX}{table_uuid}:{topic}:{partition}"
+    return f"{APP_ID_PREFIX}{table_uuid}@{source}:{topic}:{partition}"
+
+
+def candidate_ids(
+    table_uuid: str, table_path: str | None, topic: str, partition: int, source: str | None, owner: str | None
+) -> list[str]:
+    """The ids a partition's recorded version may be kept under, the first found wins: its source's, then (for the
+    source that owns the table's versions from before sources, `owner`, or any source while none claimed them yet)
+    the unsourced one and the path-hashed one of older tables (`table_path`: None for formats that never wrote it)."""
+    ids = [] if source is None else [app_id(table_uuid, topic, partition, source)]
+    if source is None or owner is None or owner == source:
+        ids.append(app_id(table_uuid, topic, partition))
+        if table_path is not None:
+            ids.append(legacy_app_id(table_path, topic, partition))
+    return ids
+
+
+def owns_unsourced(source: str | None, owner: str | None) -> bool:
+    """Whether `source` owns what was written before sources: the versions recorded without one and the rows whose
+    `source` is null (`owner`: `LEGACY_SOURCE_KEY`; None: unclaimed, taken by the first sourced export)."""
+    return source is not None and owner in (None, source)
+
+
+def default_source() -> str:
+    """The source of a run that declares none: this host's name."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def check_source(source: str, where: str) -> str:
+    """Raises:
+    JobConfigError: a source that is not 1-128 letters, digits, `.`, `_` or `-` (it is part of every recorded
+        version's id, which `:` and `@` delimit).
+    """
+    if not SOURCE_PATTERN.fullmatch(source):
+        raise JobConfigError(
+            f"{where} {source!r}: a source is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return source
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A partition's recorded version, checked against the table's history: `version` is the last seq the table
+    holds (None: none), `recorded` the one its recorded version says; they differ when the commit that recorded it
+    was undone (a Delta RESTORE, an Iceberg rollback), which `undone` then names."""
+
+    version: int | None
+    recorded: int | None = None
+    undone: str | None = None
+    unsourced: bool = False  # recorded under the id of before sources (`candidate_ids`), not the source's own
 
 
 def table_key(table: str) -> str:
@@ -96,3 +157,9 @@ class UpkeepStep:
     dry_run: bool = False
     files_removed: int | None = None
     files_written: int | None = None
+
+
+def lacks_only(have: list[tuple[Any, ...]], want: list[tuple[Any, ...]], evolvable: tuple[str, ...]) -> bool:
+    """Whether columns `have` (name first) are `want` but for trailing columns named in `evolvable`."""
+    n = len(have)
+    return n < len(want) and have == want[:n] and all(w[0] in evolvable for w in want[n:])

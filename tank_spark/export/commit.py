@@ -17,8 +17,8 @@ from tank_spark import jars
 from tank_spark.export.hooks import crash_after_first_partition
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 from tank_spark.export.run_id import COMMIT_KEY
+from tank_spark.export.schema import EVOLVABLE
 from tank_spark.export.topic_config import topic_config_metadata
-from tank_spark.schema import TS_RAW
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -37,12 +37,16 @@ def check_compatible(settings: ExportSettings, schema: pa.Schema, table: LakeTab
     that its engine cannot append to; return whether it only lacks `ts_raw` (a table made before that column:
     `add_ts_raw` evolves it). The delta-rs commits of the continuous export are checked as the deltalake engine's."""
     spark = settings.engine == "spark" and not settings.continuous
-    return table.check_compatible(settings.table, schema, settings.partition_by, evolvable=TS_RAW.name, spark=spark)
+    names = tuple(f.name for f in EVOLVABLE)
+    return table.check_compatible(settings.table, schema, settings.partition_by, evolvable=names, spark=spark)
 
 
 def add_ts_raw(table: LakeTable) -> None:
-    """Schema evolution of a table made before `ts_raw`: add the nullable column (old rows read it as null)."""
-    table.add_column(TS_RAW)
+    """Schema evolution of a table made before `ts_raw` or `source`: add the nullable columns it lacks, in order
+    (old rows read them as null)."""
+    for f in EVOLVABLE:
+        if f.name not in table.arrow_schema().names:
+            table.add_column(f)
 
 
 class ConcurrentExport(RunFailed):

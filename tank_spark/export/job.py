@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.jobs.progress import describe
-from tank_log.lakehouse import LakeTable, UpkeepStep
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, LakeTable, UpkeepStep
 from tank_spark.context import JobContext, driver_cores
 from tank_spark.export.commit import (
     ConcurrentExport,
@@ -66,10 +66,9 @@ from tank_spark.export.plan import (
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
-from tank_spark.export.schema import table_schema
+from tank_spark.export.schema import EVOLVABLE, table_schema
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
-from tank_spark.schema import TS_RAW
 from tank_spark.tasks import Workers
 
 if TYPE_CHECKING:
@@ -165,28 +164,30 @@ def _export(
 ) -> JobResult:
     t0 = time.monotonic()
     results = _results(plans)
-    summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine}
+    summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine, "source": settings.source}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
         schema = table_schema(settings)
         evolve = table is not None and check_compatible(settings, schema, table)
     if not any(p.has_work for p in plans):
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))
-        return list(results.values()), summary
+        return _named_losses(list(results.values()), summary)
     summary["executed_on"] = "executors" if spark is not None else "driver"  # the driver: `in_driver`
     workers = _workers(ctx, spark)
     if settings.engine == "spark":
         assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
         check_delta_spark(spark)
     if ctx.dry_run:
-        return _dry_run(ctx, workers, settings, plans, results, summary, table)
+        return _named_losses(*_dry_run(ctx, workers, settings, plans, results, summary, table))
     if table is None:  # the table's id names the partitions' recorded versions (`lakehouse.app_id`)
         table = create_table(settings, schema, table_configuration(settings))
         plans = [replace(p, app_id=table.app_id(p.topic, p.partition)) for p in plans]
-    if settings.mode == "latest":
-        return _latest(ctx, workers, settings, schema, plans, summary, t0)
     if evolve:
-        log.info("export: adding column %s to %s (schema evolution)", TS_RAW.name, settings.table)
+        missing = [f.name for f in EVOLVABLE if f.name not in table.arrow_schema().names]
+        log.info("export: adding column(s) %s to %s (schema evolution)", ", ".join(missing), settings.table)
         add_ts_raw(table)
+    _claim_legacy_versions(settings, table, plans)
+    if settings.mode == "latest":
+        return _named_losses(*_latest(ctx, workers, settings, schema, plans, summary, t0))
     if settings.engine == "spark":
         assert spark is not None
         run = _append_with_delta_spark(ctx, spark, workers, settings, plans)
@@ -194,8 +195,45 @@ def _export(
         run = _append_with_delta_rs(ctx, spark, workers, settings, schema, plans, t0)
     if run.cut is None:  # a re-plan after a concurrent commit found nothing left to export
         summary.update(by_status=count_by(list(run.results.values())), rows=0, table_version=run.version)
-        return list(run.results.values()), summary
-    return _appended_report(run, run.cut, summary, t0)
+        return _named_losses(list(run.results.values()), summary)
+    return _named_losses(*_appended_report(run, run.cut, summary, t0))
+
+
+def _claim_legacy_versions(settings: ExportSettings, table: LakeTable, plans: list[PartitionPlan]) -> None:
+    """A table written before sources: its recorded versions (and rows with a null `source`) become this run's
+    source's, the first sourced export that finds one of them (`LEGACY_SOURCE_KEY`; docs/guides/export.md,
+    "Sources")."""
+    found = any(p.recorded is not None and p.recorded.unsourced for p in plans)
+    if settings.source and found and LEGACY_SOURCE_KEY not in table.properties():
+        log.warning(
+            "export: table %s was written before sources: its recorded versions and rows become source %s's",
+            settings.table,
+            settings.source,
+        )
+        table.claim_legacy_versions(settings.source)
+
+
+def _named_losses(results: list[dict[str, Any]], summary: dict[str, Any]) -> JobResult:
+    """Name the seqs that are in neither place: after what the table holds, before what the log still has (deleted
+    before they were exported). Each such partition's rows are committed and its version moves past the gap, so the
+    run that crosses it says so: status data-loss (exit 1), an ERROR line, and `lost_*` in its report entry and the
+    summary (`lost_before_export`); the next run finds nothing missing."""
+    lost = 0
+    for r in results:
+        if r.get("lost_messages") and r["status"] in ("exported", "dry-run", "pending", "up-to-date"):
+            if r["status"] != "dry-run":
+                r["status"] = "data-loss"
+            r["reason"] = (
+                f"seqs {r['lost_first_seq']}..{r['lost_last_seq']} ({r['lost_messages']} seqs) are in neither the "
+                f"table nor the log: deleted before they were exported (the log now starts at "
+                f"{r['lost_last_seq'] + 1})"
+            )
+            log.error("export: %s/%s: %s", r["topic"], r["partition"], r["reason"])
+        lost += r.get("lost_messages") or 0
+    if lost:
+        summary["lost_before_export"] = lost
+        summary["by_status"] = count_by(results)
+    return results, summary
 
 
 @dataclass
@@ -405,23 +443,29 @@ def _record_failures(results: dict[tuple[str, int], dict[str, Any]], cut: Cut) -
 
 def _results(plans: list[PartitionPlan]) -> dict[tuple[str, int], dict[str, Any]]:
     """The report row of each partition, before anything is written."""
-    return {
-        (p.topic, p.partition): {
-            "topic": p.topic,
-            "partition": p.partition,
-            "path": p.base_path,
-            "app_id": p.app_id,
-            "previous_version": p.previous,
-            "from_seq": p.first if p.has_work else None,
-            "to_seq": p.end if p.has_work else None,
-            "status": "pending" if p.has_work else "up-to-date",
-            "rows": 0,
-            "quarantined": 0,
-            "files": 0,
-            "bytes": 0,
-        }
-        for p in plans
+    return {(p.topic, p.partition): _result(p) for p in plans}
+
+
+def _result(p: PartitionPlan) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "topic": p.topic,
+        "partition": p.partition,
+        "path": p.base_path,
+        "app_id": p.app_id,
+        "previous_version": p.previous,
+        "from_seq": p.first if p.has_work else None,
+        "to_seq": p.end if p.has_work else None,
+        "status": "pending" if p.has_work else "up-to-date",
+        "rows": 0,
+        "quarantined": 0,
+        "files": 0,
+        "bytes": 0,
     }
+    if p.recorded is not None and p.recorded.undone:  # the table's history undid its recorded version
+        out.update(recorded_version=p.recorded.recorded, undone=p.recorded.undone)
+    if p.lost is not None:
+        out.update(lost_first_seq=p.lost[0], lost_last_seq=p.lost[1], lost_messages=p.lost[1] - p.lost[0] + 1)
+    return out
 
 
 def _workers(ctx: JobContext, spark: SparkSession | None) -> Workers:

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
-from tank_log.lakehouse import CommitConflict
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, SOURCE_COLUMN, CommitConflict
 from tank_spark.export.commit import ConcurrentExport, commit
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
@@ -40,8 +40,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODE_KEY = "tank_log.export.mode"  # the table configuration key recording its mode (absent: append)
-SCOPE = ("topic", "partition")  # a key is a key within its (topic, partition)
-KEY = (*SCOPE, "key")  # the MERGE matches a row by these columns
+SCOPE = ("topic", "partition")  # a key is a key within its (topic, partition) (of one source: one per run)
+KEY = (SOURCE_COLUMN, *SCOPE, "key")  # the MERGE matches a row by these columns
 
 
 def table_mode(table: LakeTable) -> str:
@@ -49,9 +49,11 @@ def table_mode(table: LakeTable) -> str:
     return table.properties().get(MODE_KEY) or "append"
 
 
-def table_configuration(settings: ExportSettings) -> dict[str, str] | None:
-    """What a new table records of its mode (nothing for append: tables made before modes existed read the same)."""
-    return {MODE_KEY: settings.mode} if settings.mode != "append" else None
+def table_configuration(settings: ExportSettings) -> dict[str, str]:
+    """What a new table records of itself: its mode (nothing for append: tables made before modes existed read the
+    same), and that its creator's source owns the versions recorded without one (there are none)."""
+    mode = {MODE_KEY: settings.mode} if settings.mode != "append" else {}
+    return {**mode, **({LEGACY_SOURCE_KEY: settings.source} if settings.source else {})}
 
 
 def check_mode(prepared: Prepared) -> None:

@@ -74,7 +74,8 @@ def other_rows(table: LakeTable, recorded: Mapping[tuple[str, int], int | None])
         wanted = {k: v for k, v in of_topic.items() if _may_hold(add, k[0], k[1], v)}
         if wanted:  # one read of the file for every partition it may hold
             fixed = {c: add[f"partition.{c}"] for c in ("topic", "partition") if f"partition.{c}" in add}
-            for key, got in _rows_above(filesystem, f"{root}/{unquote(add['path'])}", wanted, fixed).items():
+            path = f"{root}/{unquote(add['path'])}"
+            for key, got in _rows_above(filesystem, path, wanted, fixed, _source_of(table)).items():
                 found.setdefault(key, []).append((*got, add["path"]))
     if not found:
         return []
@@ -125,11 +126,23 @@ def _may_hold(add: dict[str, Any], topic: str, partition: int, version: int | No
     return top is None or version is None or top > version
 
 
+def _source_of(table: LakeTable) -> tuple[str, bool] | None:
+    """(the source this export writes, whether rows without one are its own too); None: rows of any source count."""
+    from tank_log.lakehouse import LEGACY_SOURCE_KEY
+    from tank_log.lakehouse.table import owns_unsourced
+
+    source = table.location.source
+    if source is None:
+        return None
+    return source, owns_unsourced(source, table.properties().get(LEGACY_SOURCE_KEY))
+
+
 def _rows_above(
     filesystem: Any,
     path: str,
     wanted: Mapping[tuple[str, int], int | None],
     fixed: Mapping[str, Any] | None = None,
+    source: tuple[str, bool] | None = None,
 ) -> dict[tuple[str, int], tuple[int, int, int]]:
     """(first seq, last seq, rows) of each wanted partition above its version in one Parquet file. A column the
     file does not hold (a partition column of the table) has the file's partition value in `fixed`: a file that
@@ -137,7 +150,10 @@ def _rows_above(
     fixed = fixed or {}
     names = pq.read_schema(path, filesystem=filesystem).names
     in_file = [c for c in ("topic", "partition") if c in names]
-    data = pq.read_table(path, filesystem=filesystem, columns=["seq", *in_file])
+    sourced = source is not None and "source" in names  # another broker's rows are not this export's partition's
+    data = pq.read_table(path, filesystem=filesystem, columns=["seq", *in_file, *(["source"] if sourced else [])])
+    if source is not None and not sourced and not source[1]:
+        return {}  # a file of before sources: its rows are another source's
     out = {}
     for (topic, partition), version in wanted.items():
         if "topic" not in in_file and fixed.get("topic", topic) != topic:
@@ -149,6 +165,9 @@ def _rows_above(
             keep = pc.and_(keep, pc.equal(data["partition"], partition))
         if "topic" in in_file:
             keep = pc.and_(keep, pc.equal(data["topic"], topic))
+        if sourced and source is not None:
+            ours = pc.fill_null(pc.equal(data["source"], source[0]), source[1])  # null: the owner's of old rows
+            keep = pc.and_(keep, ours)
         seqs = data["seq"].filter(keep)
         if len(seqs):
             bounds = pc.min_max(seqs)

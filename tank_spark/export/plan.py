@@ -11,8 +11,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.flags import add_storage_option, add_table_format
-from tank_log.lakehouse import LakeTable, TableLocation, implementation, storage_options
+from tank_log.jobs.flags import add_source, add_storage_option, add_table_format
+from tank_log.lakehouse import (
+    LakeTable,
+    Recorded,
+    TableLocation,
+    check_source,
+    default_source,
+    implementation,
+    storage_options,
+)
 from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
@@ -40,12 +48,22 @@ class PartitionPlan:
     topic: str
     partition: int
     app_id: str | None  # None until the table exists
-    previous: int | None  # last exported seq recorded in the table (None: never exported)
+    previous: int | None  # last exported seq the table holds, its history checked (None: never exported)
     end: int | None  # last complete seq now (None: empty partition)
+    log_start: int | None = None  # the first seq the log holds now (its first segment's base; None: empty)
+    recorded: Recorded | None = None  # the recorded version as the table gives it (its `undone` says why not trusted)
 
     @property
     def first(self) -> int:
         return (self.previous or 0) + 1
+
+    @property
+    def lost(self) -> tuple[int, int] | None:
+        """The seqs after what the table holds that the log no longer has (deleted before they were exported, by
+        the broker's retention or ours): (first, last), or None."""
+        if self.previous is None or self.log_start is None or self.log_start <= self.previous + 1:
+            return None
+        return self.previous + 1, self.log_start - 1
 
     @property
     def has_work(self) -> bool:
@@ -75,10 +93,11 @@ class ExportSettings:
     mode: str = "append"  # latest.py: one row per live key (fixed per table)
     table_format: str = "delta"  # tank_log.lakehouse.FORMATS
     catalog: str | None = field(default=None, repr=False)  # iceberg's SQL catalog (may hold a password)
+    source: str | None = None  # the broker these partitions are on (`--source`, export.source; None: unsourced)
 
     @property
     def location(self) -> TableLocation:
-        return TableLocation.of(self.table, self.storage_options, self.table_format, self.catalog)
+        return TableLocation.of(self.table, self.storage_options, self.table_format, self.catalog, self.source)
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -103,6 +122,7 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
     """Which table, in which format and mode, and how its rows and files are laid out."""
     p.add_argument("--table", help="the table: a path or a URI (s3://, gs://, az://, abfss://, file://)")
     add_storage_option(p, "--table")
+    add_source(p)
     p.add_argument("--engine", choices=("deltalake", "spark"), help="deltalake (delta-rs, default) or spark")
     add_table_format(p)
     p.add_argument(
@@ -205,6 +225,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             else cfg.in_driver_max_bytes
         ),
         mode=args.mode or cfg.mode,
+        source=check_source(args.source, "--source") if args.source else cfg.source or default_source(),
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     _check_format(settings)
@@ -350,12 +371,51 @@ def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[Partiti
                 f"{part.topic}/{part.id} exists in {seen[part.key]} and {base}: export one broker per table"
             )
         seen[part.key] = base
-        aid, previous = (
-            (None, None)
+        aid, recorded = (
+            (None, Recorded(None, None))
             if table is None
-            else (table.app_id(part.topic, part.id), table.recorded_version(part.topic, part.id))
+            else (table.app_id(part.topic, part.id), table.recorded(part.topic, part.id))
         )
-        plans.append(PartitionPlan(base, part.topic, part.id, aid, previous, last_complete_seq(part)))
+        if recorded.undone:
+            log.warning(
+                "export: %s/%s: the table records seq %s, but %s: it holds seqs up to %s; what the log still has "
+                "after that is exported again",
+                part.topic,
+                part.id,
+                recorded.recorded,
+                recorded.undone,
+                "none" if recorded.version is None else recorded.version,
+            )
+        end = last_complete_seq(part)
+        start = part.readable[0].base if part.readable and end is not None else None
+        plans.append(PartitionPlan(base, part.topic, part.id, aid, recorded.version, end, start, recorded))
+    if settings.engine == "spark" and not settings.upkeep_only:
+        _check_spark_can_rewrite(plans)
     if table is not None and not settings.upkeep_only:
         check_other_writers(settings.table, table, {(p.topic, p.partition): p.previous for p in plans})
     return plans, table
+
+
+def _check_spark_can_rewrite(plans: list[PartitionPlan]) -> None:
+    """delta-spark skips a write whose app-transaction version is not above the one the table records, even when a
+    RESTORE undid the rows of that version: refuse what it would skip.
+
+    Raises:
+        JobConfigError: one line naming the partitions and what to run instead.
+    """
+    stuck = [
+        p
+        for p in plans
+        if p.recorded is not None
+        and p.recorded.undone
+        and p.has_work
+        and p.end is not None
+        and p.recorded.recorded is not None
+        and p.end <= p.recorded.recorded
+    ]
+    if stuck:
+        named = ", ".join(f"{p.topic}/{p.partition} (seqs {p.first}..{p.end})" for p in stuck[:5])
+        raise JobConfigError(
+            f"the table's history undid rows of {named}: delta-spark skips a write whose version is not above the "
+            "recorded one; export them again once with --engine deltalake"
+        )

@@ -12,7 +12,7 @@ from tank_spark.export.plan import (
     ExportSettings,
     PartitionPlan,
 )
-from tank_spark.export.schema import BASE_COLUMNS, json_fields
+from tank_spark.export.schema import BASE_COLUMNS, SOURCE, json_fields
 from tank_spark.schema import TS_RAW
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def table_frame(settings: ExportSettings, df: DataFrame) -> DataFrame:
         cols += [error.alias("decode_error"), F.when(error.isNotNull(), F.col("value")).alias("raw_value")]
     cols.append(F.to_date(F.col("ts")).alias("date"))
     cols.append(F.col(TS_RAW.name))
+    cols.append(F.lit(settings.source).cast("string").alias(SOURCE.name))
     return df.select(*cols)
 
 
@@ -96,6 +97,7 @@ def table_batches(
             cols += [text, error, pc.if_else(pc.is_null(error), pa.nulls(len(value), pa.binary()), value)]
         cols.append(pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32()))  # the UTC date
         cols.append(b.column(TS_RAW.name))
+        cols.append(pa.array([settings.source] * len(b), pa.string()))
         yield pa.RecordBatch.from_arrays(cols, schema=schema)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from tank_log.errors import JobConfigError
+from tank_log.lakehouse.table import SOURCE_COLUMN
 from tank_spark.export.plan import (
     ExportSettings,
 )
@@ -14,6 +15,8 @@ BASE_COLUMNS = KEY_COLUMNS  # topic, partition, seq, ts, key: as the data source
 VALUE_FIELDS = {"binary": pa.field("value", pa.binary()), "utf8": pa.field("value", pa.string())}
 QUARANTINE_FIELDS = [pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary())]  # non-binary values
 DERIVED_FIELDS = [pa.field("date", pa.date32())]  # the UTC date of ts (a partition column by default)
+SOURCE = pa.field(SOURCE_COLUMN, pa.string())  # the broker the row came from (`--source`; null: written before it)
+EVOLVABLE = (TS_RAW, SOURCE)  # trailing columns a table made before them gains (`commit.add_missing_columns`)
 
 
 def table_schema(settings: ExportSettings) -> pa.Schema:
@@ -28,7 +31,7 @@ def table_schema(settings: ExportSettings) -> pa.Schema:
         fields += json_fields(settings.value_schema)
     if settings.value_format != "binary":
         fields += QUARANTINE_FIELDS
-    return pa.schema(fields + DERIVED_FIELDS + [TS_RAW])  # ts_raw last: tables made before it gain it by evolution
+    return pa.schema(fields + DERIVED_FIELDS + list(EVOLVABLE))  # last: tables made before them gain them
 
 
 def json_fields(ddl: str | None) -> list[pa.Field]:
@@ -45,7 +48,7 @@ def json_fields(ddl: str | None) -> list[pa.Field]:
         raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
     if not isinstance(struct, StructType):
         raise JobConfigError(f"--value-schema {ddl!r}: expected fields such as 'id long, name string'")
-    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS} | {"value", TS_RAW.name}
+    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)} | {"value"}
     clash = [f.name for f in struct.fields if f.name in reserved]
     if clash:
         raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")

@@ -96,6 +96,14 @@ def test_the_in_driver_export_limit_is_a_size():
         parse_job_config({"export": {"in_driver_max_bytes": "lots"}})
 
 
+def test_the_export_source_is_a_name():
+    assert parse_job_config({}).export.source is None  # the host's name, at run time
+    assert parse_job_config({"export": {"source": "broker-7.eu"}}).export.source == "broker-7.eu"
+    for bad in ("", "a:b", "two words", "x@y", 7):
+        with pytest.raises(JobConfigError, match="source"):
+            parse_job_config({"export": {"source": bad}})
+
+
 def test_the_partition_jobs_in_driver_limit_is_a_size():
     assert parse_job_config({}).in_driver_max_bytes == 1 << 30  # default: runs up to 1gb in the driver's processes
     assert parse_job_config({"in_driver_max_bytes": 0}).in_driver_max_bytes == 0  # always Spark's executors

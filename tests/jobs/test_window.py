@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import events, standin_broker, start_standin, tree_digest
 
-from tank_log.errors import WindowStepFailed
+from tank_log.errors import JobConfigError, WindowStepFailed
 from tank_log.jobs import window
 from tank_log.jobs.config import parse_job_config
 from tank_log.tools.demo import write_demo
@@ -160,3 +160,22 @@ def test_start_fails_naming_the_partition_repair_could_not_make_active_again(tmp
     assert f"not started: repair left {d}: RO segments without a non-empty active segment" in line
     assert f"{last_ro.file_name} not made active" in line and "[torn-tail]" in line
     assert not marker.exists()
+
+
+def test_the_window_runs_guard_by_the_brokers_name_or_its_declared_source(tmp_path):
+    """The source of a broker's window runs (`--source` of its maintain job): its job config's export.source, else its
+    name; a name that cannot be a source is refused in one line."""
+    entry = {
+        "name": "broker-a",
+        "data_dirs": [str(tmp_path)],
+        "stop_command": "true",
+        "start_command": "true",
+        "ready_check": "tcp://127.0.0.1:1",
+    }
+    assert window.window_source(_broker(entry)) == "broker-a"
+    own = tmp_path / "replica.yaml"
+    own.write_text("export: {source: cluster-1}\n")
+    assert window.window_source(_broker({**entry, "job_config": str(own)})) == "cluster-1"
+    assert window.window_source(_broker(entry), parse_job_config({"export": {"source": "c2"}})) == "c2"
+    with pytest.raises(JobConfigError, match="brokers\\[\\].name"):
+        window.window_source(_broker({**entry, "name": "broker a"}))

@@ -18,13 +18,14 @@ from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump, run_job_scr
 from test_job_export import Lake, roll_and_append
 
 from tank_log.errors import JobConfigError
-from tank_log.lakehouse import app_id, table_id
+from tank_log.lakehouse import app_id, default_source, table_id
 from tank_spark.export.location import TableLocation
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 SPARK_SCHEMA = (
-    "struct<topic:string,partition:int,seq:bigint,ts:timestamp,key:binary,value:binary,date:date,ts_raw:decimal(20,0)>"
+    "struct<topic:string,partition:int,seq:bigint,ts:timestamp,key:binary,value:binary,date:date,ts_raw:decimal(20,0),"
+    "source:string>"
 )
 
 
@@ -113,7 +114,7 @@ def test_spark_reads_what_the_delta_rs_export_writes(spark, tmp_path, name):
     ours = DeltaTable(table)
     recorded = spark_transactions(spark, table)
     for (topic, partition), msgs in load_dump(name).items():
-        aid = app_id(table_id(ours), topic, partition)
+        aid = app_id(table_id(ours), topic, partition, default_source())
         assert recorded[aid] == ours.transaction_version(aid) >= msgs[-1][0]
     # data skipping: a filter on seq reads only the files whose [min, max] of seq can hold it
     stats = pa.table(ours.get_add_actions(flatten=True)).to_pydict()

@@ -14,10 +14,10 @@ from conftest import copy_tree, data_dir, duckdb_with, new_bucket, run_job_scrip
 from test_job_export import dump_rows, roll_and_append
 from test_lakehouse_guard import GUARDED_LIMITS, _logs, _ro, _roll
 
-from tank_log.lakehouse import CommitConflict, DataFile, ExportedSeqs, TableLocation
+from tank_log.lakehouse import CommitConflict, DataFile, ExportedSeqs, TableLocation, default_source
 
 TOPICS = {"events", "seqgap"}
-COLUMNS = ["topic", "partition", "seq", "ts", "key", "value", "date", "ts_raw"]  # the Delta export's, binary values
+COLUMNS = ["topic", "partition", "seq", "ts", "key", "value", "date", "ts_raw", "source"]  # binary values
 CLI = [sys.executable, "-m", "tank_log.tools.cli"]
 
 
@@ -37,7 +37,7 @@ class IcebergLake:
         self.flags += ["--format", "iceberg", "--catalog", self.catalog]
 
     def location(self):
-        return TableLocation.of(self.uri, self.options, "iceberg", self.catalog)
+        return TableLocation.of(self.uri, self.options, "iceberg", self.catalog, default_source())
 
     def table(self):
         return self.location().existing()

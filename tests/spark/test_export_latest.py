@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from test_delta_spark import export, spark_transactions
 
 from tank_log.format.bundle import Message
-from tank_log.lakehouse import app_id, table_id
+from tank_log.lakehouse import app_id, default_source, table_id
 from tank_log.storage.appender import PartitionAppender
 from tank_log.storage.datadir import partitions_at
 
@@ -149,7 +149,8 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
     conf = tmp_path / "job.yaml"
     conf.write_text(f"export:\n  table: {latest}\n  mode: latest\n")
     assert export("--data-dir", base, "--config", str(conf)) == 0  # the config's mode
-    assert DeltaTable(latest).metadata().configuration == {"tank_log.export.mode": "latest"}
+    configuration = {"tank_log.export.mode": "latest", "tank_log.export.legacy_source": default_source()}
+    assert DeltaTable(latest).metadata().configuration == configuration
     assert export("--data-dir", base, "--table", append) == 0
     for uri, mode, other in ((latest, "append", "latest"), (append, "latest", "append")):
         capsys.readouterr()
@@ -211,5 +212,5 @@ def test_spark_reads_a_latest_table(spark, tmp_path):
     assert export("--data-dir", base, "--table", uri, "--mode", "latest") == 0
     rows = spark.read.format("delta").load(uri).select("topic", "partition", "key", "seq", "value").collect()
     assert {(r[0], r[1], bytes(r[2])): (r[3], bytes(r[4])) for r in rows} == state(uri) and len(rows) == len(state(uri))
-    aid = app_id(table_id(DeltaTable(uri)), "kv", 0)
+    aid = app_id(table_id(DeltaTable(uri)), "kv", 0, default_source())
     assert spark_transactions(spark, uri) == {aid: DeltaTable(uri).transaction_version(aid)} == {aid: 8810 + 5}

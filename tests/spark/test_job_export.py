@@ -12,6 +12,7 @@ from conftest import DATASETS, ROOT, copy_tree, data_dir, duckdb_with, load_dump
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
+from tank_log.lakehouse import default_source
 from tank_log.storage.datadir import partitions_at
 from tank_log.storage.writer import SegmentWriter, write_segment
 
@@ -442,8 +443,9 @@ def test_timestamps_out_of_range_are_quarantined_and_old_tables_evolve(tmp_path)
     summary = json.loads(report.read_text())["summary"]
     assert summary["quarantined"] == 3 and summary["rows"] == 4
     t = DeltaTable(table)
-    assert t.schema().fields[-1].name == "ts_raw"
+    assert [f.name for f in t.schema().fields[-2:]] == ["ts_raw", "source"]
     rows = sorted(t.to_pyarrow_table().to_pylist(), key=lambda r: r["seq"])
+    assert {r["source"] for r in rows} == {default_source()}
     assert [r["ts_raw"] for r in rows] == [None, 2**62, 2**64 - 1, MAX_TS_MS + 1]
     assert [r["ts"] is None for r in rows] == [False, True, True, True]
     assert [r["date"] is None for r in rows] == [False, True, True, True]

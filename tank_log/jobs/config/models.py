@@ -26,6 +26,7 @@ from tank_log.jobs.config.units import (
     keyed_by_name,
 )
 from tank_log.lakehouse.location import FORMATS
+from tank_log.lakehouse.table import SOURCE_PATTERN
 from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 
 EXPORT_TABLE = "export"  # keep_unexported.table naming the export section's table (and its storage options)
@@ -227,6 +228,14 @@ def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
         raise JobConfigError(f"{where}: {err}") from None
 
 
+def _source(value: Any) -> Any:
+    if value is not None and (not isinstance(value, str) or not SOURCE_PATTERN.fullmatch(value)):
+        raise ValueError(
+            f"{value!r}: a source is 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return value
+
+
 class ExportConfig(Section):
     """`export` (flags of jobs/export_delta.py override it)."""
 
@@ -266,6 +275,11 @@ class ExportConfig(Section):
     mode: ExportMode = Field(
         default="append",
         description="append: every message | latest: one row per live key (docs/guides/export-latest.md)",
+    )
+    source: Annotated[str | None, BeforeValidator(_source)] = Field(
+        default=None,
+        description="the broker the data dirs are on, in every recorded version and the `source` column (null: the "
+        "host name; replicas of one partition: the same source, docs/guides/export.md)",
     )
 
     @field_validator("orphan_horizon_ms")
