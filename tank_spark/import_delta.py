@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tank_log.errors import ImportRefused, JobConfigError, RunFailed
+from tank_log.errors import ImportRefused, JobConfigError, RunFailed, TankFormatError
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.broker_config import parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
@@ -66,6 +66,7 @@ class ImportPlan:
     first_seq: int | None
     last_seq: int | None
     existing_last: int | None  # the target partition's last seq (None: absent or empty)
+    refused: str | None = None  # why the target partition cannot be written (damage found by `existing_last_seq`)
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
             f"table {location}: value is {value_type}; only binary and utf8 exports keep the producer's bytes "
             "(a json export holds decoded columns)"
         )
+    check_column_types(location, names)
     segment_bytes = parse_size_arg(args.segment_bytes, "--segment-bytes") if args.segment_bytes else None
     keys = checked_keys(ctx, location, delta)  # before anything is written: a refused table writes nothing
     if not os.path.isdir(base):  # a new base path (`build_context` checked its parent): seeding a new cluster
@@ -161,6 +163,41 @@ def check_readable(location: TableLocation, delta: LakeTable) -> None:
         JobConfigError: one line naming the table and the feature.
     """
     delta.check_readable()
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t))
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t))
+
+
+# column → (whether a type is one the writer reads as the message's, the rule in words)
+COLUMN_TYPES: dict[str, tuple[Callable[[pa.DataType], bool], str]] = {
+    "topic": (_is_text, "a string (the topic's directory name, §1.3)"),
+    "partition": (pa.types.is_integer, "an integer (a partition id in 0..65529, §8)"),
+    "seq": (pa.types.is_integer, "an integer (a seq is a u64 >= 1, §3.6)"),
+    "ts": (pa.types.is_timestamp, "a timestamp (the message's time, §3.7)"),
+    "key": (_is_bytes, "binary (the message's key bytes, §3.8)"),
+    TS_RAW.name: (lambda t: pa.types.is_decimal(t) or pa.types.is_integer(t), "a decimal or an integer (ms, §3.7)"),
+}
+
+
+def check_column_types(location: TableLocation, fields: dict[str, pa.Field]) -> None:
+    """Refuse, before anything is read or written, a table whose key columns have types no tank-log export writes
+    (a seq as a string or a float, a partition as a string, a ts as a string, ...): the writer would fail on them
+    mid-run, or read them wrong.
+
+    Raises:
+        JobConfigError: one line naming the table, the column, the type found and the rule.
+    """
+    for column, (fits, rule) in COLUMN_TYPES.items():
+        if column in fields and not fits(fields[column].type):
+            raise JobConfigError(
+                f"table {location}: column {column} is of type {fields[column].type}; it must be {rule}: "
+                "not a tank-log export; nothing was imported"
+            )
 
 
 def checked_keys(ctx: JobContext, location: TableLocation, delta: LakeTable) -> pa.Table:
@@ -231,10 +268,13 @@ def _check_not_null(ctx: JobContext, dataset: ds.Dataset, refuse: Callable[[str,
 def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
     """Per (topic, partition) of the table's (checked) key columns: what would be imported."""
     pairs = keys.group_by(["topic", "partition"]).aggregate([]).to_pydict()
-    existing = {
-        (t, p): existing_last_seq(os.path.join(settings.base, t, str(p)), t, p)
-        for t, p in zip(pairs["topic"], pairs["partition"], strict=True)
-    }
+    existing: dict[tuple[str, int], int | None] = {}
+    refused: dict[tuple[str, int], str] = {}
+    for t, p in zip(pairs["topic"], pairs["partition"], strict=True):
+        try:
+            existing[(t, p)] = existing_last_seq(os.path.join(settings.base, t, str(p)), t, p)
+        except (ImportRefused, TankFormatError) as err:  # a torn or damaged target: never sealed or continued
+            existing[(t, p)], refused[(t, p)] = None, str(err)
     if settings.append and any(v is not None for v in existing.values()):  # only the rows above each partition's end
         lasts = pa.table(
             {
@@ -252,7 +292,10 @@ def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
         (t, p): (n, lo, hi)
         for t, p, n, lo, hi in zip(g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], strict=True)
     }
-    return [ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)]) for t, p in sorted(existing)]
+    return [
+        ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)], refused.get((t, p)))
+        for t, p in sorted(existing)
+    ]
 
 
 def _table_bytes(delta: LakeTable, topics: frozenset[str] | None) -> int:
@@ -303,7 +346,9 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
             "last_seq": p.last_seq,
             "existing_last_seq": p.existing_last,
         }
-        if p.existing_last is not None and not settings.append:
+        if p.refused is not None:
+            r.update(status=Status.FAILED, error=p.refused if settings.append else f"exists, damaged: {p.refused}")
+        elif p.existing_last is not None and not settings.append:
             r.update(status=Status.FAILED, error=f"exists (last seq {p.existing_last}): pass --append to continue it")
         elif not p.rows:
             r.update(status=Status.UP_TO_DATE)
@@ -311,6 +356,10 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
             r["status"] = Status.DRY_RUN if ctx.dry_run else Status.PENDING
             work.append(p)
         results.append(r)
+    damaged = [p for p in plans if p.refused is not None and p.rows and settings.append]
+    if damaged and not ctx.dry_run:  # as a task's refusal: one line, and nothing of any partition is written
+        more = f" (and {len(damaged) - 1} more)" if len(damaged) > 1 else ""
+        raise RunFailed(f"import refused, nothing was imported: {damaged[0].refused}{more}")
     if work and not ctx.dry_run:
         log.info("import: writing %d partitions (%d rows) into %s", len(work), sum(p.rows for p in work), settings.base)
         workers: Workers = sc if sc is not None else driver_cores(ctx)  # None: `in_driver`
@@ -443,9 +492,32 @@ def _read(dataset: ds.Dataset, value_is_text: bool, p: ImportPlan) -> Iterator[p
         if value_is_text:  # utf8 exports: the bytes of undecodable values are in raw_value
             value = pc.if_else(pc.is_null(t["raw_value"]), pc.cast(value, pa.binary()), t["raw_value"])
         ts_raw = t[TS_RAW.name] if TS_RAW.name in t.column_names else pa.nulls(t.num_rows, TS_RAW.type)
-        out = pa.table([t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw], schema=ROW_SCHEMA)
+        out = _as_rows(p, [t["topic"], t["partition"], t["seq"], t["ts"], t["key"], value, ts_raw])
         del t, value
         yield from out.to_batches(max_chunksize=64 * 1024)
+
+
+def _as_rows(p: ImportPlan, columns: list[Any]) -> pa.Table:
+    """The columns (of the types `check_column_types` lets through) as the writer's rows (`ROW_SCHEMA`): a `ts` of
+    any unit to µs (ns to µs drops what a ms ts cannot hold anyway), narrower or wider integers to the writer's.
+
+    Raises:
+        ImportRefused: a value the writer's type cannot hold (a seq above 2**63-1, a ts beyond year 294,246 in µs),
+            naming the column.
+    """
+    out = []
+    for f, column in zip(ROW_SCHEMA, columns, strict=True):
+        if column.type == f.type:
+            out.append(column)
+            continue
+        safe = not (f.name == "ts" and column.type.unit == "ns")
+        try:
+            out.append(pc.cast(column, f.type, safe=safe))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise ImportRefused(
+                f"{p.topic}/{p.partition}: column {f.name} ({column.type}) does not fit {f.type}: {err}"
+            ) from None
+    return pa.Table.from_arrays(out, schema=ROW_SCHEMA)
 
 
 def _files(dataset: ds.Dataset, fragments: list[Any]) -> ds.Dataset:

@@ -434,6 +434,121 @@ def test_import_writes_the_same_bytes_as_before(tmp_path, where):
     assert digest.hexdigest() == IMPORT_DIGEST
 
 
+def _typed_table(path, **types):
+    """A one-partition table whose columns have the export's types except `types` (column → (Arrow type, value))."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    cols = {
+        "topic": (pa.string(), "t"),
+        "partition": (pa.int32(), 0),
+        "seq": (pa.int64(), 1),
+        "ts": (pa.timestamp("us", "UTC"), dt.datetime(2027, 1, 1, tzinfo=dt.UTC)),
+        "key": (pa.binary(), b"k"),
+        "value": (pa.binary(), b"v"),
+        **types,
+    }
+    schema = pa.schema([(name, t) for name, (t, _) in cols.items()])
+    rows = [{name: v for name, (_, v) in cols.items()}, {**{name: v for name, (_, v) in cols.items()}}]
+    rows[1]["seq"] = {"string": "2", "double": 2.5}.get(str(cols["seq"][0]), 2)
+    write_deltalake(str(path), pa.Table.from_pylist(rows, schema))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("types", "expected"),
+    [
+        ({"seq": ("string", "1")}, "column seq is of type string; it must be an integer"),
+        ({"seq": ("float64", 1.5)}, "column seq is of type double; it must be an integer"),
+        ({"partition": ("string", "0")}, "column partition is of type string; it must be an integer"),
+        ({"topic": ("binary", b"t")}, "column topic is of type binary; it must be a string"),
+        ({"topic": ("int64", 7)}, "column topic is of type int64; it must be a string"),
+        ({"key": ("string", "k")}, "column key is of type string; it must be binary"),
+        ({"ts": ("string", "2027-01-01T00:00:00Z")}, "column ts is of type string; it must be a timestamp"),
+    ],
+)
+def test_import_refuses_a_table_whose_columns_have_the_wrong_types(tmp_path, types, expected):
+    """A seq as a string or a fractional float, a partition as a string, a topic or key of another type, a ts as a
+    string (tracebacks, exit 1): exit 2, one line naming the column, the type found and the rule; nothing written."""
+    import pyarrow as pa
+
+    table = _typed_table(tmp_path / "table", **{c: (getattr(pa, t)(), v) for c, (t, v) in types.items()})
+    base = tmp_path / "x" / "base"
+    os.makedirs(base.parent)
+    r = run_import("--data-dir", str(base), "--table", table)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert expected in last and "nothing was imported" in last, last
+    assert os.listdir(tmp_path / "x") == []
+
+
+def test_import_reads_other_integer_and_timestamp_widths_as_the_exports(tmp_path):
+    """What the type check lets through is read as the export's types: a partition as int64, a seq as uint64 or
+    int32, a ts in ns or ms, a topic as large_string, a key as large_binary."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    ts = dt.datetime(2027, 1, 1, tzinfo=dt.UTC)
+    table = _typed_table(
+        tmp_path / "table",
+        topic=(pa.large_string(), "t"),
+        partition=(pa.int64(), 0),
+        seq=(pa.int32(), 1),
+        ts=(pa.timestamp("ms", "UTC"), ts),
+        key=(pa.large_binary(), b"k"),
+    )
+    dst = str(tmp_path / "dst")
+    r = run_import("--data-dir", dst, "--table", table)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(x) for x in dump_lines(dst)]
+    assert [(x["seq"], x["ts"], x["key"]) for x in lines] == [(1, 1798761600000, "k"), (2, 1798761600000, "k")]
+
+
+def test_append_into_a_partition_with_a_torn_active_segment_is_refused_naming_it(tmp_path):
+    """--append onto a partition whose active segment ends in a torn bundle (a traceback): one line naming the file,
+    the byte offset and what to do, exit 1, nothing written anywhere (not even other partitions)."""
+    dst = str(tmp_path / "dst")
+    os.makedirs(os.path.join(dst, "t", "0"))
+    msgs = [Message(s, 1_800_000_000_000, None, b"old") for s in range(1, 6)]
+    write_segment(os.path.join(dst, "t", "0"), msgs, active=True)
+    (active,) = [n for n in os.listdir(os.path.join(dst, "t", "0")) if n.endswith(".log")]
+    size = os.path.getsize(os.path.join(dst, "t", "0", active))
+    with open(os.path.join(dst, "t", "0", active), "ab") as fh:
+        fh.write(b"\x40\x00\x00")  # a bundle's length and no body: torn
+    table = _table(tmp_path / "table", [("t", 0, s, 1) for s in range(6, 9)] + [("u", 0, s, 1) for s in (1, 2)])
+    before = tree(dst)
+    r = run_import("--data-dir", dst, "--table", table, "--append", "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    rep = json.load(open(tmp_path / "r.json"))
+    assert rep["error"].startswith("import refused, nothing was imported: ") and "\n" not in rep["error"]
+    assert active in rep["error"] and f"torn bundle at byte {size}" in rep["error"], rep["error"]
+    assert tree(dst) == before and not [n for n in os.listdir(dst) if n.startswith(".tank-import-")]
+
+
+def test_append_into_partition_directories_without_segments_keeps_their_files(tmp_path):
+    """A partition directory the table has rows for that holds only a `.gitkeep` or a partition `config` (exit 1,
+    "appeared while importing", nothing imported): the rows are imported into it, its files kept."""
+    src = copy_tree(data_dir("A_multi"), str(tmp_path / "src"))
+    table = str(tmp_path / "table")
+    assert run_export("--data-dir", src, "--table", table, "--topics", "events").returncode == 0
+    dst = str(tmp_path / "dst")
+    for pid, name, text in ((0, ".gitkeep", ""), (1, "config", "log.retention.secs=90days\n")):
+        os.makedirs(os.path.join(dst, "events", str(pid)))
+        with open(os.path.join(dst, "events", str(pid), name), "w") as fh:
+            fh.write(text)
+    r = run_import("--data-dir", dst, "--table", table, "--append")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert os.path.exists(os.path.join(dst, "events", "0", ".gitkeep"))
+    assert open(os.path.join(dst, "events", "1", "config")).read() == "log.retention.secs=90days\n"
+    assert sorted(dump_lines(dst)) == sorted(x for x in dump_lines(src) if '"topic":"events"' in x)
+    assert layout_problems(dst) == []
+
+
 def _deadlines(base, topic) -> dict[tuple[int, int], float]:
     """(partition, seq) → when the broker's age retention may delete the message: its RO segment's name ts (§5; an
     active segment's messages: never, until a roll)."""
