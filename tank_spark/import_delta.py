@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from tank_log.errors import ImportRefused, JobConfigError, RunFailed, TankFormatError
 from tank_log.format.arrow import skip_pandas_detection
-from tank_log.format.broker_config import parse_config
+from tank_log.format.broker_config import PartitionConfig, load_config, parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
 from tank_log.jobs.flags import add_storage_option, add_table_format
 from tank_log.lakehouse import LakeTable, TableLocation
@@ -66,6 +66,7 @@ class ImportPlan:
     first_seq: int | None
     last_seq: int | None
     existing_last: int | None  # the target partition's last seq (None: absent or empty)
+    segment_bytes: int = PartitionConfig().segment_bytes  # where its segments roll (`_segment_bytes`)
     refused: str | None = None  # why the target partition cannot be written (damage found by `existing_last_seq`)
 
 
@@ -77,7 +78,8 @@ class ImportSettings:
     segment_bytes: int | None
     value_is_text: bool
     table_bytes: int  # the size of the table's files holding the selected topics (`in_driver`)
-    topic_configs: dict[str, str] = field(default_factory=dict)  # topic → the `config` text the export recorded
+    # topic (and `<topic>/<N>` for a partition's) → the `config` text the export recorded
+    topic_configs: dict[str, str] = field(default_factory=dict)
 
 
 Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
@@ -293,9 +295,34 @@ def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
         for t, p, n, lo, hi in zip(g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], strict=True)
     }
     return [
-        ImportPlan(t, p, *stats.get((t, p), (0, None, None)), existing[(t, p)], refused.get((t, p)))
+        ImportPlan(
+            t,
+            p,
+            *stats.get((t, p), (0, None, None)),
+            existing[(t, p)],
+            settings.segment_bytes or _segment_bytes(settings, t, p),
+            refused.get((t, p)),
+        )
         for t, p in sorted(existing)
     ]
+
+
+def _segment_bytes(settings: ImportSettings, topic: str, partition: int) -> int:
+    """Where a partition's segments roll: its `log.segment.bytes` (§1.5) — the partition's `config` over the
+    topic's, each the one in the base path or, where it has none, the one the export recorded (which the import
+    restores, after the segments are in place)."""
+    config = PartitionConfig()
+    for key, path in (
+        (topic, os.path.join(settings.base, topic, "config")),
+        (f"{topic}/{partition}", os.path.join(settings.base, topic, str(partition), "config")),
+    ):
+        if os.path.exists(path):
+            config = load_config(path, config)[0]
+        elif key in settings.topic_configs:
+            recorded, problems = parse_config(settings.topic_configs[key], path, config)
+            if not any(p.severity == "error" for p in problems):  # one the import would not restore does not count
+                config = recorded
+    return config.segment_bytes
 
 
 def _table_bytes(delta: LakeTable, topics: frozenset[str] | None) -> int:
@@ -380,8 +407,10 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
         "import_s": round(elapsed, 3),
         "executed_on": "executors" if sc is not None else "driver",
         "rows_per_s": round(rows / elapsed) if elapsed and not ctx.dry_run else None,
-        "topic_configs_restored": restored,
-        "topic_configs_not_restored": not_restored,
+        "topic_configs_restored": [k for k in restored if "/" not in k],
+        "topic_configs_not_restored": {k: v for k, v in not_restored.items() if "/" not in k},
+        "partition_configs_restored": [k for k in restored if "/" in k],
+        "partition_configs_not_restored": {k: v for k, v in not_restored.items() if "/" in k},
     }
     return [{**r, "status": str(r["status"])} for r in results], summary
 
@@ -389,34 +418,42 @@ def execute(ctx: JobContext, prepared: Prepared, sc: SparkContext | None) -> Job
 def _restore_configs(
     settings: ImportSettings, plans: list[ImportPlan], *, dry_run: bool
 ) -> tuple[list[str], dict[str, str]]:
-    """Write each imported topic's `config` as the export recorded it (atomically), where the topic has none yet: its
-    policy and limits come back with its data (§1.5). Returns the topics restored (or, in a dry run, that would be)
-    and those not, with why: nothing recorded, the topic has a config of its own, or the recorded one would abort
-    the broker."""
+    """Write each imported topic's `config`, and each imported partition's, as the export recorded them (atomically),
+    where there is none yet: a topic's policy and limits come back with its data (§1.5). Runs after the segments are
+    in place (a refused or failed run leaves no file behind); the segments were already rolled at the restored
+    `log.segment.bytes` (`_segment_bytes`). Returns what was restored (or, in a dry run, would be) — topics, and
+    partitions as `<topic>/<N>` — and what was not, with why: nothing recorded for a topic, a config of its own in
+    the base path, or a recorded one that would abort the broker."""
     restored: list[str] = []
     not_restored: dict[str, str] = {}
-    for topic in sorted({p.topic for p in plans}):
-        text = settings.topic_configs.get(topic)
-        path = os.path.join(settings.base, topic, "config")
+    targets = [(t, os.path.join(settings.base, t, "config"), True) for t in sorted({p.topic for p in plans})]
+    targets += [  # the partitions this run wrote or found up to date: not one it refused
+        (f"{p.topic}/{p.partition}", os.path.join(settings.base, p.topic, str(p.partition), "config"), False)
+        for p in plans
+        if p.refused is None and (p.existing_last is None or settings.append)
+    ]
+    for key, path, is_topic in targets:
+        text = settings.topic_configs.get(key)
         if text is None:
-            not_restored[topic] = f"none recorded in the table's last {LOOKBACK} commits (the topic had none?)"
+            if is_topic:
+                not_restored[key] = f"none recorded in the table's last {LOOKBACK} commits (the topic had none?)"
             continue
         if os.path.exists(path):
             with open(path, "rb") as fh:
                 if fh.read() != text.encode():
-                    not_restored[topic] = f"{path} exists and differs from the recorded one: kept"
+                    not_restored[key] = f"{path} exists and differs from the recorded one: kept"
             continue
         errors = [p for p in parse_config(text, path)[1] if p.severity == "error"]
         if errors:
-            not_restored[topic] = f"the recorded config would abort the broker: {errors[0].message}"
+            not_restored[key] = f"the recorded config would abort the broker: {errors[0].message}"
             continue
         if not dry_run:
             if not os.path.isdir(os.path.dirname(path)):
-                continue  # nothing of the topic was written (refused or failed)
+                continue  # nothing of the topic or partition was written (refused or failed)
             atomic_write(path, text.encode())
-        restored.append(topic)
-    for topic, why in not_restored.items():
-        log.warning("import: the config of topic %s was not restored: %s", topic, why)
+        restored.append(key)
+    for key, why in not_restored.items():
+        log.warning("import: the config of %s was not restored: %s", key, why)
     return restored, not_restored
 
 
@@ -428,7 +465,7 @@ def _stage(workers: Workers, settings: ImportSettings, work: list[ImportPlan]) -
     lock). A partition a task refuses (`ImportRefused`: rows that cannot continue it) comes back as its message, so
     the run fails with that one line (RunFailed), not a Java stack trace, and leaves nothing either."""
     run_id = new_run_id()
-    base, append, segment_bytes = settings.base, settings.append, settings.segment_bytes
+    base, append = settings.base, settings.append
     open_import(base, run_id)
 
     def task(items: Iterable[tuple[int, ImportPlan]]) -> Iterator[StagedPartition | str]:
@@ -438,7 +475,7 @@ def _stage(workers: Workers, settings: ImportSettings, work: list[ImportPlan]) -
             if dataset is None:
                 dataset = settings.location.existing().to_pyarrow_dataset()
             try:
-                yield from stage_rows(base, run_id, _read(dataset, settings.value_is_text, p), append, segment_bytes)
+                yield from stage_rows(base, run_id, _read(dataset, settings.value_is_text, p), append, p.segment_bytes)
             except ImportRefused as refused:  # a result, not a failed task: one line, no Java stack trace
                 yield str(refused)
                 return

@@ -614,3 +614,34 @@ def test_append_seals_the_active_segment_under_its_mtime(tmp_path):
     (part,) = partitions_at(dst)
     assert [(s.base, s.last, s.ts) for s in part.ro] == [(1, 5, mtime)]
     assert part.active.base == 6 and t0 <= part.active.ts <= time.time()
+
+
+def test_import_rolls_at_the_restored_segment_bytes_and_restores_partition_configs(tmp_path):
+    """Into a fresh base, without --segment-bytes: segments roll at the `log.segment.bytes` the table recorded (the
+    partition's over the topic's), not at 1 GiB because the config was written after them; a partition's `config`
+    comes back too, and the summary says which were restored."""
+    src = str(tmp_path / "src")
+    copy_tree(os.path.join(data_dir("A_multi"), "events"), os.path.join(src, "events"))
+    topic_text, part_text = "log.segment.bytes=16kb\n", "log.segment.bytes=8kb\nlog.retention.secs=90days\n"
+    with open(os.path.join(src, "events", "config"), "w") as fh:
+        fh.write(topic_text)
+    with open(os.path.join(src, "events", "1", "config"), "w") as fh:
+        fh.write(part_text)
+    table = str(tmp_path / "table")
+    assert run_export("--data-dir", src, "--table", table).returncode == 0
+    dst = str(tmp_path / "dst")
+    r = run_import("--data-dir", dst, "--table", table, "--report", str(tmp_path / "r.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.load(open(tmp_path / "r.json"))["summary"]
+    assert summary["topic_configs_restored"] == ["events"] and summary["partition_configs_restored"] == ["events/1"]
+    assert open(os.path.join(dst, "events", "config")).read() == topic_text
+    assert open(os.path.join(dst, "events", "1", "config")).read() == part_text
+    assert not os.path.exists(os.path.join(dst, "events", "0", "config"))
+    parts = {p.id: p for p in partitions_at(dst)}
+    for pid, limit in ((0, 16 << 10), (1, 8 << 10), (2, 16 << 10)):
+        part = parts[pid]
+        total = sum(s.size for s in part.segments)
+        assert len(part.ro) >= total // (2 * limit) >= 1, (pid, [s.size for s in part.segments])
+        assert all(s.size <= limit + 64 * 1024 for s in part.ro)  # a roll lets a segment exceed by one bundle
+    assert sorted(dump_lines(dst)) == sorted(dump_lines(src))
+    assert layout_problems(dst) == []
