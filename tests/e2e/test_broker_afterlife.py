@@ -50,7 +50,7 @@ BUNDLE = 10
 Served = dict[tuple[str, int], list[Consumed]]
 
 
-def _msgs(lo: int, hi: int, ts_s: int, *, keys: int = 7, tag: bytes = b"") -> list[Message]:
+def _msgs(lo: int, hi: int, ts_s: int, *, keys: int = 40, tag: bytes = b"") -> list[Message]:
     return [
         Message(s, ts_s * 1000 + s, b"k%d" % (s % keys), b"%svalue %d " % (tag, s) + b"x" * 60)
         for s in range(lo, hi + 1)
@@ -95,7 +95,7 @@ def original(base: str, now: int) -> str:
         for first, last, name_ts, msg_ts, active in segments:
             write_segment(
                 os.path.join(base, where),
-                _msgs(first, last, msg_ts, keys=40),
+                _msgs(first, last, msg_ts),
                 active=active,
                 ts=name_ts,
                 index_interval=512,
@@ -123,7 +123,7 @@ def live(base: str, into: str, *, real: bool = REAL) -> Served:
             served = {(t, p): b.consume(t, p) for t, p in partitions(life)}
         assert b.returncode == 0, b.log()[-3000:]
         return served
-    events = os.path.join(into + ".events")
+    events = into + ".events"
     for run in range(2):
         cmd = [*STANDIN, "-p", life, "--port", str(free_port()), "--events", events, "--name", str(run)]
         cmd += ["--produce", "--life", "--messages", str(PRODUCED), "--bundle", str(BUNDLE), "--rate", "100000"]
@@ -132,7 +132,9 @@ def live(base: str, into: str, *, real: bool = REAL) -> Served:
             deadline = time.monotonic() + 60
             while f"produced {run}" not in (open(events).read() if os.path.exists(events) else ""):
                 assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "the stand-in produced nothing in 60 s"
+                assert time.monotonic() < deadline, (
+                    f"the stand-in did not produce {PRODUCED} messages per partition in 60 s"
+                )
                 time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             assert proc.wait(30) == 0
@@ -346,9 +348,7 @@ def test_import_into_a_fresh_base_and_with_append(tmp_path):
         assert a is not None
         last = max(m.seq for m in a.messages())
         os.rename(a.path, os.path.join(part.path, f"{a.base}-{last}_{now - 3600}.ilog"))
-        write_segment(
-            part.path, _msgs(last + 1, last + 30, now - 60 * DAY, keys=40, tag=b"new "), active=True, ts=now - 600
-        )
+        write_segment(part.path, _msgs(last + 1, last + 30, now - 60 * DAY, tag=b"new "), active=True, ts=now - 600)
     for job, args in (("export_delta", exp), ("import_delta", ["--data-dir", dst, "--table", table, "--append"])):
         r = run_job_script(job, *args, where="driver")
         assert r.returncode == 0, r.stderr[-3000:]
