@@ -12,7 +12,8 @@ One look at every process serves every partition of a run (`partition_holders`):
 so that a partition's check is a few lookups, not a read of every process's descriptors and maps (a topic of 65,530
 partition directories, most of them empty, is a legal layout). The scan is kept fresh enough to keep the broker out:
 - a process started since the scan is seen within `NEW_S` (the pid list is read again, new pids read in full): a
-  broker started during a run is seen by the next partition's check;
+  broker started during a run is seen by the next partition's check; a process the scan saw in its first `SETTLE_S`
+  (a fork's child that may not have exec'd the broker yet) has its command line read again at each check until then;
 - every process is read again at least every `RESCAN_S` (or ten times a scan's own duration on a machine where a
   scan is slower, so that scans take at most a tenth of a run): what a process that existed at the scan opened or
   mapped since (or became by exec) is seen within that bound;
@@ -43,6 +44,7 @@ PROC = "/proc"
 NEW_S = 0.01  # a process started this long before a partition's check is seen by it
 RESCAN_S = 1.0  # every process is read again at least this often (see RESCAN_SHARE)
 RESCAN_SHARE = 10  # ... or this many times a scan's own duration, when that is longer
+SETTLE_S = 1.0  # a process younger than this may still exec (a fork's child becoming the broker): see `add_new`
 UNNAMED_WAIT_S = 2.0  # how long a holder whose command line cannot be read is watched before it is reported
 PF_EXITING = 0x4  # `flags` of /proc/<pid>/stat (include/linux/sched.h): the process is exiting
 
@@ -145,6 +147,7 @@ class _Proc:
     flags: int
     comm: str
     where: str | None  # /proc/<pid>, or a live thread's entry when the main thread has exited; None: holds nothing
+    start: float  # when it started, in seconds since the boot
     argv: list[str] | None = None
     named: list[str] | None = None  # the real paths its command line names
     opened: list[str] | None = None  # its descriptors' targets as /proc shows them (maybe ending " (deleted)")
@@ -153,6 +156,10 @@ class _Proc:
     @property
     def exiting(self) -> bool:
         return bool(self.flags & PF_EXITING)
+
+    @property
+    def young(self) -> bool:
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - self.start < SETTLE_S
 
 
 _Entry = tuple[str, int, str]  # (path, pid, how) in a sorted index
@@ -173,6 +180,7 @@ class _Scan:
             if p is not None:
                 self.procs[pid] = p
         self.extra: dict[int, _Proc] = {}  # started since the scan
+        self.young = {pid for pid, p in self.procs.items() if p.young}  # may still exec: see `add_new`
         self.gone: set[int] = set()  # exited since the scan (a reread found no such process)
         self.version = 0
         self._ours: tuple[tuple[object, ...], set[int]] | None = None
@@ -187,20 +195,43 @@ class _Scan:
         self.max_age = max(RESCAN_S, RESCAN_SHARE * (self.taken - t0))
 
     def add_new(self) -> None:
-        """Read the processes started since the scan (or since the last call), and index them."""
+        """Read the processes started since the scan (or since the last call), and index them. A process that was
+        young when it was read (a fork's child may not have exec'd yet: the broker is started so) has its command
+        line read again, and is read in full again when it changed, until it is `SETTLE_S` old."""
         for pid in _pids():
             if (pid in self.procs or pid in self.extra) and pid not in self.gone:
                 continue
             p = _look(pid)
             if p is not None and (p.where is not None or pid not in self.gone):  # not a zombie seen already
-                self.gone.discard(pid)
-                self.procs.pop(pid, None)
-                self.extra[pid] = p
-                self.version += 1
-                for index, more in zip(self.index, _entries(p), strict=True):
-                    for entry in more:
-                        bisect.insort(index, entry)
+                self._index(p)
+        for pid in list(self.young):
+            known = self.extra.get(pid) or self.procs.get(pid)
+            now = _look(pid, lazily=True)
+            if known is None or now is None:
+                self.young.discard(pid)
+                continue
+            if (now.start, now.where) != (known.start, known.where) or (
+                now.where is not None and _argv_at(now.where) != known.argv
+            ):
+                again = _look(pid)
+                if again is not None:
+                    self._index(again)
+            if not now.young:
+                self.young.discard(pid)
         self.listed = time.monotonic()
+
+    def _index(self, p: _Proc) -> None:
+        """Know process `p` from now on (a new one, or one that changed: its old entries are only candidates that
+        `holders` reads again)."""
+        self.gone.discard(p.pid)
+        self.procs.pop(p.pid, None)
+        self.extra[p.pid] = p
+        if p.young:
+            self.young.add(p.pid)
+        self.version += 1
+        for index, more in zip(self.index, _entries(p), strict=True):
+            for entry in more:
+                bisect.insort(index, entry)
 
     def real(self, path: str) -> str:
         """`os.path.realpath` of a partition directory or base path, its parent's resolved once per scan (a topic's
@@ -359,18 +390,21 @@ def _look(pid: int, *, lazily: bool = False) -> _Proc | None:
     except OSError:  # exited since the listing
         return None
     close = stat.rfind(b")")
-    fields = stat[close + 2 :].split()  # after "(comm)": state, ppid, pgrp, session, tty, tpgid, flags, ...
+    fields = stat[close + 2 :].split()  # after "(comm)": state, ppid, pgrp, session, tty, tpgid, flags, ... (proc(5))
     try:
-        state, ppid, flags = fields[0].decode(), int(fields[1]), int(fields[6])
+        state, ppid, flags, start = fields[0].decode(), int(fields[1]), int(fields[6]), int(fields[19]) / _TICKS
     except (IndexError, ValueError):
         return None
     comm = stat[stat.find(b"(") + 1 : close].decode(errors="replace")
-    p = _Proc(pid, ppid, state, flags, comm, _where(pid, state))
+    p = _Proc(pid, ppid, state, flags, comm, _where(pid, state), start)
     if not lazily and p.where is not None:
         _fill_named(p)
         p.opened = list(_links(p.where))
         p.mapped = _mapped(p.where)
     return p
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # the unit of a process's start time in stat
 
 
 def _where(pid: int, state: str) -> str | None:

@@ -284,3 +284,35 @@ def test_a_run_that_meets_an_exiting_holder_it_cannot_name_is_not_told_to_stop_t
     assert "stop the broker" not in r.stdout + r.stderr
     entries = {e["partition"]: e for e in map(json.loads, r.stdout.splitlines())}
     assert entries[0]["status"] == entries[1]["status"] == "compacted" and not entries[0]["held_by"]
+
+
+EXECS_LATER = (  # a fork's child before it execs the broker: here, a process that execs when told to (a file appears)
+    "import os, sys, time; e = os.environ; print('ready', flush=True)\n"
+    "while not os.path.exists(e['GO']): time.sleep(0.01)\n"
+    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(600)', '-p', e['BASE']])"
+)
+
+
+def test_a_young_process_that_execs_the_broker_after_the_scan_is_seen_by_the_next_check(profiles0, tmp_path):
+    """A process the scan saw before it exec'd (`tank -p BASE` is started so) is seen by the next check, without
+    waiting for the scan to be renewed."""
+    from tank_log.storage import holders as module
+
+    base, part = profiles0
+    go = str(tmp_path / "go")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(module, "RESCAN_S", 600.0)  # the scan stays: only the second look at young processes can see it
+        mp.setattr(module, "SETTLE_S", 600.0)  # young however slowly the machine started it
+        module._scan = None
+        proc = Detached([sys.executable, "-c", EXECS_LATER], dict(os.environ, GO=go, BASE=base))
+        try:
+            assert partition_holders(part.path) == []
+            open(go, "w").close()
+            while b"-p" not in open(f"/proc/{proc.pid}/cmdline", "rb").read():
+                time.sleep(0.01)
+            time.sleep(module.NEW_S)
+            (held,) = partition_holders(part.path)
+            assert held.pid == proc.pid and held.how == f"names {os.path.realpath(base)} on its command line"
+        finally:
+            proc.kill()
+            module._scan = None
