@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from tank_log.errors import TankFormatError
 from tank_log.format.latest import TOMBSTONE, latest_per_key
 from tank_log.format.messages import tombstones
+from tank_log.lakehouse.table import LEGACY_SOURCE_KEY, owns_unsourced
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, classify_path, scan_partitions
 
@@ -97,6 +98,7 @@ class AuditReport:
 
     table: str
     mode: str
+    source: str | None = None  # the broker whose rows were audited (None: every row)
     partitions: list[PartitionAudit] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)  # what the log scan left out (partition directories, files)
 
@@ -119,6 +121,7 @@ class AuditReport:
         return {
             "table": self.table,
             "mode": self.mode,
+            "source": self.source,
             "verdict": self.verdict,
             "unread": self.unread,
             "partitions": [p.to_dict() for p in self.partitions],
@@ -131,13 +134,19 @@ def table_mode(table: LakeTable) -> str:
 
 
 def audit_table(
-    base: str | os.PathLike[str], table: LakeTable, uri: str, topics: list[str] | None = None
+    base: str | os.PathLike[str],
+    table: LakeTable,
+    uri: str,
+    topics: list[str] | None = None,
+    source: str | None = None,
 ) -> AuditReport:
-    """Audit `table` (at `uri`, for the report) against the partitions under `base` (optionally of `topics` only).
-    Partitions the table holds rows of but the base no longer has are audited too (all their rows were deleted since
-    export)."""
+    """Audit `table` (at `uri`, for the report) against the partitions under `base` (optionally of `topics` only),
+    as the export of broker `source` wrote them (its rows and recorded versions; the rows written before sources
+    too where the table says they are its own; None: every row). Partitions the table holds rows of but the base no
+    longer has are audited too (all their rows were deleted since export)."""
     mode = table_mode(table)
-    report = AuditReport(uri, mode)
+    report = AuditReport(uri, mode, source)
+    rows_of = _of_source(table, source)
     parts, left_out = scan_partitions(base, topics)
     in_partitions = {id(u) for p in parts for u in p.unread}  # named with their partition's audit
     report.unread = [str(u) for u in left_out if id(u) not in in_partitions]
@@ -146,11 +155,11 @@ def audit_table(
         by_topic.setdefault(p.topic, []).append(p)
     kind = classify_path(base)
     if kind == "base":  # the table's topics the base no longer has: every row was deleted since export
-        scope = {t for t in _table_topics(table) if topics is None or t in topics} | set(by_topic)
+        scope = {t for t in _table_topics(table, rows_of) if topics is None or t in topics} | set(by_topic)
     else:  # a topic or partition directory: that topic (that partition) only
         scope = set(by_topic)
     for topic in sorted(scope):
-        rows = _table_rows(table, topic, latest=mode == "latest")
+        rows = _table_rows(table, topic, rows_of, latest=mode == "latest")
         on_disk = {p.id: p for p in by_topic.get(topic, [])}
         ids = sorted(on_disk) if kind == "partition" else sorted(set(on_disk) | set(rows))
         for pid in ids:
@@ -177,19 +186,40 @@ _EMPTY_LOG = pa.table(
 )
 
 
-def _table_topics(table: LakeTable) -> set[str]:
-    dataset = table.to_pyarrow_dataset()
-    topics = dataset.to_table(columns=["topic"])["topic"]
-    return {str(t) for t in pc.unique(topics).to_pylist() if t is not None}
+def _of_source(table: LakeTable, source: str | None) -> tuple[str, bool] | None:
+    """Which rows are `source`'s: (its name, whether the rows written before sources are its own too,
+    `lakehouse.owns_unsourced`); None: every row (no source given, or a table without a `source` column)."""
+    if source is None or "source" not in table.arrow_schema().names:
+        return None
+    return source, owns_unsourced(source, table.properties().get(LEGACY_SOURCE_KEY))
 
 
-def _table_rows(table: LakeTable, topic: str, *, latest: bool) -> dict[int, pa.Table]:
+def _scan(table: LakeTable, columns: list[str], rows_of: tuple[str, bool] | None) -> Iterator[pa.RecordBatch]:
+    """The table's rows of the source, `columns` only. Filtered here, not by the dataset: delta-rs' dataset turns a
+    column without min/max statistics in a file into a guarantee that prunes the file from any filter on it."""
+    wanted = [*columns, "source"] if rows_of is not None else columns
+    for batch in table.to_pyarrow_dataset().to_batches(columns=wanted):
+        if rows_of is not None:
+            source, unsourced = rows_of
+            mine = pc.fill_null(pc.equal(batch["source"], source), unsourced)
+            batch = batch.filter(mine).select(columns)
+        if batch.num_rows:
+            yield batch
+
+
+def _table_topics(table: LakeTable, rows_of: tuple[str, bool] | None) -> set[str]:
+    topics: set[str] = set()
+    for batch in _scan(table, ["topic"], rows_of):
+        topics.update(str(t) for t in pc.unique(batch["topic"]).to_pylist() if t is not None)
+    return topics
+
+
+def _table_rows(table: LakeTable, topic: str, rows_of: tuple[str, bool] | None, *, latest: bool) -> dict[int, pa.Table]:
     """The table's rows of `topic` by partition: their seqs (and keys for a latest table), sorted by seq."""
-    import pyarrow.dataset as ds
-
     columns = ["partition", "seq", "key"] if latest else ["partition", "seq"]
-    got = table.to_pyarrow_dataset().to_table(columns=columns, filter=ds.field("topic") == topic)
-    got = got.cast(pa.schema([pa.field(c, _TYPES[c]) for c in columns]))
+    kept = [b.filter(pc.equal(b["topic"], topic)).select(columns) for b in _scan(table, ["topic", *columns], rows_of)]
+    schema = pa.schema([pa.field(c, _TYPES[c]) for c in columns])
+    got = pa.Table.from_batches([b.cast(schema) for b in kept if b.num_rows], schema=schema)
     out: dict[int, pa.Table] = {}
     if not len(got):
         return out
@@ -363,7 +393,8 @@ def format_table(report: AuditReport) -> str:
     lines = ["  ".join(v.ljust(w) if i < 3 else v.rjust(w) for i, (v, w) in enumerate(zip(r, widths, strict=True)))
              for r in rows]  # fmt: skip
     lines += list(_details(report))
-    lines.append(f"verdict: {report.verdict} ({len(report.partitions)} partition(s), table {report.table})")
+    of = "" if report.source is None else f", source {report.source}"
+    lines.append(f"verdict: {report.verdict} ({len(report.partitions)} partition(s), table {report.table}{of})")
     return "\n".join(lines)
 
 

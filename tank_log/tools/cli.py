@@ -28,6 +28,7 @@ from tank_log.jobs.flags import (  # noqa: E402
     add_keep_unexported,
     add_metrics_file,
     add_salvage,
+    add_source,
     add_storage_option,
 )
 from tank_log.lakehouse.location import FORMATS  # noqa: E402
@@ -138,14 +139,16 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from tank_log.lakehouse import TableLocation, TableUnreadable, storage_options
+    from tank_log.lakehouse import TableLocation, TableUnreadable, check_source, default_source, storage_options
     from tank_log.tools.audit import audit_table, format_table
 
     if args.catalog and args.format != "iceberg":
         raise UsageError("--catalog goes with --format iceberg")
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
-    location = TableLocation.of(args.table, storage_options({}, args.storage_option), args.format, args.catalog)
+    source = check_source(args.source, "--source") if args.source else default_source()
+    options = storage_options({}, args.storage_option)
+    location = TableLocation.of(args.table, options, args.format, args.catalog, source)
     try:
         table = location.open()
     except Exception as err:  # the formats' libraries raise their own types for a store they cannot reach
@@ -155,7 +158,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         return 1
     if table is None:
         raise UsageError(f"{location}: no {args.format} table there")
-    report = audit_table(args.path, table, str(location), args.topics)
+    report = audit_table(args.path, table, str(location), args.topics, source)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -539,6 +542,7 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("--catalog", metavar="URI", help="with --format iceberg: the SQL catalog, a SQLAlchemy URI")
     add_storage_option(p, "--table")
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
+    add_source(p)
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=_cmd_audit)
 
