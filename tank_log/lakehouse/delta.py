@@ -335,6 +335,9 @@ class DeltaLakeTable(DeltaTable):
         return UpkeepStep("vacuum", *before, *after, dry_run=dry_run)
 
 
+_RESTORES: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (table id, version) → its RESTOREs (`_Lineage`)
+
+
 def _matches(column: str, unsourced_too: bool) -> str:
     """The MERGE's match on one key column: on `source`, rows written before sources (null) are the owner's."""
     if column == SOURCE_COLUMN and unsourced_too:
@@ -353,13 +356,20 @@ class _Lineage:
 
     def __init__(self, table: DeltaLakeTable):
         self.table, self.version = table, table.version()
-        self.restores: list[tuple[int, int]] = []  # (the RESTORE's version, the version it restored), oldest first
         self._txns: dict[int, set[str]] = {}
         self._at: dict[int, DeltaTable] = {}
-        history = table.history()
-        for h in sorted(history, key=lambda h: int(h["version"])):
-            if h.get("operation") == "RESTORE":
-                self.restores.append((int(h["version"]), _restored_version(table, h, history)))
+        key = (table.table_id, self.version)
+        if key not in _RESTORES:  # a run opens the table several times (plan, commit): its history is read once
+            history = table.history()
+            _RESTORES[key] = [
+                (int(h["version"]), _restored_version(table, h, history))
+                for h in sorted(history, key=lambda h: int(h["version"]))
+                if h.get("operation") == "RESTORE"
+            ]
+            while len(_RESTORES) > 16:
+                del _RESTORES[next(iter(_RESTORES))]
+        # (the RESTORE's version, the version it restored), oldest first
+        self.restores: list[tuple[int, int]] = _RESTORES[key]
 
     def checked(self, ids: list[str]) -> Recorded:
         at = self.version
