@@ -18,10 +18,10 @@ partition directories, most of them empty, is a legal layout). The scan is kept 
   scan is slower, so that scans take at most a tenth of a run): what a process that existed at the scan opened or
   mapped since (or became by exec) is seen within that bound;
 - a process the scan finds holding the partition is read again before it is reported: one that let go, exited or
-  became a zombie is not a holder; one whose command line cannot be read (a process exiting: the kernel drops its
-  memory, and so its command line, before its descriptors) is watched for up to `UNNAMED_WAIT_S` and reported only
-  if it still holds the partition then, named by what `/proc` still says of it (its `comm`, its executable, whether
-  it is exiting), never as a blank.
+  became a zombie is not a holder; one that is exiting or whose command line cannot be read (the kernel drops an
+  exiting process's memory, and so its command line, before its descriptors) is watched for up to `UNNAMED_WAIT_S`
+  and reported only if it still holds the partition then, named by what `/proc` still says of it (its `comm`, its
+  executable, whether it is exiting), never as a blank.
 `holders` (a base path's check before a broker starts, a wait for it to stop) always looks afresh.
 """
 
@@ -45,7 +45,8 @@ NEW_S = 0.01  # a process started this long before a partition's check is seen b
 RESCAN_S = 1.0  # every process is read again at least this often (see RESCAN_SHARE)
 RESCAN_SHARE = 10  # ... or this many times a scan's own duration, when that is longer
 SETTLE_S = 1.0  # a process younger than this may still exec (a fork's child becoming the broker): see `add_new`
-UNNAMED_WAIT_S = 2.0  # how long a holder whose command line cannot be read is watched before it is reported
+UNNAMED_WAIT_S = 5.0  # how long a holder whose command line cannot be read is watched (once a scan) before it is
+# reported: a large process's exit unmaps its memory before it closes its files
 PF_EXITING = 0x4  # `flags` of /proc/<pid>/stat (include/linux/sched.h): the process is exiting
 
 _also_ours: list[int] = []  # pids whose process family counts as ours too (`also_ours`)
@@ -104,7 +105,9 @@ def held_reason(held: list[Holder]) -> str:
     others = foreign(held)
     if not others:
         return f"another tank-log run (pid {held[0].pid}) holds it"
-    return f"held by another process (stop the broker first, §9 rule 1): {others[0]}"
+    if all(h.exiting for h in others):
+        return f"held by a process that is exiting (its files go when it ends: run again): {others[0]}"
+    return f"held by another process (stop the broker first, §9 rule 1): {next(h for h in others if not h.exiting)}"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,7 @@ class Holder:
     command: str  # its command line (arguments joined by spaces, shortened), or what /proc says of it without one
     how: str  # e.g. "has /data/t/0/1-9_1.ilog open"
     tank_log_run: bool = False  # another run of ours (it or its family holds one of our locks or run markers)
+    exiting: bool = False  # it was exiting, and still held the directory `UNNAMED_WAIT_S` later
 
     def __str__(self) -> str:
         run = ", another tank-log run" if self.tank_log_run else ""
@@ -186,6 +190,7 @@ class _Scan:
         self._ours: tuple[tuple[object, ...], set[int]] | None = None
         self._runs: dict[int, bool] = {}
         self._reals: dict[str, str] = {}
+        self.watched: set[int] = set()  # holders without a command line watched for `UNNAMED_WAIT_S` already
         entries: tuple[list[_Entry], list[_Entry], list[_Entry]] = ([], [], [])
         for p in self.procs.values():
             for index, more in zip(entries, _entries(p), strict=True):
@@ -255,7 +260,7 @@ class _Scan:
             live = self._reread(pid, dirs, exact)
             if live is not None:
                 p, how = live
-                out.append(Holder(pid, _command(p), how, self._in_tank_log_run(p)))
+                out.append(Holder(pid, _command(p), how, self._in_tank_log_run(p), p.exiting))
         return out
 
     def _candidates(self, dirs: list[str], exact: set[str]) -> dict[int, str]:
@@ -284,8 +289,9 @@ class _Scan:
         return {pid: p.ppid for pid, p in (*self.procs.items(), *self.extra.items()) if pid not in self.gone}
 
     def _reread(self, pid: int, dirs: list[str], exact: set[str]) -> tuple[_Proc, str] | None:
-        """Whether process `pid` holds `dirs` now (read again), and how; one that cannot be named (no command line:
-        exiting, or it never set one) is watched until it lets go or can be named, for up to `UNNAMED_WAIT_S`."""
+        """Whether process `pid` holds `dirs` now (read again), and how; one that is exiting or cannot be named (no
+        command line: exiting, or it never set one) is watched until it lets go or can be named, for up to
+        `UNNAMED_WAIT_S` (once a scan)."""
         in_maps = _as_in_maps(dirs)
         deadline = time.monotonic() + UNNAMED_WAIT_S
         wait = 0.01
@@ -297,7 +303,10 @@ class _Scan:
                     self.gone.add(pid)
                     self.version += 1
                 return None
-            if p.argv or time.monotonic() >= deadline:
+            if (p.argv and not p.exiting) or pid in self.watched:
+                return p, how
+            if time.monotonic() >= deadline:
+                self.watched.add(pid)
                 return p, how
             _pause(wait)
             wait = min(2 * wait, 0.2)

@@ -316,3 +316,15 @@ def test_a_young_process_that_execs_the_broker_after_the_scan_is_seen_by_the_nex
         finally:
             proc.kill()
             module._scan = None
+
+
+def test_a_partition_held_only_by_exiting_processes_does_not_ask_to_stop_the_broker():
+    from tank_log.storage.holders import Holder, held_reason
+
+    exiting = Holder(
+        7, "[python3] /usr/bin/python3.11 without a command line: exiting", "has /b/t/0/1.ilog open", False, True
+    )
+    broker = Holder(8, "tank -p /b", "names /b on its command line")
+    assert held_reason([exiting]).startswith("held by a process that is exiting (its files go when it ends")
+    assert "stop the broker" not in held_reason([exiting])
+    assert held_reason([exiting, broker]) == f"held by another process (stop the broker first, §9 rule 1): {broker}"
