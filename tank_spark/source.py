@@ -15,8 +15,8 @@ an error), `split_bytes` (default 64 MiB). Several base paths: `load("a,b")` or 
 Parallelism: one input partition per segment, or per bounded byte range of a large segment cut at index entries
 (docs/FORMAT.md §4.4). Pruning: the topic, partition and seq options skip whole segments by their names and start
 reads at an index entry; `ts` bounds are applied per batch (segment names carry no message times); WHERE clauses are
-evaluated by Spark. With option `pushdown=true`, WHERE clauses on topic/partition/seq prune too (see
-TankPushdownReader for the caveat). The reader yields Arrow record batches.
+evaluated by Spark, never pushed down: option `pushdown=true` is refused (`PUSHDOWN_REFUSED`). The reader yields
+Arrow record batches.
 
 The files must be readable at the same path on every executor (local disk in local mode, a shared filesystem on a
 cluster). Reading while the broker runs is fine (docs/FORMAT.md §9 rule 2): a segment rolled or compacted since
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -35,14 +35,7 @@ from pyspark.sql.datasource import (
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceWriter,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    LessThan,
-    LessThanOrEqual,
 )
 from pyspark.sql.types import StructType
 
@@ -61,9 +54,15 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
+PUSHDOWN_REFUSED = (
+    "tank data source: option pushdown=true is refused: Spark keeps the scan planned for a DataFrame's filtered "
+    "query and reuses it for the DataFrame's later unfiltered ones, which then return the filtered rows without an "
+    "error; prune with the options topics, partitions, min_seq/max_seq or seq_ranges (exact for every query)"
+)
+
+
 def register(spark: SparkSession) -> None:
-    """Register the "tank" format on a session (and enable Python data source filter pushdown)."""
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    """Register the "tank" format on a session."""
     spark.dataSource.register(TankDataSource)
 
 
@@ -91,8 +90,8 @@ class TankDataSource(DataSource):
         return TankStreamReader(base_paths(options), bounds, split, options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if str(self.options.get("pushdown", "false")).lower() == "true":
-            return TankPushdownReader(self.options)
+        if str(self.options.get("pushdown", "false")).lower() != "false":
+            raise ValueError(PUSHDOWN_REFUSED)
         return TankReader(self.options)
 
 
@@ -143,39 +142,3 @@ class TankReader(DataSourceReader):
         if not partition.path:
             return
         yield from read_range(partition)
-
-
-class TankPushdownReader(TankReader):
-    """TankReader that also takes WHERE clauses on topic, partition and seq (option pushdown=true).
-
-    Opt-in because Spark 4.2 reuses the planned scan of a DataFrame for later actions on the same DataFrame: the
-    filters of one query would then restrict the next one (observed). Use a fresh DataFrame per query with it.
-    """
-
-    def pushFilters(self, filters: list[Filter]) -> Iterator[Filter]:
-        """Take AND-ed comparisons on topic, partition, seq and ts; Spark still re-checks everything it is given
-        back, and we return the ts filters too (applied per batch, not exactly pruned)."""
-        b = self.bounds
-        for f in filters:
-            attribute: tuple[str, ...] = getattr(f, "attribute", ())  # the comparisons' column (not Not, And...)
-            col = attribute[0] if len(attribute) == 1 else None
-            value: Any = getattr(f, "value", None)  # EqualTo and the comparisons: a scalar; In: a tuple
-            if col == "topic" and isinstance(f, EqualTo):
-                b.topics = {value} if b.topics is None else b.topics & {value}
-            elif col == "topic" and isinstance(f, In):
-                b.topics = set(value) if b.topics is None else b.topics & set(value)
-            elif col == "partition" and isinstance(f, EqualTo):
-                b.partitions = {value} if b.partitions is None else b.partitions & {value}
-            elif col == "partition" and isinstance(f, In):
-                b.partitions = set(value) if b.partitions is None else b.partitions & set(value)
-            elif col == "seq" and isinstance(f, (EqualTo, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)):
-                if isinstance(f, (EqualTo, GreaterThanOrEqual)):
-                    b.seq_lo(value)
-                if isinstance(f, GreaterThan):
-                    b.seq_lo(value + 1)
-                if isinstance(f, (EqualTo, LessThanOrEqual)):
-                    b.seq_hi(value)
-                if isinstance(f, LessThan):
-                    b.seq_hi(value - 1)
-            else:
-                yield f
