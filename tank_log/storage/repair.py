@@ -17,13 +17,15 @@
    `<base>_<ts>.log`, its index keeping its name), after a 0-byte active segment and its index are deleted (what
    the broker deletes at open; the index first, and an index left alone after the last RO seq goes too). An empty
    active segment would not do: the broker deletes it at open (§2.6). The broker then serves every message and
-   appends after the last seq. A segment with a problem (`check_segment`) or
-   after a seq gap (made active, the gap would abort the broker, §4.4) is left as it is and reported, and so is a
-   partition an import still moves segments into (a dry run: step 0 reports, its recovery does the rest);
+   appends after the last seq. A last RO segment after a seq gap (made active, the gap would abort the broker,
+   §4.4) is first merged with the one before it, the gap inside one segment (`_merge_across_gap`). A segment with a
+   problem (`check_segment`), a gap that cannot be closed, and a partition an import still moves segments into are
+   left as they are and reported (a dry run: step 0 reports, its recovery does the rest);
 6. (before 5) RO segments whose ranges overlap (the broker's own recovery resurrects compaction inputs next to their
    output, §6.4, §11.15): the redundant copies are removed where the messages prove it (`_resolve_overlaps`), the
    rest is named;
-7. an index without its segment file: removed inside another segment's range, named (lost seqs) before a later one.
+7. (before 5) an index without its segment file: removed inside another segment's range, named (lost seqs) before a
+   later one; a partition with such a loss is never merged across a gap in step 5.
 
 `repair_base` deletes our temporaries in the base directory (a `.cleanup.log` rewrite killed midway) and finishes or
 removes interrupted imports (`staging.py`).
@@ -36,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tank_log.errors import NeedsAttention, TankFormatError
-from tank_log.format.index import ENTRY, build_rebuild_rule, encode_index, read_index
+from tank_log.format.index import ENTRY, REL_SEQ_LIMIT, build_rebuild_rule, encode_index, read_index
 from tank_log.format.names import (
     FileName,
     Kind,
@@ -53,7 +55,8 @@ from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro, true_last_or
 from tank_log.storage.segment import Segment
 from tank_log.storage.staging import committed_imports_into, finish_imports_into, recover_imports
-from tank_log.storage.swap import plan_swap_recovery
+from tank_log.storage.swap import plan_swap_recovery, swap_in
+from tank_log.storage.writer import SEGMENT_SIZE_LIMIT, SegmentWriter
 
 
 @dataclass
@@ -69,6 +72,7 @@ class RepairResult:
     indexes_trimmed: list[str] = field(default_factory=list)
     active_restored: str | None = None  # "<ilog> -> <log>": the last RO segment made active again
     overlaps_resolved: list[str] = field(default_factory=list)  # redundant overlapping RO segments removed
+    gaps_merged: list[str] = field(default_factory=list)  # last RO segments after a gap merged with the one before
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -81,6 +85,7 @@ class RepairResult:
             or self.indexes_trimmed
             or self.active_restored
             or self.overlaps_resolved
+            or self.gaps_merged
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,6 +99,7 @@ class RepairResult:
             "indexes_trimmed": self.indexes_trimmed,
             "active_restored": self.active_restored,
             "overlaps_resolved": self.overlaps_resolved,
+            "gaps_merged": self.gaps_merged,
             "problems": self.problems,
         }
 
@@ -142,8 +148,8 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
             os.unlink(index)
             fsync_dir(d)
     _resolve_overlaps(d, result, dry_run=dry_run)
+    _name_orphan_indexes(d, result, dry_run=dry_run)  # before 5: a merge must never close a gap a lost file left
     _restore_active(d, result, dry_run=dry_run)
-    _name_orphan_indexes(d, result, dry_run=dry_run)
     return result
 
 
@@ -238,9 +244,9 @@ def _redundant(d: str, group: list[tuple[int, int, str]]) -> tuple[list[str] | N
 
 
 def _name_orphan_indexes(d: str, result: RepairResult, *, dry_run: bool) -> None:
-    """Step 7: an index without its segment file. Inside another segment's range (what a removal of a redundant
-    overlapping segment killed midway leaves) it indexes nothing: removed. Before the next segment, its seqs were
-    lost with the file: named (the index is the evidence; readers refuse the partition)."""
+    """Step 7 (run before step 5): an index without its segment file. Inside another segment's range (what a
+    removal of a redundant overlapping segment killed midway leaves) it indexes nothing: removed. Before the next
+    segment, its seqs were lost with the file: named (the index is the evidence; readers refuse the partition)."""
     names = sorted(os.listdir(d))
     logs = segment_logs(names)
     ranges = sorted((p.base, p.last) for p in logs.values())
@@ -293,6 +299,13 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     ]
     errors += [str(p) for p in check_segment(seg).problems if p.severity == "error"]
     before = ro[-2][0].last if len(ro) > 1 else None
+    mergeable = not errors and not result.problems and not os.path.lexists(os.path.join(d, target))
+    if before is not None and before + 1 < parsed.base and mergeable:
+        prev = Segment(os.path.join(d, ro[-2][1]), name=ro[-2][0])
+        if _merge_across_gap(d, prev, seg, result, dry_run=dry_run):
+            if not dry_run:
+                _restore_active(d, result, dry_run=dry_run)  # the merged segment is the last RO one now
+            return
     if before is not None and before >= parsed.base:
         errors.append(f"it overlaps {ro[-2][1]} (seqs {parsed.base}..{before} twice, §6.4)")
     elif before is not None and before + 1 != parsed.base:  # made active, the gap would abort the broker (§4.4)
@@ -330,6 +343,48 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
             remove_if_exists(f)
         fsync_dir(d)
     reactivate_last_ro(seg, ts)
+
+
+def _merge_across_gap(d: str, prev: Segment, last: Segment, result: RepairResult, *, dry_run: bool) -> bool:
+    """The last RO segment follows a seq gap, so it cannot become active (a gap before the active segment aborts the
+    broker, §4.4). Put the gap inside a segment instead, as sparse bundles allow (§3.6): `prev` and `last` become
+    one RO segment `<prev base>-<last last>`, their bundles copied verbatim but for `last`'s first one, re-encoded
+    sparse when it is not (its seqs were implicit, after a gap they must be explicit). It replaces the two by the
+    compaction file protocol (`swap.swap_in`: a crash anywhere is rolled back or forward by the next repair), and
+    step 5 then makes it active. Whether it did (False: `prev` has a problem, or the two would not fit one segment;
+    the caller names the gap)."""
+    if any(p.severity == "error" for p in check_segment(prev).problems):
+        return False
+    headers = list(prev.bundles()) + list(last.bundles())
+    if sum(h.size for h in headers) > SEGMENT_SIZE_LIMIT or (last.last or 0) - prev.base >= REL_SEQ_LIMIT:
+        return False
+    merged = f"{prev.base}-{last.last}"
+    result.gaps_merged.append(
+        f"{prev.file_name} + {last.file_name} -> {merged}: seq gap {(prev.last or 0) + 1}..{last.base - 1} inside "
+        "one segment (a sparse bundle, §3.6), so that it can become active (§9 rule 4)"
+    )
+    if dry_run:
+        return True
+    writer = SegmentWriter(d, ts=last.ts, index_rule="append")
+    try:
+        for seg in (prev, last):
+            with open(seg.path, "rb") as fh:
+                data = fh.read()
+            for i, h in enumerate(seg.bundles()):
+                if seg is last and i == 0 and not h.sparse:
+                    for m in seg.messages(stop_seq=h.last_seq):
+                        if m.seq <= h.last_seq:
+                            writer.add(m)
+                    writer.flush_bundle()
+                    continue
+                writer.add_bundle(data[h.offset : h.offset + h.size], h.first_seq, h.last_seq, h.count, sparse=h.sparse)
+        written = writer.finish()
+    except BaseException:
+        writer.abort()
+        raise
+    assert written is not None
+    swap_in(d, [prev, last], [written])
+    return True
 
 
 def _indexes_past_eof(d: str, result: RepairResult) -> list[tuple[str, list[tuple[int, int]]]]:

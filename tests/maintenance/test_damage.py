@@ -148,8 +148,9 @@ def test_salvage_keeps_a_torn_segment_whose_bundles_disagree_with_its_index(tmp_
 
 
 def test_maintain_repair_step_agrees_with_repair(tmp_path):
-    """RO segments without an active one, the last after a seq gap: `tank-log repair` refuses to make it active
-    (the gap would abort the broker, §4.4) and exits 1; maintain's repair step does not call it clean."""
+    """RO segments without an active one, the last after a seq gap that cannot be closed (the segment before it is
+    torn): `tank-log repair` refuses to make it active (the gap would abort the broker, §4.4) and exits 1; maintain's
+    repair step does not call it clean."""
     from tank_log.format.bundle import Message
     from tank_log.storage.writer import write_segment
 
@@ -158,6 +159,8 @@ def test_maintain_repair_step_agrees_with_repair(tmp_path):
     for first in (1, 101):
         msgs = [Message(s, 1_790_000_000_000 + s, b"k", b"v%d" % s) for s in range(first, first + 6)]
         write_segment(d, msgs, ts=1_790_000_000)
+    with open(d / "1-6_1790000000.ilog", "ab") as fh:
+        fh.write(b"\x40\x00\x01")
     r = cli("repair", str(d))
     assert r.returncode == 1
     (problem,) = json.loads(r.stdout)["problems"]

@@ -104,15 +104,16 @@ def test_active_segment_survives_and_rule_4(tmp_path):
     assert res2.status == "deleted" and res2.segments_deleted == 5
     repaired = scan_partition(part2.path, "t", 0)
     assert repaired.ro == [] and repaired.active is not None and repaired.active.base == part2.ro[-1].base
-    # without a non-empty active segment that repair can restore (a seq gap before the last RO segment), nothing is
-    # deleted, and the partition needs attention with repair's reason, as `tank-log repair` exits 1 on it
+    # without a non-empty active segment that repair can restore (a segment lost before the last RO one, its index
+    # left: repair names the loss and never merges across the gap it left), nothing is deleted, and the partition
+    # needs attention with repair's reason, as `tank-log repair` exits 1 on it
     part3 = make_partition(str(tmp_path / "r"))
     os.unlink(part3.active.path)
     os.unlink(part3.ro[-2].path)
     before = tree_digest(part3.path)
     res3 = apply_retention(scan_partition(part3.path, "t", 0), RetentionRules(max_age_s=1), STOPPED)
     assert res3.status == "needs-attention" and "repair refused" in res3.reason, res3
-    assert "not made active: seq gap" in res3.reason
+    assert "not made active: seq gap" in res3.reason and "an index without its segment file" in res3.reason
     assert tree_digest(part3.path) == before
 
 

@@ -139,21 +139,51 @@ def test_repair_leaves_a_last_ro_segment_with_a_torn_tail_and_says_why(tmp_path)
     assert {p.code for p in check_partition(scan_partition(str(d), "t", 0))} == {"no-active", "torn-tail"}
 
 
-def test_repair_leaves_a_last_ro_segment_after_a_seq_gap_and_says_why(tmp_path):
+def test_repair_puts_a_seq_gap_before_the_last_ro_segment_inside_a_segment(tmp_path):
     """A gap between two RO segments is skipped by the broker, one before the active segment aborts it (§4.4): the
-    last RO segment after a gap is not made active."""
+    last RO segment after a gap cannot simply become active. Repair merges it with the one before (the gap inside
+    one segment as a sparse bundle, §3.6, bundles copied verbatim but the first after the gap), by the compaction
+    file protocol, and that segment becomes active: every message reads back, verify is clean."""
+    d = tmp_path / "base" / "t" / "0"
+    os.makedirs(d)
+    msgs = []
+    for first in (1, 101):
+        part = [Message(s, 1_790_000_000_000 + s, b"k", b"v%d" % s) for s in range(first, first + 6)]
+        write_segment(d, part, ts=1_790_000_000)
+        msgs += part
+    before = tree_digest(str(d))
+    dry = repair_partition(d, dry_run=True)
+    assert dry.gaps_merged and tree_digest(str(d)) == before
+    res = repair_partition(d)
+    assert res.problems == [] and res.gaps_merged == [
+        "1-6_1790000000.ilog + 101-106_1790000000.ilog -> 1-106: seq gap 7..100 inside one segment (a sparse bundle, "
+        "§3.6), so that it can become active (§9 rule 4)"
+    ]
+    assert res.active_restored == "1-106_1790000000.ilog -> 1_1790000000.log"
+    assert sorted(os.listdir(d)) == ["1.index", "1_1790000000.log"]
+    part = scan_partition(str(d), "t", 0)
+    assert check_partition(part) == []
+    assert _dumped_seqs(tmp_path / "base") == [m.seq for m in msgs]
+    got = [(m.seq, m.ts, m.key, m.value) for s in part.segments for m in s.messages()]
+    assert got == [tuple(m) for m in msgs]
+
+
+def test_repair_says_what_to_do_with_a_seq_gap_it_cannot_close(tmp_path):
+    """The segment before the gap does not read whole: nothing is merged, and the problem says exactly what the
+    operator must do."""
     d = tmp_path / "t" / "0"
     os.makedirs(d)
     for first in (1, 101):
         write_segment(
             d, [Message(s, 1_790_000_000_000 + s, b"k", b"v%d" % s) for s in range(first, first + 6)], ts=1_790_000_000
         )
+    with open(d / "1-6_1790000000.ilog", "ab") as fh:
+        fh.write(b"\x40\x00\x01")  # a torn tail in the segment before the gap
     before = tree_digest(str(d))
     res = repair_partition(d)
     assert not res.has_work and tree_digest(str(d)) == before
     (problem,) = res.problems
     assert "101-106_1790000000.ilog not made active: seq gap or overlap 7..100 before it (§4.4)" in problem
-    # and what the operator must do, exactly: the broker would hide everything at its next append
     assert "keep producers off 0 (the broker's next append hides seqs 1..106)" in problem
     assert "restore it and run repair again" in problem and "import it into a fresh base" in problem
 
