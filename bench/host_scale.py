@@ -1,0 +1,347 @@
+"""A broker host's worth: how the nightly work grows with the data.
+
+A synthetic base path (the BENCH.md generator) at several sizes, a fixed size per partition (so the partitions grow
+with the data): keyed `cleanup` topics and `delete` topics with a retention limit (`log.retention.bytes`), written
+with the library's writer. Each size then goes through, as real processes, timed one after the other:
+
+- `maintain_cli`: `tank-log maintain --broker-stopped BASE` (repair, retention, compaction, indexes, verify);
+- `maintain_job`: jobs/maintain.py --broker-stopped on a copy of the same base path, in the driver;
+- `export_delta` and `export_iceberg`: jobs/export_delta.py of the maintained base path (default settings);
+- `import_delta`: jobs/import_delta.py of the Delta table into a fresh base path;
+- `audit`: `tank-log audit --table DELTA BASE`.
+
+Per size and step: wall, CPU (user+sys of the step's process and the children it waited for, from wait4), peak RSS
+(VmHWM of every process of the tree, polled; the largest, and the largest's command), bytes read and written
+(/proc/<pid>/io of the step's process, which counts its reaped descendants), files in the table, seconds per GB and
+per partition, and the growth: a step's s/GB over the smallest size's. The load average is read before each step.
+
+Run: python bench/host_scale.py [--sizes 0.25,1,4] [--partition-mb 2.5] [--steps ...] [--workdir DIR]
+     python bench/host_scale.py --short      (a few MB over ~20 partitions: the suite's check that it still works)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+
+from common import BUNDLE, bundle_messages, load_average, machine  # noqa: E402
+
+from tank_log.format.bundle import Message, SnappyPolicy  # noqa: E402
+from tank_log.storage.partition_writer import write_partition  # noqa: E402
+from tank_log.storage.writer import BundlePolicy  # noqa: E402
+
+CLIENT = BundlePolicy(max_messages=BUNDLE, max_bytes=1 << 30, snappy=SnappyPolicy.CLIENT)
+MIB = 1 << 20
+GB = 1e9
+STEPS = ("maintain_cli", "maintain_job", "export_delta", "export_iceberg", "import_delta", "audit")
+TEMPLATES = 4  # distinct partitions per topic kind; the others are copies of them (generating is the slow part)
+
+
+# -- the data ---------------------------------------------------------------------------------------------------------
+
+
+def write_template(directory: str, first_bundle: int, bundles: int, segment_bytes: int) -> None:
+    def msgs():
+        for b in range(bundles):
+            for j, (ts, key, value) in enumerate(bundle_messages(first_bundle + b)):
+                yield Message(b * BUNDLE + j + 1, ts, key, value)
+
+    write_partition(directory, msgs(), segment_bytes=segment_bytes, policy=CLIENT)
+
+
+def du(path: str) -> tuple[int, int]:
+    """(bytes, files) under path."""
+    size = files = 0
+    for r, _, fs in os.walk(path):
+        for f in fs:
+            size += os.path.getsize(os.path.join(r, f))
+            files += 1
+    return size, files
+
+
+def make_host(base: str, size_gb: float, partition_mb: float, topics: int, segment_bytes: int, cache: str) -> dict:
+    """A base path of about `size_gb` GB: `topics` topics (half `cleanup`, half `delete` with a retention limit of
+    about half a partition), partitions of about `partition_mb` MiB, copies of a few generated template partitions."""
+    bundles = max(2, int(partition_mb * MIB / (52 * BUNDLE)))  # BENCH.md: 52 B/msg on disk
+    key = f"{bundles}-{segment_bytes}"
+    templates = os.path.join(cache, key)
+    if not os.path.isdir(templates):
+        tmp = templates + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for t in range(TEMPLATES):
+            write_template(os.path.join(tmp, str(t)), t * bundles, bundles, segment_bytes)
+        os.rename(tmp, templates)
+    part_bytes = du(os.path.join(templates, "0"))[0]
+    partitions = max(topics, round(size_gb * GB / part_bytes))
+    per_topic = [partitions // topics + (1 if i < partitions % topics else 0) for i in range(topics)]
+    shutil.rmtree(base, ignore_errors=True)
+    for i, n in enumerate(per_topic):
+        policy = "cleanup" if i % 2 == 0 else "delete"
+        tdir = os.path.join(base, f"{policy}{i}")
+        for p in range(n):
+            shutil.copytree(os.path.join(templates, str(p % TEMPLATES)), os.path.join(tdir, str(p)))
+        with open(os.path.join(tdir, "config"), "w") as fh:
+            fh.write(f"log.cleanup.policy={policy}\n")
+            if policy == "delete":
+                fh.write(f"log.retention.bytes={max(128, part_bytes // 2)}\n")
+    os.sync()
+    size, files = du(base)
+    return {"partitions": partitions, "topics": topics, "bytes": size, "files": files, "partition_bytes": part_bytes}
+
+
+# -- measuring a process tree -----------------------------------------------------------------------------------------
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out.extend(int(c) for c in fh.read().split())
+    except OSError:
+        pass
+    return out
+
+
+def _tree(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        p = todo.pop()
+        seen.append(p)
+        todo.extend(_children(p))
+    return seen
+
+
+def _status_kib(pid: int, field_name: str) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith(field_name):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            args = fh.read().split(b"\0")
+        name = os.path.basename(args[0].decode(errors="replace"))
+        if name.startswith("python") and len(args) > 1:
+            name += " " + os.path.basename(args[1].decode(errors="replace"))
+        return name
+    except OSError:
+        return "?"
+
+
+def _io(pid: int) -> dict[str, int]:
+    try:
+        with open(f"/proc/{pid}/io") as fh:
+            return {k: int(v) for k, v in (line.split(":") for line in fh)}
+    except OSError:
+        return {}
+
+
+@dataclass
+class Watch:
+    """Polls a process tree's VmHWM until stopped: the largest peak and whose it was."""
+
+    pid: int
+    peaks: dict[int, tuple[int, str]] = field(default_factory=dict)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def poll(self) -> None:
+        for p in _tree(self.pid):
+            hwm = _status_kib(p, "VmHWM:")
+            if hwm and hwm > self.peaks.get(p, (0, ""))[0]:
+                self.peaks[p] = (hwm, self.peaks.get(p, (0, ""))[1] or _comm(p))
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            self.poll()
+
+
+def run_step(cmd: list[str], env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)) -> dict:
+    """Run cmd as a process: wall, CPU, peak RSS of its tree, bytes read and written, its exit code."""
+    load = load_average()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    watch = Watch(proc.pid)
+    th = threading.Thread(target=watch.run, daemon=True)
+    th.start()
+    out, err = b"", b""
+    # read its output in threads so a full pipe never stalls it; wait for it without reaping it, to read its io
+    chunks: dict[str, bytes] = {}
+
+    def drain(name: str, stream) -> None:
+        chunks[name] = stream.read()
+
+    readers = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    wall = time.perf_counter() - t0
+    watch.done.set()
+    th.join()
+    io = _io(proc.pid)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    for r in readers:
+        r.join()
+    out, err = chunks.get("out", b""), chunks.get("err", b"")
+    if proc.returncode not in ok:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode(errors='replace')[-3000:]}")
+    peak_kib, peak_of = max(watch.peaks.values(), default=(usage.ru_maxrss, "?"))
+    return {
+        "load_average": load,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mib": round(max(peak_kib, usage.ru_maxrss) / 1024, 1),
+        "peak_rss_of": peak_of,
+        "processes": len(watch.peaks),
+        "read_mb": round(io.get("read_bytes", 0) / 1e6, 1),
+        "written_mb": round(io.get("write_bytes", 0) / 1e6, 1),
+        "rchar_mb": round(io.get("rchar", 0) / 1e6, 1),
+        "exit": proc.returncode,
+        "stdout": out.decode(errors="replace"),
+    }
+
+
+def job(name: str, *args: str) -> list[str]:
+    return [sys.executable, os.path.join(ROOT, "jobs", f"{name}.py"), "--master", "local[2]", *args]
+
+
+def tank_log(*args: str) -> list[str]:
+    return [os.path.join(os.path.dirname(sys.executable), "tank-log"), *args]
+
+
+def table_files(table: str) -> int:
+    return sum(1 for _, _, fs in os.walk(table) for f in fs if f.endswith(".parquet"))
+
+
+# -- one size ---------------------------------------------------------------------------------------------------------
+
+
+def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
+    d = os.path.join(work, f"size-{size_gb:g}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    base, copy = os.path.join(d, "base"), os.path.join(d, "base-job")
+    t0 = time.perf_counter()
+    host = make_host(base, size_gb, args.partition_mb, args.topics, args.segment_bytes, os.path.join(work, "cache"))
+    host["write_s"] = round(time.perf_counter() - t0, 1)
+    steps = args.steps.split(",")
+    if "maintain_job" in steps:
+        shutil.copytree(base, copy)
+        os.sync()
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    delta, iceberg, restored = (os.path.join(d, n) for n in ("delta", "iceberg", "restored"))
+    out: dict[str, dict] = {}
+
+    def step(name: str, cmd: list[str], table: str | None = None, ok: tuple[int, ...] = (0,)) -> None:
+        if name not in steps:
+            return
+        r = run_step(cmd, env, ok)
+        r.pop("stdout")
+        if table:
+            r["table_files"] = table_files(table)
+        out[name] = r
+        print(json.dumps({"size_gb": size_gb, "step": name, **r}), flush=True)
+
+    step("maintain_cli", tank_log("maintain", "--broker-stopped", base))
+    rep = os.path.join(d, "report-")
+    step("maintain_job", job("maintain", "--data-dir", copy, "--broker-stopped", "--report", rep + "maintain.json"))
+    step(
+        "export_delta", job("export_delta", "--data-dir", base, "--table", delta, "--report", rep + "delta.json"), delta
+    )
+    step(
+        "export_iceberg",
+        job(
+            "export_delta", "--data-dir", base, "--table", iceberg, "--format", "iceberg", "--report", rep + "ice.json"
+        ),
+        iceberg,
+    )
+    step("import_delta", job("import_delta", "--data-dir", restored, "--table", delta, "--report", rep + "import.json"))
+    step("audit", tank_log("audit", "--table", delta, "--json", base))
+    after = du(base)
+    host["bytes_after_maintain"] = after[0]
+    if not args.keep:
+        shutil.rmtree(d, ignore_errors=True)
+    return {"size_gb": size_gb, "host": host, "steps": out}
+
+
+def growth(sizes: list[dict]) -> None:
+    """Add s/GB, s/partition and the growth (s/GB over the smallest size's) to every step of every size."""
+    first = sizes[0]
+    for s in sizes:
+        gb, parts = s["host"]["bytes"] / GB, s["host"]["partitions"]
+        for name, r in s["steps"].items():
+            r["s_per_gb"] = round(r["wall_s"] / gb, 2)
+            r["ms_per_partition"] = round(1000 * r["wall_s"] / parts, 1)
+            r["cpu_s_per_gb"] = round(r["cpu_s"] / gb, 2)
+            base = first["steps"].get(name)
+            if base:
+                r["growth"] = round(r["s_per_gb"] / base["s_per_gb"], 2) if base["s_per_gb"] else None
+                r["cpu_growth"] = round(r["cpu_s_per_gb"] / base["cpu_s_per_gb"], 2) if base["cpu_s_per_gb"] else None
+
+
+def table(sizes: list[dict]) -> str:
+    cols = ("size", "step", "load", "wall s", "CPU s", "s/GB", "growth", "CPU growth", "ms/part", "peak RSS MiB",
+            "peak of", "read MB", "written MB", "table files")  # fmt: skip
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for s in sizes:
+        h = s["host"]
+        label = f"{h['bytes'] / GB:.2f} GB / {h['partitions']} p"
+        for name, r in s["steps"].items():
+            row = (label, name, r["load_average"], r["wall_s"], r["cpu_s"], r["s_per_gb"], r.get("growth"),
+                   r.get("cpu_growth"), r["ms_per_partition"], r["peak_rss_mib"], r["peak_rss_of"], r["read_mb"],
+                   r["written_mb"], r.get("table_files", ""))  # fmt: skip
+            lines.append("| " + " | ".join(str(x) for x in row) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="0.25,1", help="GB, comma-separated, smallest first (default 0.25,1)")
+    ap.add_argument("--partition-mb", type=float, default=2.5, help="MiB per partition (default 2.5)")
+    ap.add_argument("--segment-bytes", type=int, default=1 << 20, help="log.segment.bytes of the writer (1 MiB)")
+    ap.add_argument("--topics", type=int, default=8, help="topics, half cleanup, half delete (default 8)")
+    ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated: " + ",".join(STEPS))
+    ap.add_argument("--workdir", help="default: a new temporary directory, removed at the end")
+    ap.add_argument("--keep", action="store_true", help="keep each size's directories")
+    ap.add_argument("--short", action="store_true", help="one tiny host (~5 MB, 20 partitions): checks the script runs")
+    args = ap.parse_args(argv)
+    if args.short:
+        args.sizes, args.partition_mb, args.segment_bytes, args.topics = "0.005", 0.25, 64 << 10, 4
+    sizes = sorted(float(s) for s in args.sizes.split(","))
+    for s in args.steps.split(","):
+        if s not in STEPS:
+            ap.error(f"--steps: unknown step {s!r} (one of {', '.join(STEPS)})")
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-host-scale-")
+    try:
+        results = [one_size(work, s, args) for s in sizes]
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    growth(results)
+    print(table(results))
+    print(json.dumps({"machine": machine(), "partition_mb": args.partition_mb, "sizes": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
