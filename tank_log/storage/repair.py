@@ -50,7 +50,7 @@ from tank_log.format.names import (
 )
 from tank_log.storage.completeness import check_segment
 from tank_log.storage.datadir import non_regular_entries
-from tank_log.storage.fsutil import atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
+from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro, true_last_or
 from tank_log.storage.segment import Segment
@@ -104,8 +104,11 @@ class RepairResult:
         }
 
 
-def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = False) -> RepairResult:
+def repair_partition(
+    partition_dir: str | os.PathLike[str], *, dry_run: bool = False, on_step: StepHook | None = None
+) -> RepairResult:
     """Apply the recovery of the module docstring to one partition directory. With `dry_run`, only report.
+    `on_step`: called after every file operation of a merge across a seq gap (crash-injection tests).
 
     Raises:
         NeedsAttention: a name repair could touch is not a regular file (checked before anything is changed).
@@ -149,7 +152,7 @@ def repair_partition(partition_dir: str | os.PathLike[str], *, dry_run: bool = F
             fsync_dir(d)
     _resolve_overlaps(d, result, dry_run=dry_run)
     _name_orphan_indexes(d, result, dry_run=dry_run)  # before 5: a merge must never close a gap a lost file left
-    _restore_active(d, result, dry_run=dry_run)
+    _restore_active(d, result, dry_run=dry_run, on_step=on_step)
     return result
 
 
@@ -279,7 +282,7 @@ def _name_orphan_indexes(d: str, result: RepairResult, *, dry_run: bool) -> None
         fsync_dir(d)
 
 
-def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
+def _restore_active(d: str, result: RepairResult, *, dry_run: bool, on_step: StepHook | None = None) -> None:
     """Step 5 of the module docstring: make the last RO segment active again when no non-empty active segment
     follows the RO segments. Each state between the deletes and the rename is one this step handles again."""
     logs = segment_logs(sorted(os.listdir(d)))
@@ -302,9 +305,9 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     mergeable = not errors and not result.problems and not os.path.lexists(os.path.join(d, target))
     if before is not None and before + 1 < parsed.base and mergeable:
         prev = Segment(os.path.join(d, ro[-2][1]), name=ro[-2][0])
-        if _merge_across_gap(d, prev, seg, result, dry_run=dry_run):
+        if _merge_across_gap(d, prev, seg, result, dry_run=dry_run, on_step=on_step):
             if not dry_run:
-                _restore_active(d, result, dry_run=dry_run)  # the merged segment is the last RO one now
+                _restore_active(d, result, dry_run=dry_run, on_step=on_step)  # the merged one is the last RO now
             return
     if before is not None and before >= parsed.base:
         errors.append(f"it overlaps {ro[-2][1]} (seqs {parsed.base}..{before} twice, §6.4)")
@@ -345,7 +348,9 @@ def _restore_active(d: str, result: RepairResult, *, dry_run: bool) -> None:
     reactivate_last_ro(seg, ts)
 
 
-def _merge_across_gap(d: str, prev: Segment, last: Segment, result: RepairResult, *, dry_run: bool) -> bool:
+def _merge_across_gap(
+    d: str, prev: Segment, last: Segment, result: RepairResult, *, dry_run: bool, on_step: StepHook | None = None
+) -> bool:
     """The last RO segment follows a seq gap, so it cannot become active (a gap before the active segment aborts the
     broker, §4.4). Put the gap inside a segment instead, as sparse bundles allow (§3.6): `prev` and `last` become
     one RO segment `<prev base>-<last last>`, their bundles copied verbatim but for `last`'s first one, re-encoded
@@ -383,7 +388,7 @@ def _merge_across_gap(d: str, prev: Segment, last: Segment, result: RepairResult
         writer.abort()
         raise
     assert written is not None
-    swap_in(d, [prev, last], [written])
+    swap_in(d, [prev, last], [written], on_step)
     return True
 
 

@@ -168,6 +168,35 @@ def test_repair_puts_a_seq_gap_before_the_last_ro_segment_inside_a_segment(tmp_p
     assert got == [tuple(m) for m in msgs]
 
 
+def test_a_merge_across_a_seq_gap_killed_at_any_step_is_finished_by_the_next_repair(tmp_path):
+    """The merge replaces two segments by the compaction file protocol: killed after any file operation, the next
+    repair rolls it back or forward and finishes; every message reads back, verify is clean."""
+    from conftest import CRASHED, crash_after_step
+
+    msgs = [Message(s, 1_790_000_000_000 + s, b"k", b"v%d" % s) for first in (1, 101) for s in range(first, first + 6)]
+
+    def layout(d):
+        os.makedirs(d)
+        write_segment(d, msgs[:6], ts=1_790_000_000)
+        write_segment(d, msgs[6:], ts=1_790_000_000)
+
+    steps = []
+    layout(tmp_path / "ref")
+    repair_partition(tmp_path / "ref", on_step=steps.append)
+    assert len(steps) > 8
+    for k in range(1, len(steps) + 1):
+        d = tmp_path / f"k{k}"
+        layout(d)
+        assert crash_after_step(k, lambda hook, d=d: repair_partition(d, on_step=hook)) == CRASHED
+        res = repair_partition(d)
+        assert res.problems == [], (k, steps[k - 1], res.problems)
+        part = scan_partition(str(d), "t", 0)
+        assert check_partition(part) == [], (k, steps[k - 1])
+        got = [(m.seq, m.ts, m.key, m.value) for s in part.segments for m in s.messages()]
+        assert got == [tuple(m) for m in msgs], (k, steps[k - 1])
+        assert part.active is not None and not repair_partition(d).has_work
+
+
 def test_repair_says_what_to_do_with_a_seq_gap_it_cannot_close(tmp_path):
     """The segment before the gap does not read whole: nothing is merged, and the problem says exactly what the
     operator must do."""
