@@ -8,7 +8,7 @@ import datetime as dt
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +20,8 @@ from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.index import usable_entries
 from tank_log.jobs.allocator import reuse_freed_buffers
 from tank_log.jobs.planning import select_partitions
-from tank_log.storage.completeness import SegmentAudit, audited, layout_hole, range_hole
-from tank_log.storage.datadir import MOVE_RETRIES, Partition, Unread, rescan_partition
+from tank_log.storage.completeness import Hole, SegmentAudit, audited, layout_hole, range_hole
+from tank_log.storage.datadir import MOVE_RETRIES, OVERLAP, Partition, Unread, rescan_partition
 from tank_log.storage.segment import Segment, seq_mask
 from tank_spark.schema import MAX_TS_MS, ROW_SCHEMA, TS_RAW
 
@@ -61,6 +61,7 @@ class SegmentRange(InputPartition):
     error_path: str | None = None
     error_offset: int | None = None
     stop_seq: int | None = None  # the seq after the range's last (None: to the end of the active segment)
+    hole: Hole | None = None  # planning found these seqs missing (`completeness.layout_hole`): reading raises it
 
     @property
     def seqs(self) -> tuple[int, int | None]:
@@ -182,11 +183,17 @@ def partition_ranges(parts: list[Partition], b: Bounds, include_active: bool, sp
 
 
 def _hole_range(part: Partition, u: Unread, b: Bounds) -> SegmentRange:
-    """A read task that fails with the seqs a scan found missing (`completeness.layout_hole`)."""
+    """A read task that fails with the seqs a scan found missing (`completeness.layout_hole`), within the bounds. An
+    overlap leaves nothing of the partition readable: its hole is every seq the read asked for."""
     hole = layout_hole(u)
-    stop_seq = None if hole.last_seq is None else hole.last_seq + 1
+    if u.code == OVERLAP:
+        last = part.segments[-1].last if part.segments else None
+        hole = replace(hole, first_seq=part.segments[0].base, last_seq=last)
+    first = hole.first_seq if b.min_seq is None else max(hole.first_seq, b.min_seq)
+    last = hole.last_seq if b.max_seq is None else b.max_seq if hole.last_seq is None else min(hole.last_seq, b.max_seq)
+    hole = replace(hole, first_seq=first, last_seq=last, trusted_through=first - 1)
+    stop_seq = None if last is None else last + 1
     message = str(hole.error().message)
-    first = hole.first_seq
     return SegmentRange(
         part.topic,
         part.id,
@@ -203,6 +210,7 @@ def _hole_range(part: Partition, u: Unread, b: Bounds) -> SegmentRange:
         u.path,
         None,
         stop_seq,
+        hole,
     )
 
 
@@ -289,6 +297,8 @@ def read_range(
 
 
 def _read_checked(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> Iterator[pa.RecordBatch]:
+    if r.hole is not None:
+        raise r.hole.error()
     if r.error is not None:
         raise TankFormatError(r.error, r.error_path, r.error_offset)
     try:

@@ -152,7 +152,7 @@ def test_overlaps_and_lost_segments_are_holes_for_the_export(tmp_path, kind, whe
     assert r.returncode == 1, r.stderr[-3000:]
     assert p["status"] == "failed"
     if kind == "overlap":
-        assert p["error"].startswith(f"{pdir / SEGMENT}: seqs 2829..4682 not read ([overlap]")
+        assert p["error"].startswith(f"{pdir / SEGMENT}: seqs 1..8496 not read ([overlap] RO range 2829-4682 overlaps")
         assert p["exported_to_seq"] is None and _rows(table) == []
         assert recorded_version(DeltaTable(table), table, "t", 0)[1] is None
     else:

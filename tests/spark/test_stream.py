@@ -171,3 +171,32 @@ def test_a_stream_that_skips_a_hole_hands_on_nothing_untrusted(spark, tmp_path, 
     (entry,) = read_data_loss_log(loss_log)
     assert (entry["from_seq"], entry["to_seq"]) == (lost_from, last)
     assert entry["hole"].startswith(segment if at is None else f"{segment} @{at}: seqs {lost_from}..{last} not read")
+
+
+@pytest.mark.parametrize("kind", ["lost", "overlap"])
+def test_a_stream_that_skips_overlaps_and_lost_segments_names_them(spark, tmp_path, kind):
+    """A segment lost beside its index, or two files claiming the same seqs: with failOnDataLoss=false the stream
+    failed (a plain format error, not a hole it could skip), or before that read both files. Now it hands on nothing
+    of what cannot be trusted and logs the seqs with the file: the lost segment's, or every seq of an overlapping
+    partition."""
+    base = copy_tree(os.path.join(data_dir("A_multi"), "events", "1"), str(tmp_path / "base" / "t" / "0"))
+    lost = os.path.join(base, "1005-2828_1795261032.ilog")
+    second = os.path.join(base, "2829-4682_1795261032.ilog")
+    if kind == "overlap":  # 1005-2828 and 2829-4682 compacted into one output; the second input resurrected
+        with open(os.path.join(base, "1005-4682_1795261032.ilog"), "wb") as fh:
+            fh.write(open(lost, "rb").read() + open(second, "rb").read())
+    os.unlink(lost)
+    loss_log = str(tmp_path / "loss.jsonl")
+    s = Stream(spark, str(tmp_path / "base"), str(tmp_path / "ck"), failOnDataLoss="false", dataLossLog=loss_log)
+    got = s.step().seqs()
+    s.stop()
+    (entry,) = read_data_loss_log(loss_log)
+    if kind == "lost":
+        want = [seq for seq, _, _, _ in load_dump("A_multi")[("events", 1)] if not 1005 <= seq <= 2828]
+        assert got == {("t", 0): want}
+        assert (entry["from_seq"], entry["to_seq"]) == (1005, 2828)
+        assert entry["hole"].startswith(f"{os.path.join(base, '1005.index')}: seqs 1005..2828 not read ([lost-segment]")
+    else:
+        assert got == {}
+        assert (entry["from_seq"], entry["to_seq"]) == (1, 8496)
+        assert entry["hole"].startswith(f"{second}: seqs 1..8496 not read ([overlap]")
