@@ -172,6 +172,17 @@ _scan: _Scan | None = None
 _scan_lock = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    """A forked child takes a scan of its own (it is another process: its own family is ours), and a lock another
+    thread of its parent held while it forked is not held in it."""
+    global _scan, _scan_lock
+    _scan, _scan_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
 class _Scan:
     """One look at every process, indexed by the paths they hold, plus the processes started since (`add_new`)."""
 

@@ -328,3 +328,21 @@ def test_a_partition_held_only_by_exiting_processes_does_not_ask_to_stop_the_bro
     assert held_reason([exiting]).startswith("held by a process that is exiting (its files go when it ends")
     assert "stop the broker" not in held_reason([exiting])
     assert held_reason([exiting, broker]) == f"held by another process (stop the broker first, §9 rule 1): {broker}"
+
+
+def test_a_forked_child_checks_with_a_scan_and_a_lock_of_its_own(tmp_path):
+    """A worker forked while another thread of the driver was inside a check neither waits for a lock nobody in it
+    holds nor takes its parent's family for its own."""
+    import signal
+
+    from tank_log.storage import holders as module
+
+    partition_holders(tmp_path)
+    with module._scan_lock:  # held by "another thread" while the fork happens
+        pid = os.fork()
+        if pid == 0:  # the child
+            signal.alarm(30)
+            ok = partition_holders(tmp_path) == [] and module._scan.owner == os.getpid()
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
