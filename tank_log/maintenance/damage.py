@@ -8,8 +8,8 @@ operations per walked chunk), and refuses what it cannot trust with the file, th
 
 - `segment_hole`: one segment's headers walked whole, the audit's verdict (`Hole` or None);
 - `HeaderAudit`: the same audit fed by a walk the writer makes anyway (compaction's pass 1);
-- `partition_damage`: what the names say is missing: RO segments that overlap, an index whose segment file is gone,
-  files the partition scan leaves out (`Partition.unread`);
+- `partition_damage`: what the names say is missing or doubled, as the partition scan found it (`Partition.unread`:
+  overlapping segments, an index whose segment file is gone, files a reader leaves out);
 - `refuse_damage`: all of it for the segments a writer is about to trust, raised as `DamagedInput`.
 """
 
@@ -128,31 +128,10 @@ def segment_hole(seg: Segment, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Damage
 
 
 def partition_damage(part: Partition) -> list[Damage]:
-    """What the partition's names say is missing or doubled: overlapping RO segments (a resurrected compaction
-    input next to its output, §6.4, §11.15), an index whose segment file is gone (the seqs from its base up to the
-    next segment were lost with it), and the files the partition scan leaves out (`Partition.unread`)."""
-    out: list[Damage] = []
-    for a, b in zip(part.ro, part.ro[1:], strict=False):
-        if a.last is not None and b.base <= a.last:
-            why = f"overlaps {a.file_name} (seqs {b.base}..{min(a.last, b.last or a.last)} twice, §6.4)"
-            out.append(Damage(b.path, None, b.base, min(a.last, b.last or a.last), "overlap", why))
-    ro_last = part.ro[-1].last if part.ro else None
-    if part.active is not None and ro_last is not None and part.active.base <= ro_last:
-        why = f"active segment base {part.active.base} <= last RO seq {ro_last}"
-        out.append(Damage(part.active.path, None, part.active.base, ro_last, "overlap", why))
-    bases = sorted(s.base for s in part.segments)
-    for base, index in sorted(part.index_files.items()):
-        if base in bases:
-            continue
-        later = [b for b in bases if b > base]
-        if not later and (ro_last is None or base > ro_last):
-            continue  # after every segment: the index of a segment not yet written (repair deletes it)
-        last = later[0] - 1 if later else None
-        why = "an index without its segment file: the segment was lost (or deleted without its index)"
-        out.append(Damage(index, None, base, last, "orphan-index", why))
-    for u in part.unread:
-        out.append(Damage(u.path, u.offset, u.first_seq, u.last_seq, "unread", u.reason))
-    return out
+    """What the partition's names say is missing or doubled, as the partition scan found it (`Partition.unread`):
+    overlapping segments (a resurrected compaction input next to its output, §6.4, §11.15), an index whose segment
+    file is gone, files a reader leaves out."""
+    return [Damage(u.path, u.offset, u.first_seq, u.last_seq, u.code or "unread", u.reason) for u in part.unread]
 
 
 def refuse_damage(job: str, part: Partition, segments: Iterable[Segment], *, names: bool = True) -> None:

@@ -49,7 +49,7 @@ from tank_log.format.names import (
     segment_logs,
 )
 from tank_log.storage.completeness import check_segment
-from tank_log.storage.datadir import non_regular_entries
+from tank_log.storage.datadir import LOST_SEGMENT, non_regular_entries, scan_partition
 from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, our_temps, remove_if_exists, remove_our_temps
 from tank_log.storage.locking import PartitionLock
 from tank_log.storage.salvage import finish_salvage, plan_salvage_recovery, reactivate_last_ro, true_last_or
@@ -248,13 +248,12 @@ def _redundant(d: str, group: list[tuple[int, int, str]]) -> tuple[list[str] | N
 
 def _name_orphan_indexes(d: str, result: RepairResult, *, dry_run: bool) -> None:
     """Step 7 (run before step 5): an index without its segment file. Inside another segment's range (what a
-    removal of a redundant overlapping segment killed midway leaves) it indexes nothing: removed. Before the next
-    segment, its seqs were lost with the file: named (the index is the evidence; readers refuse the partition)."""
+    removal of a redundant overlapping segment killed midway leaves) it indexes nothing: removed. One the partition
+    scan takes for the evidence of a lost segment (`datadir.LOST_SEGMENT`): its seqs were lost with the file, named
+    (the index is kept; readers refuse the partition)."""
     names = sorted(os.listdir(d))
-    logs = segment_logs(names)
-    ranges = sorted((p.base, p.last) for p in logs.values())
+    ranges = sorted((p.base, p.last) for p in segment_logs(names).values())
     bases = {b for b, _ in ranges}
-    last_ro = max((p.last for p in logs.values() if p.kind is Kind.RO and p.last is not None), default=None)
     stale = []
     for n in names:
         try:
@@ -263,18 +262,14 @@ def _name_orphan_indexes(d: str, result: RepairResult, *, dry_run: bool) -> None
             continue  # the partition scan reports it
         if not isinstance(parsed, FileName) or parsed.kind is not Kind.INDEX or parsed.wide or parsed.base in bases:
             continue
-        b = parsed.base
-        if any(lo < b and (hi is None or b <= hi) for lo, hi in ranges):
+        if any(lo < parsed.base and hi is not None and parsed.base <= hi for lo, hi in ranges):
             stale.append(os.path.join(d, n))
-            continue
-        later = [lo for lo, _ in ranges if lo > b]
-        if not later and (last_ro is None or b > last_ro):
-            continue  # after every segment: step 5 and the broker's roll deal with it
-        upto = f"{later[0] - 1}" if later else "(end unknown)"
-        result.problems.append(
-            f"{n}: an index without its segment file: seqs {b}..{upto} were lost with it (restore the segment; "
-            "readers refuse the partition until then)"
-        )
+    for u in scan_partition(d, "", 0).unread:
+        if u.code == LOST_SEGMENT:
+            result.problems.append(
+                f"{os.path.basename(u.path)}: an index without its segment file: seqs {u.first_seq}..{u.last_seq} "
+                "were lost with it (restore the segment; readers refuse the partition until then)"
+            )
     result.removed += stale
     if stale and not dry_run:
         for f in stale:

@@ -100,7 +100,7 @@ def test_compaction_refuses_an_index_whose_segment_is_lost(tmp_path):
     r = cli("compact", "--force", "--broker-stopped", base)
     assert r.returncode == 1, r.stdout + r.stderr
     (rep,) = reports(r.stdout)
-    assert rep["damage"][0]["code"] == "orphan-index"
+    assert rep["damage"][0]["code"] == "lost-segment"
     assert (rep["damage"][0]["first_seq"], rep["damage"][0]["last_seq"]) == (1226, 2349)
     assert tree_digest(base) == before
 
