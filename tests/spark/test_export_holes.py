@@ -159,3 +159,31 @@ def test_overlaps_and_lost_segments_are_holes_for_the_export(tmp_path, kind, whe
         assert p["error"].startswith(f"{pdir / '1005.index'}: seqs 1005..2828 not read ([lost-segment]")
         assert p["exported_to_seq"] == 1004 and _rows(table) == _want(1004)
         assert recorded_version(DeltaTable(table), table, "t", 0)[1] == 1004
+
+
+def test_the_continuous_export_skips_a_renumbering_hole_without_committing_its_rows(tmp_path):
+    """A bundle duplicated in the middle of an RO segment renumbers every message after it: with --on-data-loss skip
+    the continuous export committed those rows (seqs the broker never gave them) and recorded past the hole. Now
+    nothing of the segment is committed, and the loss names the file and seqs."""
+    from tank_log.storage.segment import Segment
+
+    base = tmp_path / "base"
+    pdir = base / "t" / "0"
+    shutil.copytree(os.path.join(data_dir("A_multi"), "events", "1"), pdir)
+    for f in os.listdir(pdir):
+        os.chmod(pdir / f, 0o644)
+    path = pdir / SEGMENT
+    data, h = path.read_bytes(), list(Segment(str(path)).bundles())[3]
+    path.write_bytes(data[: h.offset + h.size] + data[h.offset :])
+    table = str(tmp_path / "skip-table")
+    job = _continuous(str(base), tmp_path, table, "skip")
+    deadline = time.monotonic() + 600
+    while not _caught_up(table):
+        assert job.poll() is None and time.monotonic() < deadline, open(tmp_path / "skip.log").read()[-3000:]
+        time.sleep(1)
+    os.killpg(job.pid, signal.SIGTERM)
+    assert job.wait(120) == 0, open(tmp_path / "skip.log").read()[-3000:]
+    assert _rows(table) == [r for r in _want(10**9) if not 2829 <= r[0] <= 4682]
+    (lost,) = json.load(open(tmp_path / "skip.json"))["summary"]["data_loss"]
+    assert (lost["topic"], lost["partition"], lost["from_seq"], lost["to_seq"]) == ("t", 0, 2829, 4682)
+    assert lost["hole"].startswith(f"{path} @") and "seqs 2829..4682 not read" in lost["hole"]
