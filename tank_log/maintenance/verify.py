@@ -7,7 +7,14 @@ import os
 
 from tank_log.problems import Problem
 from tank_log.storage.completeness import check_segment
-from tank_log.storage.datadir import Partition, classify_path, partitions_at, rescan_partition, scan_data_dir
+from tank_log.storage.datadir import (
+    LOST_SEGMENT,
+    Partition,
+    classify_path,
+    partitions_at,
+    rescan_partition,
+    scan_data_dir,
+)
 from tank_log.storage.holders import partition_holders
 from tank_log.storage.segment import Segment
 
@@ -29,8 +36,13 @@ def check_partition(part: Partition) -> list[Problem]:
         problems += c.problems
     problems += _layout_problems(part)
     bases = {s.base for s in part.segments}
+    lost = {u.path: u for u in part.unread if u.code == LOST_SEGMENT}
     for base, path in part.index_files.items():
-        if base not in bases:
+        if path in lost:  # the evidence of a segment file that is gone: its seqs were lost with it
+            u = lost[path]
+            message = f"seqs {u.first_seq}..{u.last_seq} lost: {u.reason.removeprefix(f'[{LOST_SEGMENT}] ')}"
+            problems.append(Problem(path, None, LOST_SEGMENT, message))
+        elif base not in bases:
             problems.append(
                 Problem(
                     path,

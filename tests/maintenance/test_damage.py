@@ -303,3 +303,13 @@ def test_damage_sweep_short_mode(tmp_path):
     assert figures["runs"] == 8
     assert figures["laundered"] == 0 and figures["bad"] == [], figures
     assert figures["survivors_lost"] == 0 and figures["renumbered"] == 0
+
+
+def test_verify_names_a_segment_lost_beside_its_index(tmp_path):
+    """An RO `.ilog` lost, its index left: verify says which seqs were lost and exits 1 (it used to warn about a
+    stale index and exit 0)."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
+    os.unlink(one(base, "1226-2349_*.ilog"))
+    r = cli("verify", base)
+    assert r.returncode == 1
+    assert f"error: {os.path.join(base, 'kv', '0', '1226.index')}: [lost-segment] seqs 1226..2349 lost:" in r.stdout
