@@ -6,7 +6,7 @@ message after it: compaction would keep the wrong survivors under the wrong seqs
 it). Every writer here goes through the same audit, on bundle headers only (no decompression: a few numpy
 operations per walked chunk), and refuses what it cannot trust with the file, the offset and the seq range:
 
-- `segment_hole`: one segment's headers walked whole, the audit's verdict (`Hole` or None);
+- `segment_hole`: one segment's headers walked whole, the audit's verdict (`Damage` or None);
 - `HeaderAudit`: the same audit fed by a walk the writer makes anyway (compaction's pass 1);
 - `partition_damage`: what the names say is missing or doubled, as the partition scan found it (`Partition.unread`:
   overlapping segments, an index whose segment file is gone, files a reader leaves out);
