@@ -135,30 +135,38 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
 
 
 def _salvage_gauge(report: dict[str, Any], previous: dict[str, float], reg: CollectorRegistry) -> None:
-    """Messages salvage cut per partition, over all runs (carried over from the file being replaced): every cut is
-    named in the log and the report too (`salvaged` actions: file, seqs, count, side file)."""
-    cut = Gauge(
-        f"{NS}_salvage_cut_messages",
-        "Messages salvage cut from torn tails (kept in side files), over all runs; a torn active bundle counts 1",
-        PARTITION,
-        registry=reg,
-    )
-    now: dict[tuple[str, str], int] = {}
+    """What salvage cut per partition, over all runs (carried over from the file being replaced): the cuts, and the
+    messages they lost where known (an RO segment's name says how many; a torn active bundle's count is unknown).
+    Every cut is named in the log and the report too (`salvaged` actions: file, seqs, count, side file)."""
+    names = {"messages": f"{NS}_salvage_cut_messages", "cuts": f"{NS}_salvage_cuts"}
+    gauges = {
+        "messages": Gauge(
+            names["messages"],
+            "Messages salvage cut from torn RO tails (kept in side files), over all runs",
+            PARTITION,
+            registry=reg,
+        ),
+        "cuts": Gauge(
+            names["cuts"], "Torn tails salvage cut (kept in side files), over all runs", PARTITION, registry=reg
+        ),
+    }
+    now: dict[str, dict[tuple[str, str], int]] = {"messages": {}, "cuts": {}}
     for entry in report.get("partitions") or []:
         step = (entry.get("steps") or {}).get("indexes") if "steps" in entry else entry
         for action in (step or {}).get("actions") or []:
             if action.get("action") == "salvaged":
                 labels = (str(entry.get("topic")), str(entry.get("partition")))
-                n = action.get("messages_cut")
-                now[labels] = now.get(labels, 0) + (1 if n is None else int(n))
-    prefix = f"{NS}_salvage_cut_messages{{"
-    before = {k: v for k, v in previous.items() if k.startswith(prefix)}
-    for key, value in before.items():
-        named = dict(pair.split("=", 1) for pair in key[len(prefix) : -1].split(","))
-        topic, pid = named["topic"].strip('"'), named["partition"].strip('"')
-        now[(topic, pid)] = now.get((topic, pid), 0) + int(value)
-    for (topic, pid), n in now.items():
-        cut.labels(topic, pid).set(n)
+                now["cuts"][labels] = now["cuts"].get(labels, 0) + 1
+                now["messages"][labels] = now["messages"].get(labels, 0) + int(action.get("messages_cut") or 0)
+    for what, gauge in gauges.items():
+        prefix = f"{names[what]}{{"  # its samples in the file being replaced
+        for key, value in previous.items():
+            if key.startswith(prefix):
+                named = dict(pair.split("=", 1) for pair in key[len(prefix) : -1].split(","))
+                labels = (named["topic"].strip('"'), named["partition"].strip('"'))
+                now[what][labels] = now[what].get(labels, 0) + int(value)
+        for (topic, pid), n in now[what].items():
+            gauge.labels(topic, pid).set(n)
 
 
 def _retention_entry(entry: dict[str, Any]) -> dict[str, Any] | None:
