@@ -369,3 +369,22 @@ def test_an_export_that_keeps_losing_its_commit_fails_in_one_line(caplog):
         error = _logged_failure("export_delta", err)
     assert error == str(err) and "internal error" not in error
     assert not any(r.exc_info for r in caplog.records)
+
+
+def test_other_rows_read_partition_values_a_file_does_not_hold(tmp_path):
+    """A file of a table partitioned by topic and partition holds neither column: its rows are those of its
+    partition values, and a file of another partition is never read for this one."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    from tank_spark.export.other_writers import _may_hold, _rows_above
+
+    path = str(tmp_path / "f.parquet")
+    pq.write_table(pa.table({"seq": pa.array([5, 6, 7], pa.int64())}), path)
+    fs = pafs.LocalFileSystem()
+    wanted = {("a", 1): 5, ("a", 2): None, ("b", 1): None}
+    assert _rows_above(fs, path, wanted, {"topic": "a", "partition": 1}) == {("a", 1): (6, 7, 2)}
+    assert _rows_above(fs, path, wanted, {"topic": "a", "partition": 2}) == {("a", 2): (5, 7, 3)}
+    assert _rows_above(fs, path, wanted, {"topic": "c", "partition": 1}) == {}
+    add = {"partition.topic": "a", "partition.partition": 1, "max.seq": 7}
+    assert _may_hold(add, "a", 1, 6) and not _may_hold(add, "a", 1, 7) and not _may_hold(add, "a", 2, None)
