@@ -70,6 +70,10 @@ def test_a_restored_table_is_exported_again_and_the_guard_keeps_what_it_lost(tmp
 
     recorded = ExportedSeqs(uri, fmt=fmt).recorded("logs", 0)
     assert (recorded.version, recorded.recorded) == (40, 80)
+    from tank_log.tools.stats import stats_path
+
+    (stats,) = stats_path(base, None, exported=ExportedSeqs(uri, fmt=fmt))
+    assert stats.export_lag_messages == 40  # 41..80: stats measures the lag behind what the table holds
     assert ("RESTORE at table version 3" if fmt == "delta" else "rollback") in recorded.undone
 
     # retention's guard keeps what the table lost: the limit (2 RO segments) wants 1..50 gone
