@@ -268,7 +268,11 @@ def spark_ts(ts_ms: np.ndarray) -> tuple[pa.Array, pa.Array]:
 
 
 def read_range(
-    r: SegmentRange, stopped_by: list[TankFormatError] | None = None, lost: list[LostRange] | None = None
+    r: SegmentRange,
+    stopped_by: list[TankFormatError] | None = None,
+    lost: list[LostRange] | None = None,
+    *,
+    trusted_only: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow batches of ROW_SCHEMA for one range (library code only; also used by the export job).
 
@@ -278,7 +282,10 @@ def read_range(
 
     Every read goes through the completeness check (`storage.completeness.SegmentAudit`): a range that cannot return
     every seq its segment's name and index claim raises `HoleError` (file, offset, seq range) once its batches are
-    out; the error says up to which seq they can be trusted (`Hole.trusted_through`).
+    out; the error says up to which seq they can be trusted (`Hole.trusted_through`). With `trusted_only` (for a
+    reader that keeps what a failed range handed on: a stream that skips holes), a headers-only pass over the range
+    comes first (`completeness.range_hole`) and no row past that seq is handed on; a Spark job fails whole on the
+    error and the export drops what a range read past it (`export.corruption`), so they need not pay for it.
 
     Raises:
         TankFormatError: malformed data or a hole (file and offset) — unless `stopped_by` is given: then the read
@@ -289,27 +296,31 @@ def read_range(
     reuse_freed_buffers()  # an executor's Python worker decodes chunk after chunk (jobs/allocator.py)
     skip_pandas_detection()  # and builds Arrow arrays: pyarrow would import pandas (format/arrow.py)
     try:
-        yield from _read_checked(r, lost, 0)
+        yield from _read_checked(r, lost, 0, trusted_only)
     except TankFormatError as err:
         if stopped_by is None:
             raise
         stopped_by.append(err)
 
 
-def _read_checked(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> Iterator[pa.RecordBatch]:
+def _read_checked(
+    r: SegmentRange, lost: list[LostRange] | None, moves: int, trusted_only: bool
+) -> Iterator[pa.RecordBatch]:
     if r.hole is not None:
         raise r.hole.error()
     if r.error is not None:
         raise TankFormatError(r.error, r.error_path, r.error_offset)
     try:
-        yield from _read_range(r)
+        yield from _read_range(r, trusted_only)
     except FileNotFoundError:
         if moves >= MOVE_RETRIES:
             raise FileNotFoundError(f"{r.path}: segment vanished on {MOVE_RETRIES} re-plans of its range") from None
-        yield from _read_moved(r, lost, moves + 1)
+        yield from _read_moved(r, lost, moves + 1, trusted_only)
 
 
-def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> Iterator[pa.RecordBatch]:
+def _read_moved(
+    r: SegmentRange, lost: list[LostRange] | None, moves: int, trusted_only: bool
+) -> Iterator[pa.RecordBatch]:
     """Read the seqs of a range whose segment vanished since planning from the partition's segments now."""
     lo, hi = r.seqs
     try:
@@ -327,16 +338,19 @@ def _read_moved(r: SegmentRange, lost: list[LostRange] | None, moves: int) -> It
     bounds = Bounds(min_seq=lo, max_seq=hi, min_ts=r.min_ts, max_ts=r.max_ts)
     for sf in segments:
         for sub in segment_ranges(r.topic, r.partition, sf, bounds, split_bytes=1 << 62):
-            yield from _read_checked(sub, lost, moves)
+            yield from _read_checked(sub, lost, moves, trusted_only)
 
 
-def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
-    """The range's rows, none past what the evidence trusts: a headers-only pass over the range comes first
-    (`completeness.range_hole`), so a hole that renumbers the rows before it fails the range before they are out."""
+def _read_range(r: SegmentRange, trusted_only: bool) -> Iterator[pa.RecordBatch]:
+    """The range's rows; with `trusted_only`, none past what the evidence trusts: a headers-only pass over the range
+    comes first (`completeness.range_hole`), so a hole that renumbers the rows before it fails the range before they
+    are out."""
     seg = Segment(r.path, r.base)
     topic = pa.array([r.topic], pa.string())
     stop_seq = r.stop_seq if r.stop is not None else None
-    found = range_hole(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
+    found = None
+    if trusted_only:
+        found = range_hole(seg, start=r.start, next_seq=r.next_seq, stop_offset=r.stop, stop_seq=stop_seq)
     max_seq = r.max_seq
     if found is not None:
         if found.trusted_through < r.seqs[0]:
@@ -379,6 +393,6 @@ def _read_range(r: SegmentRange) -> Iterator[pa.RecordBatch]:
         )
     if found is not None:
         raise found.error()
-    hole = audit.finish(chunks.tail, limit_seq=r.max_seq, rest_checked=True)
+    hole = audit.finish(chunks.tail, limit_seq=r.max_seq, rest_checked=trusted_only)
     if hole is not None:  # the read could not return every seq the segment claims (storage/completeness.py)
         raise hole.error()

@@ -175,7 +175,7 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, SegmentRange)  # what `partitions` plans
         lost: list[LostRange] = []
         try:
-            yield from read_range(partition, lost=lost)
+            yield from read_range(partition, lost=lost, trusted_only=True)  # nothing a skipped hole distrusts
         except HoleError as err:  # seqs the partition claims that cannot be read (storage/completeness.py)
             h = err.hole
             last = h.last_seq if h.last_seq is not None else partition.seqs[1]
