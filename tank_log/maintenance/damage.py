@@ -8,6 +8,7 @@ operations per walked chunk), and refuses what it cannot trust with the file, th
 
 - `segment_hole`: one segment's headers walked whole, the audit's verdict (`Damage` or None);
 - `HeaderAudit`: the same audit fed by a walk the writer makes anyway (compaction's pass 1);
+- `tail_hole`: the same verdict from a segment's first bundle and its bytes after its last index entry (cheap);
 - `partition_damage`: what the names say is missing or doubled, as the partition scan found it (`Partition.unread`:
   overlapping segments, an index whose segment file is gone, files a reader leaves out);
 - `refuse_damage`: all of it for the segments a writer is about to trust, raised as `DamagedInput`.
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.decode import BundleTable
+from tank_log.format.index import usable_entries
 from tank_log.storage.completeness import Hole, SegmentAudit
 from tank_log.storage.datadir import Partition
 from tank_log.storage.segment import DEFAULT_CHUNK_BYTES, Segment, SegmentWalk
@@ -127,6 +129,35 @@ def segment_hole(seg: Segment, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Damage
     return audit.finish(walk)
 
 
+def tail_hole(seg: Segment) -> Damage | None:
+    """`segment_hole` at the cost of a segment's first bundle header and its bytes after its last usable index
+    entry, for what a writer does not read anyway (compaction's "nothing-to-do", the young tail it leaves). A bundle
+    cut out or duplicated anywhere before the last entry moves the bytes under it: the entry then points at another
+    bundle (the seqs counted from it end off the name's last) or inside one (a malformed header); after it, the
+    count ends off the name's last too; a truncation or a torn tail ends the walk early. A segment without two
+    usable entries is walked whole (`segment_hole`)."""
+    entries = usable_entries(seg.index_path, seg.size)
+    if len(entries) < 2 or seg.is_active:
+        return segment_hole(seg)
+    try:  # the first walked chunk (64 KiB) for the first bundle's seq; the walk is dropped, and its file closed
+        _, head = next(seg.tables(chunk_bytes=1 << 16), (0, None))
+    except TankFormatError as err:
+        return Damage(seg.path, err.offset, seg.base, seg.last, "format", err.message)
+    if head is not None and len(head) and int(head.firsts[0]) != seg.base:
+        why = f"name says base {seg.base}, first message has seq {int(head.firsts[0])}"
+        return Damage(seg.path, 0, seg.base, seg.last, "name-base", why)
+    rel, off = entries[-1]
+    audit = SegmentAudit(seg, start=off, next_seq=seg.base + rel)
+    walk = seg.tables(start=off, next_seq=seg.base + rel)
+    try:
+        for base, table in walk:
+            audit.observe(base, table, None)
+    except TankFormatError as err:
+        return Damage.of_hole(audit.failed(err))
+    hole = audit.finish(walk.tail)
+    return None if hole is None else Damage.of_hole(hole)
+
+
 def partition_damage(part: Partition) -> list[Damage]:
     """What the partition's names say is missing or doubled, as the partition scan found it (`Partition.unread`):
     overlapping segments (a resurrected compaction input next to its output, §6.4, §11.15), an index whose segment
@@ -134,16 +165,18 @@ def partition_damage(part: Partition) -> list[Damage]:
     return [Damage(u.path, u.offset, u.first_seq, u.last_seq, u.code or "unread", u.reason) for u in part.unread]
 
 
-def refuse_damage(job: str, part: Partition, segments: Iterable[Segment], *, names: bool = True) -> None:
-    """Raise `DamagedInput` naming every damage of `segments` (their headers walked) and, with `names`, of the
-    partition's names; return when there is none.
+def refuse_damage(
+    job: str, part: Partition, segments: Iterable[Segment], *, names: bool = True, quick: bool = False
+) -> None:
+    """Raise `DamagedInput` naming every damage of `segments` (their headers walked; with `quick`, `tail_hole`'s
+    walk) and, with `names`, of the partition's names; return when there is none.
 
     Raises:
         DamagedInput: what was found (nothing was written yet: the caller writes only after this returns).
     """
     damage = partition_damage(part) if names else []
     for seg in segments:
-        hole = segment_hole(seg)
+        hole = tail_hole(seg) if quick else segment_hole(seg)
         if hole is not None:
             damage.append(hole)
     if damage:

@@ -107,7 +107,8 @@ def _audited_inputs(
 ) -> list[Segment] | None:
     """`_inputs_to_compact` after the readers' completeness check (`maintenance.damage`): the partition's names
     (overlaps, an index whose segment is gone, files a reader leaves out) always; the RO segments this run does not
-    read in pass 1 (a young tail, or all of them when there is nothing to do) by their headers. The inputs are
+    read in pass 1 (a young tail, or all of them when there is nothing to do) by their first bundle and their bytes
+    after their last index entry (`damage.tail_hole`: cheap, as a nothing-to-do must be). The inputs are
     audited by pass 1 itself, on the headers it walks anyway. No "nothing-to-do" over a hole.
 
     Raises:
@@ -116,7 +117,7 @@ def _audited_inputs(
     refuse_damage("compaction", part, [])
     inputs = _inputs_to_compact(part, options, res, cleanup_mark, now_ms)
     chosen = {s.path for s in inputs or []}
-    refuse_damage("compaction", part, [s for s in part.ro if s.path not in chosen], names=False)
+    refuse_damage("compaction", part, [s for s in part.ro if s.path not in chosen], names=False, quick=True)
     return inputs
 
 
