@@ -262,9 +262,14 @@ def _lost_segments(part: Partition) -> list[Unread]:
         last = later[0] - 1
         known = _indexed_seq(path, b)
         named = "" if known is None else f" (its index names seqs up to at least {known})"
+        held = [p for p, t in part.leftovers if t.inner is not None and t.inner.base == b]
+        if held:  # a compaction was interrupted (or runs) between renaming its input and the input's index (§6.4)
+            where = f"is under a compaction temporary name ({os.path.basename(held[0])}): `tank-log repair` resolves it"
+        else:
+            where = "is gone; lost unless the file is restored"
         reason = (
-            f"[{LOST_SEGMENT}] index without its segment: the `.ilog` of base {b} is gone{named}, up to the next "
-            "segment's base; lost unless the file is restored (§2.3, §4.1)"
+            f"[{LOST_SEGMENT}] index without its segment: the `.ilog` of base {b}{named}, up to the next segment's "
+            f"base, {where} (§2.3, §4.1, §6.4)"
         )
         out.append(Unread(path, reason, first_seq=b, last_seq=last, code=LOST_SEGMENT))
     return out
