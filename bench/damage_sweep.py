@@ -117,6 +117,12 @@ def _bundles(path: str) -> list[tuple[int, int]]:
     return [(h.offset, h.offset + h.size) for h in Segment(path).bundles()]
 
 
+def _sparse(path: str) -> list[bool]:
+    from tank_log.storage.segment import Segment
+
+    return [h.sparse for h in Segment(path).bundles()]
+
+
 def _partitions(base: str) -> list[str]:
     return sorted(p for p in glob.glob(os.path.join(base, "*", "*")) if os.path.isdir(p) and len(_ro(p)) >= 3)
 
@@ -145,8 +151,14 @@ def damage(base: str, case: Case, rng: random.Random, scratch: str) -> None:
         start, end = bundles[rng.randrange(len(bundles))]
         data = data[:end] + data[start:end] + data[end:]
     elif kind == "missing-bundle":
-        start, end = bundles[rng.randrange(len(bundles))]
+        i = rng.randrange(len(bundles))
+        start, end = bundles[i]
         data = data[:start] + data[end:]
+        sparse = _sparse(path)
+        # a bundle cut out before a sparse one, which carries its own seqs (§3.6): nothing after it is renumbered,
+        # and the missing seqs are a gap like the producer's own, which nothing on disk tells apart (unless an index
+        # entry moved with the bytes)
+        case.undetectable = i + 1 < len(sparse) and sparse[i + 1]
     if kind in ("cut-at-boundary", "cut-inside-bundle", "duplicate-bundle", "missing-bundle"):
         with open(path, "wb") as fh:
             fh.write(data)
