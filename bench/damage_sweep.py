@@ -185,6 +185,8 @@ def damage(base: str, case: Case, rng: random.Random, scratch: str) -> None:
         return
     if kind == "orphan-index":
         os.unlink(path)
+        # the first segment's: what retention's deletion killed between the log and its index leaves (§5)
+        case.undetectable = name == ro[0]
         return
     if kind == "lost-file":
         from tank_log.format.names import parse_name
