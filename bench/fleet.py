@@ -7,8 +7,9 @@ holds its files, listens on loopback and, while up, keeps appending keyed messag
 size or age (by host). Every night, in this order:
 
 1. the producers run for --night-s seconds;
-2. every host's batch export commits into ONE Delta table on an S3 server on loopback (moto), all at once; some
-   hosts also run the continuous export all the time;
+2. every host's batch export commits into ONE Delta table on an S3 server on loopback (moto), all at once, each as
+   its own source (`export.source`: the host's name, which its retention's guard and its window's runs read too);
+   some hosts also run the continuous export all the time;
 3. each host's maintenance window, one host at a time: stop → the maintain job (`--broker-stopped`, retention with
    `keep_unexported`: the export's table) → start → ready → verify. The window steps are called directly, or, on the
    --airflow-nights, the whole window runs as the DAG tank_maintenance_window under a running Airflow scheduler;
@@ -24,8 +25,10 @@ namespace that night); two exports of one host at once (double-export: two batch
 After every night, six invariants, each a count of violations (the goal: 0):
   data          every message ever produced is in its host's TANK data, or in the table, or superseded by a later
                 message of its key (cleanup topics: what compaction may drop), or its deletion was reported data-loss
-  exactly_once  the table holds each (topic, partition, seq) once, with the producer's key and value
-  verify        `tank-log verify` finds no error on any host (the broker would serve everything)
+  exactly_once  the table holds each (source, topic, partition, seq) once, with the producer's key and value, of a
+                partition its source holds
+  verify        `tank-log verify` finds no error on any host (the broker would serve everything), and a maintain job
+                no fault touched exits 0 (as the window DAG's task must: a partition it refuses fails the window)
   processes     no process of any run is left alive once the night's work is done
   table_files   an upkeep writes at most 2 files per table partition (topic, date) and leaves fewer files than it
                 found, whatever the continuous exports commit meanwhile
@@ -40,8 +43,9 @@ partition once, whole (checked against what was produced); `verify` then also co
 messages and messages not served as produced (logs/broker-HOST.log, logs/supervisor-HOST.log). Real mode adds:
   kill-broker   each host's broker SIGKILLed every --broker-kill-every nights while a produce is in flight (a torn
                 append), then started again; the broker's recovery of it is what the next checks read
-  raw topics    a third topic per host whose retention is the broker's own (unguarded: a deleted prefix is counted
-                apart, a hole above it is a data violation)
+  raw topics    a third topic, `raw` on every host, whose retention is the broker's own (unguarded in every job
+                configuration, the window's of all hosts too: a deleted prefix is counted apart, a hole above it is a
+                data violation); the table tells the hosts' `raw` partitions apart by their rows' source
   served        a seventh invariant: after every night, producing paused, every partition consumed through the
                 broker equals `tank-log dump` of the host's data (the same before and after the consume) and what
                 was produced
@@ -111,6 +115,8 @@ BUCKET = "fleet"
 
 RETENTION = ("retention.segments.count=2", "log.retention.bytes=8192", "log.retention.secs=20")  # by host
 RETENTION_JOB = ({"segments_count": 2}, {"max_bytes": 8192}, {"max_age": "20s"})  # the same, as job configuration
+# the real broker's unguarded topic, on every host: its partitions are told apart by their source (the host's name)
+RAW = "raw"
 
 
 @dataclass
@@ -136,14 +142,15 @@ class Host:
     @property
     def topics(self) -> dict[str, bool]:
         """topic → cleanup policy (with the real broker, a third topic: `broker_retention`)."""
-        extra = {f"raw{self.index}": False} if self.real else {}
+        extra = dict.fromkeys(self.broker_retention, False)
         return {f"cdc{self.index}": True, f"ev{self.index}": False, **extra}
 
     @property
     def broker_retention(self) -> set[str]:
         """Topics whose retention the real broker applies itself, at its rolls: unguarded (what it deletes before
-        an export read it is gone, unreported), so only a prefix of such a partition may be missing."""
-        return {f"raw{self.index}"} if self.real else set()
+        an export read it is gone, unreported), so only a prefix of such a partition may be missing. Named the
+        same on every host (`RAW`), so that the configuration of all hosts can leave it unguarded too."""
+        return {RAW} if self.real else set()
 
     @property
     def config(self) -> str:
@@ -256,7 +263,7 @@ class Fleet:
         self.faults: Counter[str] = Counter()
         self.violations: Counter[str] = Counter()
         self.repro: list[dict[str, Any]] = []
-        self.losses: dict[tuple[str, int], set[int]] = {}
+        self.losses: dict[tuple[str, str, int], set[int]] = {}  # by (host, topic, partition), as all below
         self.broker_kills: Counter[str] = Counter()  # SIGKILLs of a host's real broker (the supervisor says each)
         self.broker_kills_seen: Counter[str] = Counter()
         self.kills_in_flight = 0
@@ -265,10 +272,10 @@ class Fleet:
         self.torn: list[str] = []  # active segments given a torn tail while their broker was stopped
         self.aborts_on_torn = 0  # starts at which the broker exited on such a tail (then salvaged, started again)
         self.expected_fatal: dict[str, list[tuple[int, int]]] = {}  # a log's byte ranges of those exits
-        self.served: dict[tuple[str, int], np.ndarray] = {}  # the seqs each partition's broker served tonight
+        self.served: dict[tuple[str, str, int], np.ndarray] = {}  # the seqs each partition's broker served tonight
         self.nights: list[dict[str, Any]] = []
-        self.parts = {
-            (topic, p): PartState(topic, p, cleanup)
+        self.parts = {  # a host's partition: two hosts' `RAW` topics are two partitions (their rows' source says which)
+            (h.name, topic, p): PartState(topic, p, cleanup)
             for h in self.hosts
             for topic, cleanup in h.topics.items()
             for p in range(2)
@@ -305,18 +312,30 @@ class Fleet:
 
     def job_config(self, host: Host | None = None) -> dict[str, Any]:
         """The jobs' configuration (of one host's jobs, or of all): the export's table, retention's guard on it
-        (bounded), compaction at once; with a host, the retention of its `delete` topic (a job refuses a topic its
-        data dirs do not hold, so a configuration of all hosts cannot name it). The retention of a guarded topic is
-        the job's, never its topic config's: the broker would apply that itself, exported or not (docs/FORMAT.md §5),
-        and the jobs refuse such a topic as needs-attention."""
+        (bounded), compaction at once; with a host, its source (its name: the export records it, its retention's
+        guard reads it, and the window's runs on it use it) and the retention of its `delete` topic (a job refuses a
+        topic its data dirs do not hold, so a configuration of all hosts cannot name it). The retention of a guarded
+        topic is the job's, never its topic config's: the broker would apply that itself, exported or not
+        (docs/FORMAT.md §5), and the jobs refuse such a topic as needs-attention. The real broker's `RAW` topic,
+        on every host, is the broker's own: unguarded in every configuration (the one of all hosts too)."""
         data_dirs = [host.base] if host else None
+        hosts = [host] if host else self.hosts
+        topics: dict[str, Any] = {
+            t: {"keep_unexported": False} for t in set.intersection(*(h.broker_retention for h in hosts))
+        }
+        if host:
+            topics[f"ev{host.index}"] = RETENTION_JOB[host.index % 3]
         return {
             **({"data_dirs": data_dirs} if data_dirs else {}),
-            "export": {"table": self.table, "storage_options": self.storage_options},
+            "export": {
+                "table": self.table,
+                "storage_options": self.storage_options,
+                **({"source": host.name} if host else {}),
+            },
             "retention": {
                 "time_basis": "message",
                 "keep_unexported": {"table": "export", "max_holdback_size": "2mb", "max_holdback_age": "10min"},
-                "topics": {f"ev{host.index}": RETENTION_JOB[host.index % 3]} if host else {},
+                "topics": topics,
             },
             "compaction": {"min_cleanable_ratio": 0.2},
             "maintenance_window": {"spark_master": "local[1]"},
@@ -622,7 +641,7 @@ class Fleet:
         cmd += ["--config", self.config_of(h), "--keep-unexported", "export"]
         if self.run("salvage", h, cmd) != 0:
             self.violation("verify", h.name, "the salvage of a torn tail failed", self.log_of(len(self.ran) - 1))
-        self.record_losses(self.log_of(len(self.ran) - 1))
+        self.record_losses(h, self.log_of(len(self.ran) - 1))
         self.aborts_on_torn += 1
         self.start_broker(h)
 
@@ -642,15 +661,17 @@ class Fleet:
             cmd = [os.path.join(BIN, "tank-log"), "maintain", h.base, "--broker-stopped", "--config", self.config_of(h)]
             cmd += ["--keep-unexported", "export"]
             self.run("cli-maintain", h, cmd, kill_after=kill, kill_from="plan ")  # its pool starts right after
-            self.record_losses(self.log_of(len(self.ran) - 1))
+            self.record_losses(h, self.log_of(len(self.ran) - 1))
             return
         job = [PY, os.path.join(ROOT, "jobs", "maintain.py"), "--config", self.config_of(h), "--broker-stopped"]
         job += ["--report", report, "--master", "local[1]"]
         if "full-disk" in kinds:
             self.full_disk(h, job)
         else:
-            self.run("maintain", h, job, kill_after=kill, kill_from=WORK_STARTS)
-        self.record_losses(report)
+            code = self.run("maintain", h, job, kill_after=kill, kill_from=WORK_STARTS)
+            if code != 0 and kill is None and "torn-tail" not in kinds:
+                self.violation("verify", h.name, f"the maintain job exited {code}", self.log_of(len(self.ran) - 1))
+        self.record_losses(h, report)
 
     def full_disk(self, h: Host, job: list[str]) -> None:
         """The maintain job with the host's data on a full tmpfs (a private mount namespace: the mount is gone with
@@ -677,7 +698,7 @@ class Fleet:
         ran = self.ran[i]
         return os.path.join(self.work, "logs", f"{i:05d}-{ran.what}-{ran.host}.log")
 
-    def record_losses(self, path: str) -> None:
+    def record_losses(self, h: Host, path: str) -> None:
         """Seqs deleted before the table had them, as retention reported them (data-loss): from a job's report or
         the CLI's output lines."""
         try:
@@ -692,7 +713,9 @@ class Fleet:
         for entry in entries:
             retention = entry.get("steps", {}).get("retention", {})
             for first, last in retention.get("deleted_unexported") or []:
-                self.losses.setdefault((entry["topic"], entry["partition"]), set()).update(range(first, last + 1))
+                self.losses.setdefault((h.name, entry["topic"], entry["partition"]), set()).update(
+                    range(first, last + 1)
+                )
 
     def window_by_airflow(self, n: int, faults: dict[str, list[str]]) -> None:
         """The whole window as the DAG tank_maintenance_window, triggered by hand, under the running scheduler."""
@@ -718,9 +741,10 @@ class Fleet:
             what = f"the window DAG run {run_id} ended {state}; tasks not as expected: {wrong}"
             self.violation("verify", "all", what, af.explain("tank_maintenance_window", run_id))
         reports = af.env["AIRFLOW_VAR_TANK_LOG_REPORTS"]
-        for report in sorted(os.listdir(reports)):
-            if report.startswith("maintain-") and run_id.replace(":", "").replace("+", "_") in report:
-                self.record_losses(os.path.join(reports, report))
+        for h in self.hosts:
+            for report in sorted(os.listdir(reports)):
+                if report.startswith(f"maintain-{h.name}-") and run_id.replace(":", "").replace("+", "_") in report:
+                    self.record_losses(h, os.path.join(reports, report))
 
     # ---- invariants -----------------------------------------------------------------------------------------------
 
@@ -746,8 +770,8 @@ class Fleet:
         for h in self.hosts:
             for topic, cleanup in h.topics.items():
                 for p in range(2):
-                    state = self.parts[(topic, p)]
-                    present = in_tank.get((topic, p), np.zeros(0, bool))
+                    state = self.parts[(h.name, topic, p)]
+                    present = in_tank.get((h.name, topic, p), np.zeros(0, bool))
                     top = state.top
                     produced += top
                     exported += int(state.in_table[: top + 1].sum())
@@ -759,7 +783,7 @@ class Fleet:
                         deleted += int((~tank[1:]).sum())  # by retention: in the table, or reported lost
                     compacted += int((~tank & state.superseded[: top + 1]).sum())  # dropped by compaction
                     lost = np.zeros(top + 1, bool)
-                    for seq in self.losses.get((topic, p), ()):
+                    for seq in self.losses.get((h.name, topic, p), ()):
                         if seq <= top:
                             lost[seq] = True
                     reported_lost += int((missing & lost).sum())
@@ -769,7 +793,7 @@ class Fleet:
                         horizon = int(held[0]) if len(held) else top + 1
                         broker_deleted += int(missing[:horizon].sum())
                         missing[:horizon] = False
-                    seqs = self.served.get((topic, p))
+                    seqs = self.served.get((h.name, topic, p))
                     if seqs is not None:
                         served_in_table += int(state.in_table[seqs[seqs <= top]].sum())
                     for seq in np.flatnonzero(missing & ~state.superseded[: top + 1] & ~lost)[:20].tolist():
@@ -830,7 +854,7 @@ class Fleet:
                     got = {
                         (t, p): consume_from(h.real[1], f"127.0.0.1:{h.port}", t, p)
                         for t, p in partitions(h.base)
-                        if (t, p) in self.parts
+                        if (h.name, t, p) in self.parts
                     }
                 except BrokerFailed as e:
                     self.violation("served", h.name, f"a consume failed: {e}")
@@ -852,11 +876,11 @@ class Fleet:
                 )
                 what = f"{topic}/{p}: served {len(msgs)} messages, tank-log dump {len(want)}; first difference at #{i}"
                 self.violation("served", h.name, what)
-            cleanup = self.parts[(topic, p)].cleanup
+            cleanup = self.parts[(h.name, topic, p)].cleanup
             wrong = [m.seq for m in msgs if (m.key, m.value) != fleet_message(topic, p, m.seq, cleanup)]
             if wrong:
                 self.violation("served", h.name, f"{topic}/{p} seqs {wrong[:10]}: served, not as produced")
-            self.served[(topic, p)] = np.array([m.seq for m in msgs], np.int64)
+            self.served[(h.name, topic, p)] = np.array([m.seq for m in msgs], np.int64)
             compared += len(msgs)
         return compared
 
@@ -886,16 +910,16 @@ class Fleet:
                 if any(mark in line for mark in (*FATAL_MARKS, "the broker failed", "not as produced")):
                     self.violation("verify", h.name, f"the real broker: {line.strip()[:300]}", path)
 
-    def read_tank(self) -> dict[tuple[str, int], np.ndarray]:
+    def read_tank(self) -> dict[tuple[str, str, int], np.ndarray]:
         """Which seqs each partition holds now (bool by seq), each checked against what was produced (retention and
         compaction keep TANK's data small, so all of it every night), and the produced messages up to the last seq
         accounted (`PartState`)."""
         from tank_log.storage.datadir import rescan_partition, scan_data_dir
 
-        out: dict[tuple[str, int], np.ndarray] = {}
+        out: dict[tuple[str, str, int], np.ndarray] = {}
         for h in self.hosts:
             for part in scan_data_dir(h.base).partitions():
-                key = (part.topic, part.id)
+                key = (h.name, part.topic, part.id)
                 state = self.parts[key]
                 for _ in range(10):  # the stand-in rolls and deletes segments meanwhile: read the partition again
                     try:
@@ -927,8 +951,8 @@ class Fleet:
         return seqs, fresh
 
     def read_table(self, full: bool) -> None:
-        """The rows of the table's files not read before (all of them after an upkeep): each (topic, partition,
-        seq) once, as produced."""
+        """The rows of the table's files not read before (all of them after an upkeep): each (source, topic,
+        partition, seq) once, as produced, and of a partition its source (the host that exported it) holds."""
         import pyarrow.dataset as ds
         from deltalake import DeltaTable
 
@@ -941,16 +965,20 @@ class Fleet:
         if not fragments:
             return
         new = ds.FileSystemDataset(fragments, dataset.schema, dataset.format, dataset.filesystem)
-        t = new.to_table(columns=["topic", "partition", "seq", "key", "value"])
+        t = new.to_table(columns=["source", "topic", "partition", "seq", "key", "value"])
         self.table_files_read.update(f.path for f in fragments)
-        for topic, p, seq, key, value in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
-            state = self.parts[(topic, p)]
+        for source, topic, p, seq, key, value in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
+            found = self.parts.get((source, topic, p))
+            if found is None:  # a row of another source than the host that holds the partition
+                self.violation("exactly_once", str(source), f"{topic}/{p} seq {seq}: in the table as of {source!r}")
+                continue
+            state = found
             state.grow(seq)
             if state.in_table[seq]:
-                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table twice")
+                self.violation("exactly_once", source, f"{topic}/{p} seq {seq} in the table twice")
             state.in_table[seq] = True
             if (key or b"", value) != fleet_message(topic, p, seq, state.cleanup):
-                self.violation("exactly_once", topic, f"{topic}/{p} seq {seq} in the table: not as produced")
+                self.violation("exactly_once", source, f"{topic}/{p} seq {seq} in the table: not as produced")
 
     def table_files(self) -> tuple[int, int]:
         """The table's active files and its partitions (topic, date) that hold them."""
