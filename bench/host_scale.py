@@ -10,10 +10,11 @@ with the library's writer. Each size then goes through, as real processes, timed
 - `import_delta`: jobs/import_delta.py of the Delta table into a fresh base path;
 - `audit`: `tank-log audit --table DELTA BASE`.
 
-Per size and step: wall, CPU (user+sys of the step's process and the children it waited for, from wait4), peak RSS
-(VmHWM of every process of the tree, polled; the largest, and the largest's command), bytes read and written
-(/proc/<pid>/io of the step's process, which counts its reaped descendants), files in the table, seconds per GB and
-per partition, and the growth: a step's s/GB over the smallest size's. The load average is read before each step.
+Per size and step: wall; CPU (user+sys of the whole tree: RUSAGE_CHILDREN, this process being the tree's
+subreaper, so Spark's orphaned JVM counts); peak RSS (VmHWM of every process of the tree, polled: the largest and
+whose); bytes read and written (this process's /proc/self/io, where every reaped process's bytes end up); files in
+the table; seconds per GB and per partition; the growth: a step's s/GB over the smallest size's. The load average
+is read before each step.
 
 Run: python bench/host_scale.py [--sizes 0.25,1,4] [--partition-mb 2.5] [--steps ...] [--workdir DIR]
      python bench/host_scale.py --short      (a few MB over ~20 partitions: the suite's check that it still works)
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -31,6 +33,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -162,60 +165,92 @@ class Watch:
 
     pid: int
     peaks: dict[int, tuple[int, str]] = field(default_factory=dict)
+    cpu_ticks: dict[int, int] = field(default_factory=dict)  # each process's own user+sys, last seen
     done: threading.Event = field(default_factory=threading.Event)
 
     def poll(self) -> None:
         for p in _tree(self.pid):
+            try:
+                with open(f"/proc/{p}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                self.cpu_ticks[p] = int(fields[11]) + int(fields[12])  # utime, stime: its own, not its children's
+            except (OSError, IndexError, ValueError):
+                pass
             hwm = _status_kib(p, "VmHWM:")
             if hwm and hwm > self.peaks.get(p, (0, ""))[0]:
-                self.peaks[p] = (hwm, self.peaks.get(p, (0, ""))[1] or _comm(p))
+                self.peaks[p] = (hwm, _comm(p))  # read again: a launcher script execs the JVM
 
     def run(self) -> None:
         while not self.done.wait(0.1):
             self.poll()
 
 
+def _subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Spark's JVM outlives the driver that started it):
+    reaping them adds their CPU to RUSAGE_CHILDREN and their I/O to this process's /proc/self/io."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _reap_orphans(deadline_s: float) -> None:
+    """Wait for the descendants reparented to us (they end once their driver has gone)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
 def run_step(cmd: list[str], env: dict[str, str] | None = None, ok: tuple[int, ...] = (0,)) -> dict:
-    """Run cmd as a process: wall, CPU, peak RSS of its tree, bytes read and written, its exit code."""
+    """Run cmd as a process: wall, CPU and bytes read and written by its whole tree (its orphans reaped here), the
+    peak RSS of every process of it, its exit code."""
     load = load_average()
+    _subreaper()
+    io0, ru0 = _io(os.getpid()), resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     watch = Watch(proc.pid)
     th = threading.Thread(target=watch.run, daemon=True)
     th.start()
-    out, err = b"", b""
-    # read its output in threads so a full pipe never stalls it; wait for it without reaping it, to read its io
     chunks: dict[str, bytes] = {}
 
-    def drain(name: str, stream) -> None:
+    def drain(name: str, stream: Any) -> None:
         chunks[name] = stream.read()
 
     readers = [threading.Thread(target=drain, args=(n, s)) for n, s in (("out", proc.stdout), ("err", proc.stderr))]
     for r in readers:
         r.start()
-    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    _, status, _ = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
     watch.done.set()
     th.join()
-    io = _io(proc.pid)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    _reap_orphans(60.0)
     for r in readers:
         r.join()
+    io1, ru1 = _io(os.getpid()), resource.getrusage(resource.RUSAGE_CHILDREN)
     out, err = chunks.get("out", b""), chunks.get("err", b"")
     if proc.returncode not in ok:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode(errors='replace')[-3000:]}")
-    peak_kib, peak_of = max(watch.peaks.values(), default=(usage.ru_maxrss, "?"))
+    peak_kib, peak_of = max(watch.peaks.values(), default=(ru1.ru_maxrss, "?"))
+    polled = sum(watch.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
     return {
         "load_average": load,
         "wall_s": round(wall, 2),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "peak_rss_mib": round(max(peak_kib, usage.ru_maxrss) / 1024, 1),
+        # the larger of the reaped tree's and the sum of what each process was last seen to have used: processes
+        # whose parent ignores SIGCHLD (Spark's Python workers) are reaped without adding to anyone's
+        "cpu_s": round(max(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, polled), 2),
+        "cpu_reaped_s": round(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 2),
+        "cpu_polled_s": round(polled, 2),
+        "peak_rss_mib": round(peak_kib / 1024, 1),
         "peak_rss_of": peak_of,
         "processes": len(watch.peaks),
-        "read_mb": round(io.get("read_bytes", 0) / 1e6, 1),
-        "written_mb": round(io.get("write_bytes", 0) / 1e6, 1),
-        "rchar_mb": round(io.get("rchar", 0) / 1e6, 1),
+        "read_mb": round((io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / 1e6, 1),
+        "written_mb": round((io1.get("write_bytes", 0) - io0.get("write_bytes", 0)) / 1e6, 1),
         "exit": proc.returncode,
         "stdout": out.decode(errors="replace"),
     }
@@ -259,6 +294,11 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
         r.pop("stdout")
         if table:
             r["table_files"] = table_files(table)
+            r["table_mb"] = round(du(table)[0] / 1e6, 1)
+        if "--report" in cmd:  # a job: where it ran (the driver, or Spark's executors past in_driver_max_bytes)
+            with open(cmd[cmd.index("--report") + 1]) as fh:
+                report = json.load(fh)
+            r["executed_on"] = (report.get("summary") or {}).get("executed_on") or report.get("executed_on")
         out[name] = r
         print(json.dumps({"size_gb": size_gb, "step": name, **r}), flush=True)
 

@@ -41,6 +41,8 @@ def test_short_run_reports_every_step_of_the_host(tmp_path):
         assert step["s_per_gb"] > 0 and step["ms_per_partition"] > 0, name
     assert size["steps"]["export_delta"]["table_files"] > 0
     assert size["steps"]["export_iceberg"]["table_files"] > 0
+    assert size["steps"]["export_delta"]["table_mb"] > 0
+    assert {size["steps"][s]["executed_on"] for s in ("maintain_job", "export_delta", "import_delta")} == {"driver"}
     assert size["steps"]["export_delta"]["written_mb"] > 0  # the tree's bytes written are counted
     # maintain did its work: retention deleted from the delete topics, compaction shrank the cleanup topics
     assert host["bytes_after_maintain"] < host["bytes"]
