@@ -199,9 +199,17 @@ def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[tuple[tu
     return out
 
 
+STRING_STATS_CHARS = 32  # a string column's min/max are cut to this many characters, as Delta's writers cut them
+
+
 class FileStats:
-    """Delta per-file statistics, summed over a file's row groups: numRecords, min/max of numeric, timestamp and date
-    columns (none for a column holding NaN), null counts."""
+    """Delta per-file statistics, summed over a file's row groups: numRecords, min/max of numeric, timestamp, date and
+    string columns (none for a column holding NaN), null counts.
+
+    Strings get bounds too: a reader that prunes files by these statistics may take a column without bounds for one
+    that matches nothing (delta-rs' dataset does, for a filter on `topic` or `source`). A long string's bounds are
+    cut as Delta's writers cut them: the min to its prefix, the max to its prefix with the last character raised
+    (`string_bounds`)."""
 
     def __init__(self) -> None:
         self.rows = 0
@@ -219,7 +227,12 @@ class FileStats:
             self.nulls[name] = self.nulls.get(name, 0) + col.null_count
             t = self.types.setdefault(name, col.type)
             if not (
-                pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
+                pa.types.is_integer(t)
+                or pa.types.is_floating(t)
+                or pa.types.is_timestamp(t)
+                or pa.types.is_date(t)
+                or pa.types.is_string(t)
+                or pa.types.is_large_string(t)
             ) or col.null_count == len(col):
                 continue
             mm = pc.min_max(col)
@@ -242,8 +255,30 @@ class FileStats:
                 )
             elif pa.types.is_date(t):
                 lo, hi = lo.isoformat(), hi.isoformat()
+            elif isinstance(lo, str):
+                bounds = string_bounds(lo, hi)
+                if bounds is None:
+                    continue
+                lo, hi = bounds
             mins[name], maxs[name] = lo, hi
         return {"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls}
+
+
+def string_bounds(lo: str, hi: str) -> tuple[str, str] | None:
+    """A string column's (min, max) as statistics: each at most `STRING_STATS_CHARS` characters, the min a prefix of
+    the least value (never above it), the max the greatest value's prefix with its last raisable character raised
+    (never below it); None when no such max exists (every character of the prefix is the highest code point)."""
+    n = STRING_STATS_CHARS
+    if len(hi) <= n:
+        return lo[:n], hi
+    prefix = hi[:n]
+    for i in range(len(prefix) - 1, -1, -1):
+        code = ord(prefix[i]) + 1
+        if 0xD800 <= code <= 0xDFFF:  # surrogates are not characters: step over them
+            code = 0xE000
+        if code <= 0x10FFFF:
+            return lo[:n], prefix[:i] + chr(code)
+    return None
 
 
 @dataclass

@@ -388,3 +388,31 @@ def test_other_rows_read_partition_values_a_file_does_not_hold(tmp_path):
     assert _rows_above(fs, path, wanted, {"topic": "c", "partition": 1}) == {}
     add = {"partition.topic": "a", "partition.partition": 1, "max.seq": 7}
     assert _may_hold(add, "a", 1, 6) and not _may_hold(add, "a", 1, 7) and not _may_hold(add, "a", 2, None)
+
+
+def test_string_bounds_hold_every_value_in_32_characters():
+    from tank_spark.export.files import string_bounds
+
+    assert string_bounds("events", "small") == ("events", "small")
+    lo, hi = string_bounds("a" * 40, "é" * 40)
+    assert lo == "a" * 32 and lo <= "a" * 40 and len(hi) == 32 and hi > "é" * 40 and hi == "é" * 31 + "ê"
+    top = chr(0x10FFFF)
+    assert string_bounds("a", "b" + top * 40) == ("a", "c")
+    assert string_bounds("a", top * 40) is None
+    assert string_bounds("a", "x" * 31 + chr(0xD7FF) + "y")[1] == "x" * 31 + chr(0xE000)
+
+
+def test_a_table_without_partitions_filters_by_topic_and_source_in_delta_rs(tmp_path):
+    """delta-rs' dataset prunes a file whose statistics give a filtered column no bounds: with string bounds in the
+    statistics, a filter on `topic` or `source` of an unpartitioned table finds every row (it found none)."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from tank_spark.export.job import main
+
+    table = str(tmp_path / "table")
+    assert main(["--master", "local[1]", "--data-dir", data_dir("A_multi"), "--table", table, "--partition-by="]) == 0
+    dataset = DeltaTable(table).to_pyarrow_dataset()
+    assert dataset.to_table(filter=ds.field("topic") == "small").num_rows == 720
+    source = dataset.to_table(columns=["source"])["source"][0].as_py()
+    assert dataset.to_table(filter=ds.field("source") == source).num_rows == 17537
