@@ -30,7 +30,7 @@ from tank_log.errors import ImportRefused, JobConfigError, RunFailed, TankFormat
 from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.broker_config import PartitionConfig, load_config, parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
-from tank_log.jobs.flags import add_storage_option, add_table_format
+from tank_log.jobs.flags import add_source, add_storage_option, add_table_format
 from tank_log.lakehouse import LakeTable, TableLocation
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.fsutil import atomic_write, fsync_dir
@@ -80,6 +80,7 @@ class ImportSettings:
     table_bytes: int  # the size of the table's files holding the selected topics (`in_driver`)
     # topic (and `<topic>/<N>` for a partition's) → the `config` text the export recorded
     topic_configs: dict[str, str] = field(default_factory=dict)
+    rows_of: ds.Expression | None = None  # the rows of the broker being restored (`source_rows`; None: every row)
 
 
 Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
@@ -95,6 +96,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="continue partitions that exist with their rows above the partition's last seq (default: refuse them)",
     )
     p.add_argument("--segment-bytes", metavar="SIZE", help="roll segments at this size (default: log.segment.bytes)")
+    add_source(p)
 
 
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
@@ -131,7 +133,8 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         )
     check_column_types(location, names)
     segment_bytes = parse_size_arg(args.segment_bytes, "--segment-bytes") if args.segment_bytes else None
-    keys = checked_keys(ctx, location, delta)  # before anything is written: a refused table writes nothing
+    rows_of = source_rows(location, delta, args.source or cfg.source)
+    keys = checked_keys(ctx, location, delta, rows_of)  # before anything is written: a refused table writes nothing
     if not os.path.isdir(base):  # a new base path (`build_context` checked its parent): seeding a new cluster
         if ctx.dry_run:
             log.info("import: would create the base path %s", base)
@@ -153,8 +156,43 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         pa.types.is_string(value_type) or pa.types.is_large_string(value_type),
         _table_bytes(delta, ctx.topics),
         recorded_topic_configs(delta.history(limit=LOOKBACK)),
+        rows_of,
     )
     return settings, plan_import(settings, keys)
+
+
+def source_rows(location: TableLocation, delta: LakeTable, source: str | None) -> ds.Expression | None:
+    """The filter of the rows of broker `source` (its own, and those written before sources if the table says they
+    are its, `lakehouse.owns_unsourced`); None: every row, for a table of one source (or none) when no source is
+    given.
+
+    Raises:
+        JobConfigError: a table holding several brokers' rows and no source given (they would collide), or a source
+            the table holds no rows of; naming the sources it holds.
+    """
+    import pyarrow.dataset as pds
+
+    from tank_log.lakehouse import LEGACY_SOURCE_KEY, check_source, owns_unsourced
+
+    if "source" not in delta.arrow_schema().names:
+        return None
+    held = sorted(s for s in pc.unique(delta.to_pyarrow_dataset().to_table(columns=["source"])["source"]).to_pylist()
+                  if s is not None)  # fmt: skip
+    if source is None:
+        if len(held) > 1:
+            raise JobConfigError(
+                f"table {location} holds the rows of {len(held)} brokers ({', '.join(held)}): pass --source NAME "
+                "(or export.source), the broker whose partitions to restore"
+            )
+        return None
+    check_source(source, "--source")
+    owned = owns_unsourced(source, delta.properties().get(LEGACY_SOURCE_KEY))
+    if source not in held and not owned:
+        raise JobConfigError(
+            f"table {location} holds no rows of source {source!r} (it holds {', '.join(held) or 'none'})"
+        )
+    mine = pds.field("source") == source
+    return mine | pds.field("source").is_null() if owned else mine
 
 
 def check_readable(location: TableLocation, delta: LakeTable) -> None:
@@ -202,7 +240,9 @@ def check_column_types(location: TableLocation, fields: dict[str, pa.Field]) -> 
             )
 
 
-def checked_keys(ctx: JobContext, location: TableLocation, delta: LakeTable) -> pa.Table:
+def checked_keys(
+    ctx: JobContext, location: TableLocation, delta: LakeTable, rows_of: ds.Expression | None = None
+) -> pa.Table:
     """The table's key columns (topic, partition, seq) of the selected topics, checked before anything is written:
     every row has them; each topic is a directory name the broker loads (§1.3) and each partition id is in 0..65529
     (§8), so nothing is ever written outside the base path; seqs are at least 1 and unique in their partition (§3.6);
@@ -214,7 +254,7 @@ def checked_keys(ctx: JobContext, location: TableLocation, delta: LakeTable) -> 
     """
     dataset = delta.to_pyarrow_dataset()
     # one thread: fewer Arrow workers still finishing the scan when a refusal ends the process (jobs/exits.py)
-    keys = dataset.to_table(columns=["topic", "partition", "seq"], use_threads=False)
+    keys = dataset.to_table(columns=["topic", "partition", "seq"], filter=rows_of, use_threads=False)
     if ctx.topics is not None:
         keys = keys.filter(pc.is_in(keys["topic"], pa.array(sorted(ctx.topics))))
     if not keys.num_rows:
@@ -475,7 +515,8 @@ def _stage(workers: Workers, settings: ImportSettings, work: list[ImportPlan]) -
             if dataset is None:
                 dataset = settings.location.existing().to_pyarrow_dataset()
             try:
-                yield from stage_rows(base, run_id, _read(dataset, settings.value_is_text, p), append, p.segment_bytes)
+                rows = _read(dataset, settings.value_is_text, p, settings.rows_of)
+                yield from stage_rows(base, run_id, rows, append, p.segment_bytes)
             except ImportRefused as refused:  # a result, not a failed task: one line, no Java stack trace
                 yield str(refused)
                 return
@@ -495,7 +536,9 @@ def _stage(workers: Workers, settings: ImportSettings, work: list[ImportPlan]) -
     return staged
 
 
-def _read(dataset: ds.Dataset, value_is_text: bool, p: ImportPlan) -> Iterator[pa.RecordBatch]:
+def _read(
+    dataset: ds.Dataset, value_is_text: bool, p: ImportPlan, rows_of: ds.Expression | None = None
+) -> Iterator[pa.RecordBatch]:
     """One partition's rows from the table's dataset (above its existing last seq), sorted by seq, as the writer's
     rows, file by file: the files holding its rows in the order of their first seq, each one's share sorted, so
     memory holds one file's share of the partition, never the whole table (files whose seq ranges interleave are
@@ -505,6 +548,8 @@ def _read(dataset: ds.Dataset, value_is_text: bool, p: ImportPlan) -> Iterator[p
     cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
     if p.existing_last is not None:
         cond = cond & (ds.field("seq") > p.existing_last)
+    if rows_of is not None:
+        cond = cond & rows_of
     cols = [c for c in (*REQUIRED, TS_RAW.name, "raw_value") if c in dataset.schema.names]
     spans = []  # (first seq, last seq, file) of each file with rows of the partition
     for fragment in dataset.get_fragments(filter=cond):

@@ -27,6 +27,7 @@ from tank_log.lakehouse.table import (
     check_source,
     default_source,
     legacy_app_id,
+    owns_unsourced,
     storage_options,
     table_key,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "UpkeepStep",
     "app_id",
     "check_source",
+    "owns_unsourced",
     "default_source",
     "implementation",
     "legacy_app_id",

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 from tank_log.errors import TankFormatError
 from tank_log.format.latest import TOMBSTONE, latest_per_key
 from tank_log.format.messages import tombstones
-from tank_log.lakehouse.table import LEGACY_SOURCE_KEY, owns_unsourced
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, owns_unsourced
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, classify_path, scan_partitions
 
