@@ -395,6 +395,31 @@ def wait_for_port(port: int, what: str, proc: subprocess.Popen | None = None, ti
             time.sleep(0.05)
 
 
+def wait_for_hold(ready, proc: subprocess.Popen, log=None, timeout: float = 300) -> None:
+    """Until a run held at a hook (`TANK_LOG_EXPORT_HOLD` and its kin: the run creates `ready`, PATH.ready, when it
+    gets there) reaches it; fail with the end of its log if it exits first. `log` is a file the run writes; without
+    it, the run's piped stderr. `timeout` only bounds a hang: the run's speed decides nothing."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(ready):
+        if proc.poll() is not None:
+            raise AssertionError(f"the run exited ({proc.returncode}) before its hold ({ready}):\n{_log_of(proc, log)}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the run did not reach its hold ({ready}) in {timeout} s")
+        time.sleep(0.05)
+
+
+def _log_of(proc: subprocess.Popen, log) -> str:
+    """The end of a finished run's log: the file `log`, else its piped stderr (text or bytes)."""
+    if log is not None:
+        try:
+            with open(log, errors="replace") as fh:
+                return fh.read()[-3000:]
+        except OSError as err:
+            return f"(no log: {err})"
+    err = proc.communicate()[1] or ""
+    return (err if isinstance(err, str) else err.decode(errors="replace"))[-3000:]
+
+
 def standin_broker(work, name: str, base: str, *, stubborn: bool = False, stop_timeout: str = "20s") -> dict:
     """A `brokers:` entry whose stop/start commands manage a stand-in broker (tank_log/tools/standin_broker.py) serving
     `base` on a free loopback port; its up/down events go to `work/events`. `start_standin` starts it."""
