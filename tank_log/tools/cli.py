@@ -101,7 +101,7 @@ def _guard_problems(path: str, config_file: str) -> list[Problem]:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from tank_log.lakehouse import ExportedSeqs, TableUnreadable, storage_options
+    from tank_log.lakehouse import ExportedSeqs, TableUnreadable, check_source, storage_options
     from tank_log.metrics import stats_registry, write_metrics
     from tank_log.storage.datadir import Unread
     from tank_log.tools.stats import format_table, stats_path
@@ -113,7 +113,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
             print("tank-log stats: --export-catalog goes with --export-format iceberg", file=sys.stderr)
             return 2
         options = storage_options({}, args.storage_option)
-        exported = ExportedSeqs(args.export_table, options, args.export_format, args.export_catalog)
+        source = check_source(args.source, "--source") if args.source else None
+        exported = ExportedSeqs(args.export_table, options, args.export_format, args.export_catalog, source)
     try:
         rows = stats_path(args.path, args.topics, unread=unread, exported=exported)
     except TableUnreadable as err:
@@ -527,6 +528,7 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
         help="with --export-format iceberg: the table's SQL catalog, a SQLAlchemy URI (default: a SQLite file beside "
         "a local table)",
     )
+    add_source(p)
     add_metrics_file(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (base path only)")
     p.set_defaults(func=_cmd_stats)

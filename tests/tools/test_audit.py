@@ -183,6 +183,10 @@ def test_each_broker_audits_its_own_rows(tmp_path):
         code, report = audit(base, table, "delta", "--source", name)
         assert code == 0 and report["source"] == name
         assert sum(p["table_rows"] for p in report["partitions"]) == 17537
+    stats = [sys.executable, "-m", "tank_log.tools.cli", "stats", "--export-table", table, "--json"]
+    for source, lag in (("broker-b", 0), ("broker-c", 17537)):  # stats' export lag is the source's too
+        done = subprocess.run([*stats, "--source", source, bases["broker-b"]], capture_output=True, text=True)
+        assert sum(p["export_lag_messages"] for p in json.loads(done.stdout)) == lag, done.stderr
     DeltaTable(table).delete("source = 'broker-b' and topic = 'small' and seq = 5")
     assert audit(bases["broker-a"], table, "delta", "--source", "broker-a")[0] == 0
     code, report = audit(bases["broker-b"], table, "delta", "--source", "broker-b")
