@@ -4,6 +4,7 @@ whole import or nothing (TANK_FORMAT.md §9 rules 3, 4, 8)."""
 import json
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import asdict
 
@@ -99,17 +100,20 @@ def test_refusals(tmp_path):
     assert messages_of(base) == {("t", 0): list(range(1, 11))}
 
 
-def _writer_staging(tmp_path, seconds: float) -> tuple[str, multiprocessing.process.BaseProcess]:
+def _writer_staging(tmp_path) -> tuple[str, multiprocessing.process.BaseProcess, str]:
     """An opened import under tmp_path/base and a writer (its own process, as a Spark task's Python worker) staging
-    into it, whose rows take `seconds` to arrive; returned once it holds the writers' lock."""
-    base, started = str(tmp_path / "base"), str(tmp_path / "started")
+    into it, whose rows arrive once the test creates the file `release`; returned once it holds the writers' lock:
+    (base, the writer, release)."""
+    base, started, release = str(tmp_path / "base"), str(tmp_path / "started"), str(tmp_path / "release")
     os.mkdir(base)
     open_import(base, "r")
 
     def stage() -> None:
         def rows():
             open(started, "w").close()
-            time.sleep(seconds)
+            deadline = time.monotonic() + 120  # bounds a hang only
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.01)
             yield from chunks(msgs(1, 5))
 
         stage_partition(base, "r", "1-0", "late", 0, rows(), append=False, segment_bytes=1 << 20)
@@ -117,29 +121,49 @@ def _writer_staging(tmp_path, seconds: float) -> tuple[str, multiprocessing.proc
     writer = multiprocessing.get_context("fork").Process(target=stage)
     writer.start()
     while not os.path.exists(started):
+        assert writer.exitcode is None, "the writer ended before it staged"
         time.sleep(0.01)
-    return base, writer
+    return base, writer, release
+
+
+def _has_open(path: str) -> bool:
+    """Whether this process has `path` open (the abort, once it has opened the writers' lock, only waits on it)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == path:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def test_the_abort_waits_for_a_running_writer_and_a_writer_after_it_stages_nothing(tmp_path):
     """A failed Spark job calls the abort before its other tasks are killed: a task still staging must not leave
     files behind it (CI found `.tank-import-*/1-0/t/1/...` after a refused import)."""
-    base, writer = _writer_staging(tmp_path, 1.5)
-    t0 = time.monotonic()
-    abort_import(base, "r")
-    waited = time.monotonic() - t0
-    writer.join(10)
-    assert writer.exitcode == 0 and waited > 1.0  # the abort waited for the writer's partition to be staged
-    assert os.listdir(base) == []  # ... and then removed it with everything else
+    base, writer, release = _writer_staging(tmp_path)
+    lock = os.path.join(stage_root(base, "r"), ".writers.lock")
+    abort = threading.Thread(target=abort_import, args=(base, "r"))
+    abort.start()
+    deadline = time.monotonic() + 60  # bounds a hang only
+    while not _has_open(lock):  # the abort is in its wait for the writers
+        assert abort.is_alive() and time.monotonic() < deadline, "the abort did not wait for the writer"
+        time.sleep(0.01)
+    assert abort.is_alive() and os.path.exists(lock)  # still waiting: the writer holds the lock
+    open(release, "w").close()
+    abort.join(60)
+    writer.join(60)
+    assert writer.exitcode == 0  # the writer staged its partition in full ...
+    assert os.listdir(base) == []  # ... and then the abort removed it with everything else
     with pytest.raises(ImportAborted):  # a task that starts after the abort
         stage_partition(base, "r", "2-0", "t", 0, chunks(msgs(1, 5)), append=False, segment_bytes=1 << 20)
     assert os.listdir(base) == []
 
 
 def test_an_abort_gives_up_on_a_hung_writer_and_the_next_recovery_removes_its_files(tmp_path):
-    base, writer = _writer_staging(tmp_path, 1.0)
-    abort_import(base, "r", wait_s=0.1)
-    writer.join(10)
+    base, writer, release = _writer_staging(tmp_path)
+    abort_import(base, "r", wait_s=0.1)  # the writer is held until after the abort gave up
+    open(release, "w").close()
+    writer.join(60)
     assert writer.exitcode == 0
     leftover = os.listdir(base)
     assert leftover == [os.path.basename(stage_root(base, "r"))]  # the writer outlived the wait
