@@ -30,6 +30,7 @@ from tank_log.jobs.flags import (  # noqa: E402
     add_salvage,
     add_source,
     add_storage_option,
+    add_table_format,
 )
 from tank_log.lakehouse.location import FORMATS  # noqa: E402
 
@@ -143,13 +144,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from tank_log.lakehouse import TableLocation, TableUnreadable, check_source, default_source, storage_options
     from tank_log.tools.audit import audit_table, format_table
 
-    if args.catalog and args.format != "iceberg":
+    fmt = args.format or "delta"
+    if args.catalog and fmt != "iceberg":
         raise UsageError("--catalog goes with --format iceberg")
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
     source = check_source(args.source, "--source") if args.source else default_source()
     options = storage_options({}, args.storage_option)
-    location = TableLocation.of(args.table, options, args.format, args.catalog, source)
+    location = TableLocation.of(args.table, options, fmt, args.catalog, source)
     try:
         table = location.open()
     except Exception as err:  # the formats' libraries raise their own types for a store they cannot reach
@@ -158,7 +160,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         )
         return 1
     if table is None:
-        raise UsageError(f"{location}: no {args.format} table there")
+        raise UsageError(f"{location}: no {fmt} table there")
     report = audit_table(args.path, table, str(location), args.topics, source)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -540,8 +542,7 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     )
     p.add_argument("path", help="base path (or topic or partition directory) the table was exported from")
     p.add_argument("--table", required=True, metavar="TABLE", help="the export's table: a path or URI")
-    p.add_argument("--format", choices=sorted(FORMATS), default="delta", help="the table's format (default delta)")
-    p.add_argument("--catalog", metavar="URI", help="with --format iceberg: the SQL catalog, a SQLAlchemy URI")
+    add_table_format(p)
     add_storage_option(p, "--table")
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
     add_source(p)
