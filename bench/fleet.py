@@ -33,7 +33,10 @@ After every night, six invariants, each a count of violations (the goal: 0):
   table_files   an upkeep writes at most 2 files per table partition (topic, date) and leaves fewer files than it
                 found, whatever the continuous exports commit meanwhile
   rss           every job's peak RSS stays within its bound
-A violation is printed with its reproduction (seed, night, host, what ran). The last line is the run's summary.
+A violation is printed with its reproduction (seed, night, host, what ran). A continuous export that stopped by itself
+is started again, as a supervisor would, and counted (`continuous_stops`, with its last error line): Spark's own
+failures (a Python worker that did not connect back on a loaded machine) stop it too, so it is a figure, not an
+invariant. The last line is the run's summary.
 
 With --tank and --tank-cli (binaries of a TANK build) every host is the real broker instead of the stand-in, run by
 tests/real_broker.py: the messages go through the broker's produce path (`tank-cli produce`), the broker rolls and
@@ -283,6 +286,7 @@ class Fleet:
         self.table_files_read: set[str] = set()
         self.log_checked: dict[str, int] = {}  # a real broker's logs: bytes already checked
         self.upkeeps: list[dict[str, Any]] = []
+        self.continuous_stops: list[dict[str, Any]] = []  # continuous exports that stopped by themselves
 
     # ---- set-up ---------------------------------------------------------------------------------------------------
 
@@ -448,6 +452,8 @@ class Fleet:
         checkpoint = os.path.join(self.work, "checkpoints", h.name)
         cmd = [*self.export_cmd(h), "--continuous", "--trigger-interval", "2s", "--checkpoint", checkpoint]
         cmd += ["--master", "local[1]"]
+        if h.broker_retention:  # what the broker deletes unread there is a loss it logs, not one that stops it
+            cmd += ["--on-data-loss", "skip"]
         proc, ran = self.spawn("continuous", h, cmd)
         self.continuous[h.name] = proc
         ran.code = None
@@ -808,6 +814,7 @@ class Fleet:
             if h.real is not None:
                 self.check_real_broker(h)
         self.check_processes()
+        continuous_stops = self.restart_stopped_continuous()
         files, _ = self.table_files()
         for ran in self.ran:
             kind = "spark" if ran.what == "continuous" else "python"
@@ -824,6 +831,7 @@ class Fleet:
             "served_compared": served,
             "served_in_table": served_in_table,
             "table_files": files,
+            "continuous_stops": continuous_stops,
             "violations": {k: self.violations[k] - before.get(k, 0) for k in self.violations},
             "peak_rss_mib": round(max((r.peak_rss_mib for r in self.ran), default=0)),
         }
@@ -987,6 +995,26 @@ class Fleet:
         files = DeltaTable(self.table, storage_options={**self.storage_options, **_aws_env()}).file_uris()
         return len(files), len({os.path.dirname(f) for f in files})
 
+    def restart_stopped_continuous(self) -> int:
+        """Continuous exports that stopped by themselves, each counted with its last error line and started again
+        (as a supervisor would). How many tonight."""
+        stopped = 0
+        for name, proc in list(self.continuous.items()):
+            if proc.poll() is None:
+                continue
+            ran = next(r for r in reversed(self.ran) if r.what == "continuous" and r.host == name)
+            self.running.pop(proc.pid, None)
+            ran.code = proc.returncode
+            log = self.log_of(self.ran.index(ran))
+            with open(log, errors="replace") as fh:
+                errors = [line.strip() for line in fh if " ERROR tank_log" in line]
+            entry = {"night": len(self.nights), "host": name, "code": proc.returncode, "log": log}
+            self.continuous_stops.append({**entry, "error": errors[-1][:600] if errors else None})
+            print("CONTINUOUS-STOPPED " + json.dumps(self.continuous_stops[-1]), flush=True)
+            self.start_continuous(next(h for h in self.hosts if h.name == name))
+            stopped += 1
+        return stopped
+
     def check_processes(self) -> None:
         """Processes of the night's runs still alive (but the continuous exports, which run for good)."""
         keep = {p.pid for p in self.continuous.values()}
@@ -1045,6 +1073,7 @@ class Fleet:
             "broker_exits_on_torn_tails": self.aborts_on_torn,
             "served_compared": sum(n.get("served_compared", 0) for n in self.nights),
             "deleted_by_broker_unguarded": last.get("deleted_by_broker_unguarded", 0),
+            "continuous_stops": self.continuous_stops[:20],
             "violations": {
                 k: self.violations[k]
                 for k in ("data", "exactly_once", "verify", "served", "processes", "table_files", "rss")

@@ -121,3 +121,29 @@ def test_the_table_check_tells_hosts_same_named_partitions_apart_by_source(tmp_p
         ("h1", "raw/0 seq 2 in the table twice"),
         ("h9", "raw/0 seq 3: in the table as of 'h9'"),
     }
+
+
+def test_a_continuous_export_that_stopped_is_counted_and_started_again(tmp_path):
+    """A real host's continuous export stopped on night 0 at the first seqs its broker's own retention deleted
+    unread (DataLost), and the soak said nothing: every later night ran without it. One that stopped is counted
+    with its last error line and started again, as a supervisor would; one still running is left alone."""
+    fleet_mod = load_fleet()
+    fleet = fleet_mod.Fleet(fleet_mod.parse_args(["--hosts", "2", "--workdir", str(tmp_path)]))
+    fleet.sampling_done.set()
+    os.makedirs(tmp_path / "logs")
+    restarted = []
+    fleet.start_continuous = lambda h: restarted.append(h.name)
+    said = "print('2026-11-29 05:05:48,434 ERROR tank_log.job: export_delta failed: DataLost'); raise SystemExit(1)"
+    stopped, _ = fleet.spawn("continuous", fleet.hosts[0], [sys.executable, "-c", said])
+    running, _ = fleet.spawn("continuous", fleet.hosts[1], [sys.executable, "-c", "import time; time.sleep(30)"])
+    fleet.continuous.update(h0=stopped, h1=running)
+    stopped.wait()
+    try:
+        assert fleet.restart_stopped_continuous() == 1
+    finally:
+        running.kill()
+        running.wait()
+    assert [(s["host"], s["code"], s["error"][-29:]) for s in fleet.continuous_stops] == [
+        ("h0", 1, "export_delta failed: DataLost")
+    ]
+    assert restarted == ["h0"] and not fleet.violations
