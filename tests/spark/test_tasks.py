@@ -28,6 +28,23 @@ def test_items_run_at_once_one_thread_per_cpu_and_come_back_in_order():
         assert len(threads) == parties and all(t.startswith("tank-task") for t in threads)
 
 
+def test_a_task_runs_once_per_thread_over_its_share_not_once_per_item():
+    """A task's set-up (the import opens the table's dataset, whose cost grows with the table's files) is paid
+    once per thread: once per item made the import in the driver grow with partitions × files."""
+    calls = []
+
+    def task(it):
+        calls.append(threading.current_thread().name)
+        for i, item in it:
+            time.sleep(0.01)
+            yield (i, item)
+            yield (i, -item)
+
+    items = list(range(1, 41))
+    assert in_threads(items, task, 2) == [x for i, item in enumerate(items) for x in ((i, item), (i, -item))]
+    assert len(calls) <= 2
+
+
 def test_one_thread_runs_the_items_in_order_in_the_callers_thread():
     """`threads` = 1 (e.g. --master local[1]): no pool, the items one after another."""
     seen = []
