@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -94,3 +95,27 @@ def test_ctrl_c_drains_the_running_partition_and_starts_no_new_one(tmp_path):
     statuses = [r["status"] for r in stop.value.results]
     assert statuses == ["ok"] + ["interrupted"] * 7, statuses  # the one running at the signal finished
     assert os.listdir(tmp_path) == []  # the queued partitions did not run
+
+
+def test_a_task_under_the_hold_waits_there_until_the_hold_is_removed(tmp_path, monkeypatch):
+    """The test hook `TANK_LOG_TASK_HOLD`: a task on a partition under the directory the hold file names announces
+    PATH.ready and waits while the file exists; the others do not wait."""
+    hold = str(tmp_path / "hold")
+    with open(hold, "w") as fh:
+        fh.write(str(tmp_path / "held"))
+    monkeypatch.setenv("TANK_LOG_TASK_HOLD", hold)
+    seen_held = []
+
+    def release() -> None:
+        deadline = time.monotonic() + 60  # bounds a hang only
+        while not os.path.exists(hold + ".ready") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen_held.append(os.path.exists(hold + ".ready"))
+        os.unlink(hold)
+
+    releaser = threading.Thread(target=release)
+    releaser.start()
+    items = [Item(0, path=str(tmp_path / "free" / "t" / "0")), Item(1, path=str(tmp_path / "held" / "t" / "1"))]
+    results = run_in_processes(items, 1, where_it_ran)
+    releaser.join()
+    assert [r["status"] for r in results] == ["ok", "ok"] and seen_held == [True]
