@@ -37,6 +37,7 @@ from tank_log.lakehouse.table import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    import pyarrow.dataset as ds
     from deltalake import Schema as DeltaSchema
 
     from tank_log.lakehouse.location import LakeTable, TableLocation
@@ -79,6 +80,14 @@ class DeltaLakeTable(DeltaTable):
     def table_id(self) -> str:
         return table_id(self)
 
+    def to_pyarrow_dataset(self, *args: Any, **kwargs: Any) -> ds.Dataset:
+        """The current version's rows, INT96 timestamps read as microseconds (delta-spark wrote them by default
+        before the export set TIMESTAMP_MICROS): Arrow's default, nanoseconds, wraps any ts past 2262-04-11."""
+        import pyarrow.dataset as pads
+
+        kwargs.setdefault("parquet_read_options", pads.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        return super().to_pyarrow_dataset(*args, **kwargs)
+
     def refresh(self) -> None:
         self.update_incremental()
 
@@ -120,9 +129,11 @@ class DeltaLakeTable(DeltaTable):
             check_plannable(name, self)
         else:
             check_features(name, self)
-        generated = generated_columns(self) if spark else set()
-        have = [c for c in _columns(self.schema()) if c[0] not in generated]
         want = _columns(Schema.from_arrow(schema))
+        # delta-spark computes a generated column the export does not write; one it writes (`date` generated from
+        # ts) it checks against the expression, row by row
+        generated = generated_columns(self) - {c[0] for c in want} if spark else set()
+        have = [c for c in _columns(self.schema()) if c[0] not in generated]
         lacks_last = lacks_only(have, want, evolvable)
         if have != want and not lacks_last:
             raise JobConfigError(
@@ -520,22 +531,16 @@ def check_features(name: str, table: DeltaTable) -> None:
     identity or invariant column: the delta-spark engine evaluates those).
 
     Raises:
-        JobConfigError: one line naming the table and the feature.
+        JobConfigError: one line naming the table and every such feature, constraint and column.
     """
-    where = f"table {name}"
-    hint = "; the delta-spark engine (--engine spark) writes such tables"
+    blocks = []
     unsupported = sorted(table_features(table) - APPENDABLE_FEATURES)
     if unsupported:
-        raise JobConfigError(
-            f"{where} uses table feature(s) {', '.join(unsupported)}, which the delta-rs engine cannot append to{hint}"
-        )
+        blocks.append(f"table feature(s) {', '.join(unsupported)}, which the delta-rs engine cannot append to")
     constraints = {k: v for k, v in table.metadata().configuration.items() if k.startswith("delta.constraints.")}
     if constraints:
-        k, v = next(iter(sorted(constraints.items())))
-        raise JobConfigError(
-            f"{where} has CHECK constraint {k.removeprefix('delta.constraints.')} ({v}) (table feature "
-            f"checkConstraints), which the delta-rs engine does not evaluate{hint}"
-        )
+        named = ", ".join(f"{k.removeprefix('delta.constraints.')} ({v})" for k, v in sorted(constraints.items()))
+        blocks.append(f"CHECK constraint(s) {named} (table feature checkConstraints), which it does not evaluate")
     for f in json.loads(table.schema().to_json())["fields"]:
         meta = f.get("metadata") or {}
         for key, feature in (
@@ -544,10 +549,11 @@ def check_features(name: str, table: DeltaTable) -> None:
             ("delta.invariants", "invariants"),
         ):
             if key in meta:
-                raise JobConfigError(
-                    f"{where}: column {f['name']} is a {feature} column ({key}), which the delta-rs engine does not "
-                    f"compute or check{hint}"
-                )
+                blocks.append(f"column {f['name']}: a {feature} column ({key}), which it does not compute or check")
+    if blocks:
+        raise JobConfigError(
+            f"table {name} uses {'; '.join(blocks)}; the delta-spark engine (--engine spark) writes such tables"
+        )
 
 
 Column = tuple[str, str, bool]  # name, Delta type (JSON), nullable

@@ -14,6 +14,7 @@ import pyarrow as pa
 from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse import CommitConflict, DataFile, LakeTable
 from tank_spark import jars
+from tank_spark.context import FIXED_CONF
 from tank_spark.export.hooks import crash_after_first_partition
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 from tank_spark.export.run_id import COMMIT_KEY
@@ -122,11 +123,16 @@ def write_with_delta_spark(
     work: list[PartitionPlan],
     run_id: str,
     done: list[PartitionPlan],
+    committed: dict[tuple[str, int], tuple[int, int]] | None = None,
+    refused: dict[tuple[str, int], str] | None = None,
 ) -> int | None:
     """engine=spark: one Delta commit per partition through delta-spark, its app transaction (`txnAppId`/`txnVersion`:
     the partition's app id and the run's last seq) in the same commit, so a partition is committed once or not at all
     (not atomic across partitions: a run that dies midway leaves the committed partitions committed, and the next
-    run exports the others). Each committed partition is appended to `done`.
+    run exports the others). Each committed partition is appended to `done`, and the files and bytes its commit
+    added are put in `committed`. A partition whose rows a constraint of the table refuses (a CHECK constraint, a
+    NOT NULL column, a generated column's expression) has nothing written: its one-line reason is put in `refused`
+    (without it, the error is raised) and the other partitions are exported.
 
     delta-spark skips a write whose version is not above the recorded one, but not one that starts elsewhere: a run
     whose range began before another run's end would write the rows between them again. So each partition's
@@ -139,6 +145,7 @@ def write_with_delta_spark(
     """
     loc = settings.location
     path, options = loc.spark_path(), loc.spark_options()
+    committed = {} if committed is None else committed
     for p in work:
         table = loc.existing()
         now = table.recorded_version(p.topic, p.partition)
@@ -148,37 +155,66 @@ def write_with_delta_spark(
                 f"since this run planned (a concurrent export)"
             )
         checked = table.version()
-        (
-            frame_of(p)
-            .write.format("delta")
-            .mode("append")
-            .options(**options)
-            .option("txnAppId", p.app_id)
-            .option("txnVersion", p.end)
-            .option("userMetadata", json.dumps({COMMIT_KEY: run_id}))
-            .partitionBy(*settings.partition_by)
-            .save(path)
-        )
+        frame = frame_of(p)
+        for k, v in FIXED_CONF.items():  # a session the job did not start (tank_spark.context) writes the same files
+            frame.sparkSession.conf.set(k, v)
+        try:
+            (
+                frame.write.format("delta")
+                .mode("append")
+                .options(**options)
+                .option("txnAppId", p.app_id)
+                .option("txnVersion", p.end)
+                .option("userMetadata", json.dumps({COMMIT_KEY: run_id}))
+                .partitionBy(*settings.partition_by)
+                .save(path)
+            )
+        except Exception as err:
+            violation = constraint_violation(err)
+            if violation is None or refused is None:
+                raise
+            refused[(p.topic, p.partition)] = violation
+            log.error("export: %s/%s: nothing written: %s", p.topic, p.partition, violation)
+            continue
         done.append(p)
-        _check_alone(settings, p, checked)
+        committed[(p.topic, p.partition)] = _check_alone(settings, p, checked)
         crash_after_first_partition()  # test hook
     return table_version(loc.open())
 
 
-def _check_alone(settings: ExportSettings, p: PartitionPlan, checked: int) -> None:
+VIOLATION = "org.apache.spark.sql.delta.schema.DeltaInvariantViolationException"
+
+
+def constraint_violation(err: BaseException) -> str | None:
+    """delta-spark's refusal of rows a constraint of the table forbids, in one line (its message names the
+    constraint and the row's values); None for any other error."""
+    java = getattr(err, "java_exception", None) or getattr(err, "_origin", None)  # py4j's, or PySpark's captured
+    while java is not None:
+        if java.getClass().getName() == VIOLATION:
+            return " ".join(line.strip() for line in str(java.getMessage()).splitlines() if line.strip())
+        java = java.getCause()
+    return None
+
+
+def _check_alone(settings: ExportSettings, p: PartitionPlan, checked: int) -> tuple[int, int]:
     """Raise if more than one commit after version `checked` recorded this partition's app transaction: this run's
-    and another's, both written from before the other's end (delta-spark cannot check where a write starts)."""
+    and another's, both written from before the other's end (delta-spark cannot check where a write starts). Return
+    the files and bytes the commit that recorded it added ((0, 0): delta-spark skipped the write)."""
     loc = settings.location
     filesystem, root = loc.filesystem()
     latest = loc.existing().version()
     recorded = 0
+    added = (0, 0)
     for v in range(checked + 1, latest + 1):
         with filesystem.open_input_stream(f"{root}/_delta_log/{v:020d}.json") as f:
-            for line in f.read().decode().splitlines():
-                txn = json.loads(line).get("txn") if line.strip() else None
-                recorded += txn is not None and txn.get("appId") == p.app_id
+            actions = [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+        if any(a.get("txn", {}).get("appId") == p.app_id for a in actions):
+            recorded += 1
+            adds = [a["add"] for a in actions if "add" in a]
+            added = (len(adds), sum(int(a.get("size", 0)) for a in adds))
     if recorded > 1:
         raise RunFailed(
             f"{p.topic}/{p.partition}: another export committed this partition while this run wrote it (table "
             f"versions {checked + 1}-{latest}): rows after seq {p.previous} may be in the table twice"
         )
+    return added

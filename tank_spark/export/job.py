@@ -164,7 +164,8 @@ def _export(
 ) -> JobResult:
     t0 = time.monotonic()
     results = _results(plans)
-    summary = {"partitions": len(plans), "table": settings.table, "engine": settings.engine, "source": settings.source}
+    engine = "pyiceberg" if settings.table_format == "iceberg" else settings.engine  # Iceberg: pyiceberg commits
+    summary = {"partitions": len(plans), "table": settings.table, "engine": engine, "source": settings.source}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
         schema = table_schema(settings)
         evolve = table is not None and check_compatible(settings, schema, table)
@@ -279,6 +280,8 @@ def _append_with_delta_spark(
     """The delta-spark engine: one idempotent commit per partition (`txnAppId`/`txnVersion`); a concurrent commit
     re-plans, keeping the partitions already committed."""
     written: dict[tuple[str, int], list[RangeOutcome]] = {}  # the partitions committed, over the attempts
+    committed: dict[tuple[str, int], tuple[int, int]] = {}  # their commits' files and bytes
+    refused: dict[tuple[str, int], str] = {}  # the partitions whose rows a constraint of the table refused
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         outcomes, cut = _pre_pass(workers, ctx, settings, plans)
         hold(HOLD_BEFORE_COMMIT)  # test hook
@@ -290,6 +293,8 @@ def _append_with_delta_spark(
                 [p for p in cut.plans if p.has_work],
                 new_run_id(),
                 done,
+                committed,
+                refused,
             )
         except ConcurrentExport as conflict:
             if attempt == COMMIT_ATTEMPTS:
@@ -306,6 +311,10 @@ def _append_with_delta_spark(
         for o in kept:
             _count(results[key], o.rows, o.min_seq, o.max_seq)
         results[key]["status"] = "exported"
+        results[key]["files"], results[key]["bytes"] = committed.get(key, (0, 0))
+    for key, violation in refused.items():
+        reason = "a constraint of the table refuses its rows: nothing of this partition was written"
+        results[key].update(status="failed", error=violation, reason=reason)
     return _Appended(results, [], cut, version)
 
 
@@ -367,7 +376,7 @@ def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: floa
         r["files"] += c.files
         r["bytes"] += c.bytes
     for p in cut.plans:
-        if p.has_work:
+        if p.has_work and results[(p.topic, p.partition)]["status"] in ("pending", "exported"):
             results[(p.topic, p.partition)]["status"] = "exported"
     _record_failures(results, cut)
     for r in results.values():
@@ -378,8 +387,9 @@ def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: floa
     summary.update(
         by_status=count_by(list(results.values())),
         rows=rows,
-        bytes=sum(f["size"] for f in files),
-        files=len(files),
+        # delta-rs: the commit's files (one may hold several partitions); delta-spark: one commit per partition
+        bytes=sum(f["size"] for f in files) if files else sum(r["bytes"] for r in results.values()),
+        files=len(files) if files else sum(r["files"] for r in results.values()),
         table_version=run.version,
         quarantined=sum(r["quarantined"] for r in results.values()),
         export_s=round(elapsed, 3),

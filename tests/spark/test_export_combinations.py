@@ -7,6 +7,7 @@ from deltalake import DeltaTable
 from test_delta_spark import export
 from test_job_export import roll_and_append
 
+from tank_log.errors import JobConfigError
 from tank_log.storage.datadir import partitions_at
 from tank_log.tools.demo import write_demo
 
@@ -85,3 +86,115 @@ def test_engine_spark_exports_again_to_a_table_partitioned_by_partition(spark, t
     _, summary = export_on(spark, *args, "--engine", "spark")
     assert summary["rows"] == 3
     assert [r[:3] for r in table_rows(table)] == on_disk(base, ["events", "small"])
+
+
+def test_engine_spark_reports_its_files_and_writes_microseconds_on_any_session(spark, tmp_path):
+    """The delta-spark engine on a session the job did not start (Spark's default: INT96): its report counts the
+    files and bytes its commits added, and `ts` is written as 64-bit microseconds all the same."""
+    import os
+
+    import pyarrow.parquet as pq
+    from test_delta_spark import export_on
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    key = "spark.sql.parquet.outputTimestampType"
+    spark.conf.set(key, "INT96")
+    results, summary = export_on(spark, "--data-dir", base, "--table", table, "--engine", "spark")
+    files = DeltaTable(table).file_uris()
+    assert summary["files"] == len(files) > 0
+    assert summary["bytes"] == sum(os.path.getsize(f) for f in files)
+    assert sum(r["files"] for r in results) == len(files) and all(r["files"] > 0 for r in results)
+    for f in files:
+        ts = pq.read_metadata(f).schema.column(pq.read_schema(f).get_field_index("ts"))
+        assert ts.physical_type == "INT64", f"{f}: ts stored as {ts.physical_type}"
+
+
+def test_the_iceberg_export_reports_its_engine(tmp_path):
+    """An Iceberg export commits through pyiceberg: its report says so, not `deltalake`."""
+    import json
+
+    report = tmp_path / "r.json"
+    args = ["--data-dir", data_dir("A_multi"), "--table", str(tmp_path / "t"), "--report", str(report)]
+    assert export(*args, "--format", "iceberg", "--catalog", f"sqlite:///{tmp_path}/catalog.db") == 0
+    assert json.loads(report.read_text())["summary"]["engine"] == "pyiceberg"
+
+
+def test_engine_spark_exports_the_partitions_a_check_constraint_allows(spark, tmp_path):
+    """A CHECK constraint of the table that one partition's rows violate: that partition fails in one line naming
+    the constraint and the row (no Java traceback), the others are exported, and a rerun exports none twice."""
+    from test_delta_spark import export_on, spark_made
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    ref = str(tmp_path / "ref")  # the columns the export writes, as Spark types
+    assert export("--data-dir", data_dir("C_misc"), "--table", ref, "--topics", "timeroll") == 0
+    spark_made(spark, table, spark.read.format("delta").load(ref).schema)
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT small_events CHECK (topic <> 'events' OR partition <> 1)")
+    args = ["--data-dir", base, "--table", table, "--topics", "events", "--engine", "spark"]
+    results, summary = export_on(spark, *args)
+    by = {r["partition"]: r for r in results}
+    assert by[1]["status"] == "failed" and "small_events" in by[1]["error"] and "\n" not in by[1]["error"]
+    assert "Traceback" not in by[1]["error"] and "at org.apache" not in by[1]["error"]
+    assert {p: r["status"] for p, r in by.items() if p != 1} == {0: "exported", 2: "exported"}
+    assert summary["by_status"] == {"exported": 2, "failed": 1}
+    got = sorted(r[:3] for r in spark.read.format("delta").load(table).select("topic", "partition", "seq").collect())
+    assert got == [r for r in on_disk(base, ["events"]) if r[1] != 1]
+    results, summary = export_on(spark, *args)
+    assert summary["by_status"] == {"up-to-date": 2, "failed": 1}
+    assert spark.read.format("delta").load(table).count() == len(got)
+
+
+def _spark_table(spark, tmp_path, table, generated_date=False, props=None):
+    """A table delta-spark creates with the export's columns (Spark types), partitioned by topic and date; with
+    `generated_date`, `date` is GENERATED ALWAYS AS (CAST(ts AS DATE))."""
+    from delta.tables import DeltaTable as SparkDeltaTable
+
+    ref = str(tmp_path / "ref")  # the columns the export writes
+    assert export("--data-dir", data_dir("C_misc"), "--table", ref, "--topics", "timeroll") == 0
+    b = SparkDeltaTable.create(spark).location(table)
+    for f in spark.read.format("delta").load(ref).schema.fields:
+        gen = "CAST(ts AS DATE)" if generated_date and f.name == "date" else None
+        b = b.addColumn(f.name, f.dataType, nullable=f.nullable, generatedAlwaysAs=gen)
+    for k, v in (props or {}).items():
+        b = b.property(k, v)
+    b.partitionedBy("topic", "date").execute()
+
+
+def test_engine_spark_writes_a_date_column_generated_from_ts(spark, tmp_path):
+    """A table whose `date` is generated from ts: the delta-spark engine writes it (delta-spark checks each date
+    against the expression), twice without duplicates; the delta-rs engine refuses it, naming the column."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    _spark_table(spark, tmp_path, table, generated_date=True)
+    args = ["--data-dir", base, "--table", table, "--topics", "events,small"]
+    from test_delta_spark import export_on
+
+    _, summary = export_on(spark, *args, "--engine", "spark")
+    assert summary["by_status"] == {"exported": 4}
+    roll_and_append(base, "small", 3)
+    _, summary = export_on(spark, *args, "--engine", "spark")
+    assert summary["rows"] == 3
+    df = spark.read.format("delta").load(table)
+    assert sorted(tuple(r) for r in df.select("topic", "partition", "seq").collect()) == on_disk(
+        base, ["events", "small"]
+    )
+    assert df.where("date <> CAST(ts AS DATE)").count() == 0
+    with pytest.raises(JobConfigError, match="column date: a generatedColumns column"):
+        export_on(spark, *args, "--engine", "deltalake")
+
+
+def test_the_delta_rs_refusal_names_every_feature_that_blocks_it(spark, tmp_path, capsys):
+    """A table with row tracking, a CHECK constraint and a generated column: the delta-rs engine's refusal names
+    all three in one line, not the first it met."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    _spark_table(spark, tmp_path, table, generated_date=True, props={"delta.enableRowTracking": "true"})
+    spark.sql(f"ALTER TABLE delta.`{table}` ADD CONSTRAINT seq_positive CHECK (seq > 0)")
+    capsys.readouterr()
+    assert export("--data-dir", base, "--table", table, "--topics", "small") == 2
+    err = capsys.readouterr().err
+    line = [x for x in err.splitlines() if x.startswith("export_delta:")]
+    assert len(line) == 1 and "Traceback" not in err, err[-2000:]
+    for named in ("rowTracking", "seq_positive (seq > 0)", "column date: a generatedColumns column"):
+        assert named in line[0], line[0]

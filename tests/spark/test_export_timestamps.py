@@ -95,3 +95,38 @@ def test_far_timestamps_read_back_by_delta_spark_and_the_import(spark, far_table
     got = sorted((m.seq, m.ts) for p in partitions_at(base) for s in p.segments for m in s.messages())
     assert got == WANT
     assert os.path.isdir(os.path.join(base, "far", "0"))
+
+
+def test_a_table_with_int96_files_from_an_older_version_reads_back(spark, far_tables, tmp_path):
+    """A table the spark engine wrote before it set TIMESTAMP_MICROS holds INT96 files (here: the rows rewritten by
+    delta-spark with Spark's default), then gets new files from today's export: delta-spark, DuckDB and our import
+    read every ts exactly, the INT96 files' and the INT64 files' alike."""
+    import pyarrow.parquet as pq
+
+    from tank_spark.context import FIXED_CONF
+
+    table = str(tmp_path / "old")
+    key = "spark.sql.parquet.outputTimestampType"
+    spark.conf.set(key, "INT96")
+    try:
+        spark.read.format("delta").load(far_tables["deltalake"]).write.format("delta").partitionBy(
+            "topic", "date"
+        ).save(table)
+    finally:
+        spark.conf.set(key, FIXED_CONF[key])
+    kinds = {
+        pq.read_metadata(f).schema.column(pq.read_schema(f).get_field_index("ts")).physical_type
+        for f in DeltaTable(table).file_uris()
+    }
+    assert kinds == {"INT96"}
+    rows = spark.read.format("delta").load(table).selectExpr("seq", "unix_micros(ts)").collect()
+    assert sorted((r[0], _ms(r[1])) for r in rows) == WANT
+    con = duckdb_with("delta")
+    duck = con.execute(f"SELECT seq, epoch_us(ts) FROM delta_scan('{table}') ORDER BY seq").fetchall()
+    assert [(s, _ms(m)) for s, m in duck] == WANT
+
+    base = str(tmp_path / "restored")
+    r = _import(base, table)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = sorted((m.seq, m.ts) for p in partitions_at(base) for s in p.segments for m in s.messages())
+    assert got == WANT
