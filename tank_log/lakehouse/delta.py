@@ -9,6 +9,7 @@ README, Delta export on object storage), and one whose app transactions conflict
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import re
@@ -70,6 +71,52 @@ def recorded_version(
     return ids[0], None
 
 
+UNBOUNDED = "null["  # how a guarantee from a missing statistic prints: `(topic >= null[string])`
+
+
+def _sound_guarantees(table: DeltaTable, dataset: ds.Dataset) -> ds.Dataset:
+    """`dataset` with guarantees that never exclude a row the file holds. delta-rs turns a column that has no min/max
+    in a file's statistics (string columns of tables we wrote before we gave them bounds, columns past Spark's
+    indexed ones) into `col >= null`, which prunes the file from every filter on that column: a filter on `topic`
+    read no rows at all. Such fragments get guarantees made here from the same statistics: their partition values
+    and each column's bounds where both are known."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as pads
+
+    fragments = list(dataset.get_fragments())
+    if not any(UNBOUNDED in str(f.partition_expression) for f in fragments):
+        return dataset
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    by_path = {unquote(a["path"]): a for a in actions}
+    schema = dataset.schema
+    rebuilt = []
+    for fragment in fragments:
+        rel = unquote(fragment.path.removeprefix(table.table_uri.removeprefix("file://")).lstrip("/"))
+        action = by_path.get(rel) or next((a for p, a in by_path.items() if fragment.path.endswith(p)), None)
+        guarantee = pc.scalar(True)
+        for field in schema if action is not None else ():
+            assert action is not None
+            name = field.name
+            if f"partition.{name}" in action:
+                value = action[f"partition.{name}"]
+                term = pads.field(name).is_null() if value is None else pads.field(name) == pa.scalar(value, field.type)
+                guarantee = guarantee & term
+                continue
+            lo, hi = action.get(f"min.{name}"), action.get(f"max.{name}")
+            if lo is not None and hi is not None:
+                guarantee = guarantee & (pads.field(name) >= pa.scalar(lo, field.type))
+                if pa.types.is_timestamp(field.type):  # Delta's timestamp statistics are cut to milliseconds
+                    try:
+                        hi += dt.timedelta(milliseconds=1)
+                    except OverflowError:  # the last millisecond of year 9999: no upper bound
+                        hi = None
+                if hi is not None:
+                    guarantee = guarantee & (pads.field(name) <= pa.scalar(hi, field.type))
+        rebuilt.append(dataset.format.make_fragment(fragment.path, fragment.filesystem, partition_expression=guarantee))
+    return pads.FileSystemDataset(rebuilt, schema, dataset.format, dataset.filesystem)
+
+
 class DeltaLakeTable(DeltaTable):
     """A Delta table (a delta-rs `DeltaTable`, which Delta users may use as such) as a `LakeTable`."""
 
@@ -86,7 +133,7 @@ class DeltaLakeTable(DeltaTable):
         import pyarrow.dataset as pads
 
         kwargs.setdefault("parquet_read_options", pads.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-        return super().to_pyarrow_dataset(*args, **kwargs)
+        return _sound_guarantees(self, super().to_pyarrow_dataset(*args, **kwargs))
 
     def refresh(self) -> None:
         self.update_incremental()
