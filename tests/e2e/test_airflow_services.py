@@ -50,6 +50,7 @@ def airflow(tmp_path_factory):
         scheduled=("tank_retention_hourly",),  # its scheduled run (and its retry) is tested
         TANK_RETENTION_HOURLY_RETRIES="1",
         TANK_COMPACTION_NIGHTLY_TIMEOUT_S=str(JOB_TIMEOUT_S),
+        TANK_LOG_TASK_HOLD=os.path.join(work, "hold"),  # the hung-job test holds a task of its run there
     )
     af = start_services(work, port, env)
     try:
@@ -169,19 +170,24 @@ def test_a_job_hung_past_its_timeout_is_killed_with_every_process_and_the_next_r
     conf["data_dirs"].append(hung)
     with open(os.path.join(af.work, "job.yaml"), "w") as fh:
         json.dump(conf, fh)
+    hold = os.path.join(af.work, "hold")  # TANK_LOG_TASK_HOLD: a task on a partition under `hung` waits there
+    with open(hold, "w") as fh:
+        fh.write(hung)
     run_id = af.trigger("tank_compaction_nightly")
     marker = "jobs/compact.py"
-    deadline = time.monotonic() + 120
-    while not (drivers := [p for p, _ in _job_processes(marker) if _is_python(p)]):  # spark-submit's Python child
+    deadline = time.monotonic() + 300  # bounds a hang only
+    while not os.path.exists(
+        hold + ".ready"
+    ):  # a worker of the driver's pool holds a task: mid-run, whatever the speed
         assert time.monotonic() < deadline, af.explain("tank_compaction_nightly", run_id)
-        time.sleep(0.01)
+        time.sleep(0.05)
+    drivers = [p for p, _ in _job_processes(marker) if _is_python(p) and _children(p)]  # spark-submit's Python child
+    assert len(drivers) == 1, (_job_processes(marker), af.explain("tank_compaction_nightly", run_id))
     (driver,) = drivers
-    deadline = time.monotonic() + 30
-    while not (workers := _children(driver)) and time.monotonic() < deadline:  # its pool, mid-run
-        time.sleep(0.002)
+    workers = _children(driver)  # its pool, one of them held
     for pid in [driver, *workers]:
         os.kill(pid, signal.SIGSTOP)
-    assert workers, "the driver started no workers"
+    os.unlink(hold)  # the stopped run cannot go on; the next run is not held
     state = af.wait("tank_compaction_nightly", run_id, timeout=JOB_TIMEOUT_S + 120)
     assert state == "failed", af.explain("tank_compaction_nightly", run_id)
     job = af.tasks("tank_compaction_nightly", run_id)["run_compact"]
