@@ -217,21 +217,27 @@ def test_two_concurrent_processes(tmp_path):
     """Process A compacts (slowed down inside the protocol); B starts meanwhile and must skip."""
     base = copy_tree(data_dir("E_before"), str(tmp_path / "e"))
     r, w = os.pipe()
+    done_r, done_w = os.pipe()  # B's result, back to A: A holds its lock until B has tried
     pid = os.fork()
     if pid == 0:  # A
         os.close(r)
+        os.close(done_w)
 
         def hook(step, fired=[False]):  # noqa: B006
             if not fired[0]:
                 fired[0] = True
                 os.write(w, b"x")
-                time.sleep(1.0)
+                os.read(done_r, 1)  # held inside the protocol until B has run, however long B takes
 
         res = compact_partition(only_partition(base), STOPPED, on_step=hook)
         os._exit(0 if res.status == "compacted" else 3)
     os.close(w)
+    os.close(done_r)
     assert os.read(r, 1) == b"x"
-    res_b = compact_partition(only_partition(base), STOPPED)
+    try:
+        res_b = compact_partition(only_partition(base), STOPPED)
+    finally:
+        os.write(done_w, b"x")  # A goes on (also when B raised: no hung child)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
     assert res_b.status == "skipped" and "locked" in res_b.reason

@@ -14,7 +14,7 @@ import time
 
 import pyarrow as pa
 import pytest
-from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump, run_job_script
+from conftest import DATASETS, ROOT, copy_tree, data_dir, load_dump, run_job_script, wait_for_hold
 from test_job_export import Lake, roll_and_append
 
 from tank_log.errors import JobConfigError
@@ -368,10 +368,7 @@ def test_engine_spark_two_exports_at_once_and_under_spark_submit(tmp_path, lake,
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 400
-        while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
-            time.sleep(0.5)
-        assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+        wait_for_hold(hold + ".ready", a, timeout=400)
         assert export(*args) == 0  # B: the delta-rs engine
         open(hold, "w").close()
         out, err = a.communicate(timeout=400)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import copy_tree, data_dir, duckdb_with, new_bucket, run_job_script
+from conftest import copy_tree, data_dir, duckdb_with, new_bucket, run_job_script, wait_for_hold
 from test_job_export import dump_rows, roll_and_append
 from test_lakehouse_guard import GUARDED_LIMITS, _logs, _ro, _roll
 
@@ -146,7 +146,6 @@ def test_a_stale_writer_gets_a_conflict_and_commits_nothing(tmp_path):
 def test_two_exports_at_once_export_each_message_once(tmp_path):
     """Run A plans and writes, then waits at its commit; run B exports the same new messages and commits; A finds
     the recorded versions moved, re-plans, finds nothing left, removes its files and exits 0."""
-    import time
 
     from conftest import ROOT, WHERE
 
@@ -164,10 +163,7 @@ def test_two_exports_at_once_export_each_message_once(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 300
-    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
-        time.sleep(0.2)  # polls A's readiness (not a fixed wait)
-    assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+    wait_for_hold(hold + ".ready", a)
     r = run(lake, *args, "--report", str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     open(hold, "w").close()

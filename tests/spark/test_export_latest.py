@@ -7,10 +7,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import DATASETS, ROOT, copy_tree, data_dir, run_job_script
+from conftest import DATASETS, ROOT, copy_tree, data_dir, run_job_script, wait_for_hold
 from deltalake import DeltaTable
 from test_delta_spark import export, spark_transactions
 
@@ -188,10 +187,7 @@ def test_a_concurrent_latest_export_makes_the_other_replan(tmp_path):
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "TANK_LOG_EXPORT_HOLD": hold}
     job = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]", *args]
     a = subprocess.Popen([*job, "--report", str(tmp_path / "a.json")], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
-        time.sleep(0.2)
-    assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+    wait_for_hold(hold + ".ready", a)
     assert export(*args) == 0 and DeltaTable(uri).version() == 2
     merged = state(uri)
     open(hold, "w").close()

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from conftest import DATASETS, ROOT, copy_tree, data_dir, duckdb_with, load_dump, run_job_script
+from conftest import DATASETS, ROOT, copy_tree, data_dir, duckdb_with, load_dump, run_job_script, wait_for_hold
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
@@ -499,10 +499,7 @@ def test_a_concurrent_export_that_already_committed_makes_the_other_replan(tmp_p
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 300
-    while not os.path.exists(hold + ".ready") and time.monotonic() < deadline and a.poll() is None:
-        time.sleep(0.2)
-    assert os.path.exists(hold + ".ready"), a.communicate()[1][-3000:]
+    wait_for_hold(hold + ".ready", a)
     r = run_job(*args, "--report", str(tmp_path / "b.json"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert _rows_of_report(tmp_path / "b.json")["rows"] == len(appended)

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from conftest import ROOT
+from conftest import ROOT, wait_for_hold
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
@@ -54,13 +54,6 @@ def start(base, tmp_path, name, *flags, env_extra=None):
     )  # fmt: skip
 
 
-def wait_for(path, proc, log):
-    deadline = time.monotonic() + 240
-    while not os.path.exists(path):
-        assert proc.poll() is None and time.monotonic() < deadline, open(log).read()[-3000:]
-        time.sleep(0.1)
-
-
 def kill_9(proc):
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM
     proc.wait(30)
@@ -82,28 +75,40 @@ def test_kill_9_restart_retention_and_sigterm(tmp_path):
 
     # 1. killed after batch 0's Delta commit, before Spark recorded the batch: the restart replays it
     a = start(base, tmp_path, "a", env_extra={"TANK_LOG_EXPORT_HOLD_AFTER": str(tmp_path / "h1")})
-    wait_for(tmp_path / "h1.ready", a, tmp_path / "a.log")
+    wait_for_hold(tmp_path / "h1.ready", a, tmp_path / "a.log", timeout=240)
     kill_9(a)
     exported = max(table_seqs(tmp_path / "table")[0])
 
-    # 2. while the job is down, retention deletes t/0's old segments, read and unread ones (§5)
-    time.sleep(2)
+    # 2. while the job is down, retention deletes t/0's old segments, read and unread ones (§5), once the writer
+    # has appended enough past the export (a count, not a time: a loaded machine appends more slowly)
+    keep = 2
+    deadline = time.monotonic() + 240  # bounds a hang only
+    while True:
+        with writer.lock:
+            part = rescan_partition(writer.paths[0], "t", 0)
+            if len(part.ro) > keep + 3 and part.ro[-keep - 1].base > exported + 1:
+                break
+        assert writer.is_alive() and time.monotonic() < deadline, "the writer did not get past the export"
+        time.sleep(0.1)
     with writer.lock:
         part = rescan_partition(writer.paths[0], "t", 0)
-        keep = 2
-        assert len(part.ro) > keep + 3 and part.ro[-keep - 1].base > exported + 1
         res = apply_retention(part, RetentionRules(segments_count=keep), RetentionOptions(broker_stopped=True))
         lost_to = part.ro[-keep - 1].last  # the last seq retention deleted
     assert res.segments_deleted == len(part.ro) - keep
 
     # 3. killed after writing a batch's files, before its commit: orphans, and the batch is written again
     b = start(base, tmp_path, "b", env_extra={"TANK_LOG_EXPORT_HOLD": str(tmp_path / "h2")})
-    wait_for(tmp_path / "h2.ready", b, tmp_path / "b.log")
+    wait_for_hold(tmp_path / "h2.ready", b, tmp_path / "b.log", timeout=240)
     kill_9(b)
 
     # 4. runs until stopped by SIGTERM to its process group, after the writer stops and the table caught up
     c = start(base, tmp_path, "c")
-    time.sleep(8)
+    with writer.lock:
+        live = writer.apps[1].next_seq  # appended before c started
+    deadline = time.monotonic() + 240  # bounds a hang only
+    while not ((seqs := table_seqs(tmp_path / "table")[1]) and seqs[-1] >= live):  # c exported while appends go on
+        assert c.poll() is None and time.monotonic() < deadline, open(tmp_path / "c.log").read()[-3000:]
+        time.sleep(0.2)
     writer.done.set()
     writer.join()
     written = {p: writer.written(p) for p in (0, 1)}
