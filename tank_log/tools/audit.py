@@ -18,7 +18,8 @@ or below the recorded seq, by compaction's rule (`format.latest`). There, **stal
 is on disk at or below the recorded seq), **kept after a tombstone** and **missing keys** are unaccounted.
 
 The work is bulk Arrow and numpy per partition: the table is scanned once per topic (its seq, and for latest tables
-its key), the log read once in Arrow batches; memory is that of the seqs (and keys) of one topic's partitions.
+its key; a table partitioned by topic reads only that topic's files), the log read once in Arrow batches; memory is
+that of the seqs (and keys) of one topic's partitions.
 """
 
 from __future__ import annotations
@@ -194,15 +195,21 @@ def _of_source(table: LakeTable, source: str | None) -> tuple[str, bool] | None:
     return source, owns_unsourced(source, table.properties().get(LEGACY_SOURCE_KEY))
 
 
-def _scan(table: LakeTable, columns: list[str], rows_of: tuple[str, bool] | None) -> Iterator[pa.RecordBatch]:
-    """The table's rows of the source, `columns` only. Filtered here, not by the dataset: delta-rs' dataset turns a
-    column without min/max statistics in a file into a guarantee that prunes the file from any filter on it."""
-    wanted = [*columns, "source"] if rows_of is not None else columns
-    for batch in table.to_pyarrow_dataset().to_batches(columns=wanted):
-        if rows_of is not None:
-            source, unsourced = rows_of
-            mine = pc.fill_null(pc.equal(batch["source"], source), unsourced)
-            batch = batch.filter(mine).select(columns)
+def _scan(
+    table: LakeTable, columns: list[str], rows_of: tuple[str, bool] | None, topic: str | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The table's rows of the source (and of `topic`), `columns` only, filtered by the dataset: a table partitioned
+    by topic reads only that topic's files, others skip files by their statistics (the datasets' guarantees are
+    sound: `lakehouse.delta`)."""
+    import pyarrow.dataset as ds
+
+    wanted: ds.Expression | None = None if topic is None else ds.field("topic") == topic
+    if rows_of is not None:
+        source, unsourced = rows_of
+        mine = ds.field("source") == source
+        mine = mine | ds.field("source").is_null() if unsourced else mine
+        wanted = mine if wanted is None else wanted & mine
+    for batch in table.to_pyarrow_dataset().to_batches(columns=columns, filter=wanted):
         if batch.num_rows:
             yield batch
 
@@ -217,7 +224,7 @@ def _table_topics(table: LakeTable, rows_of: tuple[str, bool] | None) -> set[str
 def _table_rows(table: LakeTable, topic: str, rows_of: tuple[str, bool] | None, *, latest: bool) -> dict[int, pa.Table]:
     """The table's rows of `topic` by partition: their seqs (and keys for a latest table), sorted by seq."""
     columns = ["partition", "seq", "key"] if latest else ["partition", "seq"]
-    kept = [b.filter(pc.equal(b["topic"], topic)).select(columns) for b in _scan(table, ["topic", *columns], rows_of)]
+    kept = list(_scan(table, columns, rows_of, topic))
     schema = pa.schema([pa.field(c, _TYPES[c]) for c in columns])
     got = pa.Table.from_batches([b.cast(schema) for b in kept if b.num_rows], schema=schema)
     out: dict[int, pa.Table] = {}
