@@ -27,7 +27,6 @@ MAX_LINES = 6  # rendered lines of one paragraph or list item, at a laptop's wid
 WIDTH, HEIGHT = 1366, 900
 # Pages whose prose is not ours to cut, and why.
 LONG_PARAGRAPHS_ALLOWED = {
-    "reference/benchmarks/": "bench/RESULTS.md, included as it is: each benchmark's record, written by its runs",
     "guides/airflow/": "being rewritten with the Airflow demo (scripts/airflow-demo.sh); drop this entry then",
 }
 # Pages whose wide blocks may scroll sideways instead of fitting the column, and why.
