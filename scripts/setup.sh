@@ -65,6 +65,11 @@ fi
 # scripts/spark-jars/pom.xml and pyspark. Jobs never fetch anything. Needs mvn (apt-get install maven).
 step "Delta's jars for Spark in .jars/ (a first run fetches them with Maven: ~700 MB, a few minutes)"
 .venv/bin/python -m tank_spark.jars install
+# The Apache Iceberg reference REST catalog server (iceberg-open-api's test fixture, with Iceberg's core, Jetty,
+# Hadoop's client and SQLite's JDBC driver: scripts/iceberg-rest/pom.xml, ~85 MB) for the tests of tables by name,
+# fetched once with Maven into .jars/iceberg-rest/ (after Delta's step, which replaces .jars/ when its pom changes).
+step "the Iceberg REST catalog server's jars in .jars/iceberg-rest/ (a first run fetches them with Maven: ~85 MB)"
+bash scripts/iceberg-rest-catalog.sh install
 # Spark drivers map a class-data archive of their JDK and Spark jars (tank_spark/class_archive.py): ~4 s less per
 # job start. Built once (~40 s on an idle machine, minutes under load), again after Spark or the JDK changed; a driver
 # without it just starts slower.
