@@ -52,7 +52,7 @@ class ExportGuards:
 
     def __init__(self, config: JobConfig):
         self._config = config
-        self._tables: dict[tuple[str, tuple[tuple[str, str], ...], str, str | None], ExportedSeqs] = {}
+        self._tables: dict[tuple[str, tuple[tuple[str, str], ...], str, object], ExportedSeqs] = {}
 
     def of(self, part: Partition) -> ExportGuard | None:
         """Raises:

@@ -9,7 +9,7 @@ from tank_log.lakehouse.location import TableLocation
 from tank_log.lakehouse.table import REQUIRED_COLUMNS, Recorded, TableUnreadable, default_source, table_key
 
 if TYPE_CHECKING:
-    from tank_log.lakehouse.location import LakeTable
+    from tank_log.lakehouse.location import Catalog, LakeTable
 
 
 class ExportedSeqs:
@@ -23,7 +23,7 @@ class ExportedSeqs:
         uri: str,
         storage_options: dict[str, str] | None = None,
         fmt: str = "delta",
-        catalog: str | None = None,
+        catalog: Catalog | None = None,
         source: str | None = None,
     ):
         self.uri = table_key(uri)

@@ -1,12 +1,16 @@
-"""The Apache Iceberg table format through pyiceberg and a SQL catalog: the one module that imports pyiceberg.
+"""The Apache Iceberg table format through pyiceberg and a SQL or REST catalog: the one module that imports pyiceberg.
 
-The table is registered in a SQL catalog (`TableLocation.catalog`: any SQLAlchemy URI; by default a SQLite file
-beside a local table) as `tank_log.<the table directory's name>`. Each partition's recorded version is a table
-property (`app_id` → its last exported seq), set in the same commit as the snapshot that adds the data files:
-properties survive snapshot expiry, snapshot summaries do not. The table is created with pyiceberg's commit retries
-off (`commit.retry.num-retries` 0): a retry rebuilds a stale writer's append on top of the winner's snapshot (with
-retries on, two writers committing the same rows from the same snapshot left them in the table twice), so a
-conflict is reported (`CommitConflict`) and the export re-plans instead.
+A table given by its path is registered in a SQL catalog (`TableLocation.catalog`: any SQLAlchemy URI; by default a
+SQLite file beside a local table) as `tank_log.<the table directory's name>`. A table given by its name
+(`namespace.table`) is in a REST catalog (`RestCatalog`), which says where its files are (`located`); the catalog
+checks each commit's requirements itself, so exactly once holds through it as through a SQL catalog. A REST catalog
+that cannot be reached, or fails a request, stops the run (`RunFailed`); nothing is recorded past what it committed.
+
+Each partition's recorded version is a table property (`app_id` → its last exported seq), set in the same commit
+as the snapshot that adds the data files: properties survive snapshot expiry, snapshot summaries do not. The table
+is created with pyiceberg's commit retries off (`commit.retry.num-retries` 0): a retry rebuilds a stale writer's
+append on top of the winner's snapshot (with retries on, two writers committing the same rows from the same snapshot
+left them in the table twice), so a conflict is reported (`CommitConflict`) and the export re-plans instead.
 
 Upkeep is snapshot expiry and the removal of data files no kept snapshot references (`remove_unreferenced`);
 pyiceberg has no file compaction (`compact_files` refuses) and no MERGE: a current-state table's merge is computed
@@ -19,10 +23,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from tank_log.errors import JobConfigError
+from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
     LEGACY_SOURCE_KEY,
@@ -42,12 +48,12 @@ from tank_log.lakehouse.table import (
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.dataset as ds
-    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table
 
-    from tank_log.lakehouse.location import LakeTable, TableLocation
+    from tank_log.lakehouse.location import LakeTable, RestCatalog, TableLocation
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +76,13 @@ S3_PROPERTIES = {
 
 
 def catalog_uri(location: TableLocation) -> str:
-    """The SQLAlchemy URI of the table's catalog.
+    """The URI of the table's catalog: a SQL catalog's SQLAlchemy URI, or a REST catalog's endpoint.
 
     Raises:
         JobConfigError: a table on object storage without one.
     """
     if location.catalog:
-        return location.catalog
+        return str(location.catalog)
     if not location.is_local:
         raise JobConfigError(
             f"table {location}: an Iceberg table on object storage needs --catalog URI or export.catalog"
@@ -84,23 +90,93 @@ def catalog_uri(location: TableLocation) -> str:
     return f"sqlite:///{location.uri.rstrip('/')}{CATALOG_SUFFIX}"
 
 
-def identifier(location: TableLocation) -> tuple[str, str]:
-    """(namespace, name) of the table in its catalog: the last component of its path, as a name SQL takes."""
+def identifier(location: TableLocation) -> tuple[str, ...]:
+    """(namespace..., name) of the table in its catalog: its name in a REST catalog, else the last component of its
+    path, as a name SQL takes, in namespace `tank_log`."""
+    if location.name:
+        return tuple(location.name.split("."))
     name = re.sub(r"[^A-Za-z0-9_]", "_", location.uri.rstrip("/").rpartition("/")[2]) or "table"
     return NAMESPACE, name
 
 
-def _catalog(location: TableLocation) -> SqlCatalog:
+@contextmanager
+def _reaching(catalog: object) -> Iterator[None]:
+    """Turn a REST catalog's failures (unreachable, an error status) into `RunFailed` naming it."""
+    import requests
+    from pyiceberg.exceptions import CommitStateUnknownException, RESTError
+
+    try:
+        yield
+    except CommitStateUnknownException as err:
+        raise RunFailed(
+            f"catalog {catalog}: the commit's outcome is unknown ({err}); a rerun reads what the table recorded"
+        ) from None
+    except (requests.exceptions.ConnectionError, requests.exceptions.Timeout) as err:
+        raise RunFailed(
+            f"catalog {catalog}: unreachable ({type(err).__name__}); a rerun finds what the table recorded"
+        ) from None
+    except (RESTError, requests.exceptions.RequestException) as err:
+        raise RunFailed(f"catalog {catalog}: {type(err).__name__}: {err}"[:500]) from None
+
+
+def _rest_catalog(catalog: RestCatalog, properties: dict[str, str] | None = None) -> Catalog:
+    from pyiceberg.catalog.rest import RestCatalog as PyIcebergRestCatalog
+
+    props = {"uri": catalog.uri, **(properties or {})}
+    for key in ("warehouse", "token", "credential"):
+        value = getattr(catalog, key)
+        if value:
+            props[key] = value
+    with _reaching(catalog):
+        return PyIcebergRestCatalog("tank_log", **props)
+
+
+def located(name: str, catalog: RestCatalog) -> str:
+    """Where the table `name` of the REST `catalog` keeps its files: where it is, or where the catalog would create it
+    (asked with a staged create, which records nothing; its namespace is created if missing).
+
+    Raises:
+        RunFailed: the catalog cannot be reached or fails the request.
+    """
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField
+
+    rest = _rest_catalog(catalog)
+    ident = tuple(name.split("."))
+    with _reaching(catalog):
+        try:
+            location: str = rest.load_table(ident).metadata.location
+            return location
+        except (NoSuchTableError, NoSuchNamespaceError):
+            pass
+        rest.create_namespace_if_not_exists(ident[:-1])
+        staged = rest.create_table_transaction(ident, Schema(NestedField(1, "seq", LongType(), required=False)))
+        location = staged.table_metadata.location
+        return location
+
+
+def _catalog(location: TableLocation) -> Catalog:
     from pyiceberg.catalog.sql import SqlCatalog
 
-    props = {"uri": catalog_uri(location), "warehouse": _uri(location)}
+    from tank_log.lakehouse.location import RestCatalog
+
+    rest = location.catalog if isinstance(location.catalog, RestCatalog) else None
+    props = {} if rest else {"uri": catalog_uri(location), "warehouse": _uri(location)}
     for option, prop in S3_PROPERTIES.items():
         value = location._option(option)
         if value and prop not in props:
             props[prop] = value
+    if rest:  # the FileIO's storage options; the catalog's own settings say where the table is
+        return _rest_catalog(rest, props)
     if location.is_local and props["uri"].startswith("sqlite:///"):
         os.makedirs(os.path.dirname(props["uri"].removeprefix("sqlite:///")) or ".", exist_ok=True)
     return SqlCatalog("tank_log", **props)
+
+
+def _place(uri: str) -> str:
+    """A table location as compared: a local one without `file://` (REST catalogs record either)."""
+    return (uri.removeprefix("file://") if uri.startswith("file:///") else uri).rstrip("/")
 
 
 def _uri(location: TableLocation) -> str:
@@ -124,7 +200,8 @@ class IcebergTable:
         return 0 if snapshot is None else snapshot.sequence_number or 0
 
     def refresh(self) -> None:
-        self.table.refresh()
+        with _reaching(self.location.catalog):
+            self.table.refresh()
 
     def app_id(self, topic: str, partition: int) -> str:
         return app_id(self.table_id, topic, partition, self.location.source)
@@ -172,7 +249,7 @@ class IcebergTable:
     def claim_legacy_versions(self, source: str) -> None:
         with self.table.transaction() as tx:
             tx.set_properties({LEGACY_SOURCE_KEY: source})
-        self.table.refresh()
+        self.refresh()
 
     def _recording(self, tx: Any, versions: dict[str, int]) -> dict[str, str]:
         """Set the new versions in `tx` (table properties, with the sequence number of the snapshot it commits) and
@@ -214,7 +291,7 @@ class IcebergTable:
         (column,) = _iceberg_schema(pa.schema([field.with_nullable(True)])).fields
         with self.table.update_schema() as update:
             update.add_column(column.name, column.field_type, required=False)
-        self.table.refresh()
+        self.refresh()
 
     def commit(
         self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
@@ -232,10 +309,11 @@ class IcebergTable:
             check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
         )
         try:
-            tx.commit_transaction()
+            with _reaching(self.location.catalog):
+                tx.commit_transaction()
         except CommitFailedException as err:
             raise CommitConflict(f"commit conflict: {err}") from None
-        self.table.refresh()
+        self.refresh()
         return self.version()
 
     def merge_latest(
@@ -286,10 +364,11 @@ class IcebergTable:
         rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
         tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata, **recording})
         try:
-            tx.commit_transaction()
+            with _reaching(self.location.catalog):
+                tx.commit_transaction()
         except CommitFailedException as err:
             raise CommitConflict(f"commit conflict: {err}") from None
-        self.table.refresh()
+        self.refresh()
         return {f"num_target_rows_{k}": v for k, v in counts.items()}
 
     def properties(self) -> dict[str, str]:
@@ -439,12 +518,13 @@ class IcebergTable:
         tx.set_properties({"write.target-file-size-bytes": str(target_bytes)})
         tx.overwrite(rows, overwrite_filter=scope, snapshot_properties={"operation.tank-log": "optimize"})
         try:
-            tx.commit_transaction()
+            with _reaching(self.location.catalog):
+                tx.commit_transaction()
         except CommitFailedException as err:
             raise CommitConflict(
                 f"table {self.location}: optimize: commit conflict, nothing rewritten ({err})"
             ) from None
-        self.table.refresh()
+        self.refresh()
         after_files = self._data_files()
         after = (len(after_files), sum(size for _, size in after_files))
         written = after[0] - (before[0] - removed)
@@ -485,7 +565,7 @@ class IcebergTable:
         ]
         if old and not dry_run:
             self.table.maintenance.expire_snapshots().by_ids(old).commit()
-            self.table.refresh()
+            self.refresh()
         kept = self._files_of_kept_snapshots(set() if dry_run else set(old))
         doomed = [f for f in stored if f.rel not in kept and f.mtime_ms < cutoff]
         if doomed and not dry_run:
@@ -592,10 +672,11 @@ def open(location: TableLocation) -> IcebergTable | None:  # noqa: A001 (the for
     if location.is_local and not location.catalog and not os.path.exists(catalog_uri(location)[10:]):
         return None
     try:
-        table = _catalog(location).load_table(identifier(location))
+        with _reaching(location.catalog):
+            table = _catalog(location).load_table(identifier(location))
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
-    if table.metadata.location.rstrip("/") != _uri(location).rstrip("/"):
+    if _place(table.metadata.location) != _place(_uri(location)):
         raise JobConfigError(
             f"table {location}: catalog {_shown(catalog_uri(location))} names {'.'.join(identifier(location))} "
             f"a table at {table.metadata.location}"
@@ -620,7 +701,8 @@ def create(
     from pyiceberg.transforms import IdentityTransform
 
     catalog = _catalog(location)
-    catalog.create_namespace_if_not_exists(NAMESPACE)
+    with _reaching(location.catalog):
+        catalog.create_namespace_if_not_exists(identifier(location)[:-1])
     iceberg_schema = _iceberg_schema(schema)
     spec = PartitionSpec(
         *(
@@ -634,17 +716,18 @@ def create(
         )
     )
     try:
-        table = catalog.create_table(
-            identifier(location),
-            schema=iceberg_schema,
-            location=_uri(location),
-            partition_spec=spec,
-            properties={**(configuration or {}), **NO_RETRIES},
-        )
+        with _reaching(location.catalog):
+            table = catalog.create_table(
+                identifier(location),
+                schema=iceberg_schema,
+                location=_uri(location),
+                partition_spec=spec,
+                properties={**(configuration or {}), **NO_RETRIES},
+            )
     except TableAlreadyExistsError:
         raise JobConfigError(
             f"table {location}: catalog {_shown(catalog_uri(location))} already has a table "
-            f"{'.'.join(identifier(location))} (another table of that directory name?)"
+            f"{'.'.join(identifier(location))}" + ("" if location.name else " (another table of that directory name?)")
         ) from None
     return IcebergTable(location, table)
 

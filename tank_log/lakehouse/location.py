@@ -1,7 +1,8 @@
 """Where a table lives, and what a table of any format gives the export, retention's guard, stats and the import
 (`LakeTable`; `FORMATS` names the module implementing each format).
 
-A location is a local path, or an object-store URI (`s3://`, `gs://`, `az://`/`abfss://`, `file://`) with its
+A location is a local path, or an object-store URI (`s3://`, `gs://`, `az://`/`abfss://`, `file://`), or an Iceberg
+table's name in a REST catalog (`namespace.table`, `RestCatalog`: the catalog says where its files are), with its
 storage options (credentials, endpoint: `AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, …; the environment supplies what
 the options do not), and its format. Executors write Parquet through the pyarrow filesystem of the URI — never `os`
 calls on table paths — and the driver commits through the format's implementation with the same options.
@@ -10,6 +11,8 @@ calls on table paths — and the driver commits through the format's implementat
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 
     from tank_log.lakehouse.table import DataFile, Recorded, RunCommit, UpkeepStep
 
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")  # namespace(s).table, in a catalog
 METADATA_DIRS = ("_delta_log/", "metadata/")  # the formats' own files under a table: never data files
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
 
@@ -38,14 +42,65 @@ class StoredFile:
 
 
 @dataclass(frozen=True)
+class RestCatalog:
+    """An Iceberg REST catalog (`export.catalog: {type: rest, ...}`): its endpoint, the warehouse asked of it, and
+    its credentials (a bearer `token`, or an OAuth2 `credential` `client_id:secret` it exchanges for one)."""
+
+    uri: str
+    warehouse: str | None = None
+    token: str | None = field(default=None, repr=False)
+    credential: str | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:  # never the credentials
+        return self.uri
+
+
+Catalog = str | RestCatalog  # Iceberg's catalog: a SQL catalog's SQLAlchemy URI, or a REST catalog
+
+
+def parse_catalog(value: str | Mapping[str, Any] | RestCatalog | None, where: str = "export.catalog") -> Catalog | None:
+    """A catalog setting as the config or a flag gives it: a SQLAlchemy URI (a SQL catalog, kept as it is), an
+    `http(s)://` URI (a REST catalog), or a mapping `{type: rest, uri, warehouse, token, credential}` (or `{type:
+    sql, uri}`).
+
+    Raises:
+        JobConfigError: one line naming `where` and what is wrong.
+    """
+    if value is None or isinstance(value, RestCatalog):
+        return value
+    if isinstance(value, str):
+        return RestCatalog(value) if value.startswith(("http://", "https://")) else value
+    kind, keys = value.get("type"), set(value)
+    allowed = {"rest": {"type", "uri", "warehouse", "token", "credential"}, "sql": {"type", "uri"}}
+    if kind not in allowed:
+        raise JobConfigError(f"{where}.type: {kind!r}: expected rest or sql")
+    if keys - allowed[kind]:
+        raise JobConfigError(f"{where}: unknown key(s) {', '.join(sorted(keys - allowed[kind]))} for type {kind}")
+    fields = {k: value[k] for k in keys - {"type"}}
+    for k, v in fields.items():
+        if not isinstance(v, str) or not v:
+            raise JobConfigError(f"{where}.{k}: expected a non-empty string")
+    if "uri" not in fields:
+        raise JobConfigError(f"{where}.uri: required for type {kind}")
+    if kind == "sql":
+        return str(fields["uri"])
+    if not fields["uri"].startswith(("http://", "https://")):
+        raise JobConfigError(f"{where}.uri {fields['uri']!r}: a REST catalog's URI is http:// or https://")
+    if "token" in fields and "credential" in fields:
+        raise JobConfigError(f"{where}: token or credential, not both")
+    return RestCatalog(**fields)
+
+
+@dataclass(frozen=True)
 class TableLocation:
     """A table's URI (local tables: an absolute path), its storage options and its format (`FORMATS`)."""
 
     uri: str
     options: dict[str, str] = field(default_factory=dict, repr=False)  # may hold credentials
     format: str = "delta"
-    catalog: str | None = field(default=None, repr=False)  # Iceberg's SQL catalog (a URI that may hold a password)
+    catalog: Catalog | None = field(default=None, repr=False)  # Iceberg's (a SQL catalog's URI may hold a password)
     source: str | None = None  # the broker whose partitions this run reads or writes (`table.app_id`)
+    name: str | None = None  # the table's name in its REST catalog (`namespace.table`); `uri`: where it says it is
 
     @classmethod
     def of(
@@ -53,12 +108,28 @@ class TableLocation:
         table: str,
         options: dict[str, str] | None = None,
         fmt: str = "delta",
-        catalog: str | None = None,
+        catalog: Catalog | None = None,
         source: str | None = None,
     ) -> TableLocation:
-        """Raises:
-        ValueError: an unsupported URI scheme, or a local path under a file.
+        """`table`: a path or URI; with a `RestCatalog`, the table's name there, located through the catalog (where
+        the table is, or where the catalog would create it).
+
+        Raises:
+            ValueError: an unsupported URI scheme, a local path under a file, or not a name in a REST catalog.
+            RunFailed: the REST catalog cannot be reached.
         """
+        if isinstance(catalog, RestCatalog):
+            if fmt != "iceberg":
+                raise ValueError(f"table {table}: a REST catalog holds Iceberg tables (format iceberg)")
+            if not TABLE_NAME.fullmatch(table):
+                raise ValueError(
+                    f"table {table!r}: in a REST catalog a table is named namespace.table (letters, digits, '_')"
+                )
+            from tank_log.lakehouse.iceberg import located
+
+            uri = located(table, catalog)
+            uri = urlparse(uri).path if uri.startswith("file://") else uri
+            return cls(uri, {k.upper(): str(v) for k, v in (options or {}).items()}, fmt, catalog, source, table)
         scheme = urlparse(table).scheme if "://" in table else ""
         if scheme == "file":
             table = urlparse(table).path

@@ -21,6 +21,7 @@ from tank_log.lakehouse import (
     implementation,
     storage_options,
 )
+from tank_log.lakehouse.location import Catalog, parse_catalog
 from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
@@ -92,7 +93,7 @@ class ExportSettings:
     in_driver_max_bytes: int = 0  # job.in_driver: a small export runs in the driver process (ExportConfig's default)
     mode: str = "append"  # latest.py: one row per live key (fixed per table)
     table_format: str = "delta"  # tank_log.lakehouse.FORMATS
-    catalog: str | None = field(default=None, repr=False)  # iceberg's SQL catalog (may hold a password)
+    catalog: Catalog | None = field(default=None, repr=False)  # iceberg's SQL or REST catalog (may hold credentials)
     source: str | None = None  # the broker these partitions are on (`--source`, export.source; None: unsourced)
 
     @property
@@ -244,7 +245,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
 def _table_location(cfg: ExportConfig, args: argparse.Namespace, table: str) -> tuple[TableLocation, dict[str, str]]:
     """The table's location (format, catalog, storage options: flags over the config), checked."""
     table_format = args.format or cfg.format
-    catalog = args.catalog or cfg.catalog
+    catalog = parse_catalog(args.catalog, "--catalog") if args.catalog else cfg.catalog  # http(s)://: a REST catalog
     if catalog and table_format != "iceberg":
         raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
     options = storage_options(cfg.storage_options, args.storage_option)

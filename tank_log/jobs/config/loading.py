@@ -212,17 +212,18 @@ def load_job_config(path: str | os.PathLike[str] | None) -> JobConfig:
 
 def relative_to(config: JobConfig, directory: str) -> JobConfig:
     """The config with its relative local paths resolved against `directory` (URIs and absolute paths kept)."""
+    from tank_log.lakehouse.location import RestCatalog
 
     def resolve(p: str) -> str:
         return p if "://" in p else os.path.normpath(os.path.join(directory, os.path.expanduser(p)))
 
     def keep(k: Any) -> Any:
-        if isinstance(k, KeepUnexported) and k.table != EXPORT_TABLE:
+        if isinstance(k, KeepUnexported) and k.table != EXPORT_TABLE and not isinstance(k.catalog, RestCatalog):
             return k.model_copy(update={"table": resolve(k.table)})
         return k
 
     export = config.export
-    if export.table is not None:
+    if export.table is not None and not isinstance(export.catalog, RestCatalog):  # a REST catalog's: a name
         export = export.model_copy(update={"table": resolve(export.table)})
     retention = config.retention.model_copy(
         update={

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from tank_log.errors import JobConfigError
 from tank_log.format.bundle import SnappyPolicy
@@ -25,7 +25,7 @@ from tank_log.jobs.config.units import (
     Text,
     keyed_by_name,
 )
-from tank_log.lakehouse.location import FORMATS
+from tank_log.lakehouse.location import FORMATS, RestCatalog, parse_catalog
 from tank_log.lakehouse.table import SOURCE_PATTERN
 from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 
@@ -126,6 +126,38 @@ def _table_shorthand(value: Any) -> Any:
     return {"table": value} if isinstance(value, str) else value
 
 
+def _catalog_setting(value: Any) -> Any:
+    if value is not None and not isinstance(value, str | dict | RestCatalog):
+        raise ValueError("expected a SQLAlchemy URI or {type: rest, uri: ...}")
+    return parse_catalog(value, "catalog")  # JobConfigError: a ValueError, reported with the key's path
+
+
+CatalogSetting = Annotated[
+    str | RestCatalog | None,
+    BeforeValidator(_catalog_setting),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "object",
+                    "properties": {
+                        "type": {"enum": ["rest", "sql"]},
+                        "uri": {"type": "string"},
+                        "warehouse": {"type": "string"},
+                        "token": {"type": "string"},
+                        "credential": {"type": "string"},
+                    },
+                    "required": ["type", "uri"],
+                    "additionalProperties": False,
+                },
+                {"type": "null"},
+            ]
+        }
+    ),
+]
+
+
 class KeepUnexported(Section):
     """`retention.keep_unexported`: retention keeps what this table has not received (the export's recorded versions),
     within the bounds."""
@@ -143,10 +175,10 @@ class KeepUnexported(Section):
     format: TableFormatName | None = Field(
         default=None, description=f"the table's format: delta (default) | iceberg; `{EXPORT_TABLE}`: export.format"
     )
-    catalog: Text | None = Field(
+    catalog: CatalogSetting = Field(
         default=None,
         repr=False,
-        description=f"format iceberg: the SQL catalog's SQLAlchemy URI; `{EXPORT_TABLE}`: export.catalog",
+        description=f"format iceberg: the catalog (as export.catalog); `{EXPORT_TABLE}`: export.catalog",
     )
 
     @model_validator(mode="after")
@@ -241,10 +273,12 @@ class ExportConfig(Section):
 
     table: Text | None = Field(default=None, description="the table's path or URI (s3://, gs://, az://, file://)")
     format: TableFormatName = Field(default="delta", description="delta | iceberg (pyiceberg, a SQL catalog)")
-    catalog: Text | None = Field(
+    catalog: CatalogSetting = Field(
         default=None,
         repr=False,
-        description="format iceberg: the SQL catalog's SQLAlchemy URI (default: a SQLite file beside a local table)",
+        description="format iceberg: a SQL catalog's SQLAlchemy URI (default: a SQLite file beside a local table), or "
+        "a REST catalog {type: rest, uri, warehouse, token | credential}, whose tables export.table names "
+        "(namespace.table)",
     )
     engine: Engine = Field(
         default="deltalake", description="deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)"
