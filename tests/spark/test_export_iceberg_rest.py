@@ -165,3 +165,37 @@ def test_bad_rest_settings_are_one_line_and_exit_2(tmp_path, export, message):
     errors = [line for line in r.stderr.splitlines() if "ERROR" in line or "error" in line.lower()]
     assert message in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert len(errors) <= 1 and "=t" not in r.stderr and "'t'" not in r.stderr
+
+
+def test_a_stale_writer_gets_the_catalogs_conflict_and_commits_nothing(server):
+    """Two writers read `tank.stale` at the same snapshot; the second commit is refused by the catalog itself (its
+    requirement on the branch's snapshot fails: HTTP 409 → `CommitConflict`). Its version and files are not in the
+    table, and the first writer's data and version came in one commit."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tank_log.lakehouse import CommitConflict, DataFile, TableLocation
+    from tank_log.lakehouse.location import RestCatalog
+
+    location = TableLocation.of("tank.stale", fmt="iceberg", catalog=RestCatalog(server.uri))
+    assert location.uri == os.path.join(server.state, "warehouse", "tank", "stale") and location.open() is None
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()), ("seq", pa.int64())])
+    location.create(schema, ("topic",))
+
+    def data_file(name, seqs):
+        os.makedirs(os.path.join(location.uri, "topic=a"), exist_ok=True)
+        path = f"topic=a/{name}.parquet"
+        table = pa.table({"topic": ["a"] * len(seqs), "partition": [0] * len(seqs), "seq": seqs}, schema)
+        pq.write_table(table, os.path.join(location.uri, path))
+        return DataFile(path, location.size(path), {"topic": "a"}, 0, len(seqs), "{}")
+
+    first, stale = location.existing(), location.existing()
+    aid = first.app_id("a", 0)
+    first.commit(schema, [data_file("first", [1, 2, 3])], {aid: 3}, "run-1", {})
+    with pytest.raises(CommitConflict):
+        stale.commit(schema, [data_file("stale", [1, 2, 3, 4])], {aid: 4}, "run-2", {})
+    table = TableLocation.of("tank.stale", fmt="iceberg", catalog=RestCatalog(server.uri)).existing()
+    assert table.recorded_version("a", 0) == 3 and table.version() == 1
+    assert sorted(server.catalog().load_table("tank.stale").scan().to_arrow()["seq"].to_pylist()) == [1, 2, 3]
+    assert table.referenced_files() == {"topic=a/first.parquet"}
+    assert [h.run for h in table.run_history() if h.run] == ["run-1"]
