@@ -5,6 +5,7 @@ then brings every partition to before-or-after, and an immediate rerun is not re
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,7 +71,16 @@ def _repaired_and_rerun(base: str) -> None:
 @pytest.mark.parametrize("delay", [0.0, 0.15, 0.4, 0.9])
 def test_cli_killed_mid_run_leaves_no_process(tmp_path, delay):
     base = many_small_partitions(tmp_path / "many", 250)
-    took, left = _kill_while_workers_run([*CLI, "compact", base, "--broker-stopped", "--processes", "2"], delay)
+    # a last topic whose task waits at the pool's hold (TANK_LOG_TASK_HOLD): however fast the other 250 partitions
+    # go, the run is still running when the kill comes, at whichever point of it the delay lands
+    shutil.copytree(os.path.join(base, "kv", "0"), os.path.join(base, "zz", "0"))
+    shutil.copy(os.path.join(base, "kv", "config"), os.path.join(base, "zz", "config"))
+    hold = tmp_path / "hold"
+    hold.write_text(os.path.join(base, "zz"))
+    env = dict(os.environ, TANK_LOG_TASK_HOLD=str(hold))
+    cmd = [*CLI, "compact", base, "--broker-stopped", "--processes", "2"]
+    took, left = _kill_while_workers_run(cmd, delay, env)
+    hold.unlink()
     assert left == [], f"alive {took:.1f} s after the kill: {left}"
     assert took < GONE_WITHIN_S
     _repaired_and_rerun(base)

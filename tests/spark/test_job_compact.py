@@ -73,7 +73,9 @@ def test_mixed_run_reports_partial_failure(scenario):
     timings = report["timings"]  # the run's split, phase by phase, adds up to its duration
     assert set(timings) == {"prepare_s", "spark_start_s", "execute_s", "spark_stop_s"}
     assert min(timings.values()) >= 0 and abs(sum(timings.values()) - report["duration_s"]) < 0.1
-    assert parts[("kvlive", 0)]["status"] == "failed" and "@" in parts[("kvlive", 0)]["error"]
+    damaged = parts[("kvlive", 0)]  # refused by the readers' completeness check: named (file @offset), not written
+    said = f"{damaged.get('reason') or ''} {damaged.get('error') or ''}"
+    assert damaged["status"] == "needs-attention" and "121-7887_1795261097.ilog @" in said, damaged
     assert parts[("kvlive", 1)]["status"] == "nothing-to-do"  # compacted by the broker already
     assert parts[("kvlive", 1)]["reason"] == "no message would be dropped"
     for key in [("profiles", 0), ("profiles", 1), ("kv", 0)]:
