@@ -4,7 +4,7 @@ seeded interleavings, against a model of every partition's log and of the table.
     python bench/model_check.py --seed 7 --examples 20 --steps 30      # a long run
     python bench/model_check.py --short                                # the suite's run (tests/test_model_check.py)
 
-Each example draws an export configuration (format × mode × partition_by × value format × retention's guard) and
+Each example draws an export configuration (format × mode × partition_by × retention's guard) and
 then a sequence of steps (hypothesis' rule-based state machine):
 
 - **produce**: bundles with sparse seqs, far and repeated timestamps, keyless and binary keys, empty and binary
@@ -15,8 +15,12 @@ then a sequence of steps (hypothesis' rule-based state machine):
   a compaction killed at a random file operation and the repair after it;
 - **the export** (in the driver, delta-rs or pyiceberg), and **other engines** on the table (delta-rs OPTIMIZE and
   VACUUM; DuckDB reading it);
-- **damage**: a bundle cut out, duplicated or truncated in an RO segment; every writer must then refuse the
-  partition (exit non-zero, the partition and the table unchanged), then the damage is undone.
+- **damage**, on a copy of the base path: a bundle cut out, duplicated or truncated in an RO segment; every writer
+  that reads the partition must refuse it (exit non-zero, the partition unchanged; retention that deletes the
+  segment must name the damage), and an export into a new table holds nothing of it but produced messages (damage
+  no reader can see without checksums, a cut before a sparse bundle, is skipped and counted);
+- **the import** of the table into a fresh base path: exactly the exported messages (served by the real broker
+  when `TANK_BIN` and `TANK_CLI` are set).
 
 After every step the invariants hold, checked with readers we did not write where there is one (DuckDB for the
 table):
