@@ -11,9 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tank_log.lakehouse.exported import ExportedSeqs
-from tank_log.lakehouse.location import FORMATS, LakeTable, StoredFile, TableFormat, TableLocation, implementation
+from tank_log.lakehouse.location import (
+    FORMATS,
+    LakeTable,
+    StoredFile,
+    TableFormat,
+    TableLocation,
+    implementation,
+    table_mode,
+)
 from tank_log.lakehouse.table import (
     LEGACY_SOURCE_KEY,
+    MODE_KEY,
     REQUIRED_COLUMNS,
     RUN_KEY,
     SOURCE_COLUMN,
@@ -38,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FORMATS",
     "LEGACY_SOURCE_KEY",
+    "MODE_KEY",
     "REQUIRED_COLUMNS",
     "RUN_KEY",
     "SOURCE_COLUMN",
@@ -62,6 +72,7 @@ __all__ = [
     "storage_options",
     "table_id",
     "table_key",
+    "table_mode",
 ]
 
 

@@ -471,3 +471,10 @@ def implementation(fmt: str) -> TableFormat:
         raise JobConfigError(f"table format {fmt!r}: expected one of {', '.join(sorted(FORMATS))}")
     module: TableFormat = importlib.import_module(FORMATS[fmt])
     return module
+
+
+def table_mode(table: LakeTable) -> str:
+    """The mode the export created `table` with: `append` (also tables made before modes existed) or `latest`."""
+    from tank_log.lakehouse.table import MODE_KEY
+
+    return table.properties().get(MODE_KEY) or "append"

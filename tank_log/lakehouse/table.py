@@ -24,6 +24,7 @@ SOURCE_COLUMN = "source"  # the column naming the broker (`source`) a row came f
 # The table property naming the source that owns the versions recorded before sources existed (absent: a table
 # written before sources whose first sourced export has not run yet; `candidate_ids`).
 LEGACY_SOURCE_KEY = "tank_log.export.legacy_source"
+MODE_KEY = "tank_log.export.mode"  # the table property recording the mode the export created it with (absent: append)
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 

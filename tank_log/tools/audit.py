@@ -36,14 +36,13 @@ import pyarrow.compute as pc
 from tank_log.errors import TankFormatError
 from tank_log.format.latest import TOMBSTONE, latest_per_key
 from tank_log.format.messages import tombstones
-from tank_log.lakehouse import LEGACY_SOURCE_KEY, owns_unsourced
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, owns_unsourced, table_mode
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, classify_path, scan_partitions
 
 if TYPE_CHECKING:
     from tank_log.lakehouse import LakeTable
 
-MODE_KEY = "tank_log.export.mode"  # the table property the export records its mode in (absent: append)
 RANGES_SHOWN = 20  # seq ranges listed per finding; the counts are always whole
 
 OK, PENDING, UNACCOUNTED, DAMAGED = "ok", "pending", "unaccounted", "damaged"
@@ -127,11 +126,6 @@ class AuditReport:
             "unread": self.unread,
             "partitions": [p.to_dict() for p in self.partitions],
         }
-
-
-def table_mode(table: LakeTable) -> str:
-    """The mode the export created `table` with: `append` or `latest`."""
-    return table.properties().get(MODE_KEY) or "append"
 
 
 def audit_table(

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
-from tank_log.lakehouse import LEGACY_SOURCE_KEY, SOURCE_COLUMN, CommitConflict
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, MODE_KEY, SOURCE_COLUMN, CommitConflict, table_mode
 from tank_spark.export.commit import ConcurrentExport, commit
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
@@ -33,20 +33,13 @@ from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
-    from tank_log.lakehouse import LakeTable
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
 
 log = logging.getLogger(__name__)
 
-MODE_KEY = "tank_log.export.mode"  # the table configuration key recording its mode (absent: append)
 SCOPE = ("topic", "partition")  # a key is a key within its (topic, partition) (of one source: one per run)
 KEY = (SOURCE_COLUMN, *SCOPE, "key")  # the MERGE matches a row by these columns
-
-
-def table_mode(table: LakeTable) -> str:
-    """The mode a table was created with (tables made before modes existed are append tables)."""
-    return table.properties().get(MODE_KEY) or "append"
 
 
 def table_configuration(settings: ExportSettings) -> dict[str, str]:
