@@ -112,3 +112,17 @@ class ImportRefused(TankLogError, ValueError):
 
 class ImportAborted(TankLogError, RuntimeError):
     """A writer of an import started after the run was aborted or committed: it stages nothing."""
+
+
+class ValueSchemaError(UsageError):
+    """A value format's schema cannot be used: a schema file missing or malformed, a message name it does not hold,
+    an unknown schema id (`tank_log.values`); the message names the file (or id) and the rule. Exit 2."""
+
+
+class IncompatibleSchema(RunFailed):
+    """A new schema version changes a column incompatibly (`tank_log.values.evolve`): `field` is the column's path,
+    `old_type` and `new_type` the table's type and the new one. That topic's export stops (exit 1)."""
+
+    def __init__(self, field: str, old_type: object, new_type: object) -> None:
+        super().__init__(f"field {field}: {old_type} cannot become {new_type} (not a compatible schema change)")
+        self.field, self.old_type, self.new_type = field, old_type, new_type
