@@ -38,7 +38,8 @@ SnappyChoice = Annotated[str, OneOf(*(p.value for p in SnappyPolicy))]
 TimeBasis = Annotated[str, OneOf(*TIME_BASES)]
 Engine = Annotated[str, OneOf("deltalake", "spark")]
 TableFormatName = Annotated[str, OneOf(*FORMATS)]
-ValueFormat = Annotated[str, OneOf("binary", "utf8", "json")]
+ValueFormat = Annotated[str, OneOf("binary", "utf8", "json", "avro", "protobuf")]
+OnBadRecord = Annotated[str, OneOf("fail", "dead_letter", "skip")]
 ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
 
@@ -268,6 +269,30 @@ def _source(value: Any) -> Any:
     return value
 
 
+def _schema_ids(value: Any) -> Any:
+    """`{id: file}` of the Confluent wire format: ids as integers (YAML may read them as strings)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of schema id to schema file, got {type(value).__name__}")
+    try:
+        return {int(k): v for k, v in value.items()}
+    except ValueError:
+        raise ValueError("schema ids are integers") from None
+
+
+class TopicValues(Section):
+    """`export.topics.<topic>`: how one topic's values decode (docs/guides/typed-tables.md); null = inherit."""
+
+    value_format: ValueFormat | None = Field(default=None, description="binary | utf8 | json | avro | protobuf")
+    value_schema_file: Text | None = Field(default=None, description=".avsc | .desc or .proto | JSON Schema .json")
+    value_message: Text | None = Field(default=None, description="protobuf: the full message name")
+    value_schema_ids: Annotated[dict[int, str], BeforeValidator(_schema_ids)] | None = Field(
+        default=None, description="Confluent wire format: schema id -> schema file"
+    )
+    value_registry_url: Text | None = Field(default=None, description="a Confluent Schema Registry's REST API")
+
+
 class ExportConfig(Section):
     """`export` (flags of jobs/export_delta.py override it)."""
 
@@ -286,6 +311,19 @@ class ExportConfig(Section):
     value_format: ValueFormat = Field(default="binary", description="binary | utf8 | json (decoded by value_schema)")
     value_schema: str | None = Field(
         default=None, description="DDL, with value_format json, e.g. 'id long, name string'"
+    )
+    value_schema_file: Text | None = Field(default=None, description=".avsc | .desc or .proto | JSON Schema .json")
+    value_message: Text | None = Field(default=None, description="protobuf: the full message name")
+    value_schema_ids: Annotated[dict[int, str], BeforeValidator(_schema_ids)] = Field(
+        default_factory=dict, description="Confluent wire format: schema id -> schema file (the format's)"
+    )
+    value_registry_url: Text | None = Field(default=None, description="a Confluent Schema Registry's REST API")
+    topics: Annotated[dict[str, TopicValues], BeforeValidator(keyed_by_name)] = Field(default_factory=dict)
+    on_bad_record: OnBadRecord = Field(
+        default="dead_letter", description="a value that does not decode: fail | dead_letter | skip"
+    )
+    dead_letter_table: Text | None = Field(
+        default=None, description="where dead letters go (default: the table's path or name + _dead_letters)"
     )
     partition_by: Annotated[tuple[str, ...], BeforeValidator(_partition_columns)] = Field(
         default=("topic", "date"), description="table partition columns, from topic, partition, date (UTC)"
@@ -325,8 +363,10 @@ class ExportConfig(Section):
 
     @model_validator(mode="after")
     def _json_needs_schema(self) -> ExportConfig:
-        if (self.value_format == "json") != (self.value_schema is not None):
-            raise ValueError("value_schema goes with value_format json (and json needs it)")
+        if self.value_schema is not None and (self.value_format != "json" or self.value_schema_file is not None):
+            raise ValueError("value_schema (DDL) goes with value_format json, without value_schema_file")
+        if self.value_format == "json" and self.value_schema is None and self.value_schema_file is None:
+            raise ValueError("value_format json needs value_schema (DDL) or value_schema_file (a JSON Schema)")
         if self.catalog is not None and self.format != "iceberg":
             raise ValueError("catalog goes with format iceberg")
         return self
