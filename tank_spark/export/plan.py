@@ -53,6 +53,7 @@ class PartitionPlan:
     end: int | None  # last complete seq now (None: empty partition)
     log_start: int | None = None  # the first seq the log holds now (its first segment's base; None: empty)
     recorded: Recorded | None = None  # the recorded version as the table gives it (its `undone` says why not trusted)
+    keys_survive: bool = False  # a latest table of a `cleanup` partition: its missing seqs are compaction's (`lost`)
 
     @property
     def first(self) -> int:
@@ -61,7 +62,14 @@ class PartitionPlan:
     @property
     def lost(self) -> tuple[int, int] | None:
         """The seqs after what the table holds that the log no longer has (deleted before they were exported, by
-        the broker's retention or ours): (first, last), or None."""
+        the broker's retention or ours): (first, last), or None.
+
+        None too where `keys_survive`: a latest table holds one row per key, and a `cleanup` partition loses seqs to
+        compaction only, which removes a message only when a later one of its key stays in the log (or an empty
+        keyless one, which a latest table skips), FORMAT.md §6.2; the broker applies no retention there (§5). So
+        every key of a missing seq is exported at its latest message: nothing is lost to the table."""
+        if self.keys_survive:
+            return None
         if self.previous is None or self.log_start is None or self.log_start <= self.previous + 1:
             return None
         return self.previous + 1, self.log_start - 1
@@ -389,7 +397,10 @@ def plan_export(ctx: JobContext, settings: ExportSettings) -> tuple[list[Partiti
             )
         end = last_complete_seq(part)
         start = part.readable[0].base if part.readable and end is not None else None
-        plans.append(PartitionPlan(base, part.topic, part.id, aid, recorded.version, end, start, recorded))
+        keys_survive = settings.mode == "latest" and part.config.cleanup_policy == "cleanup"
+        plans.append(
+            PartitionPlan(base, part.topic, part.id, aid, recorded.version, end, start, recorded, keys_survive)
+        )
     if settings.engine == "spark" and not settings.upkeep_only:
         _check_spark_can_rewrite(plans)
     if table is not None and not settings.upkeep_only:
