@@ -1,0 +1,365 @@
+"""Avro values (fastavro): a schema file (`.avsc`) is the reader's schema and the table's type; the Confluent wire
+format's schema ids name the writers' schemas (Avro schema resolution when they differ from the reader's).
+
+Types: record → struct, array → list, map → map<string, …>, enum → string, fixed/bytes → binary, decimal →
+decimal128 (decimal256 beyond 38 digits), uuid → string, date → date32, time-millis → time32[ms], time-micros →
+time64[us], timestamp-millis/micros → timestamp[us, UTC], local-timestamp-* → timestamp[us]; a union of null and
+one type → that type, nullable; any other union → a struct of its branches (named by type, or by a named type's
+name), exactly one of them set per value. A field's aliases are kept in its Arrow metadata (`avro.aliases`), so a
+renamed field stays the same column (`tank_log.values.evolve`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from tank_log.errors import ValueSchemaError
+from tank_log.values.spec import BatchDecoder, ValueSpec, WireError, require_file
+
+ALIASES_KEY = b"avro.aliases"
+
+_PRIMITIVES: dict[str, pa.DataType] = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
+_NAMED = ("record", "error", "enum", "fixed")
+
+Convert = Callable[[Any], Any]
+
+
+def load_schema_text(path: str) -> Any:
+    """The JSON of an `.avsc` file; ValueSchemaError naming the file when it is missing or not JSON."""
+    require_file(path, "Avro schema file")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueSchemaError(f"{path}: not an Avro schema (JSON): {err}") from None
+
+
+def parse(schema: Any, where: str) -> Any:
+    """fastavro's parsed schema (uuid read as its string); ValueSchemaError naming `where` when it is not Avro."""
+    try:
+        return fastavro.parse_schema(_without_uuid(schema))
+    except Exception as err:  # noqa: BLE001 - fastavro raises several types for a bad schema
+        raise ValueSchemaError(f"{where}: not a valid Avro schema: {' '.join(str(err).split())}") from None
+
+
+def _without_uuid(schema: Any) -> Any:
+    """The schema with the uuid logical type dropped (fastavro would give uuid.UUID objects; the column is a
+    string, the value as written)."""
+    if isinstance(schema, list):
+        return [_without_uuid(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _without_uuid(v) for k, v in schema.items()}
+    if out.get("logicalType") == "uuid":
+        del out["logicalType"]
+    return out
+
+
+class _Names:
+    """Named types by full name, as the walk defines them (Avro's namespace rules)."""
+
+    def __init__(self) -> None:
+        self.types: dict[str, Any] = {}
+        self.active: set[str] = set()
+
+    @staticmethod
+    def full(name: str, namespace: str | None) -> str:
+        return name if "." in name or not namespace else f"{namespace}.{name}"
+
+    def lookup(self, name: str, namespace: str | None) -> tuple[str, Any] | None:
+        for candidate in (self.full(name, namespace), name):
+            if candidate in self.types:
+                return candidate, self.types[candidate]
+        return None
+
+
+def arrow_type(schema: Any, where: str = "schema") -> pa.StructType:
+    """The Arrow struct type of a record schema (the columns); ValueSchemaError when the top level is not a record
+    or a type cannot be a column (a recursive record)."""
+    names = _Names()
+    t, _, _ = _walk(schema, names, None, where)
+    if not pa.types.is_struct(t):
+        raise ValueSchemaError(f"{where}: the top-level Avro type must be a record (the columns), not {t}")
+    return t
+
+
+def converter(schema: Any) -> Convert | None:
+    """The Python-side conversion fastavro's output needs before Arrow (only unions of several types); None when
+    the output converts as is."""
+    _, _, conv = _walk(schema, _Names(), None, "schema")
+    return conv
+
+
+def _walk(schema: Any, names: _Names, namespace: str | None, where: str) -> tuple[pa.DataType, bool, Convert | None]:
+    """(Arrow type, nullable, converter or None) of an Avro schema node."""
+    if isinstance(schema, str):
+        if schema == "null":
+            return pa.null(), True, None
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema], False, None
+        found = names.lookup(schema, namespace)
+        if found is None:
+            raise ValueSchemaError(f"{where}: unknown Avro type {schema!r}")
+        fullname, node = found
+        if fullname in names.active:
+            raise ValueSchemaError(f"{where}: record {fullname} is recursive: a table column cannot hold it")
+        return _walk(node, names, fullname.rpartition(".")[0] or None, where)
+    if isinstance(schema, list):
+        return _union(schema, names, namespace, where)
+    if not isinstance(schema, dict) or "type" not in schema:
+        raise ValueSchemaError(f"{where}: not an Avro schema node: {json.dumps(schema)[:80]}")
+    kind = schema["type"]
+    logical = schema.get("logicalType")
+    if kind in _NAMED:
+        fullname = names.full(str(schema.get("name", "")), schema.get("namespace", namespace))
+        names.types[fullname] = schema
+        namespace = fullname.rpartition(".")[0] or None
+    if logical is not None:
+        t = _logical(schema, kind, logical)
+        if t is not None:
+            return t, False, None
+    if kind in ("record", "error"):
+        fullname = names.full(str(schema["name"]), namespace)
+        names.active.add(fullname)
+        fields, convs = [], {}
+        for f in schema.get("fields", []):
+            ft, nullable, conv = _walk(f["type"], names, namespace, f"{where}: {fullname}.{f['name']}")
+            meta = {ALIASES_KEY: json.dumps(f["aliases"]).encode()} if f.get("aliases") else None
+            fields.append(pa.field(f["name"], ft, nullable=nullable, metadata=meta))
+            if conv is not None:
+                convs[f["name"]] = conv
+        names.active.discard(fullname)
+        return pa.struct(fields), False, _record_converter(convs)
+    if kind == "enum":
+        return pa.string(), False, None
+    if kind == "fixed":
+        return pa.binary(), False, None
+    if kind == "array":
+        it, inull, iconv = _walk(schema["items"], names, namespace, f"{where}[]")
+        return pa.list_(pa.field("element", it, nullable=inull)), False, _list_converter(iconv)
+    if kind == "map":
+        vt, vnull, vconv = _walk(schema["values"], names, namespace, f"{where}{{}}")
+        return pa.map_(pa.string(), pa.field("value", vt, nullable=vnull)), False, _map_converter(vconv)
+    if isinstance(kind, (str, list, dict)):  # {"type": "long"} and the like
+        return _walk(kind, names, namespace, where)
+    raise ValueSchemaError(f"{where}: unknown Avro type {kind!r}")
+
+
+def _logical(schema: Mapping[str, Any], kind: Any, logical: str) -> pa.DataType | None:
+    """The Arrow type of a logical type fastavro reads; None for one it ignores (the underlying type's column)."""
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        precision, scale = int(schema.get("precision", 0)), int(schema.get("scale", 0))
+        if not 0 < precision <= 76 or not 0 <= scale <= precision:
+            return None  # an invalid decimal is its underlying type (the Avro spec)
+        return pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+    return {
+        ("int", "date"): pa.date32(),
+        ("int", "time-millis"): pa.time32("ms"),
+        ("long", "time-micros"): pa.time64("us"),
+        ("long", "timestamp-millis"): pa.timestamp("us", tz="UTC"),
+        ("long", "timestamp-micros"): pa.timestamp("us", tz="UTC"),
+        ("long", "local-timestamp-millis"): pa.timestamp("us"),
+        ("long", "local-timestamp-micros"): pa.timestamp("us"),
+    }.get((kind, logical))
+
+
+def _branch_name(schema: Any) -> str:
+    if isinstance(schema, str):
+        return schema.rpartition(".")[2]
+    if isinstance(schema, dict):
+        if schema.get("type") in _NAMED:
+            return str(schema["name"]).rpartition(".")[2]
+        if isinstance(schema.get("type"), str) and schema["type"] not in _NAMED:
+            return str(schema.get("logicalType") or schema["type"])
+    return "branch"
+
+
+def _union(
+    branches: list[Any], names: _Names, namespace: str | None, where: str
+) -> tuple[pa.DataType, bool, Convert | None]:
+    nullable = any(b == "null" or (isinstance(b, dict) and b.get("type") == "null") for b in branches)
+    rest = [b for b in branches if not (b == "null" or (isinstance(b, dict) and b.get("type") == "null"))]
+    if not rest:
+        return pa.null(), True, None
+    if len(rest) == 1:
+        t, _, conv = _walk(rest[0], names, namespace, where)
+        return t, True, _unwrap_converter(conv)
+    fields, matchers, convs = [], [], []
+    seen: set[str] = set()
+    for b in rest:
+        t, _, conv = _walk(b, names, namespace, where)
+        name = _branch_name(b)
+        while name in seen:
+            name += "_"
+        seen.add(name)
+        fields.append(pa.field(name, t, nullable=True))
+        matchers.append(_matcher(b, t, names, namespace))
+        convs.append(conv)
+    return pa.struct(fields), nullable, _union_converter([f.name for f in fields], matchers, convs)
+
+
+def _matcher(schema: Any, t: pa.DataType, names: _Names, namespace: str | None) -> Callable[[Any, str | None], bool]:
+    """Whether a decoded value (and the named type's name fastavro reports, if any) belongs to this branch."""
+    named = None
+    if isinstance(schema, dict) and schema.get("type") in _NAMED:
+        named = names.full(str(schema["name"]), schema.get("namespace", namespace))
+    elif isinstance(schema, str) and schema not in _PRIMITIVES and schema != "null":
+        found = names.lookup(schema, namespace)
+        named = found[0] if found else schema
+    if named is not None:
+        short = named.rpartition(".")[2]
+        return lambda v, n: n is not None and n.rpartition(".")[2] == short
+    if pa.types.is_boolean(t):
+        return lambda v, n: n is None and isinstance(v, bool)
+    if pa.types.is_int32(t):
+        return lambda v, n: n is None and type(v) is int and -(2**31) <= v < 2**31
+    if pa.types.is_integer(t):
+        return lambda v, n: n is None and type(v) is int
+    if pa.types.is_floating(t):
+        return lambda v, n: n is None and isinstance(v, float)
+    if pa.types.is_string(t):
+        return lambda v, n: n is None and isinstance(v, str)
+    if pa.types.is_binary(t):
+        return lambda v, n: n is None and isinstance(v, bytes)
+    if pa.types.is_list(t):
+        return lambda v, n: n is None and isinstance(v, list)
+    if pa.types.is_map(t):
+        return lambda v, n: n is None and isinstance(v, dict)
+    pytype = {pa.types.is_date32: "date", pa.types.is_timestamp: "datetime", pa.types.is_decimal: "Decimal"}
+    for test, name in pytype.items():
+        if test(t):
+            return lambda v, n, name=name: n is None and type(v).__name__ == name  # type: ignore[misc]
+    return lambda v, n: n is None and type(v).__name__ in ("time",)
+
+
+def _named(value: Any) -> tuple[Any, str | None]:
+    """fastavro's (name, value) pair for a named type in a union (return_named_type), or the value as is."""
+    if type(value) is tuple and len(value) == 2 and isinstance(value[0], str):
+        return value[1], value[0]
+    return value, None
+
+
+def _unwrap_converter(conv: Convert | None) -> Convert:
+    def unwrap(v: Any) -> Any:
+        v, _ = _named(v)
+        return v if v is None or conv is None else conv(v)
+
+    return unwrap
+
+
+def _union_converter(names: list[str], matchers: list[Callable[[Any, str | None], bool]], convs: list[Any]) -> Convert:
+    def branch(v: Any) -> Any:
+        if v is None:
+            return None
+        v, named = _named(v)
+        for name, match, conv in zip(names, matchers, convs, strict=True):
+            if match(v, named):
+                return {name: v if conv is None else conv(v)}
+        raise WireError(f"a union value of no branch: {type(v).__name__}")
+
+    return branch
+
+
+def _record_converter(convs: dict[str, Convert]) -> Convert | None:
+    if not convs:
+        return None
+    items = list(convs.items())
+
+    def record(v: Any) -> Any:
+        if v is None:
+            return None
+        out = dict(v)
+        for name, conv in items:
+            out[name] = conv(out.get(name))
+        return out
+
+    return record
+
+
+def _list_converter(conv: Convert | None) -> Convert | None:
+    if conv is None:
+        return None
+    return lambda v: None if v is None else [conv(x) for x in v]
+
+
+def _map_converter(conv: Convert | None) -> Convert | None:
+    if conv is None:
+        return None
+    return lambda v: None if v is None else {k: conv(x) for k, x in v.items()}
+
+
+class AvroDecoder(BatchDecoder):
+    """Avro values decoded with fastavro; the reader's schema is the spec's schema file (else the highest id's)."""
+
+    format_label = "avro"
+
+    def __init__(self, spec: ValueSpec, fetch: Callable[[int], str] | None = None) -> None:
+        """`fetch(id)` gives a schema's text from a registry (ids not in `spec.schema_ids`)."""
+        self._writer_files = dict(spec.schema_ids)
+        self._fetch = fetch
+        self._writers: dict[int, Any] = {}
+        if spec.schema_file is not None:
+            raw, where = load_schema_text(spec.schema_file), spec.schema_file
+        elif self._writer_files:
+            where = self._writer_files[max(self._writer_files)]
+            raw = load_schema_text(where)
+        else:
+            raise ValueSchemaError("avro: a schema file (value_schema_file) or schema ids are needed for the columns")
+        self._reader = parse(raw, where)
+        self.arrow_type = arrow_type(raw, where)
+        self._convert = converter(raw)
+        self._named = self._convert is not None  # unions of several types: fastavro names the branch it read
+        for schema_id, path in self._writer_files.items():  # a missing or bad file is a configuration error
+            self._writers[schema_id] = parse(load_schema_text(path), path)
+        has_ids = bool(self._writer_files) or fetch is not None
+        super().__init__(spec, self._known if has_ids else None)
+
+    def _known(self, schema_id: int) -> bool:
+        return schema_id in self._writer_files or self._fetch is not None
+
+    def _writer(self, schema_id: int | None) -> Any:
+        if schema_id is None or (not self._writer_files and self._fetch is None):
+            return None
+        found = self._writers.get(schema_id)
+        if found is None:
+            if self._fetch is None:
+                raise WireError(f"schema id {schema_id} is not configured")
+            text = self._fetch(schema_id)
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise ValueSchemaError(f"schema id {schema_id}: not an Avro schema (JSON): {err}") from None
+            found = self._writers[schema_id] = parse(raw, f"schema id {schema_id}")
+        return found
+
+    def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
+        writer = self._writer(schema_id)
+        bio = io.BytesIO(payload)
+        try:
+            if writer is None:
+                row = fastavro.schemaless_reader(bio, self._reader, None, return_named_type=self._named)
+            else:
+                row = fastavro.schemaless_reader(bio, writer, self._reader, return_named_type=self._named)
+        except EOFError:
+            raise WireError(f"byte {bio.tell()}: truncated: the value ends inside a field") from None
+        except StopIteration:
+            raise WireError(f"byte {bio.tell()}: truncated") from None
+        except Exception as err:  # noqa: BLE001 - a bad value: fastavro's error, with where it stopped
+            raise WireError(f"byte {bio.tell()}: {' '.join(str(err).split()) or type(err).__name__}") from None
+        if bio.tell() != len(payload):
+            raise WireError(f"byte {bio.tell()}: {len(payload) - bio.tell()} bytes left after the record")
+        return row if self._convert is None else self._convert(row)
