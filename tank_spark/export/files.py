@@ -142,28 +142,69 @@ class _ParquetFile:
                 self.writer.close()
 
 
+@dataclass
+class Written:
+    """What `write_direct` wrote: the table's files and the dead letters' (each with the `range` it came from),
+    each range's outcome (a malformed chunk stops that range, not the run) and, for typed values, each range's bad
+    values (`dead_letters.BadRecords.summary`)."""
+
+    files: list[dict[str, Any]]
+    outcomes: list[RangeOutcome]
+    dead_files: list[dict[str, Any]]
+    bad: list[dict[str, Any]]
+
+
 def write_direct(
-    workers: Workers, ranges: Sequence[SegmentRange], settings: ExportSettings, schema: pa.Schema, run_id: str
-) -> tuple[list[dict[str, Any]], list[RangeOutcome]]:
+    workers: Workers,
+    ranges: Sequence[SegmentRange],
+    settings: ExportSettings,
+    schema: pa.Schema,
+    run_id: str,
+    dead_after: dict[tuple[str, int], int | None] | None = None,
+) -> Written:
     """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`, or the driver's
-    threads: `workers`). Returns the files' metadata (each with the `range` it came from) and each range's outcome (a
-    malformed chunk stops that range, not the run)."""
+    threads: `workers`). Typed values decode in bulk per batch; the bad ones go by `on_bad_record`: with
+    `dead_letter`, into files of the dead-letter table, except those at or below `dead_after` of their partition
+    (that table's recorded versions: they are there already)."""
     from tank_spark.export.corruption import TrackedRead
 
     writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
+    dead_writer = None
+    if settings.typed and settings.on_bad_record == "dead_letter":
+        from tank_spark.export.dead_letters import dead_letter_settings
+        from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+        dead = dead_letter_settings(settings)
+        dead_writer = make_file_writer(
+            dead.location, DEAD_LETTER_SCHEMA, dead.partition_by, dead.target_file_bytes, run_id
+        )
+    after = dead_after or {}
 
     def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[tuple[str, Any]]:
+        from tank_spark.export.dead_letters import BadRecords
         from tank_spark.ranges import read_range
 
         for i, r in it:
             read = TrackedRead(i, r, read_range)
-            for meta in writer(table_batches(read, settings, schema)):
+            if not settings.typed:
+                for meta in writer(table_batches(read, settings, schema)):
+                    for m in meta.to_pylist():
+                        yield ("file", {**m, "range": i})
+                yield ("outcome", read.outcome())
+                continue
+            bad = BadRecords(i, r.path, r.topic, r.partition, settings.on_bad_record, after.get((r.topic, r.partition)))
+            for meta in writer(bad.split(read, settings, schema)):
                 for m in meta.to_pylist():
                     yield ("file", {**m, "range": i})
+            if bad.dead and dead_writer is not None:
+                for meta in dead_writer(bad.dead):
+                    for m in meta.to_pylist():
+                        yield ("dead", {**m, "range": i})
             yield ("outcome", read.outcome())
+            yield ("bad", bad.summary())
 
     out = map_dealt(workers, ranges, task)
-    return [v for kind, v in out if kind == "file"], [v for kind, v in out if kind == "outcome"]
+    return Written(*([v for kind, v in out if kind == k] for k in ("file", "outcome", "dead", "bad")))
 
 
 def group_rows(batch: pa.RecordBatch, columns: tuple[str, ...]) -> list[tuple[tuple[str | None, ...], pa.Array | None]]:

@@ -47,6 +47,7 @@ from tank_spark.export.commit import (
 )
 from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
+from tank_spark.export.dead_letters import BadRun
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     count_files,
@@ -130,7 +131,7 @@ def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
     delta-rs on the driver) runs without a JVM, and so does an export small enough for the driver (`in_driver`). A
     JSON value schema is parsed by Spark, so it checks the table."""
     settings, plans, _ = prepared
-    json_check = settings.value_format == "json" and not settings.upkeep_only
+    json_check = settings.value_format == "json" and not settings.typed and not settings.upkeep_only
     if settings.continuous or json_check:
         return True
     return any(p.has_work for p in plans) and not in_driver(ctx, settings, plans)
@@ -145,7 +146,8 @@ def in_driver(ctx: JobContext, settings: ExportSettings, plans: list[PartitionPl
     """Whether this export reads at most `in_driver_max_bytes` of segment data (binary or utf8 values, delta-rs): then
     the driver reads and writes it itself. Starting Spark and its first job's Python workers costs seconds
     (bench/RESULTS.md), more than such an export takes on one core."""
-    if not settings.in_driver_max_bytes or settings.engine != "deltalake" or settings.value_format == "json":
+    sql = settings.value_format == "json" and not settings.typed
+    if not settings.in_driver_max_bytes or settings.engine != "deltalake" or sql:
         return False
     total = 0
     for r in direct_ranges(ctx, settings, plans):
@@ -246,6 +248,7 @@ class _Appended:
     files: list[dict[str, Any]]
     cut: Cut | None  # None: a re-plan after a concurrent commit found nothing left to export
     version: int | None
+    bad: BadRun | None = None  # typed values: those that did not decode
 
 
 def _dry_run(
@@ -329,12 +332,13 @@ def _append_with_delta_rs(
 ) -> _Appended:
     """The delta-rs engine: write every range's files, then ONE commit with every partition's new version; a
     concurrent commit removes this attempt's files and re-plans."""
-    sql_path = settings.value_format == "json"
+    sql_path = settings.value_format == "json" and not settings.typed
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
         run_id = new_run_id()
-        files, cut = _write_files(ctx, spark, workers, settings, schema, plans, sql_path, t0, run_id)
+        bad = BadRun.start(settings, plans)
+        files, cut = _write_files(ctx, spark, workers, settings, schema, plans, sql_path, t0, run_id, bad)
         if not any(p.has_work for p in cut.plans):  # every partition with work turned out malformed
-            return _Appended(_results(plans), files, cut, table_version(settings.location.open()))
+            return _Appended(_results(plans), files, cut, table_version(settings.location.open()), bad)
         hold(HOLD_BEFORE_COMMIT)  # test hook
         t_commit = time.monotonic()
         try:
@@ -343,6 +347,8 @@ def _append_with_delta_rs(
             remove_uncommitted(settings, files)
             raise
         try:
+            if bad is not None:
+                bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
             version = commit(settings, schema, files, cut.plans, run_id)
         except ConcurrentExport as conflict:
             remove_uncommitted(settings, files)
@@ -354,7 +360,7 @@ def _append_with_delta_rs(
                 return _Appended(_results(plans), [], None, table_version(settings.location.open()))
             continue
         log.info("export: committed table version %s in %.2fs", version, time.monotonic() - t_commit)
-        return _Appended(_results(plans), files, cut, version)
+        return _Appended(_results(plans), files, cut, version, bad)
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -379,6 +385,8 @@ def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: floa
         if p.has_work and results[(p.topic, p.partition)]["status"] in ("pending", "exported"):
             results[(p.topic, p.partition)]["status"] = "exported"
     _record_failures(results, cut)
+    if run.bad is not None:
+        run.bad.report(results, summary)
     for r in results.values():
         if r["status"] == "exported":
             log.info("export: %s", describe(r))
@@ -507,6 +515,7 @@ def _write_files(
     sql_path: bool,
     t0: float,
     run_id: str,
+    bad: BadRun | None = None,
 ) -> tuple[list[dict[str, Any]], Cut]:
     """Write every partition's range as Parquet files under the table (not committed), named by `run_id`; return the
     metadata of the files to commit and the run's plans after malformed ranges (files past a corruption are
@@ -520,10 +529,12 @@ def _write_files(
     else:
         ranges = direct_ranges(ctx, settings, plans)
         log.info("export: %d partitions with new messages, %d read tasks", sum(p.has_work for p in plans), len(ranges))
-        written, outcomes = write_direct(workers, ranges, settings, schema, run_id)
-        cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
-        files = [f for f in written if f["range"] in cut.kept]
-        remove_uncommitted(settings, [f for f in written if f["range"] not in cut.kept])
+        w = write_direct(workers, ranges, settings, schema, run_id, bad.dead_after if bad else None)
+        cut = cut_at_corruption(plans, w.outcomes, settings.on_corruption)
+        if bad is not None:
+            cut = bad.settle(settings, w, cut)  # on_bad_record fail: those partitions fail
+        files = [f for f in w.files if f["range"] in cut.kept]
+        remove_uncommitted(settings, [f for f in w.files if f["range"] not in cut.kept])
     log.info("export: %d Parquet files written in %.2fs; committing", len(files), time.monotonic() - t0)
     crash_before_commit(len(files))  # test hook
     return files, cut

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -26,6 +26,7 @@ from tank_spark.export.other_writers import check_other_writers
 
 if TYPE_CHECKING:
     from tank_log.jobs.config import ExportConfig
+    from tank_log.values import ValueSpec
     from tank_spark.context import JobContext
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,14 @@ class ExportSettings:
     table_format: str = "delta"  # tank_log.lakehouse.FORMATS
     catalog: Catalog | None = field(default=None, repr=False)  # iceberg's SQL or REST catalog (may hold credentials)
     source: str | None = None  # the broker these partitions are on (`--source`, export.source; None: unsourced)
+    value_spec: ValueSpec | None = None  # typed values (avro, protobuf, json with a JSON Schema): `tank_log.values`
+    on_bad_record: str = "dead_letter"  # a typed value that does not decode: fail | dead_letter | skip
+    dead_letter_table: str | None = None  # where dead letters go (`dead_letters.py`; None: beside the table)
+
+    @property
+    def typed(self) -> bool:
+        """Whether values decode into typed columns through `tank_log.values` (bad ones: `on_bad_record`)."""
+        return self.value_spec is not None
 
     @property
     def location(self) -> TableLocation:
@@ -140,10 +149,36 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
         help="append (default): every message; latest: one row per live key of each partition, a tombstone deleting "
         "its key (a table's mode is fixed when it is created)",
     )
-    p.add_argument("--value-format", choices=("binary", "utf8", "json"), help="how to store values (binary)")
-    p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
+    _add_value_options(p)
     p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
     p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
+
+
+def _add_value_options(p: argparse.ArgumentParser) -> None:
+    """How values become columns (docs/guides/typed-tables.md), and where the ones that do not decode go."""
+    p.add_argument(
+        "--value-format",
+        choices=("binary", "utf8", "json", "avro", "protobuf"),
+        help="how to store values (binary); avro, protobuf and json with --value-schema-file: typed columns",
+    )
+    p.add_argument("--value-schema", metavar="DDL", help="with --value-format json: e.g. 'id long, name string'")
+    p.add_argument(
+        "--value-schema-file",
+        metavar="FILE",
+        help="the values' schema: .avsc (avro), .desc or .proto (protobuf, with --value-message), JSON Schema (json)",
+    )
+    p.add_argument("--value-message", metavar="NAME", help="with --value-format protobuf: the full message name")
+    p.add_argument(
+        "--on-bad-record",
+        choices=("fail", "dead_letter", "skip"),
+        help="a typed value that does not decode: into the dead-letter table (dead_letter, default), counted and "
+        "left out (skip), or its partition fails with nothing of it committed (fail)",
+    )
+    p.add_argument(
+        "--dead-letter-table",
+        metavar="TABLE",
+        help="where dead letters go (default: the table's path or name + _dead_letters, same format)",
+    )
 
 
 def _add_upkeep_options(p: argparse.ArgumentParser) -> None:
@@ -205,6 +240,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         raise JobConfigError("no Delta table: pass --table PATH or set export.table")
     location, options = _table_location(cfg, args, table)
     fmt, schema = _value_format(cfg, args)
+    spec = _value_spec(ctx, cfg, args, fmt)
     partition_by = (
         parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
     )
@@ -235,9 +271,13 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         ),
         mode=args.mode or cfg.mode,
         source=check_source(args.source, "--source") if args.source else cfg.source or default_source(),
+        value_spec=spec,
+        on_bad_record=args.on_bad_record or cfg.on_bad_record,
+        dead_letter_table=args.dead_letter_table or cfg.dead_letter_table,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     _check_format(settings)
+    _check_typed(settings)
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
     plans, delta_table = plan_export(ctx, settings)  # before Spark starts: unknown topics fail fast
@@ -267,14 +307,88 @@ def _table_location(cfg: ExportConfig, args: argparse.Namespace, table: str) -> 
 
 
 def _value_format(cfg: ExportConfig, args: argparse.Namespace) -> tuple[str, str | None]:
-    """The values' format and, for json, the schema (DDL) of their typed columns."""
+    """The values' format and, for json, the schema (DDL) of their typed columns (None with a JSON Schema file)."""
     fmt = args.value_format or cfg.value_format
-    schema = args.value_schema or (cfg.value_schema if fmt == "json" else None)
-    if fmt == "json" and not schema:
-        raise JobConfigError("--value-format json needs --value-schema DDL (e.g. 'id long, name string')")
+    schema_file = args.value_schema_file or (cfg.value_schema_file if not args.value_format else None)
+    schema = args.value_schema or (cfg.value_schema if fmt == "json" and not args.value_schema_file else None)
+    if fmt == "json" and schema and schema_file:
+        raise JobConfigError("--value-format json takes --value-schema DDL or --value-schema-file, not both")
+    if fmt == "json" and not schema and not schema_file:
+        raise JobConfigError(
+            "--value-format json needs --value-schema DDL (e.g. 'id long, name string') or --value-schema-file"
+        )
     if fmt != "json" and args.value_schema:
         raise JobConfigError("--value-schema is only for --value-format json")
     return fmt, schema
+
+
+def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fmt: str) -> ValueSpec | None:
+    """The typed values' spec (flags over `export`, a topic's `export.topics.<topic>` over both for the keys it
+    sets), checked: its schema file loads (`tank_log.values.decoder_for`). None for binary, utf8 and json by DDL.
+
+    Raises:
+        JobConfigError: a flag without its format, protobuf without a message, or the run's topics with different
+            specs (one table holds one set of value columns).
+        ValueSchemaError: a schema file missing or malformed.
+    """
+    flags = {"--value-message": args.value_message, "--value-schema-file": args.value_schema_file}
+    if fmt in ("binary", "utf8") and any(flags.values()):
+        given = ", ".join(f for f, v in flags.items() if v)
+        raise JobConfigError(f"{given}: only with --value-format avro, protobuf or json")
+    base = {
+        "format": fmt,
+        "schema_file": args.value_schema_file or (cfg.value_schema_file if not args.value_format else None),
+        "message": args.value_message or cfg.value_message,
+        "schema_ids": dict(cfg.value_schema_ids),
+        "registry_url": cfg.value_registry_url,
+    }
+    specs: dict[str | None, ValueSpec | None] = {}
+    for topic in _topics_of(ctx, cfg) if not args.value_format else [None]:  # a flag's format is every topic's
+        own = cfg.topics.get(topic) if topic is not None else None
+        fields = dict(base)
+        if own is not None:
+            fields.update({k.removeprefix("value_"): v for k, v in own.model_dump(exclude_none=True).items()})
+        specs[topic] = _spec_of(fields)
+    distinct = {repr(s) for s in specs.values()}
+    if len(distinct) > 1:
+        raise JobConfigError(
+            f"topics {', '.join(str(t) for t in specs)} have different value formats (export.topics): export each "
+            "to its own table (--topics, --table)"
+        )
+    return next(iter(specs.values()))
+
+
+def _topics_of(ctx: JobContext, cfg: ExportConfig) -> Sequence[str | None]:
+    """The run's topics, for their `export.topics` entries ([None]: no entry applies)."""
+    from tank_log.jobs.planning import select_partitions
+
+    if not cfg.topics:
+        return [None]
+    if ctx.topics:
+        return sorted(ctx.topics)
+    return sorted({s.partition.topic for s in select_partitions(ctx.data_dirs, None, require_match=False)})
+
+
+def _spec_of(fields: dict[str, Any]) -> ValueSpec | None:
+    """A ValueSpec of the export's value keys, checked; None when values are not typed through `tank_log.values`."""
+    from tank_log.values import ValueSpec, decoder_for
+
+    fmt, schema_file = fields["format"], fields.get("schema_file")
+    if fmt in ("binary", "utf8") or (fmt == "json" and not schema_file):
+        return None
+    if not schema_file and not fields.get("schema_ids") and not fields.get("registry_url"):
+        raise JobConfigError(f"--value-format {fmt} needs --value-schema-file FILE (or export.value_schema_ids)")
+    if fmt == "protobuf" and not fields.get("message"):
+        raise JobConfigError("--value-format protobuf needs --value-message NAME (the full message name)")
+    spec = ValueSpec(
+        fmt,
+        schema_file,
+        fields.get("message"),
+        dict(fields.get("schema_ids") or {}),
+        fields.get("registry_url"),
+    )
+    decoder_for(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
+    return spec
 
 
 def _since_and_horizon(args: argparse.Namespace) -> tuple[int | None, int | None]:
@@ -312,6 +426,27 @@ def _check_format(settings: ExportSettings) -> None:
         raise JobConfigError(
             f"--format iceberg does not take {', '.join(bad)}: those write Delta tables only "
             "(docs/guides/export-iceberg.md)"
+        )
+
+
+def _check_typed(settings: ExportSettings) -> None:
+    """Refuse what an export of typed values does not do yet, before anything is written.
+
+    Raises:
+        JobConfigError: one line naming the flags (docs/guides/typed-tables.md, "Limits").
+    """
+    if not settings.typed:
+        return
+    clashes = {
+        "--engine spark": settings.engine == "spark",
+        "--continuous": settings.continuous,
+        "--mode latest": settings.mode == "latest",
+    }
+    bad = [f for f, on in clashes.items() if on]
+    if bad:
+        raise JobConfigError(
+            f"--value-format {settings.value_format} with a schema does not take {', '.join(bad)} yet: typed values "
+            "are exported by batch append runs on the deltalake engine (docs/guides/typed-tables.md)"
         )
 
 

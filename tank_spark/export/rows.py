@@ -4,6 +4,7 @@ Spark SQL for JSON values (typed columns, quarantine columns)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -18,6 +19,7 @@ from tank_spark.schema import TS_RAW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
+    from tank_log.values import ValueDecoder
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
 
@@ -99,6 +101,63 @@ def table_batches(
         cols.append(b.column(TS_RAW.name))
         cols.append(pa.array([settings.source] * len(b), pa.string()))
         yield pa.RecordBatch.from_arrays(cols, schema=schema)
+
+
+_DECODERS: dict[str, ValueDecoder] = {}  # per process (the driver, an executor's Python worker): built once
+
+
+def value_decoder(settings: ExportSettings) -> ValueDecoder:
+    """The decoder of the settings' typed values (`tank_log.values.decoder_for`), built once per process."""
+    from tank_log.values import decoder_for
+
+    spec = settings.value_spec
+    assert spec is not None  # `ExportSettings.typed`
+    key = repr(spec)
+    if key not in _DECODERS:
+        _DECODERS[key] = decoder_for(spec)
+    return _DECODERS[key]
+
+
+@dataclass
+class TypedRows:
+    """One row batch decoded: the good rows in the table's columns, the bad ones in the dead letters' (all of them:
+    `dead_letters.BadRecords` says where each goes)."""
+
+    good: pa.RecordBatch
+    bad: pa.RecordBatch
+
+
+def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -> TypedRows:
+    """Decode a row batch's values in bulk (`ValueDecoder.decode`) into the table's typed columns; an empty or null
+    value (a tombstone) is a row of nulls, not a bad record."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+    value = b.column("value")
+    decoded = value_decoder(settings).decode(value)
+    tombstone = pc.fill_null(pc.equal(pc.binary_length(value), 0), True).to_numpy(zero_copy_only=False)
+    bad = np.asarray(decoded.bad, dtype=bool) & ~tombstone
+    good = pa.array(~bad)
+    date = pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32())  # the UTC date
+    source = pa.array([settings.source] * len(b), pa.string())
+    struct = decoded.columns  # a tombstone's row is null (whatever the decoder made of no bytes)
+    null = pa.array(tombstone | np.asarray(pc.is_null(struct).to_numpy(zero_copy_only=False), dtype=bool))
+    struct = pa.StructArray.from_arrays(struct.flatten(), fields=list(struct.type), mask=null)
+    fields = dict(zip([f.name for f in struct.type], struct.flatten(), strict=True))  # the row's nulls applied
+    cols = [b.column(c) for c in BASE_COLUMNS]
+    for f in schema:
+        if f.name not in BASE_COLUMNS and f.name not in ("date", TS_RAW.name, SOURCE.name):
+            cols.append(fields.get(f.name, pa.nulls(len(b), f.type)))
+    cols += [date, b.column(TS_RAW.name), source]
+    rows = pa.RecordBatch.from_arrays(cols, names=schema.names)
+    dead = pa.RecordBatch.from_arrays(
+        [b.column(c) for c in BASE_COLUMNS]
+        + [value, decoded.schema_ids, decoded.errors, date, b.column(TS_RAW.name), source],
+        schema=DEAD_LETTER_SCHEMA,
+    )
+    return TypedRows(rows.filter(good), dead.filter(pa.array(bad)))
 
 
 def utf8_with_errors(value: pa.Array) -> tuple[pa.Array, pa.Array]:

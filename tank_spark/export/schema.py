@@ -16,7 +16,18 @@ VALUE_FIELDS = {"binary": pa.field("value", pa.binary()), "utf8": pa.field("valu
 QUARANTINE_FIELDS = [pa.field("decode_error", pa.string()), pa.field("raw_value", pa.binary())]  # non-binary values
 DERIVED_FIELDS = [pa.field("date", pa.date32())]  # the UTC date of ts (a partition column by default)
 SOURCE = pa.field(SOURCE_COLUMN, pa.string())  # the broker the row came from (`--source`; null: written before it)
+DEAD_LETTER_FIELDS = [  # what a dead letter holds beside the message's metadata (`dead_letters.py`)
+    pa.field("value", pa.binary()),  # the raw value, as the broker holds it
+    pa.field("schema_id", pa.int32()),  # its Confluent schema id (null: plain)
+    pa.field("error", pa.string()),  # why it did not decode: one line naming the field or byte and the rule
+]
 EVOLVABLE = (TS_RAW, SOURCE)  # trailing columns a table made before them gains (`commit.add_missing_columns`)
+
+
+DEAD_LETTER_SCHEMA = pa.schema(
+    [ROW_SCHEMA.field(c) for c in BASE_COLUMNS] + DEAD_LETTER_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)
+)
+"""The dead-letter table's columns."""
 
 
 def table_schema(settings: ExportSettings) -> pa.Schema:
@@ -25,13 +36,39 @@ def table_schema(settings: ExportSettings) -> pa.Schema:
     Adding a column: declare it here and compute it in `rows.py` (both row pipelines).
     """
     fields = [ROW_SCHEMA.field(c) for c in BASE_COLUMNS]
-    if settings.value_format in VALUE_FIELDS:
+    if settings.value_spec is not None:  # bad values go to the dead letters (`dead_letters.py`), not quarantine
+        fields += typed_fields(settings)
+    elif settings.value_format in VALUE_FIELDS:
         fields.append(VALUE_FIELDS[settings.value_format])
     else:
         fields += json_fields(settings.value_schema)
-    if settings.value_format != "binary":
+    if settings.value_format != "binary" and settings.value_spec is None:
         fields += QUARANTINE_FIELDS
     return pa.schema(fields + DERIVED_FIELDS + list(EVOLVABLE))  # last: tables made before them gain them
+
+
+RESERVED = {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)} | set(BASE_COLUMNS) | {"value"}
+"""The table's own column names: a decoded field of one of these names is refused."""
+
+
+def typed_fields(settings: ExportSettings) -> list[pa.Field]:
+    """The table columns of typed values: the decoder's top-level fields (`tank_log.values`), nullable (a tombstone
+    has none).
+
+    Raises:
+        JobConfigError: a decoded field named as one of the table's own columns.
+    """
+    from tank_spark.export.rows import value_decoder
+
+    struct = value_decoder(settings).arrow_type
+    fields = [struct.field(i).with_nullable(True) for i in range(struct.num_fields)]
+    clash = [f.name for f in fields if f.name in RESERVED]
+    if clash:
+        raise JobConfigError(
+            f"{settings.value_spec.schema_file if settings.value_spec else 'the value schema'}: field(s) "
+            f"{', '.join(clash)} clash with the table's own columns ({', '.join(sorted(RESERVED))})"
+        )
+    return fields
 
 
 def json_fields(ddl: str | None) -> list[pa.Field]:
@@ -48,8 +85,7 @@ def json_fields(ddl: str | None) -> list[pa.Field]:
         raise JobConfigError(f"--value-schema {ddl!r}: {err}") from None
     if not isinstance(struct, StructType):
         raise JobConfigError(f"--value-schema {ddl!r}: expected fields such as 'id long, name string'")
-    reserved = set(BASE_COLUMNS) | {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)} | {"value"}
-    clash = [f.name for f in struct.fields if f.name in reserved]
+    clash = [f.name for f in struct.fields if f.name in RESERVED]
     if clash:
         raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")
     return [pa.field(f.name, to_arrow_type(f.dataType)) for f in struct.fields]

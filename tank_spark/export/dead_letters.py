@@ -1,0 +1,251 @@
+"""Typed values that do not decode (`on_bad_record`, docs/guides/typed-tables.md): into a dead-letter table beside
+the table (`dead_letter`, the default), counted and left out (`skip`), or their partition fails (`fail`).
+
+Every message ends in exactly one of the two tables, across kills and reruns. The dead-letter table records its own
+version per partition (an app id of its own, `tank_log.lakehouse`), and a run commits it FIRST, then the table:
+
+- a run killed before the first commit committed nothing: the next run does it all again;
+- a run killed between the two commits left the dead letters of seqs up to `end` committed and the table's version
+  where it was: the next run exports the same range again, and drops the bad values at or below the dead-letter
+  table's version (they are there already); the good ones go to the table as before. Decoding is a function of the
+  value and the schema settings: a rerun with other settings may decode a value the first run dead-lettered (it is
+  then in both tables; `replay` says how to leave it in one).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from tank_spark.export.hooks import hold
+from tank_spark.export.plan import ExportSettings, PartitionPlan
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse import LakeTable
+    from tank_spark.export.corruption import Cut
+    from tank_spark.export.files import Written
+
+log = logging.getLogger(__name__)
+
+SUFFIX = "_dead_letters"  # the default dead-letter table: the table's path (or catalog name) + this
+HOLD_AFTER_DEAD_LETTERS = "TANK_LOG_EXPORT_HOLD_DEAD_LETTERS"  # test hook: PATH: wait between the two commits
+
+
+def dead_letter_settings(settings: ExportSettings) -> ExportSettings:
+    """The settings of the dead-letter table: same format, catalog, storage and partitioning as the table."""
+    table = settings.dead_letter_table or default_table(settings.table)
+    return replace(settings, table=table, value_spec=None, value_format="binary", value_schema=None, mode="append")
+
+
+def default_table(table: str) -> str:
+    """`s3://b/events` → `s3://b/events_dead_letters`; `ns.events` (a catalog's) → `ns.events_dead_letters`."""
+    return table.rstrip("/") + SUFFIX
+
+
+def open_dead_letters(settings: ExportSettings, create: bool) -> LakeTable | None:
+    """The dead-letter table (created when `create` and missing)."""
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+    dead = dead_letter_settings(settings)
+    table = dead.location.open()
+    if table is None and create:
+        table = dead.location.create(DEAD_LETTER_SCHEMA, dead.partition_by, None)
+        log.info("export: created the dead-letter table %s", dead.table)
+    return table
+
+
+def recorded(table: LakeTable | None, plans: Iterable[PartitionPlan]) -> dict[tuple[str, int], int | None]:
+    """Per partition, the last seq whose dead letters the dead-letter table holds (None: none recorded)."""
+    return {
+        (p.topic, p.partition): None if table is None else table.recorded_version(p.topic, p.partition) for p in plans
+    }
+
+
+@dataclass
+class BadRecords:
+    """A range's bad values as its rows are decoded (executor side): `split` passes the good rows on and keeps the
+    dead letters to write (those at or below `after`, the dead-letter table's recorded version, are there already);
+    `summary` is what the driver reports and acts on."""
+
+    index: int
+    path: str
+    topic: str
+    partition: int
+    mode: str  # on_bad_record
+    after: int | None  # the dead-letter table's recorded version of this partition
+    dead: list[pa.RecordBatch] = field(default_factory=list)
+    bad: int = 0
+    kept_before: int = 0  # bad values a previous run's dead-letter commit already holds
+    first: tuple[int, str] | None = None  # (seq, error) of the first bad value
+
+    def split(
+        self, batches: Iterable[pa.RecordBatch], settings: ExportSettings, schema: pa.Schema
+    ) -> Iterator[pa.RecordBatch]:
+        import pyarrow.compute as pc
+
+        from tank_spark.export.rows import typed_rows
+
+        for b in batches:
+            rows = typed_rows(b, settings, schema)
+            yield rows.good
+            n = rows.bad.num_rows
+            if not n:
+                continue
+            self.bad += n
+            if self.first is None:
+                self.first = (rows.bad.column("seq")[0].as_py(), rows.bad.column("error")[0].as_py())
+            if self.mode != "dead_letter":
+                continue
+            new = rows.bad
+            if self.after is not None:
+                new = new.filter(pc.greater(new.column("seq"), self.after))
+                self.kept_before += n - new.num_rows
+            if new.num_rows:
+                self.dead.append(new)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "range": self.index,
+            "topic": self.topic,
+            "partition": self.partition,
+            "bad": self.bad,
+            "kept_before": self.kept_before,
+            "first_seq": self.first[0] if self.first else None,
+            "first_error": self.first[1] if self.first else None,
+            "file": self.path,
+        }
+
+
+@dataclass
+class BadCounts:
+    """One partition's bad values in a run."""
+
+    bad: int = 0
+    kept_before: int = 0
+    first: tuple[int, str, str] | None = None  # (seq, error, file) of the first
+
+
+def count_bad(summaries: list[dict[str, Any]], kept: set[int]) -> dict[tuple[str, int], BadCounts]:
+    """Per partition, the bad values of the kept ranges (`BadRecords.summary`)."""
+    out: dict[tuple[str, int], BadCounts] = {}
+    for s in sorted(summaries, key=lambda s: s["range"]):
+        if s["range"] not in kept or not s["bad"]:
+            continue
+        c = out.setdefault((s["topic"], s["partition"]), BadCounts())
+        c.bad += s["bad"]
+        c.kept_before += s["kept_before"]
+        if c.first is None:
+            c.first = (s["first_seq"], s["first_error"], s["file"])
+    return out
+
+
+def commit_dead_letters(
+    settings: ExportSettings, table: LakeTable, files: list[dict[str, Any]], plans: list[PartitionPlan], run_id: str
+) -> int | None:
+    """Commit the dead letters' files with each partition's new version in the dead-letter table (before the table's
+    own commit: module doc), skipping partitions it already records up to their end. Returns its version."""
+    from tank_spark.export.commit import commit
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+    dead = dead_letter_settings(settings)
+    now = recorded(table, plans)
+    work = [
+        replace(p, app_id=table.app_id(p.topic, p.partition), previous=now[(p.topic, p.partition)])
+        for p in plans
+        if p.has_work and p.end is not None and (now[(p.topic, p.partition)] or 0) < p.end
+    ]
+    if not work:
+        return None
+    version = commit(dead, DEAD_LETTER_SCHEMA, files, work, run_id)
+    log.info("export: committed %d dead-letter file(s): %s version %s", len(files), dead.table, version)
+    hold(HOLD_AFTER_DEAD_LETTERS)  # test hook
+    return version
+
+
+@dataclass
+class BadRun:
+    """A run's bad values, from its start (the dead-letter table and what it records) to its report."""
+
+    table: LakeTable | None  # the dead-letter table (None: on_bad_record skip or fail)
+    dead_after: dict[tuple[str, int], int | None]
+    counts: dict[tuple[str, int], BadCounts] = field(default_factory=dict)
+    dead_files: list[dict[str, Any]] = field(default_factory=list)
+    version: int | None = None
+    mode: str = "dead_letter"
+
+    @classmethod
+    def start(cls, settings: ExportSettings, plans: list[PartitionPlan]) -> BadRun | None:
+        """None for values that are not typed."""
+        if not settings.typed:
+            return None
+        table = open_dead_letters(settings, create=settings.on_bad_record == "dead_letter")
+        return cls(table, recorded(table, plans), mode=settings.on_bad_record)
+
+    def settle(self, settings: ExportSettings, written: Written, cut: Cut) -> Cut:
+        """Count the kept ranges' bad values; with `fail`, fail each partition holding one (nothing of it
+        committed: its ranges are not kept, its version stays); keep the dead letters of the kept ranges."""
+        from tank_spark.export.corruption import Cut
+
+        self.counts = count_bad(written.bad, cut.kept)
+        plans, failures = list(cut.plans), dict(cut.failures)
+        failed: set[tuple[str, int]] = set()
+        if self.mode == "fail":
+            for key, c in self.counts.items():
+                assert c.first is not None
+                seq, error, path = c.first
+                failed.add(key)
+                failures[key] = {
+                    "status": "failed",
+                    "error": f"{path}: seq {seq}: {error}",
+                    "on_bad_record": "fail",
+                    "bad_records": c.bad,
+                    "reason": "a value does not decode (on_bad_record fail): nothing of this partition exported",
+                }
+            plans = [replace(p, end=p.first - 1) if (p.topic, p.partition) in failed else p for p in plans]
+        ranges = {o.index: o.key for o in written.outcomes}
+        kept = {i for i in cut.kept if ranges.get(i) not in failed}
+        self.dead_files = [f for f in written.dead_files if f["range"] in kept]
+        _remove_dead(settings, [f for f in written.dead_files if f["range"] not in kept])
+        return Cut(plans, kept, failures)
+
+    def commit(self, settings: ExportSettings, plans: list[PartitionPlan], run_id: str) -> None:
+        """Commit the dead letters (before the table: module doc); a conflict removes their files."""
+        from tank_spark.export.commit import ConcurrentExport
+
+        if self.table is None:
+            return
+        try:
+            self.version = commit_dead_letters(settings, self.table, self.dead_files, plans, run_id)
+        except ConcurrentExport:
+            _remove_dead(settings, self.dead_files)
+            raise
+
+    def report(self, results: dict[tuple[str, int], dict[str, Any]], summary: dict[str, Any]) -> None:
+        """Each partition's `dead_lettered` (new in the dead-letter table) or `skipped_bad_records`, and the run's
+        totals; a WARNING line per partition naming its first bad value."""
+        field_of = {"dead_letter": "dead_lettered", "skip": "skipped_bad_records"}.get(self.mode)
+        total = 0
+        for key, c in self.counts.items():
+            if field_of is None or key not in results:
+                continue
+            n = c.bad - c.kept_before
+            results[key][field_of] = n
+            total += n
+            if c.first is not None and n:
+                seq, error, path = c.first
+                what = "dead-lettered" if self.mode == "dead_letter" else "skipped"
+                log.warning("export: %s/%s: %d value(s) %s; the first: %s: seq %s: %s", *key, n, what, path, seq, error)
+        if field_of is not None:
+            summary[field_of] = total
+        if self.table is not None:
+            summary["dead_letter_table"] = self.table.location.uri if hasattr(self.table, "location") else None
+            summary["dead_letter_version"] = self.version
+
+
+def _remove_dead(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
+    if files:
+        dead_letter_settings(settings).location.delete([f["path"] for f in files])
