@@ -19,7 +19,8 @@ import pytest
 
 from tank_log.tools import standin_broker as standin_module
 
-pytest_plugins = ["run_locks"]  # tests marked `alone` run with no other test beside them
+# tests marked `alone` run with no other test beside them; in xdist workers, each worker's slowest tests start first
+pytest_plugins = ["run_locks", "slowest_first"]
 
 logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientserver connection" after pytest exits
 
