@@ -87,7 +87,11 @@ Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--table", help="the table to import: a path or URI (default export.table)")
+    p.add_argument(
+        "--table",
+        help="the table to import: a path or URI, or with a REST --catalog its name (namespace.table); default "
+        "export.table",
+    )
     add_storage_option(p, "--table")
     add_table_format(p)
     p.add_argument(
@@ -102,6 +106,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
 def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     from tank_log.jobs.config import parse_size_arg
     from tank_log.lakehouse import storage_options
+    from tank_log.lakehouse.location import catalog_setting, locate
 
     if len(ctx.data_dirs) != 1:
         raise JobConfigError("import writes into one base path: pass one --data-dir")
@@ -110,13 +115,9 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     table = args.table or cfg.table
     if not table:
         raise JobConfigError("no table: pass --table PATH_OR_URI or set export.table")
-    fmt, catalog = args.format or cfg.format, args.catalog or cfg.catalog
-    if catalog and fmt != "iceberg":
-        raise JobConfigError("--catalog/export.catalog: only with --format iceberg")
-    try:
-        location = TableLocation.of(table, storage_options(cfg.storage_options, args.storage_option), fmt, catalog)
-    except ValueError as err:
-        raise JobConfigError(str(err)) from None
+    fmt = args.format or cfg.format
+    catalog = catalog_setting(args.catalog, cfg.catalog, fmt, "--catalog/export.catalog")
+    location = locate(table, storage_options(cfg.storage_options, args.storage_option), fmt, catalog)
     delta = location.open()
     if delta is None:
         raise JobConfigError(f"no {fmt} table at {location}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tank_log.lakehouse.location import TableLocation
+from tank_log.lakehouse.location import RestCatalog, TableLocation
 from tank_log.lakehouse.table import REQUIRED_COLUMNS, Recorded, TableUnreadable, default_source, table_key
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class ExportedSeqs:
         catalog: Catalog | None = None,
         source: str | None = None,
     ):
-        self.uri = table_key(uri)
+        self.uri = uri if isinstance(catalog, RestCatalog) else table_key(uri)  # a REST catalog's: a name
         self.source = source or default_source()
         self._options = dict(storage_options or {})
         self._format, self._catalog = fmt, catalog

@@ -91,6 +91,53 @@ def parse_catalog(value: str | Mapping[str, Any] | RestCatalog | None, where: st
     return RestCatalog(**fields)
 
 
+# a REST catalog named by a flag (`--catalog http://…`): its warehouse and credentials come from the environment,
+# never from a command line, where `ps` shows them to every user of the host
+CATALOG_ENV = {
+    "warehouse": "TANK_LOG_CATALOG_WAREHOUSE",
+    "token": "TANK_LOG_CATALOG_TOKEN",
+    "credential": "TANK_LOG_CATALOG_CREDENTIAL",
+}
+
+
+def catalog_setting(flag: str | None, configured: Catalog | None, fmt: str, where: str = "--catalog") -> Catalog | None:
+    """The catalog a command uses: its flag (`where`) over the configured one. A flag's `http(s)://` URI is a REST
+    catalog whose warehouse, token or credential come from `CATALOG_ENV`'s variables; any other flag is a SQL
+    catalog's SQLAlchemy URI.
+
+    Raises:
+        JobConfigError: a catalog for a format other than iceberg, or bad settings (one line naming `where`).
+    """
+    catalog = configured
+    if flag:
+        catalog = parse_catalog(flag, where)
+        if isinstance(catalog, RestCatalog):
+            from_env = {k: os.environ[v] for k, v in CATALOG_ENV.items() if os.environ.get(v)}
+            catalog = parse_catalog({"type": "rest", "uri": flag, **from_env}, where)
+    if catalog is not None and fmt != "iceberg":
+        raise JobConfigError(f"{where}: a catalog goes with format iceberg (the table's format is {fmt})")
+    return catalog
+
+
+def locate(
+    table: str,
+    options: dict[str, str] | None = None,
+    fmt: str = "delta",
+    catalog: Catalog | None = None,
+    source: str | None = None,
+) -> TableLocation:
+    """`TableLocation.of`, its refusals as `JobConfigError` (exit 2).
+
+    Raises:
+        JobConfigError: the table is not a path, URI or (in a REST catalog) a name.
+        RunFailed: the REST catalog cannot be reached.
+    """
+    try:
+        return TableLocation.of(table, options, fmt, catalog, source)
+    except ValueError as err:
+        raise JobConfigError(str(err)) from None
+
+
 @dataclass(frozen=True)
 class TableLocation:
     """A table's URI (local tables: an absolute path), its storage options and its format (`FORMATS`)."""

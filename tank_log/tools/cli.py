@@ -103,6 +103,7 @@ def _guard_problems(path: str, config_file: str) -> list[Problem]:
 
 def _cmd_stats(args: argparse.Namespace) -> int:
     from tank_log.lakehouse import ExportedSeqs, TableUnreadable, check_source, storage_options
+    from tank_log.lakehouse.location import catalog_setting
     from tank_log.metrics import stats_registry, write_metrics
     from tank_log.storage.datadir import Unread
     from tank_log.tools.stats import format_table, stats_path
@@ -110,12 +111,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     unread: list[Unread] = []
     exported = None
     if args.export_table:
-        if args.export_catalog and args.export_format != "iceberg":
-            print("tank-log stats: --export-catalog goes with --export-format iceberg", file=sys.stderr)
-            return 2
+        catalog = catalog_setting(args.export_catalog, None, args.export_format, "--export-catalog")
         options = storage_options({}, args.storage_option)
         source = check_source(args.source, "--source") if args.source else None
-        exported = ExportedSeqs(args.export_table, options, args.export_format, args.export_catalog, source)
+        exported = ExportedSeqs(args.export_table, options, args.export_format, catalog, source)
     try:
         rows = stats_path(args.path, args.topics, unread=unread, exported=exported)
     except TableUnreadable as err:
@@ -141,17 +140,17 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from tank_log.lakehouse import TableLocation, TableUnreadable, check_source, default_source, storage_options
+    from tank_log.lakehouse import TableUnreadable, check_source, default_source, storage_options
+    from tank_log.lakehouse.location import catalog_setting, locate
     from tank_log.tools.audit import audit_table, format_table
 
     fmt = args.format or "delta"
-    if args.catalog and fmt != "iceberg":
-        raise UsageError("--catalog goes with --format iceberg")
+    catalog = catalog_setting(args.catalog, None, fmt)
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
     source = check_source(args.source, "--source") if args.source else default_source()
     options = storage_options({}, args.storage_option)
-    location = TableLocation.of(args.table, options, fmt, args.catalog, source)
+    location = locate(args.table, options, fmt, catalog, source)
     try:
         table = location.open()
     except Exception as err:  # the formats' libraries raise their own types for a store they cannot reach
@@ -527,8 +526,10 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument(
         "--export-catalog",
         metavar="URI",
-        help="with --export-format iceberg: the table's SQL catalog, a SQLAlchemy URI (default: a SQLite file beside "
-        "a local table)",
+        help="with --export-format iceberg: the table's catalog: a REST catalog's http(s):// URI (--export-table names "
+        "the table, namespace.table; warehouse and credentials from TANK_LOG_CATALOG_WAREHOUSE, TANK_LOG_CATALOG_TOKEN "
+        "or TANK_LOG_CATALOG_CREDENTIAL), or a SQL catalog's SQLAlchemy URI (default: a SQLite file beside a local "
+        "table)",
     )
     add_source(p)
     add_metrics_file(p)
@@ -541,7 +542,12 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
         "difference is accounted for",
     )
     p.add_argument("path", help="base path (or topic or partition directory) the table was exported from")
-    p.add_argument("--table", required=True, metavar="TABLE", help="the export's table: a path or URI")
+    p.add_argument(
+        "--table",
+        required=True,
+        metavar="TABLE",
+        help="the export's table: a path or URI, or with a REST --catalog its name (namespace.table)",
+    )
     add_table_format(p)
     add_storage_option(p, "--table")
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
