@@ -265,8 +265,10 @@ class FileStats:
 
         self.rows += table.num_rows
         for name, col in zip(table.column_names, table.columns, strict=True):
-            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
             t = self.types.setdefault(name, col.type)
+            if pa.types.is_nested(t):  # typed values' structs, lists, maps: no statistics (Delta nests a struct's)
+                continue
+            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
             if not (
                 pa.types.is_integer(t)
                 or pa.types.is_floating(t)

@@ -133,7 +133,7 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     import numpy as np
     import pyarrow.compute as pc
 
-    from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA, to_storable
 
     value = b.column("value")
     decoded = value_decoder(settings).decode(value)
@@ -149,7 +149,7 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     cols = [b.column(c) for c in BASE_COLUMNS]
     for f in schema:
         if f.name not in BASE_COLUMNS and f.name not in ("date", TS_RAW.name, SOURCE.name):
-            cols.append(fields.get(f.name, pa.nulls(len(b), f.type)))
+            cols.append(to_storable(fields[f.name], f.type) if f.name in fields else pa.nulls(len(b), f.type))
     cols += [date, b.column(TS_RAW.name), source]
     rows = pa.RecordBatch.from_arrays(cols, names=schema.names)
     dead = pa.RecordBatch.from_arrays(

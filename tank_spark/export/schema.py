@@ -61,7 +61,10 @@ def typed_fields(settings: ExportSettings) -> list[pa.Field]:
     from tank_spark.export.rows import value_decoder
 
     struct = value_decoder(settings).arrow_type
-    fields = [struct.field(i).with_nullable(True) for i in range(struct.num_fields)]
+    fields = [
+        pa.field(f.name, storable_type(f.type, settings.table_format, f.name), nullable=True)
+        for f in (struct.field(i) for i in range(struct.num_fields))
+    ]
     clash = [f.name for f in fields if f.name in RESERVED]
     if clash:
         raise JobConfigError(
@@ -89,3 +92,69 @@ def json_fields(ddl: str | None) -> list[pa.Field]:
     if clash:
         raise JobConfigError(f"--value-schema: field(s) {', '.join(clash)} clash with the table's own columns")
     return [pa.field(f.name, to_arrow_type(f.dataType)) for f in struct.fields]
+
+
+MAX_DECIMAL_DIGITS = 38  # Delta's and Iceberg's decimals hold at most this many digits
+
+
+def storable_type(t: pa.DataType, table_format: str, path: str) -> pa.DataType:
+    """The type a table of `table_format` stores a decoded field of type `t` as (the decoders' mapping,
+    docs/guides/typed-tables.md): a null-typed field becomes a string column (always null), a time of day
+    microseconds since midnight (int64; Iceberg keeps its `time` type), nested types type by type.
+
+    Raises:
+        JobConfigError: a type neither format holds (a decimal of more than 38 digits), naming the field's path.
+    """
+    if pa.types.is_null(t):
+        return pa.string()
+    if pa.types.is_time(t):
+        return pa.time64("us") if table_format == "iceberg" else pa.int64()
+    if pa.types.is_decimal(t):
+        if t.precision > MAX_DECIMAL_DIGITS:
+            raise JobConfigError(
+                f"field {path}: {t} holds more than {MAX_DECIMAL_DIGITS} digits, the most a Delta or Iceberg decimal "
+                "holds"
+            )
+        return pa.decimal128(t.precision, t.scale)
+    if pa.types.is_struct(t):
+        return pa.struct(
+            [
+                f.with_type(storable_type(f.type, table_format, f"{path}.{f.name}"))
+                for f in (t.field(i) for i in range(t.num_fields))
+            ]
+        )
+    if pa.types.is_map(t):
+        return pa.map_(
+            storable_type(t.key_type, table_format, f"{path}.key"),
+            t.item_field.with_type(storable_type(t.item_type, table_format, f"{path}.value")),
+        )
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        item = t.value_field.with_type(storable_type(t.value_type, table_format, f"{path}[]"))
+        return pa.list_(item)
+    return t
+
+
+def to_storable(a: pa.Array, t: pa.DataType) -> pa.Array:
+    """`a` as type `t` (its `storable_type`), nested arrays converted child by child."""
+    import pyarrow.compute as pc
+
+    if a.type == t:
+        return a
+    if pa.types.is_null(a.type):
+        return pa.nulls(len(a), t)
+    if pa.types.is_time(a.type):
+        us = a.cast(pa.time64("us"))
+        return us if pa.types.is_time(t) else us.view(pa.int64())
+    mask = pc.is_null(a) if a.null_count else None
+    if pa.types.is_struct(a.type):
+        children = [to_storable(c, t.field(i).type) for i, c in enumerate(a.flatten())]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if pa.types.is_map(a.type):
+        keys = to_storable(a.keys, t.key_type)
+        items = to_storable(a.items, t.item_type)
+        return pa.MapArray.from_arrays(a.offsets, keys, items, type=t, mask=mask)
+    if pa.types.is_list(a.type) or pa.types.is_large_list(a.type):
+        values = to_storable(a.flatten(), t.value_type)
+        offsets = pc.subtract(a.offsets, a.offsets[0]).cast(pa.int32())
+        return pa.ListArray.from_arrays(offsets, values, type=t, mask=mask)
+    return a.cast(t)
