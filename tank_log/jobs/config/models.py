@@ -40,6 +40,7 @@ Engine = Annotated[str, OneOf("deltalake", "spark")]
 TableFormatName = Annotated[str, OneOf(*FORMATS)]
 ValueFormat = Annotated[str, OneOf("binary", "utf8", "json", "avro", "protobuf")]
 OnBadRecord = Annotated[str, OneOf("fail", "dead_letter", "skip")]
+Wire = Annotated[str, OneOf("auto", "confluent", "plain")]  # the Confluent wire format's header on values
 ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
 
@@ -291,6 +292,7 @@ class TopicValues(Section):
         default=None, description="Confluent wire format: schema id -> schema file"
     )
     value_registry_url: Text | None = Field(default=None, description="a Confluent Schema Registry's REST API")
+    value_wire: Wire | None = Field(default=None, description="auto | confluent | plain")
 
 
 class ExportConfig(Section):
@@ -318,6 +320,9 @@ class ExportConfig(Section):
         default_factory=dict, description="Confluent wire format: schema id -> schema file (the format's)"
     )
     value_registry_url: Text | None = Field(default=None, description="a Confluent Schema Registry's REST API")
+    value_wire: Wire = Field(
+        default="auto", description="auto (the Confluent header when present) | confluent (always) | plain (never)"
+    )
     topics: Annotated[dict[str, TopicValues], BeforeValidator(keyed_by_name)] = Field(default_factory=dict)
     on_bad_record: OnBadRecord = Field(
         default="dead_letter", description="a value that does not decode: fail | dead_letter | skip"
