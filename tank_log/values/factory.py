@@ -17,6 +17,10 @@ def decoder_for(spec: ValueSpec) -> ValueDecoder:
         from tank_log.values.avro import AvroDecoder
 
         return AvroDecoder(spec, fetch)
+    if spec.format == "protobuf":
+        from tank_log.values.protobuf import ProtobufDecoder
+
+        return ProtobufDecoder(spec, fetch)
     if spec.format in ("binary", "utf8", "json"):
         return PlainDecoder(spec)
     raise ValueSchemaError(f"unknown value format {spec.format!r} (binary, utf8, json, avro, protobuf)")
