@@ -5,8 +5,9 @@ never reads half a file).
 - `stats_registry`: per partition, from `tank-log stats` (bytes, segments, messages, last seq, the dirty ratio of
   `cleanup` partitions, and with an export table the export lag in messages and in seconds);
 - `report_registry`: per run, from a job's report (last run and last success timestamps, duration, exit status,
-  partitions by status, bytes kept back by `retention.keep_unexported` and their bound, data-loss events). Counters
-  and the last success survive the runs that do not set them: they are carried over from the file being replaced.
+  partitions by status, bytes kept back by `retention.keep_unexported` and their bound, data-loss events, which
+  include an export's data-loss, and the messages an export found lost). Counters and the last success survive the
+  runs that do not set them: they are carried over from the file being replaced.
 """
 
 from __future__ import annotations
@@ -114,24 +115,41 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
     )
     loss = Gauge(
         f"{NS}_retention_data_loss_events",
-        "Partitions whose unexported data retention deleted past max_holdback, over all runs",
+        "Partitions whose unexported data retention deleted (ours past max_holdback, or the broker's before the "
+        "export read it: the export's data-loss), over all runs",
         PARTITION,
         registry=reg,
     )
     _salvage_gauge(report, previous, reg)
+    _export_loss_gauge(report, previous, reg)
+    events = carried(previous, f"{NS}_retention_data_loss_events", PARTITION)  # every partition's, also untouched
     for p in entries:
         if p is None:
             continue
-        labels = (str(p.get("topic")), str(p.get("partition")))
+        labels: tuple[str, ...] = (str(p.get("topic")), str(p.get("partition")))
         if p.get("kept_unexported"):
             held = p["kept_unexported"]
             kept.labels(*labels, held["table"]).set(held["bytes"])
             if held.get("max_bytes"):
                 bound.labels(*labels, held["table"]).set(held["max_bytes"])
-        before = previous.get(f'{NS}_retention_data_loss_events{{partition="{labels[1]}",topic="{labels[0]}"}}', 0)
-        if p.get("status") == "data-loss" or before:
-            loss.labels(*labels).set(before + (1 if p.get("status") == "data-loss" else 0))
+        if p.get("status") == "data-loss":
+            events[labels] = events.get(labels, 0) + 1
+    for where, n in events.items():
+        loss.labels(*where).set(n)
     return reg
+
+
+def carried(previous: dict[str, float], name: str, labels: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    """The samples of `name` in the file being replaced (`read_samples`), by their `labels` values: what a total
+    over all runs starts from (also for the partitions this run did not touch)."""
+    out: dict[tuple[str, ...], float] = {}
+    prefix = name + "{"
+    for key, value in previous.items():
+        if key.startswith(prefix):
+            named = dict(pair.split("=", 1) for pair in key[len(prefix) : -1].split(","))
+            values = tuple(named[n].strip('"') for n in labels)
+            out[values] = out.get(values, 0) + value
+    return out
 
 
 def _salvage_gauge(report: dict[str, Any], previous: dict[str, float], reg: CollectorRegistry) -> None:
@@ -150,7 +168,7 @@ def _salvage_gauge(report: dict[str, Any], previous: dict[str, float], reg: Coll
             names["cuts"], "Torn tails salvage cut (kept in side files), over all runs", PARTITION, registry=reg
         ),
     }
-    now: dict[str, dict[tuple[str, str], int]] = {"messages": {}, "cuts": {}}
+    now = {what: carried(previous, name, PARTITION) for what, name in names.items()}
     for entry in report.get("partitions") or []:
         step = (entry.get("steps") or {}).get("indexes") if "steps" in entry else entry
         for action in (step or {}).get("actions") or []:
@@ -159,14 +177,29 @@ def _salvage_gauge(report: dict[str, Any], previous: dict[str, float], reg: Coll
                 now["cuts"][labels] = now["cuts"].get(labels, 0) + 1
                 now["messages"][labels] = now["messages"].get(labels, 0) + int(action.get("messages_cut") or 0)
     for what, gauge in gauges.items():
-        prefix = f"{names[what]}{{"  # its samples in the file being replaced
-        for key, value in previous.items():
-            if key.startswith(prefix):
-                named = dict(pair.split("=", 1) for pair in key[len(prefix) : -1].split(","))
-                labels = (named["topic"].strip('"'), named["partition"].strip('"'))
-                now[what][labels] = now[what].get(labels, 0) + int(value)
-        for (topic, pid), n in now[what].items():
-            gauge.labels(topic, pid).set(n)
+        for where, n in now[what].items():
+            gauge.labels(*where).set(n)
+
+
+def _export_loss_gauge(report: dict[str, Any], previous: dict[str, float], reg: CollectorRegistry) -> None:
+    """The messages an export found in neither its table nor the log (deleted before they were exported: status
+    data-loss, `lost_messages`), per partition and table, over all runs (carried over from the file being
+    replaced). The partition's data-loss event is counted in `retention_data_loss_events`, which alerts."""
+    name = f"{NS}_export_lost_messages"
+    gauge = Gauge(
+        name,
+        "Messages the export found in neither the table nor the log (deleted before they were exported), over all runs",
+        [*PARTITION, "table"],
+        registry=reg,
+    )
+    table = str((report.get("summary") or {}).get("table"))
+    now = carried(previous, name, (*PARTITION, "table"))
+    for entry in report.get("partitions") or []:
+        if entry.get("status") == "data-loss" and entry.get("lost_messages"):
+            where: tuple[str, ...] = (str(entry.get("topic")), str(entry.get("partition")), table)
+            now[where] = now.get(where, 0) + int(entry["lost_messages"])
+    for where, n in now.items():
+        gauge.labels(*where).set(n)
 
 
 def _retention_entry(entry: dict[str, Any]) -> dict[str, Any] | None:

@@ -93,3 +93,71 @@ def test_retention_before_a_latest_export_is_still_a_loss(tmp_path):
     code, rep = export(tmp_path, "after", *flags)
     (p,) = rep["partitions"]
     assert code == 1 and p["status"] == "data-loss" and p["lost_first_seq"] == 7, p
+
+
+def test_an_export_data_loss_is_counted_and_alerts(tmp_path):
+    """The export's metrics file counts the partition's data-loss event (which the shipped TankLogDataLoss alert
+    watches: promtool fires it on the file's series) and the messages lost, per table, over all runs."""
+    import re
+    import shutil
+    import subprocess
+
+    import yaml
+
+    from tank_log.metrics import read_samples
+
+    base, uri = str(tmp_path / "base"), str(tmp_path / "table")
+    ev = partition(base, "ev", "")
+    produce(ev, 6, b"a")
+    prom = tmp_path / "export.prom"
+    flags = ["--data-dir", base, "--table", uri, "--metrics-file", str(prom)]
+    assert export(tmp_path, "first", *flags)[0] == 0
+    for _ in range(4):
+        produce(ev, 6, b"b")
+    ro = sorted((f for f in os.listdir(ev) if f.endswith(".ilog")), key=lambda f: int(f.split("-")[0]))
+    for f in ro[:-2]:  # the broker's own retention
+        os.unlink(os.path.join(ev, f))
+    code, rep = export(tmp_path, "gap", *flags)
+    (p,) = rep["partitions"]
+    assert code == 1 and p["status"] == "data-loss"
+    lost = f'tank_log_export_lost_messages{{partition="0",table="{uri}",topic="ev"}}'
+    events = 'tank_log_retention_data_loss_events{partition="0",topic="ev"}'
+    got = read_samples(str(prom))
+    assert got[lost] == p["lost_messages"] > 0 and got[events] == 1
+    assert export(tmp_path, "next", *flags)[0] == 0  # up to date: the totals carry over
+    again = read_samples(str(prom))
+    assert again[lost] == p["lost_messages"] and again[events] == 1
+
+    rules = os.path.join(os.path.dirname(__file__), "..", "..", "conf", "prometheus", "tank-log-alerts.yml")
+    with open(rules) as fh:
+        (rule,) = [r for g in yaml.safe_load(fh)["groups"] for r in g["rules"] if r.get("alert") == "TankLogDataLoss"]
+    labels = {"instance": "h1:9100", "job": "node", "partition": "0", "topic": "ev"}
+    series = "tank_log_retention_data_loss_events{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    want = {**labels, "severity": "critical"}
+    expanded = {k: re.sub(r"{{ \$labels\.(\w+) }}", lambda m: want.get(m.group(1), ""), v)
+                for k, v in rule["annotations"].items()}  # fmt: skip
+    test = {
+        "rule_files": [os.path.abspath(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series, "values": f"_x30 {got[events]:g}x60"}],
+                "alert_rule_test": [
+                    {"eval_time": "20m", "alertname": "TankLogDataLoss", "exp_alerts": []},
+                    {
+                        "eval_time": "45m",
+                        "alertname": "TankLogDataLoss",
+                        "exp_alerts": [{"exp_labels": want, "exp_annotations": expanded}],
+                    },
+                ],  # fmt: skip
+            }
+        ],
+    }
+    path = tmp_path / "loss.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool is not on the PATH: scripts/setup.sh installs it (Debian's prometheus)"
+    r = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "export found" in rule["annotations"]["description"]  # the alert says what the export found
