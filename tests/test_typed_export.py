@@ -1,0 +1,271 @@
+"""Typed tables (tank_spark/export, docs/guides/typed-tables.md): Avro values exported as typed columns that DuckDB
+reads with their types, bad values (truncated, a wrong schema id, a wrong magic byte) into the dead-letter table,
+skipped or failing their partition, runs killed at each commit and rerun (every message in exactly one table),
+and bad settings refused in one line. Small topics written by the storage writer; the export runs in the driver
+(no JVM): in this process, or as `jobs/export_delta.py` where a test kills it."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import fastavro
+import pytest
+from conftest import ROOT, duckdb_with, run_job_script, wait_for_hold
+
+from tank_log.format.bundle import Message
+from tank_log.lakehouse import TableLocation
+from tank_log.storage.writer import write_segment
+
+VALUES = os.path.join(ROOT, "tests", "data", "values")
+SMALL = os.path.join(VALUES, "small.avsc")
+ALL_TYPES = os.path.join(VALUES, "all_types.avsc")
+TS = 1_800_000_000_000
+
+
+def avro(schema_path: str, record: dict) -> bytes:
+    with open(schema_path, encoding="utf-8") as fh:
+        schema = fastavro.parse_schema(json.load(fh))
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, schema, record)
+    return out.getvalue()
+
+
+def framed(schema_id: int, payload: bytes, magic: int = 0) -> bytes:
+    return bytes([magic]) + schema_id.to_bytes(4, "big") + payload
+
+
+def click(i: int) -> dict:
+    return {"user": i, "page": f"/p{i}", "ms": 10 * i}
+
+
+def write_topic(base, topic: str, values_by_partition: dict[int, list[bytes]]) -> None:
+    for p, values in values_by_partition.items():
+        d = os.path.join(base, topic, str(p))
+        os.makedirs(d)
+        msgs = [Message(i + 1, TS + i, b"k%d" % i, v) for i, v in enumerate(values)]
+        write_segment(d, msgs, active=True, ts=TS // 1000)
+
+
+def export(*argv: str) -> int:
+    from tank_spark.export.job import main
+
+    return main(["--master", "local[1]", *argv])
+
+
+def rows(table: str, columns: str = "*", fmt: str = "delta") -> list[tuple]:
+    t = TableLocation.of(table, {}, fmt).open()
+    if t is None:
+        return []
+    d = t.to_pyarrow_dataset().to_table().sort_by([("partition", "ascending"), ("seq", "ascending")])
+    names = d.column_names if columns == "*" else columns.split(",")
+    return list(zip(*(d[c].to_pylist() for c in names), strict=True))
+
+
+def config(tmp_path, **export_section) -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps({"export": export_section}))  # JSON is YAML
+    return str(path)
+
+
+def mixed_values() -> dict[int, list[bytes]]:
+    """Partition 0: good framed values, one truncated, one with an unknown schema id, one with a wrong magic byte, a
+    tombstone; partition 1: all good."""
+    good = [framed(1, avro(SMALL, click(i))) for i in range(8)]
+    p0 = list(good)
+    p0[2] = good[2][:7]  # truncated inside the first field
+    p0[4] = framed(9, avro(SMALL, click(4)))  # schema id 9: not configured
+    p0[5] = framed(1, avro(SMALL, click(5)), magic=7)  # wrong magic byte
+    p0[6] = b""  # a tombstone: nulls, not a bad record
+    return {0: p0, 1: good}
+
+
+BAD_SEQS = {3, 5, 6}  # partition 0's bad values (seq = index + 1)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_every_avro_type_becomes_a_typed_column(tmp_path, fmt):
+    """all_types.avsc (but a decimal of 40 digits, which no table holds: refused naming the field) read back by
+    DuckDB (Delta) and pyiceberg (Iceberg) with each type."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "values"))
+    from test_values_avro import ORDER
+
+    schema = json.load(open(ALL_TYPES))
+    wide = os.path.join(tmp_path, "wide.avsc")
+    json.dump(schema, open(wide, "w"))
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != "big"]
+    narrow = os.path.join(tmp_path, "narrow.avsc")
+    json.dump(schema, open(narrow, "w"))
+    record = {k: v for k, v in ORDER.items() if k != "big"}
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    write_topic(base, "orders", {0: [avro(narrow, record), b"", avro(narrow, record)]})
+    common = ["--data-dir", base, "--table", table, "--format", fmt, "--value-format", "avro"]
+    assert export(*common, "--value-schema-file", wide) == 2  # big: decimal(40, 3)
+    assert not os.path.exists(table)
+    assert export(*common, "--value-schema-file", narrow) == 0
+    if fmt == "delta":
+        con = duckdb_with("delta")
+        con.execute("SET TimeZone = 'UTC'")
+        types = dict((r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{table}')").fetchall())
+        got = con.execute(
+            f"SELECT seq, address, attrs, tags, price, day, at_ms, local_us, tod_ms, lines, choice, status "
+            f"FROM delta_scan('{table}') ORDER BY seq"
+        ).fetchall()
+    else:
+        t = TableLocation.of(table, {}, "iceberg").existing()
+        arrow = t.to_pyarrow_dataset().to_table().sort_by("seq")
+        types = {f.name: str(f.type) for f in arrow.schema}
+        got = [
+            tuple(
+                arrow[c][i].as_py()
+                for c in (
+                    "seq",
+                    "address",
+                    "attrs",
+                    "tags",
+                    "price",
+                    "day",
+                    "at_ms",
+                    "local_us",
+                    "tod_ms",
+                    "lines",
+                    "choice",
+                    "status",
+                )
+            )  # fmt: skip
+            for i in range(arrow.num_rows)
+        ]
+    want_types = {
+        "delta": {
+            "address": "STRUCT(city VARCHAR, zip INTEGER)",
+            "attrs": "MAP(VARCHAR, BIGINT)",
+            "tags": "VARCHAR[]",
+            "price": "DECIMAL(10,2)",
+            "day": "DATE",
+            "at_ms": "TIMESTAMP WITH TIME ZONE",
+            "local_us": "TIMESTAMP",
+            "tod_ms": "BIGINT",  # microseconds since midnight: Delta has no time type
+            "lines": "STRUCT(sku VARCHAR, qty INTEGER)[]",
+            "status": "VARCHAR",
+            "i32": "INTEGER",
+            "f32": "FLOAT",
+            "raw": "BLOB",
+            "digest": "BLOB",
+            "id": "VARCHAR",
+        },
+        "iceberg": {
+            "price": "decimal128(10, 2)",
+            "day": "date32[day]",
+            "at_ms": "timestamp[us, tz=UTC]",
+            "tod_ms": "time64[us]",
+            "status": "large_string",  # pyiceberg reads strings as large_string
+            "i32": "int32",
+        },
+    }[fmt]
+    assert {k: types[k] for k in want_types} == want_types
+    assert [r[0] for r in got] == [1, 2, 3]
+    first, tombstone = got[0], got[1]
+    assert first[1] == {"city": "Oslo", "zip": 150}
+    assert (dict(first[2]) if not isinstance(first[2], dict) else first[2]) == {"x": 1, "y": -2}
+    assert first[3] == ["a", "b"] and str(first[4]) == "12.34" and str(first[5]) == "2024-02-29"
+    assert first[9] == [{"sku": "s-1", "qty": 2}, {"sku": "s-2", "qty": 0}] and first[11] == "PAID"
+    assert all(v is None for v in tombstone[1:])  # an empty value: a row of nulls
+    assert rows(table + "_dead_letters", fmt=fmt) == []
+
+
+@pytest.mark.parametrize("mode", ["dead_letter", "skip", "fail"])
+def test_bad_values_by_on_bad_record(tmp_path, mode):
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    write_topic(base, "clicks", mixed_values())
+    cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_schema_ids={1: SMALL},
+                 value_wire="confluent", on_bad_record=mode)  # fmt: skip
+    report = str(tmp_path / "r.json")
+    rc = export("--config", cfg, "--data-dir", base, "--table", table, "--report", report)
+    r = json.load(open(report))
+    by_part = {p["partition"]: p for p in r["partitions"]}
+    got = rows(table, "partition,seq,user")
+    dead = rows(table + "_dead_letters", "partition,seq,value,schema_id,error")
+    if mode == "fail":
+        assert rc == 1
+        assert by_part[0]["status"] == "failed" and by_part[1]["status"] == "exported"
+        assert by_part[0]["error"].startswith(os.path.join(base, "clicks", "0")) and ": seq 3: " in by_part[0]["error"]
+        assert "truncated" in by_part[0]["error"]
+        assert {p for p, _, _ in got} == {1}  # nothing of partition 0
+        assert TableLocation.of(table, {}, "delta").existing().recorded_version("clicks", 0) is None
+        assert not os.path.exists(table + "_dead_letters")
+        return
+    assert rc == 0, r
+    want_good = [(0, s, s - 1) for s in range(1, 9) if s not in BAD_SEQS]
+    want_good = [(p, s, None if s == 7 else u) for p, s, u in want_good]  # seq 7: the tombstone
+    assert got == want_good + [(1, s, s - 1) for s in range(1, 9)]
+    if mode == "skip":
+        assert by_part[0]["skipped_bad_records"] == 3 and r["summary"]["skipped_bad_records"] == 3
+        assert dead == [] and not os.path.exists(table + "_dead_letters")
+    else:
+        assert by_part[0]["dead_lettered"] == 3 and r["summary"]["dead_lettered"] == 3
+        values = mixed_values()[0]
+        assert [(p, s, v) for p, s, v, _, _ in dead] == [(0, s, values[s - 1]) for s in sorted(BAD_SEQS)]
+        errors = {s: (sid, e) for _, s, _, sid, e in dead}
+        assert "truncated" in errors[3][1]
+        assert errors[5][0] == 9 and "schema id 9" in errors[5][1]
+        assert "magic byte 0x07" in errors[6][1]
+    # a rerun finds nothing to do and writes nothing twice
+    assert export("--config", cfg, "--data-dir", base, "--table", table) == 0
+    assert rows(table, "partition,seq,user") == got
+    assert rows(table + "_dead_letters", "partition,seq,value,schema_id,error") == dead
+
+
+@pytest.mark.parametrize("hold_env", ["TANK_LOG_EXPORT_HOLD", "TANK_LOG_EXPORT_HOLD_DEAD_LETTERS"])
+def test_a_run_killed_at_either_commit_leaves_every_message_in_one_table(tmp_path, hold_env):
+    """Killed before both commits, or between the dead letters' and the table's: the rerun exports what is left,
+    and every message is in exactly one of the two tables."""
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    write_topic(base, "clicks", mixed_values())
+    cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_schema_ids={1: SMALL},
+                 value_wire="confluent")  # fmt: skip
+    args = ["--config", cfg, "--data-dir", base, "--table", table]
+    hold = str(tmp_path / "release")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", **{hold_env: hold})
+    job = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]", *args]
+    proc = subprocess.Popen(job, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_hold(hold + ".ready", proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    dead_before = rows(table + "_dead_letters", "partition,seq")
+    assert dead_before == ([] if hold_env == "TANK_LOG_EXPORT_HOLD" else [(0, s) for s in sorted(BAD_SEQS)])
+    assert rows(table, "partition,seq") == []
+    r = run_job_script("export_delta", *args, "--report", str(tmp_path / "r.json"), where="driver")
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.load(open(tmp_path / "r.json"))
+    new_dead = 0 if hold_env == "TANK_LOG_EXPORT_HOLD_DEAD_LETTERS" else 3
+    assert report["summary"]["dead_lettered"] == new_dead
+    main = rows(table, "partition,seq")
+    dead = rows(table + "_dead_letters", "partition,seq")
+    assert sorted(main + dead) == [(p, s) for p in (0, 1) for s in range(1, 9)]  # each once, in one table
+    assert dead == [(0, s) for s in sorted(BAD_SEQS)]
+
+
+def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    write_topic(base, "clicks", {0: [avro(SMALL, click(1))]})
+    clash = tmp_path / "clash.avsc"
+    clash.write_text(json.dumps({"type": "record", "name": "C", "fields": [{"name": "seq", "type": "long"}]}))
+    cases = {
+        "no such file": ["--value-format", "avro", "--value-schema-file", str(tmp_path / "missing.avsc")],
+        "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
+        "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
+        "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
+    }
+    for needle, flags in cases.items():
+        rc = export("--data-dir", base, "--table", table, *flags)
+        err = capfd.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("export_delta:")]
+        assert rc == 2, (needle, err[-2000:])
+        assert "Traceback" not in err and len(lines) == 1 and needle in lines[0], (needle, err[-2000:])
+        assert not os.path.exists(table) and not os.path.exists(table + "_dead_letters")
