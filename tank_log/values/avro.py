@@ -310,7 +310,6 @@ class AvroDecoder(BatchDecoder):
     def __init__(self, spec: ValueSpec, fetch: Callable[[int], str] | None = None) -> None:
         """`fetch(id)` gives a schema's text from a registry (ids not in `spec.schema_ids`)."""
         self._writer_files = dict(spec.schema_ids)
-        self._fetch = fetch
         self._writers: dict[int, Any] = {}
         if spec.schema_file is not None:
             raw, where = load_schema_text(spec.schema_file), spec.schema_file
@@ -325,11 +324,7 @@ class AvroDecoder(BatchDecoder):
         self._named = self._convert is not None  # unions of several types: fastavro names the branch it read
         for schema_id, path in self._writer_files.items():  # a missing or bad file is a configuration error
             self._writers[schema_id] = parse(load_schema_text(path), path)
-        has_ids = bool(self._writer_files) or fetch is not None
-        super().__init__(spec, self._known if has_ids else None)
-
-    def _known(self, schema_id: int) -> bool:
-        return schema_id in self._writer_files or self._fetch is not None
+        super().__init__(spec, fetch)
 
     def _writer(self, schema_id: int | None) -> Any:
         if schema_id is None or (not self._writer_files and self._fetch is None):

@@ -21,6 +21,10 @@ def decoder_for(spec: ValueSpec) -> ValueDecoder:
         from tank_log.values.protobuf import ProtobufDecoder
 
         return ProtobufDecoder(spec, fetch)
+    if spec.format == "json" and (spec.schema_file is not None or spec.schema_ids):
+        from tank_log.values.json_schema import JsonSchemaDecoder
+
+        return JsonSchemaDecoder(spec, fetch)
     if spec.format in ("binary", "utf8", "json"):
         return PlainDecoder(spec)
     raise ValueSchemaError(f"unknown value format {spec.format!r} (binary, utf8, json, avro, protobuf)")

@@ -18,7 +18,7 @@ class PlainDecoder(BatchDecoder):
         self.format_label = spec.format
         value_type = pa.binary() if spec.format == "binary" else pa.string()
         self.arrow_type = pa.struct([pa.field("value", value_type)])
-        super().__init__(spec, None)
+        super().__init__(spec)
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         if self.spec.format == "binary":

@@ -272,10 +272,9 @@ class ProtobufDecoder(BatchDecoder):
     format_label = "protobuf"
 
     def __init__(self, spec: ValueSpec, fetch: Callable[[int], str] | None = None) -> None:
-        """`fetch(id)` asks a registry whether an id exists (ids not in `spec.schema_ids`)."""
+        """`fetch(id)` asks a registry whether an id exists (ids not in `spec.schema_ids`): the reader's schema
+        decodes every id (Protobuf by field number, JSON by name)."""
         self._ids = dict(spec.schema_ids)
-        self._fetch = fetch
-        self._fetched: set[int] = set()
         path = spec.schema_file or (self._ids[max(self._ids)] if self._ids else None)
         if path is None:
             raise ValueSchemaError("protobuf: a schema file (.desc or .proto) is needed for the columns")
@@ -291,17 +290,7 @@ class ProtobufDecoder(BatchDecoder):
         desc = message_descriptor(pool, name, path, messages)
         self._cls = GetMessageClass(desc)
         self.arrow_type, self._convert = _message(desc, path, set())
-        has_ids = bool(self._ids) or fetch is not None
-        super().__init__(spec, self._known if has_ids else None)
-
-    def _known(self, schema_id: int) -> bool:
-        if schema_id in self._ids or schema_id in self._fetched:
-            return True
-        if self._fetch is None:
-            return False
-        self._fetch(schema_id)  # raises when the registry does not know it (the row is bad)
-        self._fetched.add(schema_id)
-        return True
+        super().__init__(spec, fetch)
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         start = 0

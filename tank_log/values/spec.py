@@ -94,11 +94,26 @@ class BatchDecoder:
     arrow_type: pa.StructType
     format_label: str = "value"
 
-    def __init__(self, spec: ValueSpec, known_ids: Callable[[int], bool] | None) -> None:
+    def __init__(self, spec: ValueSpec, fetch: Callable[[int], str] | None = None) -> None:
+        """`fetch(id)`: a schema's text from a registry, for ids not in `spec.schema_ids` (raises for an unknown id)."""
         self.spec = spec
-        self._known_ids = known_ids  # None: no ids or registry configured (any id decodes with the schema file)
+        self._fetch = fetch
+        self._fetched: set[int] = set()
+        has_ids = bool(spec.schema_ids) or fetch is not None
+        # None: no ids or registry configured (any id decodes with the schema file)
+        self._known_ids: Callable[[int], bool] | None = self._known if has_ids else None
         # auto: the header is expected when schema ids or a registry are configured
-        self._framed = spec.wire == "confluent" or (spec.wire == "auto" and known_ids is not None)
+        self._framed = spec.wire == "confluent" or (spec.wire == "auto" and has_ids)
+
+    def _known(self, schema_id: int) -> bool:
+        """Whether a schema id is configured or the registry has it (a registry's error names URL and id)."""
+        if schema_id in self.spec.schema_ids or schema_id in self._fetched:
+            return True
+        if self._fetch is None:
+            return False
+        self._fetch(schema_id)
+        self._fetched.add(schema_id)
+        return True
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         raise NotImplementedError

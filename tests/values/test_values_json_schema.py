@@ -1,0 +1,128 @@
+"""JSON values with a JSON Schema: the Arrow type derived from the schema, values converted to it, and values that
+are not JSON or fail the schema named with the validator's path and rule (tank_log.values.json_schema)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from conftest import ROOT
+
+from tank_log.errors import UsageError, ValueSchemaError
+from tank_log.values import ValueSpec, decoder_for
+
+SCHEMA = os.path.join(ROOT, "tests", "data", "values", "order.schema.json")
+
+
+def test_a_json_schema_becomes_its_arrow_type():
+    t = decoder_for(ValueSpec("json", schema_file=SCHEMA)).arrow_type
+    address = pa.struct([pa.field("city", pa.string(), nullable=False), pa.field("zip", pa.int64())])
+    line = pa.struct([pa.field("sku", pa.string(), nullable=False), pa.field("qty", pa.int64())])
+    expected = {
+        "id": (pa.int64(), False),
+        "total": (pa.float64(), False),
+        "paid": (pa.bool_(), False),
+        "at": (pa.timestamp("us", tz="UTC"), False),
+        "day": (pa.date32(), True),  # not required: nullable
+        "note": (pa.string(), True),
+        "status": (pa.string(), True),
+        "address": (address, True),
+        "tags": (pa.list_(pa.field("element", pa.string(), nullable=False)), True),
+        "lines": (pa.list_(pa.field("element", line, nullable=False)), True),
+        "attrs": (pa.map_(pa.string(), pa.field("value", pa.int64(), nullable=False)), True),
+        "code": (pa.struct([("integer", pa.int64()), ("string", pa.string())]), True),
+        "extra": (pa.string(), True),  # no type: the JSON text
+    }
+    assert [f.name for f in t] == list(expected)
+    for name, (typ, nullable) in expected.items():
+        assert (t.field(name).type, t.field(name).nullable) == (typ, nullable), name
+
+
+def test_json_values_convert_and_the_bad_ones_name_path_and_rule():
+    decoder = decoder_for(ValueSpec("json", schema_file=SCHEMA))
+    full = {
+        "id": 7,
+        "total": 12,
+        "paid": True,
+        "at": "2024-02-29T23:59:59.123456+01:00",
+        "day": "2024-02-29",
+        "note": None,
+        "status": "PAID",
+        "address": {"city": "Oslo", "zip": None},
+        "tags": ["a"],
+        "lines": [{"sku": "s", "qty": 2}, {"sku": "t"}],
+        "attrs": {"x": 1},
+        "code": "A1",
+        "extra": {"deep": [1, "two"]},
+        "ignored": "a property the schema does not name",
+    }
+    minimal = {"id": 1.0, "total": 0.5, "paid": False, "at": "1969-12-31T23:59:59Z", "code": 3}
+    values = [json.dumps(full), json.dumps(minimal)]
+    values += [
+        json.dumps({**minimal, "id": 0}),
+        json.dumps({**minimal, "lines": [{"qty": 1}]}),
+        '{"id": 1,',
+        json.dumps({**minimal, "at": "yesterday"}),
+        json.dumps({**minimal, "id": 2**70}),
+        b"\xff",
+    ]
+    out = decoder.decode(pa.array([v.encode() if isinstance(v, str) else v for v in values], pa.binary()))
+    assert out.bad.tolist() == [False, False, True, True, True, True, True, True]
+    first, second = out.columns.to_pylist()[:2]
+    assert first == {
+        "id": 7,
+        "total": 12.0,
+        "paid": True,
+        "at": dt.datetime(2024, 2, 29, 22, 59, 59, 123456, tzinfo=dt.UTC),
+        "day": dt.date(2024, 2, 29),
+        "note": None,
+        "status": "PAID",
+        "address": {"city": "Oslo", "zip": None},
+        "tags": ["a"],
+        "lines": [{"sku": "s", "qty": 2}, {"sku": "t", "qty": None}],
+        "attrs": [("x", 1)],
+        "code": {"integer": None, "string": "A1"},
+        "extra": '{"deep":[1,"two"]}',
+    }
+    assert second["id"] == 1 and second["code"] == {"integer": 3, "string": None} and second["address"] is None
+    errors = out.errors.to_pylist()
+    assert errors[2] == "json: $.id: 0 is less than the minimum of 1 (minimum)"
+    assert errors[3] == "json: $.lines[0]: 'sku' is a required property (required)"
+    assert errors[4] == "json: line 1 column 10: not JSON: Expecting property name enclosed in double quotes"
+    assert errors[5] == "json: $.at: 'yesterday' is not a 'date-time' (format)"
+    assert errors[6].startswith("json: not representable in its column: ")  # beyond int64
+    assert errors[7] == "json: byte 0: not UTF-8"
+
+
+def test_a_missing_or_bad_json_schema_is_a_usage_error(tmp_path):
+    with pytest.raises(ValueSchemaError, match=r"nope\.json: JSON Schema file not found") as err:
+        decoder_for(ValueSpec("json", schema_file=str(tmp_path / "nope.json")))
+    assert isinstance(err.value, UsageError)
+    (tmp_path / "bad.json").write_text('{"type": "object", "properties": {"a": {"type": 5}}}')
+    with pytest.raises(ValueSchemaError, match=r"bad\.json: not a valid JSON Schema: \$\.properties\.a\.type: 5"):
+        decoder_for(ValueSpec("json", schema_file=str(tmp_path / "bad.json")))
+    (tmp_path / "tree.json").write_text(
+        '{"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}}'
+    )
+    with pytest.raises(ValueSchemaError, match=r"tree\.json: \$ref # is recursive"):
+        decoder_for(ValueSpec("json", schema_file=str(tmp_path / "tree.json")))
+    (tmp_path / "list.json").write_text('{"type": "array"}')
+    with pytest.raises(ValueSchemaError, match=r"list\.json: the top level must be an object"):
+        decoder_for(ValueSpec("json", schema_file=str(tmp_path / "list.json")))
+
+
+def test_the_formats_without_a_schema():
+    values = pa.array([b'{"a": 1}', b"\xff", b"plain"], pa.binary())
+    assert decoder_for(ValueSpec("binary")).decode(values).columns.to_pylist() == [
+        {"value": b'{"a": 1}'},
+        {"value": b"\xff"},
+        {"value": b"plain"},
+    ]
+    utf8 = decoder_for(ValueSpec("utf8")).decode(values)
+    assert utf8.bad.tolist() == [False, True, False] and utf8.errors.to_pylist()[1] == "utf8: byte 0: not UTF-8"
+    js = decoder_for(ValueSpec("json")).decode(values)
+    assert js.bad.tolist() == [False, True, True] and js.columns.to_pylist()[0] == {"value": '{"a": 1}'}
+    assert js.errors.to_pylist()[2] == "json: line 1 column 1: not JSON: Expecting value"
