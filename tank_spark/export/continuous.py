@@ -1,13 +1,13 @@
 """Continuous export (`--continuous`): a Structured Streaming query from the `tank` source (`tank_spark/stream.py`)
-into the Delta table, exactly once per (topic, partition).
+into the table (Delta, or Iceberg: by path or by name in a REST catalog), exactly once per (topic, partition).
 
 Each micro-batch (`foreachBatch`, on the driver):
 1. reads every partition's recorded version from the table (the same app transactions as the batch export's);
 2. keeps only the batch's rows above it — a batch Spark replays after a crash between the Delta commit and its own
    commit log adds nothing;
 3. writes Parquet files named by a fresh run id, and commits them with each partition's new version (its highest
-   seq in the batch) in ONE Delta transaction (`commit.commit`, which also detects a concurrent export: then the
-   files are removed and the batch is written again against the new versions);
+   seq in the batch) in ONE commit (`commit.commit`, which also detects a concurrent export: then the files are
+   removed and the batch is written again against the new versions);
 4. returns; Spark records the batch in the checkpoint.
 A kill at any point loses nothing and duplicates nothing: Spark replays the batch from the checkpointed offsets and
 step 2 drops what is already in the table. The files of a killed attempt are orphans, removed by a later start once

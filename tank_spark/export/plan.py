@@ -341,7 +341,6 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
         "message": args.value_message or cfg.value_message,
         "schema_ids": dict(cfg.value_schema_ids),
         "registry_url": cfg.value_registry_url,
-        "wire": cfg.value_wire,
     }
     specs: dict[str | None, ValueSpec | None] = {}
     for topic in _topics_of(ctx, cfg) if not args.value_format else [None]:  # a flag's format is every topic's
@@ -387,7 +386,6 @@ def _spec_of(fields: dict[str, Any]) -> ValueSpec | None:
         fields.get("message"),
         dict(fields.get("schema_ids") or {}),
         fields.get("registry_url"),
-        fields.get("wire") or "auto",
     )
     decoder_for(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
     return spec
@@ -421,7 +419,6 @@ def _check_format(settings: ExportSettings) -> None:
         return
     clashes = {
         "--engine spark": settings.engine == "spark",  # the Iceberg export commits through pyiceberg
-        "--continuous": settings.continuous,
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:

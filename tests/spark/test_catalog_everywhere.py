@@ -5,12 +5,14 @@ scripts/iceberg-rest-catalog.sh) serves the whole module; the data is small."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
-from conftest import copy_tree, data_dir, run_job_script
+from conftest import ROOT, copy_tree, data_dir, run_job_script
 from test_export_iceberg_rest import Server
 from test_export_iceberg_rest import server as server  # noqa: F401 (the module's one server)
 from test_lakehouse_guard import _logs, _roll
@@ -125,3 +127,69 @@ def test_bad_catalog_flags_are_one_line_and_exit_2(tmp_path, args, env, message)
     r = cli(args[0], base, *args[1:], env=env)
     assert r.returncode == 2 and message in r.stderr, r.stderr[-3000:]
     assert len(r.stderr.strip().splitlines()) == 1 and "secret" not in r.stderr
+
+
+def test_latest_mode_and_upkeep_by_name(tmp_path, server):
+    """`--mode latest` merges into `tank.latest` named in the catalog (one row per live key, as the Iceberg export
+    merges into a SQL catalog's table), and the upkeep (`--upkeep-only --optimize`) rewrites its files by name too."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "data"))
+    cfg = write_config(tmp_path, server, "tank.latest")
+    r, rep = job("export_delta", cfg, "--data-dir", base, "--mode", "latest", tmp_path=tmp_path, report="latest")
+    assert r.returncode == 0, r.stderr[-3000:]
+    kv = rep["partitions"][0]
+    assert (kv["rows"], kv["keys"], kv["tombstones"]) == (8810, 2150, 47)
+    table = server.catalog().load_table("tank.latest")
+    d = table.scan().to_arrow().to_pydict()
+    keys = list(zip(d["topic"], d["partition"], d["key"], strict=True))
+    assert len(keys) == len(set(keys)) == 2150 - 47
+    assert table.properties["tank_log.export.mode"] == "latest"
+
+    r, rep = job("export_delta", cfg, "--data-dir", base, "--mode", "latest", "--upkeep-only", "--optimize",
+                 tmp_path=tmp_path, report="upkeep")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    (step,) = rep["summary"]["upkeep"]
+    assert step["operation"] == "optimize" and step["files_after"] <= step["files_before"]
+    assert server.catalog().load_table("tank.latest").scan().to_arrow().num_rows == 2150 - 47
+
+
+def test_the_continuous_export_by_name(tmp_path, server):
+    """`--continuous` into `tank.stream` named in the catalog: what the base holds, then what the broker appends,
+    each message once; SIGTERM ends it cleanly (exit 0, the report written)."""
+    base = str(tmp_path / "base")
+    pdir = _logs(base, [(1, 10), (11, 10), (21, 10)], 31)
+    cfg = write_config(tmp_path, server, "tank.stream")
+    args = ["--config", cfg, "--data-dir", base, "--continuous", "--checkpoint", str(tmp_path / "ck")]
+    query = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[2]", *args,
+         "--trigger-interval", "1s", "--report", str(tmp_path / "stream.json")],
+        env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+
+    def seqs():
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return sorted(server.catalog().load_table("tank.stream").scan().to_arrow()["seq"].to_pylist())
+        except NoSuchTableError:
+            return []
+
+    try:
+        wait_until(lambda: seqs() == list(range(1, 41)), query, "the first 40 messages")
+        _roll(pdir, [41, 51, 61], 71)
+        wait_until(lambda: seqs() == list(range(1, 81)), query, "the 40 appended")
+    finally:
+        query.send_signal(signal.SIGTERM)
+        _, err = query.communicate(timeout=120)
+    assert query.returncode == 0, err[-3000:]
+    summary = json.loads((tmp_path / "stream.json").read_text())["summary"]
+    assert summary["rows"] == 80 and summary["stopped"] == "signal"
+    assert seqs() == list(range(1, 81))
+
+
+def wait_until(done, proc, what, timeout=180):
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, f"the query ended before {what}: " + proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, f"{what} not in the table after {timeout}s"
+        time.sleep(0.5)
