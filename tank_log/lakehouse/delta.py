@@ -24,6 +24,7 @@ from tank_log.lakehouse.table import (
     LEGACY_SOURCE_KEY,
     RUN_KEY,
     SOURCE_COLUMN,
+    USER_METADATA,
     CommitConflict,
     DataFile,
     Recorded,
@@ -32,8 +33,10 @@ from tank_log.lakehouse.table import (
     UpkeepStep,
     app_id,
     candidate_ids,
+    commit_summary,
     lacks_only,
     owns_unsourced,
+    summary_json,
 )
 
 if TYPE_CHECKING:
@@ -217,7 +220,7 @@ class DeltaLakeTable(DeltaTable):
                 partition_by=list(self.metadata().partition_columns),
                 commit_properties=CommitProperties(
                     app_transactions=[Transaction(a, v) for a, v in versions.items()],
-                    custom_metadata={RUN_KEY: run_id, **metadata},
+                    custom_metadata=_commit_info(self, run_id, versions, metadata),
                 ),
             )
         except CommitFailedError as err:
@@ -252,7 +255,7 @@ class DeltaLakeTable(DeltaTable):
                 target_alias="t",
                 commit_properties=CommitProperties(
                     app_transactions=[Transaction(a, v) for a, v in versions.items()],
-                    custom_metadata={RUN_KEY: run_id, **metadata},
+                    custom_metadata=_commit_info(self, run_id, versions, metadata),
                 ),
             )
             .when_matched_delete(predicate=f"s.{tombstone} AND {newer}")
@@ -391,6 +394,16 @@ class DeltaLakeTable(DeltaTable):
             *after,
         )
         return UpkeepStep("vacuum", *before, *after, dry_run=dry_run)
+
+
+def _commit_info(
+    table: DeltaLakeTable, run_id: str, versions: dict[str, int], metadata: dict[str, str]
+) -> dict[str, str]:
+    """The commit's fields of ours in its commitInfo: its summary (`commit_summary`) as fields of their own (which
+    delta-rs's `history()` shows) and as the JSON of `userMetadata` (which Spark's DESCRIBE HISTORY shows, as it
+    shows delta-spark's commits'), then `metadata`."""
+    summary = commit_summary(table, run_id, versions)
+    return {**summary, USER_METADATA: summary_json(summary), **metadata}
 
 
 _RESTORES: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (table id, version) → its RESTOREs (`_Lineage`)

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError, RunFailed
+from tank_log.lakehouse.partitioning import iceberg_spec, spec_terms
 from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
     LEGACY_SOURCE_KEY,
@@ -41,6 +42,7 @@ from tank_log.lakehouse.table import (
     UpkeepStep,
     app_id,
     candidate_ids,
+    commit_summary,
     lacks_only,
     owns_unsourced,
 )
@@ -279,10 +281,12 @@ class IcebergTable:
                 f"existing table {name} does not match this export (value format/schema differ?): "
                 + "; ".join(diff or [f"table has {len(have)} columns, this export writes {len(want)}"])
             )
-        spec = self.table.spec()
-        parts = [self.table.schema().find_field(f.source_id).name for f in spec.fields]
-        if parts != list(partition_by) or any(str(f.transform) != "identity" for f in spec.fields):
-            raise JobConfigError(f"existing table {name} is partitioned by {parts}, not {list(partition_by)}")
+        parts = spec_terms(self.table.spec(), self.table.schema())
+        if parts != partition_by:
+            raise JobConfigError(
+                f"existing table {name} is partitioned by {list(parts)}, not {list(partition_by)} (set "
+                "export.partition_by to the table's)"
+            )
         return lacks_last
 
     def add_column(self, field: pa.Field) -> None:
@@ -301,11 +305,12 @@ class IcebergTable:
         from pyiceberg.exceptions import CommitFailedException
 
         root = _uri(self.location).rstrip("/")
+        summary = commit_summary(self, run_id, versions)
         tx = self.table.transaction()
         recording = self._recording(tx, versions)
         tx.add_files(
             [f"{root}/{f.path}" for f in files],
-            snapshot_properties={RUN_KEY: run_id, **metadata, **recording},
+            snapshot_properties={**summary, **metadata, **recording},
             check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
         )
         try:
@@ -359,10 +364,11 @@ class IcebergTable:
             at = target.schema.get_field_index(SOURCE_COLUMN)  # rows written before sources are the owner's
             target = target.set_column(at, target.field(at), pc.fill_null(target[SOURCE_COLUMN], mine))
         merged, counts = _merged(target, source, schema, keys, order, tombstone)
+        summary = commit_summary(self, run_id, versions)
         tx = self.table.transaction()
         recording = self._recording(tx, versions)
         rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
-        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={RUN_KEY: run_id, **metadata, **recording})
+        tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={**summary, **metadata, **recording})
         try:
             with _reaching(self.location.catalog):
                 tx.commit_transaction()
@@ -690,31 +696,19 @@ def create(
     partition_by: tuple[str, ...],
     configuration: dict[str, str] | None = None,
 ) -> IcebergTable:
-    """A new, empty Iceberg table partitioned by `partition_by` (identity), commit retries off; `configuration`:
-    keys of ours it records as table properties.
+    """A new, empty Iceberg table partitioned by `partition_by` (`partitioning.iceberg_spec`), commit retries off;
+    `configuration`: keys of ours it records as table properties.
 
     Raises:
         JobConfigError: the catalog already has a table of that name.
     """
     from pyiceberg.exceptions import TableAlreadyExistsError
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import IdentityTransform
 
     catalog = _catalog(location)
     with _reaching(location.catalog):
         catalog.create_namespace_if_not_exists(identifier(location)[:-1])
     iceberg_schema = _iceberg_schema(schema)
-    spec = PartitionSpec(
-        *(
-            PartitionField(
-                source_id=iceberg_schema.find_field(c).field_id,
-                field_id=1000 + i,
-                transform=IdentityTransform(),
-                name=c,
-            )
-            for i, c in enumerate(partition_by)
-        )
-    )
+    spec = iceberg_spec(partition_by, iceberg_schema)
     try:
         with _reaching(location.catalog):
             table = catalog.create_table(

@@ -9,6 +9,7 @@ received. `app_id` is the one place that id is computed.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import socket
@@ -20,6 +21,12 @@ from tank_log.errors import JobConfigError, RunFailed, TankLogError
 REQUIRED_COLUMNS = ("topic", "partition", "seq")  # what makes a table a tank-log export
 APP_ID_PREFIX = "tank-log:"  # every recorded version's id starts so (`app_id`, `legacy_app_id`)
 RUN_KEY = "tank-log.run"  # the commit metadata field holding the id of the export run that made the commit
+# The commit summary a person reads (`commit_summary`; docs/reference/watermarks.md): beside `RUN_KEY`, the source
+# whose partitions the commit exported, and per partition the range of seqs it took the recorded version across.
+SOURCE_KEY = "tank-log.source"
+RANGES_KEY = "tank-log.ranges"
+SUMMARY_KEYS = (RUN_KEY, SOURCE_KEY, RANGES_KEY)
+USER_METADATA = "userMetadata"  # the field of Delta's commitInfo that Spark's DESCRIBE HISTORY shows
 SOURCE_COLUMN = "source"  # the column naming the broker (`source`) a row came from (null: written before sources)
 # The table property naming the source that owns the versions recorded before sources existed (absent: a table
 # written before sources whose first sourced export has not run yet; `candidate_ids`).
@@ -45,6 +52,50 @@ def app_id(table_uuid: str, topic: str, partition: int, source: str | None = Non
     if source is None:
         return f"{APP_ID_PREFIX}{table_uuid}:{topic}:{partition}"
     return f"{APP_ID_PREFIX}{table_uuid}@{source}:{topic}:{partition}"
+
+
+def parse_app_id(aid: str) -> tuple[str, str | None, str, int] | None:
+    """(table uuid, source — None: unsourced —, topic, partition) of an id `app_id` made; None for any other id
+    (the path-hashed ids of `legacy_app_id` parse as a table uuid of 12 hex digits)."""
+    if not aid.startswith(APP_ID_PREFIX):
+        return None
+    table, sep, rest = aid.removeprefix(APP_ID_PREFIX).partition(":")
+    topic, _, partition = rest.rpartition(":")
+    if not sep or not topic or not partition.isdigit():
+        return None
+    uuid, at, source = table.partition("@")
+    return uuid, source if at else None, topic, int(partition)
+
+
+def summary(run_id: str, source: str, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[str, str]:
+    """The keys of one commit's summary: its run, its source and `RANGES_KEY`, the compact JSON object
+    `{"topic/partition": [first, last], ...}` (sorted) of the seqs it took each partition's recorded version across."""
+    shown = {f"{t}/{p}": [first, last] for (t, p), (first, last) in sorted(ranges.items())}
+    return {RUN_KEY: run_id, SOURCE_KEY: source, RANGES_KEY: json.dumps(shown, separators=(",", ":"))}
+
+
+def summary_json(fields: dict[str, str]) -> str:
+    """A commit's `summary` as one compact JSON object (`RANGES_KEY` an object in it, not a string): Delta's
+    `userMetadata`."""
+    shown: dict[str, Any] = dict(fields)
+    if RANGES_KEY in shown:
+        shown[RANGES_KEY] = json.loads(shown[RANGES_KEY])
+    return json.dumps(shown, separators=(",", ":"))
+
+
+def commit_summary(table: Any, run_id: str, versions: dict[str, int]) -> dict[str, str]:
+    """`summary` of a commit of `table` (a `LakeTable`) recording `versions` (`app_id` → last seq), before it is made:
+    each partition's range runs from the seq after the version the table records now (1: none) to the new one."""
+    source = table.location.source or default_source()
+    ranges = {}
+    for aid, last in versions.items():
+        parsed = parse_app_id(aid)
+        if parsed is None:
+            continue
+        _, source_of, topic, partition = parsed
+        source = source_of or source
+        ranges[(topic, partition)] = ((table.recorded_version(topic, partition) or 0) + 1, last)
+    return summary(run_id, source, ranges)
 
 
 def candidate_ids(

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from tank_log.errors import JobConfigError, RunFailed
-from tank_log.lakehouse import CommitConflict, DataFile, LakeTable
+from tank_log.lakehouse import CommitConflict, DataFile, LakeTable, default_source
+from tank_log.lakehouse.table import parse_app_id, summary, summary_json
 from tank_spark import jars
 from tank_spark.context import FIXED_CONF
 from tank_spark.export.hooks import crash_after_first_partition
 from tank_spark.export.plan import ExportSettings, PartitionPlan
-from tank_spark.export.run_id import COMMIT_KEY
 from tank_spark.export.schema import EVOLVABLE
 from tank_spark.export.topic_config import topic_config_metadata
 
@@ -165,7 +165,7 @@ def write_with_delta_spark(
                 .options(**options)
                 .option("txnAppId", p.app_id)
                 .option("txnVersion", p.end)
-                .option("userMetadata", json.dumps({COMMIT_KEY: run_id}))
+                .option("userMetadata", _user_metadata(settings, p, run_id))
                 .partitionBy(*settings.partition_by)
                 .save(path)
             )
@@ -180,6 +180,15 @@ def write_with_delta_spark(
         committed[(p.topic, p.partition)] = _check_alone(settings, p, checked)
         crash_after_first_partition()  # test hook
     return table_version(loc.open())
+
+
+def _user_metadata(settings: ExportSettings, p: PartitionPlan, run_id: str) -> str:
+    """The summary of one partition's delta-spark commit (`summary`), as the JSON of its commitInfo's `userMetadata`
+    (delta-spark writes no other field of ours; DESCRIBE HISTORY shows this one)."""
+    parsed = parse_app_id(p.app_id or "")
+    source = (parsed[1] if parsed else None) or settings.location.source or default_source()
+    assert p.end is not None  # a partition with work
+    return summary_json(summary(run_id, source, {(p.topic, p.partition): (p.first, p.end)}))
 
 
 VIOLATION = "org.apache.spark.sql.delta.schema.DeltaInvariantViolationException"
