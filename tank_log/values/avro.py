@@ -20,9 +20,7 @@ import fastavro
 import pyarrow as pa
 
 from tank_log.errors import ValueSchemaError
-from tank_log.values.spec import BatchDecoder, ValueSpec, WireError, require_file
-
-ALIASES_KEY = b"avro.aliases"
+from tank_log.values.spec import ALIASES_KEY, BatchDecoder, ValueSpec, WireError, require_file
 
 _PRIMITIVES: dict[str, pa.DataType] = {
     "boolean": pa.bool_(),

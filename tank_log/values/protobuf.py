@@ -29,9 +29,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format  # type
 from google.protobuf.message_factory import GetMessageClass  # type: ignore[import-untyped]
 
 from tank_log.errors import ValueSchemaError
-from tank_log.values.spec import BatchDecoder, ValueSpec, WireError, require_file, zigzag_varint
+from tank_log.values.spec import NUMBER_KEY, BatchDecoder, ValueSpec, WireError, require_file, zigzag_varint
 
-NUMBER_KEY = b"protobuf.number"
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _WRAPPERS = {
     "google.protobuf.DoubleValue": pa.float64(),

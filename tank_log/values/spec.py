@@ -19,6 +19,8 @@ WireName = Literal["auto", "confluent", "plain"]
 
 MAGIC = 0  # the Confluent wire format: byte 0 is 0, then the schema id as 4 bytes big-endian, then the payload
 HEADER = 5
+ALIASES_KEY = b"avro.aliases"  # an Avro field's aliases (a JSON list) in its Arrow field's metadata
+NUMBER_KEY = b"protobuf.number"  # a Protobuf field's number in its Arrow field's metadata
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from conftest import ROOT
 
 from tank_log.errors import UsageError, ValueSchemaError
 from tank_log.values import ValueSpec, decoder_for
-from tank_log.values.protobuf import NUMBER_KEY, message_indexes
+from tank_log.values.protobuf import message_indexes
+from tank_log.values.spec import NUMBER_KEY
 
 DATA = os.path.join(ROOT, "tests", "data", "values")
 DESC = os.path.join(DATA, "shop.desc")
