@@ -37,6 +37,7 @@ from tank_log.lakehouse.table import (
     SOURCE_COLUMN,
     CommitConflict,
     DataFile,
+    HistoryUntold,
     Recorded,
     RunCommit,
     UpkeepStep,
@@ -213,8 +214,19 @@ class IcebergTable:
         ancestors. A rollback (`rollback_to_snapshot`, `set_current_snapshot`) keeps the table's properties but not
         the rows of the snapshots it leaves: so the version is trusted only if the nearest ancestor whose summary
         records it (every commit of ours records its versions in its snapshots' summaries too) gives the same;
-        otherwise that ancestor's is what the table holds (None: no ancestor recorded one). A version recorded
-        before summaries held them, or whose recording snapshot expired, cannot be checked and is trusted."""
+        otherwise that ancestor's is what the table holds.
+
+        Snapshot expiry (any writer's) removes ancestors, and pyiceberg's clears the parent of the oldest snapshot
+        it keeps: an ancestry that ends is not the table's whole history. So the sequence numbers decide (they fall
+        along an ancestry): an ancestor older than the snapshot that recorded the version (`RECORDED_AT`), with none
+        between recording it, is proof of a rollback; then the table holds none if that ancestry reaches the
+        table's first snapshot, and what it holds cannot be told if it ends at an expired one. An ancestry that ends
+        before reaching an older snapshot is expiry: trusted. A version recorded before sequence numbers were kept
+        with it, or in a format-1 table (none), cannot be checked and is trusted.
+
+        Raises:
+            HistoryUntold: a rollback undid the version and the snapshots that would say what it left expired.
+        """
         props = self.table.metadata.properties
         ids = candidate_ids(self.table_id, None, topic, partition, self.location.source, props.get(LEGACY_SOURCE_KEY))
         aid = next((i for i in ids if i in props), None)
@@ -222,8 +234,9 @@ class IcebergTable:
             return Recorded(None, None)
         recorded = int(props[aid])
         at = props.get(aid + RECORDED_AT)
+        sequenced = at is not None and self.table.metadata.format_version >= 2
         snapshots = {s.snapshot_id: s for s in self.table.snapshots()}
-        snapshot, complete = self.table.current_snapshot(), True
+        snapshot, older, first = self.table.current_snapshot(), False, False
         while snapshot is not None:
             extra = snapshot.summary.additional_properties if snapshot.summary else {}
             if aid in extra:
@@ -231,12 +244,20 @@ class IcebergTable:
                 if found == recorded:
                     return Recorded(recorded, recorded, unsourced=aid != ids[0])
                 return Recorded(found, recorded, self._undone(at, snapshot.snapshot_id), unsourced=aid != ids[0])
+            sequence = snapshot.sequence_number or 0
+            older = older or (sequenced and at is not None and sequence < int(at))
             parent = snapshot.parent_snapshot_id
-            complete = parent is None or parent in snapshots
+            first = parent is None and sequence <= 1  # the table's first snapshot: its ancestry is whole
             snapshot = snapshots.get(parent) if parent is not None else None
-        if at is None or not complete:
+        if not older:
             return Recorded(recorded, recorded, unsourced=aid != ids[0])
-        return Recorded(None, recorded, self._undone(at, None))
+        if first:
+            return Recorded(None, recorded, self._undone(at, None))
+        raise HistoryUntold(
+            f"table {self.location}: {topic}/{partition}: the table records seq {recorded}, but "
+            f"{self._undone(at, None)}, and the snapshots before it expired: what the table holds of this partition "
+            "cannot be told (compare it with the log: tank-log audit)"
+        )
 
     def _undone(self, at: str | None, restored: int | None) -> str:
         current = self.table.current_snapshot()

@@ -39,6 +39,12 @@ class TableUnreadable(TankLogError):
     """The table cannot be read (missing, unreachable, not a tank-log export): what it holds is unknown."""
 
 
+class HistoryUntold(TableUnreadable, JobConfigError):
+    """What the table holds of a partition cannot be told: its history undid the recorded version, and what would
+    say what it left is gone (expired). The export refuses the table before writing anything (a usage error: exit 2,
+    one line); for retention's guard it is a table that cannot be read."""
+
+
 class CommitConflict(RunFailed):
     """Another writer committed first and the format refused this commit: nothing of it is in the table."""
 

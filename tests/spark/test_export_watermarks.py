@@ -12,7 +12,7 @@ from conftest import copy_tree, data_dir, duckdb_with, load_dump
 from test_delta_spark import export, export_on
 from test_job_export import roll_and_append
 
-from tank_log.lakehouse import TableLocation
+from tank_log.lakehouse import ExportedSeqs, TableLocation, TableUnreadable, default_source
 from tank_spark.export.run_id import is_run_id
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -107,3 +107,63 @@ def test_every_iceberg_snapshot_names_its_run_source_and_ranges(tmp_path):
         FROM (SELECT unnest(snapshots) AS s FROM read_json('{metadata}')) ORDER BY 1"""
     )
     assert duck.fetchall() == [(i + 1, s["tank-log.run"], s["tank-log.ranges"]) for i, s in enumerate(summaries)]
+
+
+def test_another_writers_snapshot_expiry_keeps_exactly_once(tmp_path):
+    """Another writer expires every snapshot but the current one (pyiceberg's `expire_snapshots`), twice: after the
+    export's own snapshot, and after a snapshot of its own on top; each next export adds every new message once (no
+    duplicate, no gap): the recorded versions are table properties, which expiry keeps, and a broken ancestry above
+    the snapshot that recorded them is expiry, not a rollback."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table, catalog = str(tmp_path / "t"), f"sqlite:///{tmp_path}/catalog.db"
+    args = ["--data-dir", base, "--table", table, "--topics", "events", "--format", "iceberg", "--catalog", catalog]
+    location = TableLocation.of(table, fmt="iceberg", catalog=catalog, source=default_source())
+    appended = []
+    for step in range(3):
+        assert export(*args) == 0
+        ice = location.existing()
+        if step == 1:  # another writer's snapshot (it rewrites nothing: only a property change and a new snapshot)
+            ice.table.append(ice.table.scan(limit=0).to_arrow())
+            ice.refresh()
+        current = ice.table.current_snapshot()
+        old = [s.snapshot_id for s in ice.table.snapshots() if s.snapshot_id != current.snapshot_id]
+        if old:
+            ice.table.maintenance.expire_snapshots().by_ids(old).commit()
+        assert len(location.existing().table.snapshots()) == 1
+        assert rows(location.existing()) == expected_rows("A_multi", "events", appended)
+        appended += roll_and_append(base, "events", 3)
+    assert export(*args) == 0
+    assert rows(location.existing()) == expected_rows("A_multi", "events", appended)
+
+
+def test_a_rollback_that_expiry_then_hid_is_not_taken_for_expiry(tmp_path, capsys):
+    """Another writer's snapshot S, an export's E on top, a rollback to S, then the expiry of every other snapshot:
+    E's recorded versions stay (table properties) but its rows are gone, and S's ancestry ends at an expired
+    snapshot. S is older than E (a lower sequence number), so E is not its ancestor: not trusted — the export
+    refuses to guess (the versions of before E expired with their snapshots) rather than skip E's rows."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table, catalog = str(tmp_path / "t"), f"sqlite:///{tmp_path}/catalog.db"
+    args = ["--data-dir", base, "--table", table, "--topics", "events", "--format", "iceberg", "--catalog", catalog]
+    location = TableLocation.of(table, fmt="iceberg", catalog=catalog, source=default_source())
+    assert export(*args) == 0
+    ice = location.existing()
+    ice.table.append(ice.table.scan(limit=0).to_arrow())  # S: another writer's
+    ice.refresh()
+    rollback_to = ice.table.current_snapshot().snapshot_id
+    roll_and_append(base, "events", 3)
+    assert export(*args) == 0  # E
+    ice = location.existing()
+    ice.table.manage_snapshots().set_current_snapshot(rollback_to).commit()
+    ice.refresh()
+    old = [s.snapshot_id for s in ice.table.snapshots() if s.snapshot_id != rollback_to]
+    ice.table.maintenance.expire_snapshots().by_ids(old).commit()
+    ice = location.existing()
+    assert [s.snapshot_id for s in ice.table.snapshots()] == [rollback_to]
+    with pytest.raises(TableUnreadable, match="not an ancestor"):
+        ice.recorded("events", 0)
+    assert export(*args) == 2  # refused before anything is written, in one line (`runner`)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "what the table holds of this partition cannot be told" in err
+    assert rows(location.existing()) == expected_rows("A_multi", "events")  # nothing skipped, nothing added
+    with pytest.raises(TableUnreadable, match="cannot be told"):  # retention's guard: the log's data is kept
+        ExportedSeqs(table, fmt="iceberg", catalog=catalog).last_seq("events", 1)
