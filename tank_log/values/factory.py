@@ -13,6 +13,10 @@ def decoder_for(spec: ValueSpec) -> ValueDecoder:
     """The decoder of `spec`'s format. Raises ValueSchemaError (exit 2) for a missing or bad schema file, a message
     name the schema does not hold, or a format that needs a schema and has none."""
     fetch: Callable[[int], str] | None = None
+    if spec.registry_url is not None:
+        from tank_log.values.registry import RegistryClient
+
+        fetch = RegistryClient(spec.registry_url, spec.format, timeout=spec.registry_timeout).schema_text
     if spec.format == "avro":
         from tank_log.values.avro import AvroDecoder
 

@@ -11,7 +11,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import pyarrow as pa
 
-from tank_log.errors import TankFormatError, TankLogError, ValueSchemaError
+from tank_log.errors import RunFailed, TankFormatError, TankLogError, ValueSchemaError
 from tank_log.format.varint import decode_varint
 
 ValueFormatName = Literal["binary", "utf8", "json", "avro", "protobuf"]
@@ -55,7 +55,8 @@ class Decoded:
 
 
 class ValueDecoder(Protocol):
-    """Decodes a batch of raw values into typed columns; `decode` never raises for a bad record."""
+    """Decodes a batch of raw values into typed columns; `decode` never raises for a bad record (only when the run
+    cannot go on: a schema registry that cannot answer raises RegistryUnavailable, a RunFailed)."""
 
     spec: ValueSpec
     arrow_type: pa.StructType
@@ -149,6 +150,8 @@ class BatchDecoder:
                 if schema_id is not None and self._known_ids is not None and not self._known_ids(schema_id):
                     raise WireError(f"bytes 1-4: schema id {schema_id} is not in the configured schema ids or registry")
                 rows[i] = self._decode_one(payload, schema_id)
+            except RunFailed:  # not the value's fault (a registry that cannot answer): the run stops
+                raise
             except ValueSchemaError as err:  # a writer's schema (by id) that cannot be used: this row is bad
                 bad[i] = True
                 errors[i] = f"{label}: {err}"

@@ -1,0 +1,126 @@
+"""The Schema Registry client against a small registry of the tests' own: a real HTTP server on loopback speaking
+the REST API's `GET /schemas/ids/{id}` (tank_log.values.registry)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import fastavro
+import pyarrow as pa
+import pytest
+from conftest import ROOT
+
+from tank_log.errors import RunFailed
+from tank_log.values import ValueSpec, decoder_for
+from tank_log.values.registry import RegistryUnavailable
+
+DATA = os.path.join(ROOT, "tests", "data", "values")
+SMALL, SMALL_V2 = os.path.join(DATA, "small.avsc"), os.path.join(DATA, "small_v2.avsc")
+
+
+def _text(path: str) -> str:
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+class _Registry(BaseHTTPRequestHandler):
+    schemas: dict[int, dict] = {}
+    requests: list[str] = []
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        type(self).requests.append(self.path)
+        prefix = "/schemas/ids/"
+        if self.path.startswith(prefix + "99"):
+            time.sleep(1.0)  # slower than the client's timeout
+        found = self.path.startswith(prefix) and self.schemas.get(int(self.path[len(prefix) :]))
+        if self.path == prefix + "500":
+            status, body = 500, {"error_code": 50001, "message": "Error in the backend data store"}
+        elif found:
+            status, body = 200, found
+        else:
+            status, body = 404, {"error_code": 40403, "message": "Schema not found"}
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (its timeout)
+            pass
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def registry():
+    _Registry.schemas = {
+        1: {"schema": _text(SMALL)},  # the REST API leaves schemaType out for Avro
+        2: {"schema": _text(SMALL_V2), "schemaType": "AVRO"},
+        3: {"schema": 'syntax = "proto3"; message A { int32 a = 1; }', "schemaType": "PROTOBUF"},
+    }
+    _Registry.requests = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def _avro(path: str, record: dict, schema_id: int) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(json.loads(_text(path))), record)
+    return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
+
+
+def test_writer_schemas_come_from_the_registry_once_per_id(registry):
+    decoder = decoder_for(ValueSpec("avro", schema_file=SMALL_V2, registry_url=registry + "/"))
+    old = _avro(SMALL, {"user": 1, "page": "/a", "ms": 2}, 1)
+    new = _avro(SMALL_V2, {"user_id": 3, "page": "/b", "ms": 4, "referrer": "r"}, 2)
+    values = pa.array(
+        [
+            old,
+            new,
+            old,
+            _avro(SMALL, {"user": 5, "page": "/c", "ms": 6}, 7),
+            _avro(SMALL, {"user": 5, "page": "", "ms": 0}, 3),
+        ]
+    )
+    out = decoder.decode(values)
+    assert out.columns.to_pylist()[:3] == [
+        {"user_id": 1, "page": "/a", "ms": 2, "referrer": None},
+        {"user_id": 3, "page": "/b", "ms": 4, "referrer": "r"},
+        {"user_id": 1, "page": "/a", "ms": 2, "referrer": None},
+    ]
+    assert out.bad.tolist() == [False, False, False, True, True] and out.schema_ids.to_pylist() == [1, 2, 1, 7, 3]
+    errors = out.errors.to_pylist()
+    assert errors[3] == f"avro: schema id 7: not in the schema registry ({registry}/schemas/ids/7: HTTP 404)"
+    assert errors[4] == "avro: schema id 3: the registry holds a PROTOBUF schema, not AVRO"
+    assert sorted(_Registry.requests) == ["/schemas/ids/1", "/schemas/ids/2", "/schemas/ids/3", "/schemas/ids/7"]
+    decoder.decode(values[:2])
+    assert len(_Registry.requests) == 4  # cached per id (a miss is asked again: it may be registered since)
+
+
+def test_a_registry_that_cannot_answer_stops_the_run_naming_url_and_id(registry):
+    quick = ValueSpec("avro", schema_file=SMALL, registry_url=registry, registry_timeout=0.2)
+    old = _avro(SMALL, {"user": 1, "page": "/a", "ms": 2}, 99)
+    with pytest.raises(RegistryUnavailable, match=rf"^schema registry {registry}/schemas/ids/99: cannot reach it: "):
+        decoder_for(quick).decode(pa.array([old]))
+    with pytest.raises(RegistryUnavailable) as err:
+        decoder_for(quick).decode(pa.array([_avro(SMALL, {"user": 1, "page": "/a", "ms": 2}, 500)]))
+    assert str(err.value) == f"schema registry {registry}/schemas/ids/500: HTTP 500 Internal Server Error"
+    assert isinstance(err.value, RunFailed)  # exit 1, nothing recorded past it
+    # a port nobody listens on
+    gone = ValueSpec("json", schema_file=os.path.join(DATA, "order.schema.json"), registry_url="http://127.0.0.1:9")
+    with pytest.raises(
+        RegistryUnavailable, match=r"^schema registry http://127\.0\.0\.1:9/schemas/ids/1: cannot reach"
+    ):
+        decoder_for(gone).decode(pa.array([b"\x00\x00\x00\x00\x01{}"]))
