@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT, duckdb_with, run_job_script, wait_for_hold
 
 from tank_log.format.bundle import Message
-from tank_log.lakehouse import TableLocation
+from tank_log.lakehouse import TableLocation, default_source
 from tank_log.storage.writer import write_segment
 
 VALUES = os.path.join(ROOT, "tests", "data", "values")
@@ -195,7 +195,8 @@ def test_bad_values_by_on_bad_record(tmp_path, mode):
         assert by_part[0]["error"].startswith(os.path.join(base, "clicks", "0")) and ": seq 3: " in by_part[0]["error"]
         assert "truncated" in by_part[0]["error"]
         assert {p for p, _, _ in got} == {1}  # nothing of partition 0
-        assert TableLocation.of(table, {}, "delta").existing().recorded_version("clicks", 0) is None
+        t = TableLocation.of(table, {}, "delta", None, default_source()).existing()
+        assert t.recorded_version("clicks", 0) is None and t.recorded_version("clicks", 1) == 8
         assert not os.path.exists(table + "_dead_letters")
         return
     assert rc == 0, r

@@ -67,7 +67,7 @@ from tank_spark.export.plan import (
 )
 from tank_spark.export.rows import decoded_frame, direct_ranges
 from tank_spark.export.run_id import new_run_id
-from tank_spark.export.schema import EVOLVABLE, table_schema
+from tank_spark.export.schema import EVOLVABLE, evolved_schema, table_schema
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
 from tank_spark.tasks import Workers
@@ -170,6 +170,8 @@ def _export(
     summary = {"partitions": len(plans), "table": settings.table, "engine": engine, "source": settings.source}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
         schema = table_schema(settings)
+        if settings.typed and table is not None and not ctx.dry_run:
+            schema = evolved_schema(settings, table)  # a new version of the values' schema
         evolve = table is not None and check_compatible(settings, schema, table)
     if not any(p.has_work for p in plans):
         summary.update(by_status=count_by(list(results.values())), rows=0, table_version=table_version(table))

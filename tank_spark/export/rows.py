@@ -133,7 +133,8 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     import numpy as np
     import pyarrow.compute as pc
 
-    from tank_spark.export.schema import DEAD_LETTER_SCHEMA, to_storable
+    from tank_log.values.evolve import conform
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA, RESERVED, storable_type, to_storable
 
     value = b.column("value")
     decoded = value_decoder(settings).decode(value)
@@ -145,12 +146,19 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     struct = decoded.columns  # a tombstone's row is null (whatever the decoder made of no bytes)
     null = pa.array(tombstone | np.asarray(pc.is_null(struct).to_numpy(zero_copy_only=False), dtype=bool))
     struct = pa.StructArray.from_arrays(struct.flatten(), fields=list(struct.type), mask=null)
-    fields = dict(zip([f.name for f in struct.type], struct.flatten(), strict=True))  # the row's nulls applied
-    cols = [b.column(c) for c in BASE_COLUMNS]
-    for f in schema:
-        if f.name not in BASE_COLUMNS and f.name not in ("date", TS_RAW.name, SOURCE.name):
-            cols.append(to_storable(fields[f.name], f.type) if f.name in fields else pa.nulls(len(b), f.type))
-    cols += [date, b.column(TS_RAW.name), source]
+    struct = to_storable(struct, storable_type(struct.type, settings.table_format, ""))
+    target = pa.struct([f for f in schema if f.name not in RESERVED])  # the table's (`schema.evolved_schema`)
+    struct = conform(struct, target)  # renamed (an Avro alias, a Protobuf number), narrowed, dropped fields
+    fields = dict(zip(target.names, struct.flatten(), strict=True))  # the row's nulls applied
+    own = {c: b.column(c) for c in BASE_COLUMNS} | {
+        "date": date,
+        TS_RAW.name: b.column(TS_RAW.name),
+        SOURCE.name: source,
+    }
+    cols = [
+        own.get(f.name, fields.get(f.name))
+        for f in schema  # by name: an evolved table has its newer columns last
+    ]
     rows = pa.RecordBatch.from_arrays(cols, names=schema.names)
     dead = pa.RecordBatch.from_arrays(
         [b.column(c) for c in BASE_COLUMNS]

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 
-from tank_log.errors import JobConfigError
+from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse.table import SOURCE_COLUMN
 from tank_spark.export.plan import (
     ExportSettings,
 )
 from tank_spark.schema import KEY_COLUMNS, ROW_SCHEMA, TS_RAW
+
+if TYPE_CHECKING:
+    from tank_log.lakehouse import LakeTable
+
+log = logging.getLogger(__name__)
 
 BASE_COLUMNS = KEY_COLUMNS  # topic, partition, seq, ts, key: as the data source reads them
 VALUE_FIELDS = {"binary": pa.field("value", pa.binary()), "utf8": pa.field("value", pa.string())}
@@ -51,9 +59,9 @@ RESERVED = {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)
 """The table's own column names: a decoded field of one of these names is refused."""
 
 
-def typed_fields(settings: ExportSettings) -> list[pa.Field]:
+def typed_fields(settings: ExportSettings, *, metadata: bool = False) -> list[pa.Field]:
     """The table columns of typed values: the decoder's top-level fields (`tank_log.values`), nullable (a tombstone
-    has none).
+    has none); with `metadata`, the decoder's field metadata too (Avro aliases, Protobuf numbers: for `evolve`).
 
     Raises:
         JobConfigError: a decoded field named as one of the table's own columns.
@@ -62,7 +70,7 @@ def typed_fields(settings: ExportSettings) -> list[pa.Field]:
 
     struct = value_decoder(settings).arrow_type
     fields = [
-        pa.field(f.name, storable_type(f.type, settings.table_format, f.name), nullable=True)
+        pa.field(f.name, storable_type(f.type, settings.table_format, f.name), True, f.metadata if metadata else None)
         for f in (struct.field(i) for i in range(struct.num_fields))
     ]
     clash = [f.name for f in fields if f.name in RESERVED]
@@ -158,3 +166,54 @@ def to_storable(a: pa.Array, t: pa.DataType) -> pa.Array:
         offsets = pc.subtract(a.offsets, a.offsets[0]).cast(pa.int32())
         return pa.ListArray.from_arrays(offsets, values, type=t, mask=mask)
     return a.cast(t)
+
+
+def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
+    """The schema to write typed values into an existing table, after evolving it to the decoder's columns
+    (`tank_log.values.evolve`): fields the new schema adds become nullable columns of the table (Delta: a schema
+    change commit; Iceberg: `update_schema`, new field ids, the others kept), fields it dropped stay (null in new
+    rows). The table's column order is kept.
+
+    Raises:
+        IncompatibleSchema: a field changed incompatibly (the field's path and both types; nothing committed).
+    """
+    from tank_log.values import evolve
+
+    have = table.arrow_schema()
+    old = [f for f in have if f.name not in RESERVED]
+    new = typed_fields(settings, metadata=True)
+    merged = evolve(
+        pa.struct([f.with_type(plain_type(f.type)) for f in old]),
+        pa.struct([f.with_type(plain_type(f.type)) for f in new]),
+    )
+    by_name = {f.name: f for f in new}
+    known = {f.name: plain_type(f.type) for f in old}
+    widened = [(f.name, known[f.name], f.type) for f in merged if f.name in known and f.type != known[f.name]]
+    if widened:
+        name, was, now = widened[0]
+        raise RunFailed(
+            f"field {name}: {was} -> {now} is a compatible change, but this export cannot yet change a column's type "
+            f"in a {settings.table_format} table ({settings.table}): nothing committed; export to a new table"
+        )
+    added = [by_name.get(f.name, f).remove_metadata() for f in merged if f.name not in known]
+    for f in added:
+        log.info("export: adding column %s %s to %s (schema evolution)", f.name, f.type, settings.table)
+        table.add_column(f)
+    want = {f.name: f for f in table_schema(settings)}
+    return pa.schema([want.get(f.name, f) for f in table.arrow_schema()])
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """`t` with the large and view variants a table's reader may give (large_string, string_view, large_list, ...)
+    as the plain ones, nested types type by type: the types `evolve` compares."""
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(plain_type(f.type)) for f in (t.field(i) for i in range(t.num_fields))])
+    if pa.types.is_map(t):
+        return pa.map_(plain_type(t.key_type), t.item_field.with_type(plain_type(t.item_type)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
+    return t
