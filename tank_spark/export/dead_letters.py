@@ -15,7 +15,7 @@ version per partition (an app id of its own, `tank_log.lakehouse`), and a run co
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tank_log.lakehouse import LakeTable
     from tank_spark.export.corruption import Cut
     from tank_spark.export.files import Written
+    from tank_spark.runner import JobResult
 
 log = logging.getLogger(__name__)
 
@@ -249,3 +250,136 @@ class BadRun:
 def _remove_dead(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
     if files:
         dead_letter_settings(settings).location.delete([f["path"] for f in files])
+
+
+# ---- replay ----------------------------------------------------------------------------------------------------------
+
+HOLD_AFTER_REPLAY = "TANK_LOG_REPLAY_HOLD"  # test hook: PATH: wait between the table's commit and the removal
+
+
+def replay(settings: ExportSettings, topics: Collection[str] | None, run_id: str) -> JobResult:
+    """`--replay-dead-letters`: decode the dead letters again with the current settings (a fixed schema), append
+    those that now decode to the table and remove them from the dead-letter table; the others stay.
+
+    The table's commit comes first, then the removal: a run killed between them leaves the replayed rows in both
+    tables, and the next replay finds them in the table and only removes them (every message ends in exactly one
+    table; nothing is appended twice). The table's recorded versions do not move: the replayed rows are at or below
+    them already.
+    """
+    from tank_spark.export.commit import commit
+    from tank_spark.export.files import make_file_writer
+    from tank_spark.export.rows import typed_rows
+    from tank_spark.export.schema import evolved_schema, table_schema
+
+    dead = open_dead_letters(settings, create=False)
+    summary: dict[str, Any] = {"dead_letter_table": dead_letter_settings(settings).table, "table": settings.table}
+    letters = _letters(dead, topics, settings.source) if dead is not None else None
+    if dead is None or letters is None or not letters.num_rows:
+        summary.update(replayed=0, still_bad=0, settled=0)
+        return [], summary
+    table = settings.location.open()
+    if table is None:
+        table = settings.location.create(table_schema(settings), settings.partition_by, None)
+    schema = evolved_schema(settings, table)
+    held = _held_by(table, letters, settings.source)
+    settled = letters.filter(pa.array(held))  # a previous replay appended them, then died before the removal
+    todo = letters.filter(pa.array(~held))
+    good: list[pa.RecordBatch] = []
+    bad: list[pa.RecordBatch] = []
+    for b in todo.to_batches():
+        rows = typed_rows(b, settings, schema)
+        good.append(rows.good)
+        bad.append(rows.bad)
+    decoded = pa.Table.from_batches(good, schema) if good else schema.empty_table()
+    if decoded.num_rows:
+        writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
+        files = [m for meta in writer(decoded.to_batches()) for m in meta.to_pylist()]
+        version = commit(settings, schema, files, [], run_id)
+        log.info("export: replayed %d dead letters into %s version %s", decoded.num_rows, settings.table, version)
+        hold(HOLD_AFTER_REPLAY)  # test hook
+    done = pa.concat_tables(
+        [settled.select(["topic", "partition", "seq"]), decoded.select(["topic", "partition", "seq"])]
+    )
+    _remove_letters(dead, done, settings.source)  # `letters` came from it: it exists
+    still = sum(b.num_rows for b in bad)
+    results = []
+    for (topic, partition), n in _count(decoded).items():
+        results.append({"topic": topic, "partition": partition, "status": "replayed", "rows": n})
+    summary.update(replayed=decoded.num_rows, still_bad=still, settled=settled.num_rows)
+    if still:
+        first = pa.concat_tables([pa.Table.from_batches([b]) for b in bad if b.num_rows]).slice(0, 1).to_pylist()[0]
+        log.warning(
+            "export: %d dead letters still do not decode (they stay); the first: %s/%s seq %s: %s",
+            still, first["topic"], first["partition"], first["seq"], first["error"],
+        )  # fmt: skip
+    return results, summary
+
+
+def _letters(dead: LakeTable, topics: Collection[str] | None, source: str | None) -> pa.Table:
+    """The dead letters of `topics` (all: None) of this source, as the export's row batches hold them."""
+    import pyarrow.dataset as ds
+
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+    wanted: ds.Expression | None = None
+    if topics:
+        wanted = ds.field("topic").isin(sorted(topics))
+    if source is not None:
+        mine = ds.field("source") == source
+        wanted = mine if wanted is None else wanted & mine
+    got = dead.to_pyarrow_dataset().to_table(columns=DEAD_LETTER_SCHEMA.names, filter=wanted)
+    return got.cast(DEAD_LETTER_SCHEMA).sort_by(
+        [("topic", "ascending"), ("partition", "ascending"), ("seq", "ascending")]
+    )
+
+
+def _held_by(table: LakeTable, letters: pa.Table, source: str | None) -> Any:
+    """Which dead letters the table holds a row of (same topic, partition, seq and source): a numpy bool mask."""
+    import numpy as np
+    import pyarrow.dataset as ds
+
+    held = np.zeros(letters.num_rows, dtype=bool)
+    keys = letters.select(["topic", "partition", "seq"]).to_pydict()
+    by_part: dict[tuple[str, int], list[int]] = {}
+    for i, (t, p) in enumerate(zip(keys["topic"], keys["partition"], strict=True)):
+        by_part.setdefault((t, p), []).append(i)
+    for (t, p), idx in by_part.items():
+        seqs = [keys["seq"][i] for i in idx]
+        wanted = (ds.field("topic") == t) & (ds.field("partition") == p) & ds.field("seq").isin(seqs)
+        if source is not None:
+            wanted = wanted & (ds.field("source") == source)
+        found = set(table.to_pyarrow_dataset().to_table(columns=["seq"], filter=wanted)["seq"].to_pylist())
+        for i in idx:
+            held[i] = keys["seq"][i] in found
+    return held
+
+
+def _remove_letters(dead: LakeTable, done: pa.Table, source: str | None) -> None:
+    """Delete the rows of `done` (topic, partition, seq) of this source from the dead-letter table, one delete per
+    partition (Delta: delta-rs' DELETE; Iceberg: pyiceberg's, a copy-on-write of the files holding them)."""
+    from deltalake import DeltaTable
+
+    by_part: dict[tuple[str, int], list[int]] = {}
+    d = done.to_pydict()
+    for t, p, s in zip(d["topic"], d["partition"], d["seq"], strict=True):
+        by_part.setdefault((t, p), []).append(s)
+    for (t, p), seqs in by_part.items():
+        where = f"topic = '{_quoted(t)}' AND partition = {int(p)} AND seq IN ({', '.join(str(int(s)) for s in seqs)})"
+        if source is not None:
+            where += f" AND source = '{_quoted(source)}'"
+        if isinstance(dead, DeltaTable):  # DeltaLakeTable: delta-rs' DELETE
+            dead.delete(where)
+        else:  # Iceberg: pyiceberg's delete, a copy-on-write of the files holding them
+            getattr(dead, "table").delete(where)  # noqa: B009 - IcebergLakeTable's pyiceberg table
+    dead.refresh()
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
+
+
+def _count(rows: pa.Table) -> dict[tuple[str, int], int]:
+    if not rows.num_rows:
+        return {}
+    g = rows.group_by(["topic", "partition"]).aggregate([("seq", "count")]).to_pydict()
+    return {(t, p): n for t, p, n in zip(g["topic"], g["partition"], g["seq_count"], strict=True)}

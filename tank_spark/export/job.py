@@ -47,7 +47,7 @@ from tank_spark.export.commit import (
 )
 from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
-from tank_spark.export.dead_letters import BadRun
+from tank_spark.export.dead_letters import BadRun, replay
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     count_files,
@@ -84,6 +84,8 @@ COMMIT_ATTEMPTS = 3  # re-plans after a concurrent commit before the run fails
 def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> JobResult:
     """Sweep orphans of crashed runs, then export once (and optimize/vacuum as asked) or continuously."""
     settings, plans, table = prepared
+    if settings.replay_dead_letters:
+        return replay(settings, ctx.topics, new_run_id())
     sweep = (
         None
         if table is None
@@ -131,6 +133,8 @@ def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
     delta-rs on the driver) runs without a JVM, and so does an export small enough for the driver (`in_driver`). A
     JSON value schema is parsed by Spark, so it checks the table."""
     settings, plans, _ = prepared
+    if settings.replay_dead_letters:  # the driver alone
+        return False
     json_check = settings.value_format == "json" and not settings.typed and not settings.upkeep_only
     if settings.continuous or json_check:
         return True

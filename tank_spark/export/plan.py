@@ -107,6 +107,7 @@ class ExportSettings:
     value_spec: ValueSpec | None = None  # typed values (avro, protobuf, json with a JSON Schema): `tank_log.values`
     on_bad_record: str = "dead_letter"  # a typed value that does not decode: fail | dead_letter | skip
     dead_letter_table: str | None = None  # where dead letters go (`dead_letters.py`; None: beside the table)
+    replay_dead_letters: bool = False  # no export: `dead_letters.replay`
 
     @property
     def typed(self) -> bool:
@@ -173,6 +174,12 @@ def _add_value_options(p: argparse.ArgumentParser) -> None:
         choices=("fail", "dead_letter", "skip"),
         help="a typed value that does not decode: into the dead-letter table (dead_letter, default), counted and "
         "left out (skip), or its partition fails with nothing of it committed (fail)",
+    )
+    p.add_argument(
+        "--replay-dead-letters",
+        action="store_true",
+        help="export nothing: decode the dead letters again with the current value settings (a fixed schema), "
+        "append those that now decode to the table and remove them from the dead-letter table",
     )
     p.add_argument(
         "--dead-letter-table",
@@ -274,6 +281,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         value_spec=spec,
         on_bad_record=args.on_bad_record or cfg.on_bad_record,
         dead_letter_table=args.dead_letter_table or cfg.dead_letter_table,
+        replay_dead_letters=args.replay_dead_letters,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
     _check_format(settings)
@@ -341,6 +349,7 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
         "message": args.value_message or cfg.value_message,
         "schema_ids": dict(cfg.value_schema_ids),
         "registry_url": cfg.value_registry_url,
+        "wire": cfg.value_wire,
     }
     specs: dict[str | None, ValueSpec | None] = {}
     for topic in _topics_of(ctx, cfg) if not args.value_format else [None]:  # a flag's format is every topic's
@@ -386,6 +395,7 @@ def _spec_of(fields: dict[str, Any]) -> ValueSpec | None:
         fields.get("message"),
         dict(fields.get("schema_ids") or {}),
         fields.get("registry_url"),
+        fields.get("wire") or "auto",
     )
     decoder_for(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
     return spec
@@ -434,9 +444,12 @@ def _check_typed(settings: ExportSettings) -> None:
     Raises:
         JobConfigError: one line naming the flags (docs/guides/typed-tables.md, "Limits").
     """
+    if settings.replay_dead_letters and not settings.typed:
+        raise JobConfigError("--replay-dead-letters: the values are not typed (--value-format avro|protobuf|json)")
     if not settings.typed:
         return
     clashes = {
+        "--upkeep-only": settings.upkeep_only and settings.replay_dead_letters,
         "--engine spark": settings.engine == "spark",
         "--continuous": settings.continuous,
         "--mode latest": settings.mode == "latest",
