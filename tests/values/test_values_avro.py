@@ -189,6 +189,31 @@ def test_the_confluent_wire_format_and_schema_resolution_by_id():
     assert out.errors.to_pylist()[1].startswith("avro: byte 0: magic byte 0x0e")
 
 
+def test_a_writer_value_the_reader_cannot_take_is_bad_and_the_rest_resolve(tmp_path):
+    """The writer's enum has a symbol the reader's lacks (no default): that value alone is bad."""
+
+    def schema(symbols: list[str]) -> dict:
+        kind = {"type": "enum", "name": "Kind", "symbols": symbols}
+        return {"type": "record", "name": "R", "fields": [{"name": "k", "type": kind}, {"name": "n", "type": "int"}]}
+
+    (tmp_path / "reader.avsc").write_text(json.dumps(schema(["A", "B"])))
+    (tmp_path / "writer.avsc").write_text(json.dumps(schema(["A", "B", "C"])))
+    spec = ValueSpec("avro", schema_file=str(tmp_path / "reader.avsc"), schema_ids={5: str(tmp_path / "writer.avsc")})
+    decoder = decoder_for(spec)
+    values = []
+    for k, n in (("A", 1), ("C", 2), ("B", 3)):
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, fastavro.parse_schema(schema(["A", "B", "C"])), {"k": k, "n": n})
+        values.append(framed(5, out.getvalue()))
+    values.append(framed(5, out.getvalue()[:-1]))  # truncated
+    out = decoder.decode(pa.array(values, pa.binary()))
+    assert out.bad.tolist() == [False, True, False, True]
+    assert out.columns.to_pylist() == [{"k": "A", "n": 1}, None, {"k": "B", "n": 3}, None]
+    errors = out.errors.to_pylist()
+    assert errors[1] == "avro: byte 1: C not found in reader symbol list Kind, known symbols: ['A', 'B']"
+    assert errors[3] == "avro: byte 1: truncated: the value ends inside a field"
+
+
 def test_a_value_arrow_cannot_hold_is_bad_not_the_batch(tmp_path):
     """A decimal with more digits than its precision: fastavro reads it, its column cannot hold it."""
 
