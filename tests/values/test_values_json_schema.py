@@ -123,6 +123,14 @@ def test_the_formats_without_a_schema():
     ]
     utf8 = decoder_for(ValueSpec("utf8")).decode(values)
     assert utf8.bad.tolist() == [False, True, False] and utf8.errors.to_pylist()[1] == "utf8: byte 0: not UTF-8"
+    large = decoder_for(ValueSpec("binary")).decode(values.cast(pa.large_binary()))  # large_binary batches too
+    assert large.columns.to_pylist()[2] == {"value": b"plain"}
+    empty = decoder_for(ValueSpec("avro", schema_file=os.path.join(os.path.dirname(SCHEMA), "small.avsc")))
+    nothing = empty.decode(pa.array([], pa.binary()))
+    assert (len(nothing.columns), len(nothing.bad), len(nothing.errors), len(nothing.schema_ids)) == (0, 0, 0, 0)
+    assert nothing.columns.type == empty.arrow_type
+    with pytest.raises(ValueSchemaError, match=r"^unknown value format 'xml' \(binary, utf8, json, avro, protobuf\)$"):
+        decoder_for(ValueSpec("xml"))  # type: ignore[arg-type]
     js = decoder_for(ValueSpec("json")).decode(values)
     assert js.bad.tolist() == [False, True, True] and js.columns.to_pylist()[0] == {"value": '{"a": 1}'}
     assert js.errors.to_pylist()[2] == "json: line 1 column 1: not JSON: Expecting value"
