@@ -250,6 +250,12 @@ def test_a_run_killed_at_either_commit_leaves_every_message_in_one_table(tmp_pat
     dead = rows(table + "_dead_letters", "partition,seq")
     assert sorted(main + dead) == [(p, s) for p in (0, 1) for s in range(1, 9)]  # each once, in one table
     assert dead == [(0, s) for s in sorted(BAD_SEQS)]
+    # tank-log audit: the dead letters are accounted for
+    cli = [sys.executable, "-m", "tank_log.tools.cli", "audit", base, "--table", table, "--json"]
+    r = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    audit = {p["partition"]: p for p in json.loads(r.stdout)["partitions"]}
+    assert audit[0]["verdict"] == "ok" and audit[0]["dead_lettered"]["count"] == 3 and audit[0]["unaccounted"] == 0
 
 
 def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):

@@ -79,6 +79,7 @@ class PartitionAudit:
     kept_after_tombstone: Finding = field(default_factory=Finding)  # latest tables
     pending: Finding = field(default_factory=Finding)
     deleted_since_export: Finding = field(default_factory=Finding)
+    dead_lettered: Finding = field(default_factory=Finding)  # typed values in the dead-letter table: accounted for
     damaged: list[str] = field(default_factory=list)
 
     @property
@@ -134,11 +135,14 @@ def audit_table(
     uri: str,
     topics: list[str] | None = None,
     source: str | None = None,
+    dead_letters: LakeTable | None = None,
 ) -> AuditReport:
     """Audit `table` (at `uri`, for the report) against the partitions under `base` (optionally of `topics` only),
     as the export of broker `source` wrote them (its rows and recorded versions; the rows written before sources
     too where the table says they are its own; None: every row). Partitions the table holds rows of but the base no
-    longer has are audited too (all their rows were deleted since export)."""
+    longer has are audited too (all their rows were deleted since export). The rows of `dead_letters` (an append
+    export's of typed values: the values that did not decode) count as held by the table: `dead_lettered`; a seq in
+    both tables is a duplicate."""
     mode = table_mode(table)
     report = AuditReport(uri, mode, source)
     rows_of = _of_source(table, source)
@@ -155,6 +159,7 @@ def audit_table(
         scope = set(by_topic)
     for topic in sorted(scope):
         rows = _table_rows(table, topic, rows_of, latest=mode == "latest")
+        dead = _table_rows(dead_letters, topic, rows_of, latest=False) if dead_letters is not None else {}
         on_disk = {p.id: p for p in by_topic.get(topic, [])}
         ids = sorted(on_disk) if kind == "partition" else sorted(set(on_disk) | set(rows))
         for pid in ids:
@@ -166,6 +171,10 @@ def audit_table(
             if mode == "latest":
                 _compare_latest(res, log, got)
             else:
+                letters = dead.get(pid)
+                if letters is not None and len(letters):
+                    res.dead_lettered = _finding(np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
+                    got = pa.concat_tables([got, letters]).sort_by("seq")
                 _compare_append(res, log, got)
             res.verdict = _verdict(res)
             report.partitions.append(res)

@@ -160,7 +160,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         return 1
     if table is None:
         raise UsageError(f"{location}: no {fmt} table there")
-    report = audit_table(args.path, table, str(location), args.topics, source)
+    from tank_log.jobs.config.models import default_dead_letter_table
+
+    dead = locate(default_dead_letter_table(args.table), options, fmt, catalog, source).open()  # typed values'
+    report = audit_table(args.path, table, str(location), args.topics, source, dead)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -32,19 +32,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SUFFIX = "_dead_letters"  # the default dead-letter table: the table's path (or catalog name) + this
 HOLD_AFTER_DEAD_LETTERS = "TANK_LOG_EXPORT_HOLD_DEAD_LETTERS"  # test hook: PATH: wait between the two commits
 
 
 def dead_letter_settings(settings: ExportSettings) -> ExportSettings:
     """The settings of the dead-letter table: same format, catalog, storage and partitioning as the table."""
-    table = settings.dead_letter_table or default_table(settings.table)
+    from tank_log.jobs.config.models import default_dead_letter_table
+
+    table = settings.dead_letter_table or default_dead_letter_table(settings.table)
     return replace(settings, table=table, value_spec=None, value_format="binary", value_schema=None, mode="append")
-
-
-def default_table(table: str) -> str:
-    """`s3://b/events` → `s3://b/events_dead_letters`; `ns.events` (a catalog's) → `ns.events_dead_letters`."""
-    return table.rstrip("/") + SUFFIX
 
 
 def open_dead_letters(settings: ExportSettings, create: bool) -> LakeTable | None:

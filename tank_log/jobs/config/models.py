@@ -30,6 +30,7 @@ from tank_log.lakehouse.table import SOURCE_PATTERN
 from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 
 EXPORT_TABLE = "export"  # keep_unexported.table naming the export section's table (and its storage options)
+DEAD_LETTERS_SUFFIX = "_dead_letters"  # export.dead_letter_table's default: the table's path or name + this
 PARTITION_COLUMNS = ("topic", "partition", "date")
 TIME_BASES = ("name", "message")
 
@@ -43,6 +44,12 @@ OnBadRecord = Annotated[str, OneOf("fail", "dead_letter", "skip")]
 Wire = Annotated[str, OneOf("auto", "confluent", "plain")]  # the Confluent wire format's header on values
 ExportMode = Annotated[str, OneOf("append", "latest")]  # fixed per table when it is created
 OnCorruption = Annotated[str, OneOf("prefix", "skip")]
+
+
+def default_dead_letter_table(table: str) -> str:
+    """Where an export's dead letters go by default: `s3://b/events` → `s3://b/events_dead_letters`, `ns.events` (a
+    catalog's name) → `ns.events_dead_letters`."""
+    return table.rstrip("/") + DEAD_LETTERS_SUFFIX
 
 
 class Section(BaseModel):
