@@ -122,6 +122,7 @@ def report_registry(report: dict[str, Any], previous: dict[str, float] | None = 
     )
     _salvage_gauge(report, previous, reg)
     _export_loss_gauge(report, previous, reg)
+    _bad_records_gauges(report, previous, reg)
     events = carried(previous, f"{NS}_retention_data_loss_events", PARTITION)  # every partition's, also untouched
     for p in entries:
         if p is None:
@@ -200,6 +201,33 @@ def _export_loss_gauge(report: dict[str, Any], previous: dict[str, float], reg: 
             now[where] = now.get(where, 0) + int(entry["lost_messages"])
     for where, n in now.items():
         gauge.labels(*where).set(n)
+
+
+BAD_RECORDS = {  # report field → (metric, help): typed values that did not decode (docs/guides/typed-tables.md)
+    "dead_lettered": (
+        "export_dead_lettered_records",
+        "Values the export wrote to the dead-letter table, over all runs",
+    ),
+    "skipped_bad_records": (
+        "export_skipped_bad_records",
+        "Values the export skipped (on_bad_record skip), over all runs",
+    ),
+}
+
+
+def _bad_records_gauges(report: dict[str, Any], previous: dict[str, float], reg: CollectorRegistry) -> None:
+    """The values an export dead-lettered or skipped, per partition and table, over all runs (carried over)."""
+    table = str((report.get("summary") or {}).get("table"))
+    for key, (metric, text) in BAD_RECORDS.items():
+        name = f"{NS}_{metric}"
+        gauge = Gauge(name, text, [*PARTITION, "table"], registry=reg)
+        now = carried(previous, name, (*PARTITION, "table"))
+        for entry in report.get("partitions") or []:
+            if entry.get(key):
+                where: tuple[str, ...] = (str(entry.get("topic")), str(entry.get("partition")), table)
+                now[where] = now.get(where, 0) + int(entry[key])
+        for where, n in now.items():
+            gauge.labels(*where).set(n)
 
 
 def _retention_entry(entry: dict[str, Any]) -> dict[str, Any] | None:

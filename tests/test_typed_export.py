@@ -183,8 +183,8 @@ def test_bad_values_by_on_bad_record(tmp_path, mode):
     write_topic(base, "clicks", mixed_values())
     cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_schema_ids={1: SMALL},
                  value_wire="confluent", on_bad_record=mode)  # fmt: skip
-    report = str(tmp_path / "r.json")
-    rc = export("--config", cfg, "--data-dir", base, "--table", table, "--report", report)
+    report, metrics = str(tmp_path / "r.json"), str(tmp_path / "export.prom")
+    rc = export("--config", cfg, "--data-dir", base, "--table", table, "--report", report, "--metrics-file", metrics)
     r = json.load(open(report))
     by_part = {p["partition"]: p for p in r["partitions"]}
     got = rows(table, "partition,seq,user")
@@ -203,6 +203,8 @@ def test_bad_values_by_on_bad_record(tmp_path, mode):
     want_good = [(0, s, s - 1) for s in range(1, 9) if s not in BAD_SEQS]
     want_good = [(p, s, None if s == 7 else u) for p, s, u in want_good]  # seq 7: the tombstone
     assert got == want_good + [(1, s, s - 1) for s in range(1, 9)]
+    metric = {"skip": "skipped_bad_records", "dead_letter": "dead_lettered_records"}[mode]
+    assert f'tank_log_export_{metric}{{partition="0",table="{table}",topic="clicks"}} 3.0' in open(metrics).read()
     if mode == "skip":
         assert by_part[0]["skipped_bad_records"] == 3 and r["summary"]["skipped_bad_records"] == 3
         assert dead == [] and not os.path.exists(table + "_dead_letters")
