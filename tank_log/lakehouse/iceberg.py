@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError, RunFailed
-from tank_log.lakehouse.partitioning import iceberg_spec, spec_terms
+from tank_log.lakehouse.partitioning import add_files, check_rewritable, iceberg_spec, spec_terms
 from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
     LEGACY_SOURCE_KEY,
@@ -329,8 +329,10 @@ class IcebergTable:
         summary = commit_summary(self, run_id, versions)
         tx = self.table.transaction()
         recording = self._recording(tx, versions)
-        tx.add_files(
+        add_files(  # partitioning.py: a bucket's partition is the writer's, not inferred from the files
+            tx,
             [f"{root}/{f.path}" for f in files],
+            [f.partition_values for f in files],
             snapshot_properties={**summary, **metadata, **recording},
             check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
         )
@@ -527,6 +529,7 @@ class IcebergTable:
         nothing rewritten (`CommitConflict`: run it again)."""
         from pyiceberg.exceptions import CommitFailedException
 
+        check_rewritable(spec_terms(self.table.spec(), self.table.schema()), f"optimize {self.location}")
         files = self._data_files()
         before = (len(files), sum(size for _, size in files))
         groups: dict[tuple[tuple[str, Any], ...], list[int]] = {}

@@ -16,6 +16,7 @@ from urllib.parse import quote
 import pyarrow as pa
 
 from tank_log.lakehouse import TableLocation
+from tank_log.lakehouse.partitioning import partition_keys, partition_names
 from tank_spark.export.plan import ExportSettings
 from tank_spark.export.rows import table_batches
 from tank_spark.export.run_id import file_name
@@ -48,6 +49,7 @@ def make_file_writer(
     """mapInArrow function: write each task's rows as Parquet files under the table (any filesystem of
     `location`), return their metadata. A file is written a row group at a time as its rows arrive (an object
     store uploads its parts meanwhile) and closed at `target_bytes` of rows."""
+    names = partition_names(partition_by)  # the directories' (a transform's: `ts_day`), in the spec's order
     n = itertools.count()  # numbers the task's files: each Spark task gets its own copy of this function (called once
     # per range, or once by mapInArrow); in the driver, threads share it (`tasks.in_threads`: `next` is atomic)
 
@@ -59,7 +61,7 @@ def make_file_writer(
         open_files: dict[tuple[str | None, ...], _ParquetFile] = {}
 
         def new_file(key: tuple[str | None, ...]) -> _ParquetFile:
-            values = dict(zip(partition_by, key, strict=True))
+            values = dict(zip(names, key, strict=True))
             rel_dir = "/".join(
                 f"{c}={NULL_PARTITION if v is None else quote(str(v), safe='')}" for c, v in values.items()
             )
@@ -72,7 +74,8 @@ def make_file_writer(
                 batch = batch.select(schema.names).cast(schema)
                 if not batch.num_rows:
                     continue
-                for key, rows in group_rows(batch, partition_by):
+                keyed, columns = partition_keys(batch, partition_by)  # a transform's values: columns of `keyed`
+                for key, rows in group_rows(keyed, columns):
                     if key not in open_files:
                         open_files[key] = new_file(key)
                     f = open_files[key]

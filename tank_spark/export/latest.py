@@ -23,6 +23,7 @@ import pyarrow as pa
 from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
 from tank_log.lakehouse import LEGACY_SOURCE_KEY, MODE_KEY, SOURCE_COLUMN, CommitConflict, table_mode
+from tank_log.lakehouse.partitioning import check_rewritable
 from tank_spark.export.commit import ConcurrentExport, commit
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
@@ -63,6 +64,8 @@ def check_mode(prepared: Prepared) -> None:
         )
     if settings.mode != "latest":
         return
+    if settings.table_format == "iceberg":
+        check_rewritable(settings.partition_by, f"--mode latest into {settings.table}")
     clashes = {
         "--continuous": settings.continuous,
         "--engine spark": settings.engine == "spark",

@@ -240,6 +240,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     # The parsers are imported here, on the driver: tasks unpickle this module, and jobs.config would load the
     # compaction package into every Python worker (~0.1-0.2 s, bench/RESULTS.md, "Spark's Python workers").
     from tank_log.jobs.config import parse_duration_ms, parse_partition_by, parse_size_arg
+    from tank_log.lakehouse.partitioning import for_format
 
     cfg = ctx.config.export
     table = args.table or cfg.table
@@ -251,6 +252,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     partition_by = (
         parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
     )
+    partition_by = for_format(partition_by, location.format, "--partition-by/export.partition_by")
     target = (
         parse_size_arg(args.target_file_size, "--target-file-size") if args.target_file_size else cfg.target_file_size
     )

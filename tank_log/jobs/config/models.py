@@ -25,13 +25,14 @@ from tank_log.jobs.config.units import (
     Text,
     keyed_by_name,
 )
+from tank_log.lakehouse import partitioning
 from tank_log.lakehouse.location import FORMATS, RestCatalog, parse_catalog
 from tank_log.lakehouse.table import SOURCE_PATTERN
 from tank_log.maintenance.compaction.options import DEFAULT_KEY_STATE_BUDGET
 
 EXPORT_TABLE = "export"  # keep_unexported.table naming the export section's table (and its storage options)
 DEAD_LETTERS_SUFFIX = "_dead_letters"  # export.dead_letter_table's default: the table's path or name + this
-PARTITION_COLUMNS = ("topic", "partition", "date")
+PARTITION_COLUMNS = partitioning.COLUMNS  # and Iceberg's transforms (`partitioning.parse`)
 TIME_BASES = ("name", "message")
 
 CompactionPolicy = Annotated[str, OneOf("cleanup", "delete")]
@@ -247,18 +248,12 @@ class RetentionSettings(Section):
 
 
 def _partition_columns(value: Any) -> tuple[str, ...]:
-    cols = value.split(",") if isinstance(value, str) else value
-    if not isinstance(cols, list | tuple) or not all(isinstance(c, str) for c in cols):
-        raise ValueError("expected a list of columns")
-    cols = tuple(c.strip() for c in cols if c.strip())
-    bad = [c for c in cols if c not in PARTITION_COLUMNS]
-    if bad:
-        raise ValueError(f"{', '.join(bad)} (choose from {', '.join(PARTITION_COLUMNS)})")
-    return cols
+    return partitioning.parse(value)
 
 
 def parse_partition_by(value: Any, where: str) -> tuple[str, ...]:
-    """`--partition-by` or `export.partition_by`: columns among PARTITION_COLUMNS.
+    """`--partition-by` or `export.partition_by`: columns among PARTITION_COLUMNS, or Iceberg's partition transforms
+    (`tank_log.lakehouse.partitioning`).
 
     Raises:
         JobConfigError: an unknown column (or not a list of them), naming `where`.
@@ -338,7 +333,9 @@ class ExportConfig(Section):
         default=None, description="where dead letters go (default: the table's path or name + _dead_letters)"
     )
     partition_by: Annotated[tuple[str, ...], BeforeValidator(_partition_columns)] = Field(
-        default=("topic", "date"), description="table partition columns, from topic, partition, date (UTC)"
+        default=("topic", "date"),
+        description="table partition columns (topic, partition, date: the UTC date of ts) or Iceberg transforms "
+        "(identity(COL), hour(ts), day(ts), month(ts), bucket(N, COL))",
     )
     target_file_size: Size = Field(default=128 << 20, description="Parquet files of about this size")
     on_corruption: OnCorruption = Field(
