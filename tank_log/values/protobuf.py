@@ -69,8 +69,9 @@ TYPE_MESSAGE, TYPE_ENUM, TYPE_GROUP = 11, 14, 10
 Convert = Callable[[Any], Any]
 
 
-def load_pool(path: str) -> tuple[Any, list[str]]:
-    """(descriptor pool, the messages of the main file by full name) of a `.desc` or `.proto` file."""
+def load_pool(path: str) -> tuple[Any, list[str], Any]:
+    """(descriptor pool, the messages of the main file by full name, the main FileDescriptorProto) of a `.desc`
+    or `.proto` file (the main file: the one protoc was given, written last)."""
     require_file(path, "Protobuf schema file")
     if path.endswith(".proto"):
         data = _compile(path)
@@ -102,7 +103,7 @@ def load_pool(path: str) -> tuple[Any, list[str]]:
         ) from None
     main = fds.file[-1]  # protoc writes the files it was given last (after their imports)
     prefix = f"{main.package}." if main.package else ""
-    return pool, [prefix + m.name for m in main.message_type]
+    return pool, [prefix + m.name for m in main.message_type], main
 
 
 def _compile(path: str) -> bytes:
@@ -277,9 +278,12 @@ class ProtobufDecoder(BatchDecoder):
         path = spec.schema_file or (self._ids[max(self._ids)] if self._ids else None)
         if path is None:
             raise ValueSchemaError("protobuf: a schema file (.desc or .proto) is needed for the columns")
-        pool, messages = load_pool(path)
-        for other in set(self._ids.values()) - {path}:  # a missing or bad writer file is a configuration error
-            load_pool(other)
+        pool, messages, main = load_pool(path)
+        # the main file of each id's schema: the Confluent message indexes name a message in it
+        mains = {path: main} | {p: load_pool(p)[2] for p in set(self._ids.values()) - {path}}
+        self._mains: dict[int | None, Any] = {i: mains[p] for i, p in self._ids.items()}
+        if not self._ids and fetch is None:
+            self._mains[None] = main  # no ids configured: every id's indexes are read against the schema file
         name = spec.message
         if name is None:
             if len(messages) != 1:
@@ -287,6 +291,8 @@ class ProtobufDecoder(BatchDecoder):
                 raise ValueSchemaError(f"{path}: name the message (value_message); the file has: {listed}")
             name = messages[0]
         desc = message_descriptor(pool, name, path, messages)
+        self._message = desc.full_name
+        self._indexed: dict[tuple[int | None, tuple[int, ...]], str | None] = {}  # (id, indexes) → a mismatch
         self._cls = GetMessageClass(desc)
         self.arrow_type, self._convert = _message(desc, path, set())
         super().__init__(spec, fetch)
@@ -294,7 +300,13 @@ class ProtobufDecoder(BatchDecoder):
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         start = 0
         if schema_id is not None:
-            _, start = message_indexes(payload)
+            indexes, start = message_indexes(payload)
+            key = (schema_id if schema_id in self._mains else None, tuple(indexes))
+            if key not in self._indexed:
+                self._indexed[key] = self._mismatch(key[0], indexes, start)
+            mismatch = self._indexed[key]
+            if mismatch is not None:
+                raise WireError(mismatch)
         msg = self._cls()
         try:
             msg.ParseFromString(payload[start:] if start else payload)
@@ -302,3 +314,19 @@ class ProtobufDecoder(BatchDecoder):
             where = f"the message at byte {start + 5}" if schema_id is not None else "the message"
             raise WireError(f"{where}: {' '.join(str(err).split()) or type(err).__name__}") from None
         return self._convert(msg)
+
+    def _mismatch(self, schema_id: int | None, indexes: list[int], start: int) -> str | None:
+        """Why the message indexes do not name the reader's message (in the id's schema), or None when they do
+        (or the id's schema is not at hand: a registry's)."""
+        main = self._mains.get(schema_id)
+        if main is None:
+            return None
+        name, types = main.package, main.message_type
+        for depth, index in enumerate(indexes):
+            if not 0 <= index < len(types):
+                return f"bytes 5-{start + 4}: message indexes {indexes}: no message at position {depth}"
+            name = f"{name}.{types[index].name}" if name else types[index].name
+            types = types[index].nested_type
+        if name != self._message:
+            return f"bytes 5-{start + 4}: message indexes {indexes} name {name}, not {self._message}"
+        return None

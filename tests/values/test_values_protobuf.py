@@ -152,20 +152,31 @@ def test_the_confluent_protobuf_framing():
     click = decoder._cls(user=5, page="/p", ms=7).SerializeToString()
     header = b"\x00" + (3).to_bytes(4, "big")
     values = [
-        header + b"\x00" + click,
-        header + b"\x02\x04" + click,
-        b"\x00" + (4).to_bytes(4, "big") + b"\x00" + click,
+        header + b"\x02\x04" + click,  # message indexes [2]: Click, the file's third message
+        b"\x00" + (4).to_bytes(4, "big") + b"\x02\x04" + click,
+        header + b"\x02\x04" + click[:-1],
+        click,
+        header + b"\x80",
+        header + b"\x00" + click,  # [0]: the file's first message, Address
+        header + b"\x04\x04\x00" + click,  # [2, 0]: Click has no nested message
     ]
-    values += [header + b"\x00" + click[:-1], click, header + b"\x80"]
     out = decoder.decode(pa.array(values, pa.binary()))
-    assert out.bad.tolist() == [False, False, True, True, True, True]
-    assert out.columns.to_pylist()[:2] == [{"user": 5, "page": "/p", "ms": 7}] * 2
-    assert out.schema_ids.to_pylist() == [3, 3, 4, 3, None, 3]
-    errors = out.errors.to_pylist()
-    assert errors[2] == "protobuf: bytes 1-4: schema id 4 is not in the configured schema ids or registry"
-    assert errors[3].startswith("protobuf: the message at byte 6: Error parsing message")
-    assert errors[4] == "protobuf: byte 0: magic byte 0x08, the Confluent wire format has 0x00"
-    assert errors[5] == "protobuf: byte 0: varint runs past the end of the data"
+    assert out.bad.tolist() == [False, True, True, True, True, True, True]
+    assert out.columns.to_pylist()[0] == {"user": 5, "page": "/p", "ms": 7}
+    assert out.schema_ids.to_pylist() == [3, 4, 3, None, 3, 3, 3]
+    assert out.errors.to_pylist()[1:] == [
+        "protobuf: bytes 1-4: schema id 4 is not in the configured schema ids or registry",
+        "protobuf: the message at byte 7: Error parsing message with type 'shop.v1.Click': Wire format was corrupt",
+        "protobuf: byte 0: magic byte 0x08, the Confluent wire format has 0x00",
+        "protobuf: byte 0: varint runs past the end of the data",
+        "protobuf: bytes 5-5: message indexes [0] name shop.v1.Address, not shop.v1.Click",
+        "protobuf: bytes 5-7: message indexes [2, 0]: no message at position 1",
+    ]
+    # a file of one message: the single 0 byte names it (wire "confluent" with no ids: the schema file's indexes)
+    single = decoder_for(ValueSpec("protobuf", schema_file=CLICK_V2, wire="confluent"))
+    out = single.decode(pa.array([header + b"\x00" + click, header + b"\x02\x02" + click], pa.binary()))
+    assert out.columns.to_pylist()[0] == {"user_id": 5, "page": "/p", "ms": 7, "referrer": None}
+    assert out.errors.to_pylist()[1] == "protobuf: bytes 5-6: message indexes [1]: no message at position 0"
 
 
 def test_a_renamed_protobuf_field_keeps_its_number():
