@@ -75,8 +75,10 @@ def add_table_format(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--catalog",
         metavar="URI",
-        help="with --format iceberg: the SQL catalog, a SQLAlchemy URI (default: a SQLite file beside a local table; "
-        "required for a table on object storage)",
+        help="with --format iceberg: a REST catalog's http(s):// URI (--table is then its name, namespace.table; "
+        "warehouse and credentials from TANK_LOG_CATALOG_WAREHOUSE, TANK_LOG_CATALOG_TOKEN or "
+        "TANK_LOG_CATALOG_CREDENTIAL), or a SQL catalog's SQLAlchemy URI (default: a SQLite file beside a local "
+        "table; required for a table on object storage)",
     )
 
 
