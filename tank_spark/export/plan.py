@@ -151,7 +151,12 @@ def _add_table_options(p: argparse.ArgumentParser) -> None:
         "its key (a table's mode is fixed when it is created)",
     )
     _add_value_options(p)
-    p.add_argument("--partition-by", metavar="COLS", help="table partition columns (default topic,date)")
+    p.add_argument(
+        "--partition-by",
+        metavar="TERMS",
+        help="table partition columns (default topic,date) or, for Iceberg, transforms: "
+        "'topic,day(ts),bucket(16, key)' (docs/guides/export-iceberg.md)",
+    )
     p.add_argument("--target-file-size", metavar="SIZE", help="Parquet file size target, e.g. 128mb")
 
 
