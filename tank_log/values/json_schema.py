@@ -19,6 +19,7 @@ import jsonschema  # type: ignore[import-untyped]
 import pyarrow as pa
 
 from tank_log.errors import ValueSchemaError
+from tank_log.values.json_fast import compile_check
 from tank_log.values.spec import BatchDecoder, ValueSpec, WireError, require_file
 
 Convert = Callable[[Any], Any]
@@ -259,6 +260,8 @@ class JsonSchemaDecoder(BatchDecoder):
             load_schema(other)
         cls = jsonschema.validators.validator_for(schema)
         self._validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
+        # most values pass a fast check of the common keywords; jsonschema judges the rest (and names the error)
+        self._accept = compile_check(schema, self._validator.format_checker, cls.__name__)
         self.arrow_type, self._convert = arrow_type(schema, path)
         super().__init__(spec, fetch)
 
@@ -269,7 +272,8 @@ class JsonSchemaDecoder(BatchDecoder):
             raise WireError(f"byte {err.start}: not UTF-8") from None
         except json.JSONDecodeError as err:
             raise WireError(f"line {err.lineno} column {err.colno}: not JSON: {err.msg}") from None
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
-        if error is not None:
-            raise WireError(_describe(error))
+        if self._accept is None or not self._accept(value):
+            error = jsonschema.exceptions.best_match(self._validator.iter_errors(value))
+            if error is not None:
+                raise WireError(_describe(error))
         return value if self._convert is None else self._convert(value)

@@ -134,3 +134,79 @@ def test_the_formats_without_a_schema():
     js = decoder_for(ValueSpec("json")).decode(values)
     assert js.bad.tolist() == [False, True, True] and js.columns.to_pylist()[0] == {"value": '{"a": 1}'}
     assert js.errors.to_pylist()[2] == "json: line 1 column 1: not JSON: Expecting value"
+
+
+FAST_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["n", "s"],
+    "additionalProperties": False,
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "exclusiveMaximum": 10},
+        "x": {"type": "number", "maximum": 1.5, "exclusiveMinimum": -1},
+        "s": {"type": "string", "minLength": 2, "maxLength": 3},
+        "e": {"enum": [1, "a", None, [1, 2], {"k": True}]},
+        "c": {"const": False},
+        "at": {"type": "string", "format": "date-time"},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 2},
+        "m": {"type": "object", "additionalProperties": {"type": "boolean"}},
+        "r": {"$ref": "#/$defs/R"},
+        "u": {"anyOf": [{"type": "null"}, {"type": "integer"}]},
+    },
+    "$defs": {"R": {"type": "object", "properties": {"z": {"type": ["string", "null"]}}}},
+}
+FAST_VALUES = [
+    {"n": 0, "s": "ab"},
+    {"n": 9.0, "s": "abc"},  # 1.0-style floats are integers since draft 6
+    {"n": True, "s": "ab"},  # a boolean is no integer
+    {"n": 10, "s": "ab"},
+    {"n": -1, "s": "ab"},
+    {"n": 1, "s": "a"},
+    {"n": 1, "s": "abcd"},
+    {"n": 1, "s": "éé"},  # two code points
+    {"n": 1},
+    {"n": 1, "s": "ab", "other": 1},
+    {"n": 1, "s": "ab", "x": 1.5},
+    {"n": 1, "s": "ab", "x": 1.6},
+    {"n": 1, "s": "ab", "x": -1},
+    {"n": 1, "s": "ab", "x": False},
+    {"n": 1, "s": "ab", "e": 1.0},
+    {"n": 1, "s": "ab", "e": True},  # true is not 1
+    {"n": 1, "s": "ab", "e": [1, 2]},
+    {"n": 1, "s": "ab", "e": {"k": 1}},
+    {"n": 1, "s": "ab", "e": None},
+    {"n": 1, "s": "ab", "c": 0},
+    {"n": 1, "s": "ab", "c": False},
+    {"n": 1, "s": "ab", "at": "2024-01-01T00:00:00Z"},
+    {"n": 1, "s": "ab", "at": "2024-01-01 00:00"},
+    {"n": 1, "s": "ab", "tags": []},
+    {"n": 1, "s": "ab", "tags": ["a", 1]},
+    {"n": 1, "s": "ab", "tags": ["a", "b", "c"]},
+    {"n": 1, "s": "ab", "m": {"a": True, "b": 1}},
+    {"n": 1, "s": "ab", "r": {"z": None}},
+    {"n": 1, "s": "ab", "r": {"z": 5}},
+    {"n": 1, "s": "ab", "u": None},
+    {"n": 1, "s": "ab", "u": "x"},
+    [],
+    "text",
+]
+
+
+def test_the_fast_check_accepts_only_what_jsonschema_accepts():
+    """The fast check of the common keywords (json_fast) agrees with jsonschema on every tricky value; a schema
+    with a keyword it does not handle gets none (jsonschema alone)."""
+    import jsonschema
+
+    from tank_log.values.json_fast import compile_check
+
+    for schema, draft in (
+        (FAST_SCHEMA, jsonschema.Draft202012Validator),
+        ({"type": "integer"}, jsonschema.Draft4Validator),
+    ):
+        validator = draft(schema, format_checker=draft.FORMAT_CHECKER)
+        check = compile_check(schema, validator.format_checker, draft.__name__)
+        assert check is not None
+        for value in FAST_VALUES + [1.0, 1, True]:
+            assert check(value) == validator.is_valid(value), (draft.__name__, value)
+    for unsupported in ({"patternProperties": {"^a": {}}}, {"oneOf": [{}]}, {"items": [{}]}, {"$ref": "#anchor"}):
+        assert compile_check(unsupported, None, "Draft202012Validator") is None
