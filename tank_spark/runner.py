@@ -304,6 +304,10 @@ def _run_job(
         print(f"{job}: {err}", file=sys.stderr)
         report.end(getattr(args, "report", None) or report_arg(argv), "usage-error", error=str(err))
         return EXIT_USAGE
+    except RunFailed as err:  # a stated reason while planning (a catalog out of reach): one line, nothing ran
+        print(f"{job}: {err}", file=sys.stderr)
+        report.end(getattr(args, "report", None) or report_arg(argv), "failed", error=str(err))
+        return EXIT_FAILED
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM while the run reads its options and plans: no partition ran
         report.end(getattr(args, "report", None) or report_arg(argv), "interrupted", partitions=[])
         print(f"{job}: interrupted while planning, before any partition ran; a rerun does the work", file=sys.stderr)

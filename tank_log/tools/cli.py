@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 # small machine those threads take CPU from the work (7% of a dump's samples). Set before numpy is imported.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from tank_log.errors import PartitionHeld, TankFormatError, UsageError  # noqa: E402
+from tank_log.errors import PartitionHeld, RunFailed, TankFormatError, UsageError  # noqa: E402
 from tank_log.jobs.allocator import reuse_freed_buffers  # noqa: E402
 from tank_log.jobs.entry_points import NAMES as JOB_NAMES  # noqa: E402
 from tank_log.jobs.entry_points import job_path  # noqa: E402
@@ -150,7 +150,11 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
     source = check_source(args.source, "--source") if args.source else default_source()
     options = storage_options({}, args.storage_option)
-    location = locate(args.table, options, fmt, catalog, source)
+    try:
+        location = locate(args.table, options, fmt, catalog, source)
+    except RunFailed as err:  # a REST catalog out of reach
+        print(f"tank-log audit: {err}", file=sys.stderr)
+        return 1
     try:
         table = location.open()
     except Exception as err:  # the formats' libraries raise their own types for a store they cannot reach
@@ -174,7 +178,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tank_log.tools.demo import write_demo
 
-    path = write_demo(args.dir, seed=args.seed)
+    path = write_demo(args.dir, seed=args.seed, typed=args.typed)
     print(f"demo data written to {path}", file=sys.stderr)
     return 0
 
@@ -624,6 +628,9 @@ def _add_helper_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir", help="directory to create (must not exist)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the generated messages (default 7)")
+    p.add_argument(
+        "--typed", action="store_true", help="also a topic of Avro values, payments, and its schema (typed tables)"
+    )
     p.set_defaults(func=_cmd_demo)
 
 

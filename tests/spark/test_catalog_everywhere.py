@@ -193,3 +193,31 @@ def wait_until(done, proc, what, timeout=180):
         assert proc.poll() is None, f"the query ended before {what}: " + proc.stderr.read()[-3000:]
         assert time.monotonic() < deadline, f"{what} not in the table after {timeout}s"
         time.sleep(0.5)
+
+
+@pytest.mark.parametrize("command", ["audit", "stats", "import_delta", "export_delta"])
+def test_a_catalog_out_of_reach_is_one_line_and_exit_1(tmp_path, command):
+    """No server at the catalog's address: each command stops before doing anything, with one line naming the catalog
+    (exit 1, no traceback)."""
+    down = "http://127.0.0.1:9"
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a")) if command == "export_delta" else data_dir("A_multi")
+    if command == "audit":
+        r = cli("audit", base, "--format", "iceberg", "--table", "tank.t", "--catalog", down)
+    elif command == "stats":
+        r = cli("stats", base, "--export-format", "iceberg", "--export-table", "tank.t", "--export-catalog", down)
+    else:
+        into = str(tmp_path / "restored") if command == "import_delta" else base
+        r, _ = job(command, None, "--data-dir", into, "--format", "iceberg", "--table", "tank.t", "--catalog", down)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert f"catalog {down}: unreachable" in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+
+
+def test_a_catalog_flag_takes_its_secrets_from_the_environment(monkeypatch):
+    from tank_log.lakehouse.location import RestCatalog, catalog_setting
+
+    monkeypatch.setenv("TANK_LOG_CATALOG_WAREHOUSE", "lake")
+    monkeypatch.setenv("TANK_LOG_CATALOG_TOKEN", "secret-t")
+    got = catalog_setting("http://127.0.0.1:9", None, "iceberg")
+    assert got == RestCatalog("http://127.0.0.1:9", warehouse="lake", token="secret-t")
+    assert "secret" not in repr(got) and "secret" not in str(got)
+    assert catalog_setting(None, "sqlite:///c.db", "iceberg") == "sqlite:///c.db"  # no flag: the config's
