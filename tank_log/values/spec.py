@@ -42,6 +42,10 @@ class ValueSpec:
     wire: WireName = "auto"
     registry_timeout: float = 10.0  # seconds, per request to the registry
 
+    def __hash__(self) -> int:  # hashable despite the mapping (a key of a cache of decoders)
+        ids = tuple(sorted(self.schema_ids.items()))
+        return hash((self.format, self.schema_file, self.message, ids, self.registry_url, self.wire))
+
 
 @dataclass(frozen=True)
 class Decoded:

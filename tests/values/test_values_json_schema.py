@@ -114,6 +114,14 @@ def test_a_missing_or_bad_json_schema_is_a_usage_error(tmp_path):
         decoder_for(ValueSpec("json", schema_file=str(tmp_path / "list.json")))
 
 
+def test_a_value_spec_is_a_key():
+    """Frozen and hashable (its schema ids too), so a process can keep one decoder per spec."""
+    spec = ValueSpec("avro", "a.avsc", schema_ids={1: "a.avsc", 2: "b.avsc"})
+    same = ValueSpec("avro", "a.avsc", schema_ids={2: "b.avsc", 1: "a.avsc"})
+    assert {spec: "decoder"}[same] == "decoder"
+    assert hash(spec) != hash(ValueSpec("avro", "a.avsc", schema_ids={1: "a.avsc"}))
+
+
 def test_the_formats_without_a_schema():
     values = pa.array([b'{"a": 1}', b"\xff", b"plain"], pa.binary())
     assert decoder_for(ValueSpec("binary")).decode(values).columns.to_pylist() == [
