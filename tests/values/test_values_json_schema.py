@@ -131,6 +131,9 @@ def test_the_formats_without_a_schema():
     ]
     utf8 = decoder_for(ValueSpec("utf8")).decode(values)
     assert utf8.bad.tolist() == [False, True, False] and utf8.errors.to_pylist()[1] == "utf8: byte 0: not UTF-8"
+    text = decoder_for(ValueSpec("utf8")).decode(pa.array([b"a", None, "é".encode()], pa.binary())[1:])  # a slice
+    assert text.columns.to_pylist() == [None, {"value": "é"}] and text.bad.tolist() == [True, False]
+    assert text.errors.to_pylist() == ["utf8: no value (null)", None] and text.schema_ids.null_count == 2
     large = decoder_for(ValueSpec("binary")).decode(values.cast(pa.large_binary()))  # large_binary batches too
     assert large.columns.to_pylist()[2] == {"value": b"plain"}
     empty = decoder_for(ValueSpec("avro", schema_file=os.path.join(os.path.dirname(SCHEMA), "small.avsc")))
