@@ -178,7 +178,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from tank_log.tools.demo import write_demo
 
-    path = write_demo(args.dir, seed=args.seed)
+    path = write_demo(args.dir, seed=args.seed, typed=args.typed)
     print(f"demo data written to {path}", file=sys.stderr)
     return 0
 
@@ -628,6 +628,9 @@ def _add_helper_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p = sub.add_parser("demo", help="write a demo data directory")
     p.add_argument("dir", help="directory to create (must not exist)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the generated messages (default 7)")
+    p.add_argument(
+        "--typed", action="store_true", help="also a topic of Avro values, payments, and its schema (typed tables)"
+    )
     p.set_defaults(func=_cmd_demo)
 
 
