@@ -7,9 +7,11 @@ no fault of the value, and dead-lettering every message for it would be wrong.
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from tank_log.errors import RunFailed, ValueSchemaError
@@ -23,13 +25,30 @@ class RegistryUnavailable(RunFailed):
     and the schema id."""
 
 
+def _shown(url: str) -> str:
+    """The URL without a password (for messages)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+
+
 class RegistryClient:
     """`schema_text(id)`: the schema of an id, for values of `value_format` (the registry's schemaType checked)."""
 
     def __init__(self, url: str, value_format: str, timeout: float = 10.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ValueSchemaError(f"schema registry {url}: not an http(s) URL")
-        self.url = url.rstrip("/")
+        """`url` may hold a user and password (`https://KEY:SECRET@host`): sent as HTTP basic auth, never shown."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueSchemaError(f"schema registry {_shown(url)}: not an http(s) URL")
+        self._auth: str | None = None
+        if parts.username is not None:
+            user = urllib.parse.unquote(parts.username)
+            secret = urllib.parse.unquote(parts.password or "")
+            self._auth = "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode("ascii")
+            netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+            parts = parts._replace(netloc=netloc)
+        self.url = urllib.parse.urlunsplit(parts).rstrip("/")
         self.expected = _TYPES.get(value_format, "AVRO")
         self.timeout = timeout
         self._cache: dict[int, str] = {}
@@ -43,8 +62,11 @@ class RegistryClient:
         if found is not None:
             return found
         url = f"{self.url}/schemas/ids/{schema_id}"
+        request = urllib.request.Request(url, headers={"Accept": "application/vnd.schemaregistry.v1+json"})
+        if self._auth is not None:
+            request.add_header("Authorization", self._auth)
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as response:  # noqa: S310 - an http(s) URL
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - an http(s) URL
                 body = response.read()
         except urllib.error.HTTPError as err:
             if err.code == 404:

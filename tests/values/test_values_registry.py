@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 from conftest import ROOT
 
-from tank_log.errors import RunFailed
+from tank_log.errors import RunFailed, ValueSchemaError
 from tank_log.values import ValueSpec, decoder_for
 from tank_log.values.registry import RegistryUnavailable
 
@@ -31,10 +31,16 @@ def _text(path: str) -> str:
 class _Registry(BaseHTTPRequestHandler):
     schemas: dict[int, dict] = {}
     requests: list[str] = []
+    auth: str | None = None  # the Authorization header it expects, if any
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         type(self).requests.append(self.path)
         prefix = "/schemas/ids/"
+        if self.auth is not None and self.headers.get("Authorization") != self.auth:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path.startswith(prefix + "99"):
             time.sleep(1.0)  # slower than the client's timeout
         found = self.path.startswith(prefix) and self.schemas.get(int(self.path[len(prefix) :]))
@@ -66,6 +72,7 @@ def registry():
         3: {"schema": 'syntax = "proto3"; message A { int32 a = 1; }', "schemaType": "PROTOBUF"},
     }
     _Registry.requests = []
+    _Registry.auth = None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
@@ -124,3 +131,19 @@ def test_a_registry_that_cannot_answer_stops_the_run_naming_url_and_id(registry)
         RegistryUnavailable, match=r"^schema registry http://127\.0\.0\.1:9/schemas/ids/1: cannot reach"
     ):
         decoder_for(gone).decode(pa.array([b"\x00\x00\x00\x00\x01{}"]))
+
+
+def test_a_registry_url_with_a_key_and_secret_sends_basic_auth_and_never_shows_the_secret(registry):
+    import base64
+
+    _Registry.auth = "Basic " + base64.b64encode(b"key:s@cret").decode()
+    host = registry.removeprefix("http://")
+    old = _avro(SMALL, {"user": 1, "page": "/a", "ms": 2}, 1)
+    good = decoder_for(ValueSpec("avro", schema_file=SMALL, registry_url=f"http://key:s%40cret@{host}"))
+    assert good.decode(pa.array([old])).columns.to_pylist() == [{"user": 1, "page": "/a", "ms": 2}]
+    wrong = decoder_for(ValueSpec("avro", schema_file=SMALL, registry_url=f"http://key:wrong@{host}"))
+    with pytest.raises(RegistryUnavailable) as err:
+        wrong.decode(pa.array([old]))
+    assert str(err.value) == f"schema registry {registry}/schemas/ids/1: HTTP 401 Unauthorized"
+    with pytest.raises(ValueSchemaError, match=r"^schema registry ftp://key:\*\*\*@host: not an http\(s\) URL$"):
+        decoder_for(ValueSpec("avro", schema_file=SMALL, registry_url="ftp://key:secret@host"))
