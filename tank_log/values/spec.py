@@ -106,6 +106,7 @@ class BatchDecoder:
         self.spec = spec
         self._fetch = fetch
         self._fetched: set[int] = set()
+        self._missing: dict[int, str] = {}  # ids the registry does not have (or holds for another format)
         has_ids = bool(spec.schema_ids) or fetch is not None
         # None: no ids or registry configured (any id decodes with the schema file)
         self._known_ids: Callable[[int], bool] | None = self._known if has_ids else None
@@ -118,7 +119,13 @@ class BatchDecoder:
             return True
         if self._fetch is None:
             return False
-        self._fetch(schema_id)
+        if schema_id in self._missing:  # asked once per decoder: not once per value of an unknown id
+            raise WireError(self._missing[schema_id])
+        try:
+            self._fetch(schema_id)
+        except WireError as err:
+            self._missing[schema_id] = str(err)
+            raise
         self._fetched.add(schema_id)
         return True
 
