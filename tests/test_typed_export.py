@@ -278,3 +278,45 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         assert rc == 2, (needle, err[-2000:])
         assert "Traceback" not in err and len(lines) == 1 and needle in lines[0], (needle, err[-2000:])
         assert not os.path.exists(table) and not os.path.exists(table + "_dead_letters")
+
+
+def test_protobuf_and_json_schema_values_become_typed_columns(tmp_path):
+    """Every Protobuf field kind (a .desc and its message) and a JSON Schema's types, read back by DuckDB; a bad
+    value of each goes to the dead letters."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "values"))
+    from test_values_protobuf import DESC, full_order, order_decoder
+
+    order = full_order(order_decoder()._cls).SerializeToString()
+    schema = os.path.join(VALUES, "order.schema.json")
+    doc = {"id": 7, "total": 12.5, "paid": True, "at": "2024-02-29T23:59:59.123456+01:00", "day": "2024-02-29",
+           "address": {"city": "Oslo", "zip": None}, "tags": ["a"], "attrs": {"x": 1}, "code": "A1"}  # fmt: skip
+    base = str(tmp_path / "data")
+    write_topic(base, "orders", {0: [order, b"\x0a\xff", order]})
+    write_topic(base, "docs", {0: [json.dumps(doc).encode(), b'{"id": 0}', json.dumps(doc).encode()]})
+    pb, js = str(tmp_path / "pb"), str(tmp_path / "js")
+    flags = ["--value-format", "protobuf", "--value-schema-file", DESC, "--value-message", "shop.v1.Order"]
+    assert export("--data-dir", base, "--topics", "orders", "--table", pb, *flags) == 0
+    assert export("--data-dir", base, "--topics", "docs", "--table", js, "--value-format", "json",
+                  "--value-schema-file", schema) == 0  # fmt: skip
+    con = duckdb_with("delta")
+    con.execute("SET TimeZone = 'UTC'")
+
+    def described(table):
+        return dict((r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{table}')").fetchall())
+
+    types = described(pb)
+    assert (types["i64"], types["u32"], types["u64"], types["status"], types["at"], types["took"]) == (
+        "BIGINT", "BIGINT", "DECIMAL(20,0)", "VARCHAR", "TIMESTAMP WITH TIME ZONE", "BIGINT",
+    )  # fmt: skip
+    assert types["address"] == "STRUCT(city VARCHAR, zip INTEGER)" and types["tags"] == "VARCHAR[]"
+    got = con.execute(f"SELECT seq, u32, took, address.city, history FROM delta_scan('{pb}') ORDER BY seq").fetchall()
+    assert got == [(s, 2**32 - 1, 90_000_500, "Oslo", ["NEW", "PAID", "7"]) for s in (1, 3)]  # took: microseconds
+    assert rows(pb + "_dead_letters", "seq") == [(2,)]
+    types = described(js)
+    assert (types["id"], types["total"], types["paid"], types["at"], types["day"]) == (
+        "BIGINT", "DOUBLE", "BOOLEAN", "TIMESTAMP WITH TIME ZONE", "DATE",
+    )  # fmt: skip
+    got = con.execute(f"SELECT seq, id, address.city, attrs FROM delta_scan('{js}') ORDER BY seq").fetchall()
+    assert got == [(1, 7, "Oslo", {"x": 1}), (3, 7, "Oslo", {"x": 1})]
+    ((seq, error),) = rows(js + "_dead_letters", "seq,error")
+    assert seq == 2 and error

@@ -108,7 +108,9 @@ MAX_DECIMAL_DIGITS = 38  # Delta's and Iceberg's decimals hold at most this many
 def storable_type(t: pa.DataType, table_format: str, path: str) -> pa.DataType:
     """The type a table of `table_format` stores a decoded field of type `t` as (the decoders' mapping,
     docs/guides/typed-tables.md): a null-typed field becomes a string column (always null), a time of day
-    microseconds since midnight (int64; Iceberg keeps its `time` type), nested types type by type.
+    microseconds since midnight (int64; Iceberg keeps its `time` type), a duration microseconds (int64), an unsigned
+    integer the next signed type that holds it (uint64 the decoders give as decimal(20, 0)), nested types type by
+    type.
 
     Raises:
         JobConfigError: a type neither format holds (a decimal of more than 38 digits), naming the field's path.
@@ -117,6 +119,10 @@ def storable_type(t: pa.DataType, table_format: str, path: str) -> pa.DataType:
         return pa.string()
     if pa.types.is_time(t):
         return pa.time64("us") if table_format == "iceberg" else pa.int64()
+    if pa.types.is_duration(t):  # neither format has one: microseconds, as a long
+        return pa.int64()
+    if pa.types.is_unsigned_integer(t):  # neither format has unsigned types: the next signed one that holds it
+        return pa.int64() if t.bit_width >= 32 else pa.int32()
     if pa.types.is_decimal(t):
         if t.precision > MAX_DECIMAL_DIGITS:
             raise JobConfigError(
@@ -151,8 +157,10 @@ def to_storable(a: pa.Array, t: pa.DataType) -> pa.Array:
     if pa.types.is_null(a.type):
         return pa.nulls(len(a), t)
     if pa.types.is_time(a.type):
-        us = a.cast(pa.time64("us"))
+        us = pc.cast(a, pa.time64("us"), safe=False)  # nanoseconds: truncated to microseconds
         return us if pa.types.is_time(t) else us.view(pa.int64())
+    if pa.types.is_duration(a.type):
+        return pc.cast(a, pa.duration("us"), safe=False).view(pa.int64())
     mask = pc.is_null(a) if a.null_count else None
     if pa.types.is_struct(a.type):
         children = [to_storable(c, t.field(i).type) for i, c in enumerate(a.flatten())]
