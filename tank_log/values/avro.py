@@ -73,6 +73,8 @@ class _Names:
     def __init__(self) -> None:
         self.types: dict[str, Any] = {}
         self.active: set[str] = set()
+        self.several = False  # a union of several non-null types seen: fastavro must name the branches it reads
+        self.named = False  # converters unwrap fastavro's (name, value) pairs (return_named_type)
 
     @staticmethod
     def full(name: str, namespace: str | None) -> str:
@@ -98,7 +100,12 @@ def arrow_type(schema: Any, where: str = "schema") -> pa.StructType:
 def converter(schema: Any) -> Convert | None:
     """The Python-side conversion fastavro's output needs before Arrow (only unions of several types); None when
     the output converts as is."""
-    _, _, conv = _walk(schema, _Names(), None, "schema")
+    names = _Names()
+    _, _, conv = _walk(schema, names, None, "schema")
+    if names.several:  # again, unwrapping the (name, value) pairs fastavro then gives for every named union branch
+        names = _Names()
+        names.named = True
+        _, _, conv = _walk(schema, names, None, "schema")
     return conv
 
 
@@ -195,7 +202,8 @@ def _union(
         return pa.null(), True, None
     if len(rest) == 1:
         t, _, conv = _walk(rest[0], names, namespace, where)
-        return t, True, _unwrap_converter(conv)
+        return t, True, _unwrap_converter(conv) if names.named else _nullable_converter(conv)
+    names.several = True
     fields, matchers, convs = [], [], []
     seen: set[str] = set()
     for b in rest:
@@ -249,6 +257,12 @@ def _named(value: Any) -> tuple[Any, str | None]:
     if type(value) is tuple and len(value) == 2 and isinstance(value[0], str):
         return value[1], value[0]
     return value, None
+
+
+def _nullable_converter(conv: Convert | None) -> Convert | None:
+    if conv is None:
+        return None
+    return lambda v: None if v is None else conv(v)
 
 
 def _unwrap_converter(conv: Convert | None) -> Convert:

@@ -259,3 +259,13 @@ def test_a_missing_or_bad_avro_schema_file_is_a_usage_error(tmp_path):
         )
     with pytest.raises(ValueSchemaError, match="a schema file"):
         decoder_for(ValueSpec("avro"))
+
+
+def test_only_unions_of_several_types_cost_a_conversion_per_value():
+    """fastavro's output goes to Arrow as is unless a union of several types needs its branch named."""
+    from tank_log.values.avro import converter
+
+    with open(SMALL_V2, encoding="utf-8") as fh:
+        assert converter(json.load(fh)) is None  # ["null", "string"]: a nullable column, no conversion
+    with open(ALL_TYPES, encoding="utf-8") as fh:
+        assert converter(json.load(fh)) is not None  # ["null", "long", "string", "Address"]
