@@ -38,6 +38,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ "$missing" = 1 ]; 
     step "  ~2 GB) and compiling tank-log's codec core (Cython, gcc)"
     .venv/bin/python -m pip install --quiet --upgrade pip
     TANK_LOG_REQUIRE_NATIVE=1 pip_install -e ".[dev,airflow]"
+    # Airflow's Spark provider pulls pyspark-client (Spark Connect's client: a copy of pyspark's Python files) at its
+    # newest release, which may overwrite pyspark's own: keep it on pyspark's line, and pyspark's files on top
+    spark_v=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyspark"))')
+    if [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')" != "$spark_v" ]; then
+        pip_install "pyspark-client~=${spark_v%.*}.0"
+        pip_install --no-deps --force-reinstall "pyspark==$spark_v"
+    fi
     echo "$want" > "$stamp"
     step "Python packages installed"
 else
@@ -60,14 +67,15 @@ if ! command -v promtool >/dev/null; then
         echo "setup: promtool is missing (Debian: apt-get install prometheus, as root); the alert tests need it" >&2
     fi
 fi
-# Delta's jars for Spark (delta-spark, delta-storage; hadoop-aws and its AWS SDK for s3a://), fetched once with Maven
-# into .jars/ (tank_spark/jars.py; ~700 MB, mostly the AWS SDK, cached in ~/.m2): skipped when present for this
-# scripts/spark-jars/pom.xml and pyspark. Jobs never fetch anything. Needs mvn (apt-get install maven).
-step "Delta's jars for Spark in .jars/ (a first run fetches them with Maven: ~700 MB, a few minutes)"
+# The lakehouse jars for Spark 4.1 (delta-spark, delta-storage; Iceberg's Spark runtime and SQLite's JDBC driver;
+# hadoop-aws and its AWS SDK for s3a://), fetched once with Maven into .jars/ (tank_spark/jars.py; ~700 MB, mostly
+# the AWS SDK, cached in ~/.m2): skipped when present for this scripts/spark-jars/pom.xml and pyspark. Jobs never
+# fetch anything. Needs mvn (apt-get install maven).
+step "the lakehouse jars for Spark in .jars/ (a first run fetches them with Maven: ~700 MB, a few minutes)"
 .venv/bin/python -m tank_spark.jars install
 # The Apache Iceberg reference REST catalog server (iceberg-open-api's test fixture, with Iceberg's core, Jetty,
 # Hadoop's client and SQLite's JDBC driver: scripts/iceberg-rest/pom.xml, ~85 MB) for the tests of tables by name,
-# fetched once with Maven into .jars/iceberg-rest/ (after Delta's step, which replaces .jars/ when its pom changes).
+# fetched once with Maven into .jars/iceberg-rest/ (the lakehouse jars' step keeps it when it refills .jars/).
 step "the Iceberg REST catalog server's jars in .jars/iceberg-rest/ (a first run fetches them with Maven: ~85 MB)"
 bash scripts/iceberg-rest-catalog.sh install
 # Spark drivers map a class-data archive of their JDK and Spark jars (tank_spark/class_archive.py): ~4 s less per

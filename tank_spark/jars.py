@@ -1,9 +1,12 @@
-"""Delta Lake's jars for Spark: delta-spark (Spark's Delta reader and writer: `--engine spark`, Spark users' tables)
-and hadoop-aws with its AWS SDK (`s3a://` tables), kept in the checkout's `.jars/`.
+"""The lakehouse jars for Spark: delta-spark (Spark's Delta reader and writer: `--engine spark`, Spark users' tables),
+Iceberg's Spark runtime (Spark's Iceberg catalogs and tables: `tank_spark.iceberg_catalog`) with SQLite's JDBC driver,
+and hadoop-aws with its AWS SDK (`s3a://` tables), kept in the checkout's `.jars/`. Their Spark line is 4.1, the
+newest with both runtimes on Maven Central (docs/development.md).
 
 `scripts/setup.sh` fills `.jars/` once through Maven (`python -m tank_spark.jars install`: the artifacts of
 `scripts/spark-jars/pom.xml` and what they depend on, less the jars pyspark ships itself); nothing is fetched when a
-job runs. Every Spark driver the project starts loads them with Delta's SQL extension and catalog (`configure`): the
+job runs. Every Spark driver the project starts loads them with Delta's SQL extension and catalog, and Iceberg's SQL
+extension beside Delta's (`configure`): the
 jobs run with `python jobs/<job>.py` or under spark-submit, the DAGs, the tests. `TANK_LOG_SPARK_JARS`
 names another folder of jars, or `off` for none. A cluster gets them with `spark-submit --jars` or `--packages`
 (docs/guides/export.md).
@@ -37,7 +40,10 @@ DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.6.1"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 DELTA_CLASS = "io.delta.tables.DeltaTable"
-DELTA_PACKAGE = "io.delta:delta-spark_4.2_2.13:4.4.0"  # the pom's, for spark-submit --packages
+DELTA_PACKAGE = "io.delta:delta-spark_4.1_2.13:4.4.0"  # the pom's, for spark-submit --packages
+ICEBERG_EXTENSION = "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions"
+ICEBERG_PACKAGE = "org.apache.iceberg:iceberg-spark-runtime-4.1_2.13:1.12.0"  # the pom's, for spark-submit --packages
+SQLITE_JDBC_PACKAGE = "org.xerial:sqlite-jdbc:3.50.3.0"  # Iceberg's JdbcCatalog on a SQLite catalog file
 
 
 def jar_dir() -> str | None:
@@ -56,9 +62,14 @@ def has_delta(paths: list[str]) -> bool:
     return any(os.path.basename(p).startswith("delta-spark_") for p in paths)
 
 
+def has_iceberg(paths: list[str]) -> bool:
+    return any(os.path.basename(p).startswith("iceberg-spark-runtime-") for p in paths)
+
+
 def configure(conf: SparkConf, *, jvm_running: bool = False) -> bool:
     """Load the jars in this run's driver and executors, and when delta-spark is among them turn on Delta's SQL
-    extension and catalog (unless the configuration chose others). Return whether delta-spark is loaded.
+    extension and catalog, with Iceberg's SQL extension beside Delta's when Iceberg's Spark runtime is among them too
+    (unless the configuration chose its extensions or catalog). Return whether delta-spark is loaded.
 
     A driver whose JVM runs already (`jvm_running`: spark-submit's, or the one a job launched before creating its
     SparkContext) gets them in its class loader. Its classpath stays the one the class archive was built with
@@ -70,8 +81,11 @@ def configure(conf: SparkConf, *, jvm_running: bool = False) -> bool:
     are left as they are."""
     paths = jars()
     chosen = [j for j in (conf.get("spark.jars") or "").split(",") if j]
-    if has_delta(chosen) or "io.delta:" in (conf.get("spark.jars.packages") or ""):
+    packages = conf.get("spark.jars.packages") or ""
+    iceberg = has_iceberg(paths)
+    if has_delta(chosen) or "io.delta:" in packages:
         paths = []
+        iceberg = has_iceberg(chosen) or "org.apache.iceberg:iceberg-spark-runtime" in packages
     elif not paths:
         return False
     local = (conf.get("spark.master") or "local").startswith("local")
@@ -84,7 +98,7 @@ def configure(conf: SparkConf, *, jvm_running: bool = False) -> bool:
         if not local:
             conf.set("spark.jars", ",".join([*chosen, *(p for p in paths if p not in chosen)]))
     if not conf.contains("spark.sql.extensions"):
-        conf.set("spark.sql.extensions", DELTA_EXTENSION)
+        conf.set("spark.sql.extensions", f"{DELTA_EXTENSION},{ICEBERG_EXTENSION}" if iceberg else DELTA_EXTENSION)
     if not conf.contains("spark.sql.catalog.spark_catalog"):
         conf.set("spark.sql.catalog.spark_catalog", DELTA_CATALOG)
     if local and not conf.contains("spark.databricks.delta.snapshotPartitions"):
@@ -139,7 +153,8 @@ def shipped_by_pyspark() -> set[str]:
 def install(directory: str = DEFAULT_DIR, mvn: str = "mvn") -> bool:
     """Fill `directory` with the pom's jars unless it already holds them (return False then). Maven resolves them
     into a `.`-prefixed temporary folder beside it (its local repository caches the downloads), which replaces the
-    folder only once complete: an interrupted install leaves the previous folder or none.
+    folder only once complete: an interrupted install leaves the previous folder or none. The previous folder's
+    subfolders (the REST catalog server's `iceberg-rest/`, filled by its own script) move into the new one first.
 
     Raises:
         RuntimeError: Maven is missing or failed (its last lines).
@@ -147,7 +162,7 @@ def install(directory: str = DEFAULT_DIR, mvn: str = "mvn") -> bool:
     if installed(directory):
         return False
     if shutil.which(mvn) is None:
-        raise RuntimeError(f"{mvn} not found: Maven fetches Delta's jars (apt-get install maven)")
+        raise RuntimeError(f"{mvn} not found: Maven fetches the lakehouse jars (apt-get install maven)")
     parent = os.path.dirname(os.path.abspath(directory))
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.", dir=parent)
     try:
@@ -167,6 +182,12 @@ def install(directory: str = DEFAULT_DIR, mvn: str = "mvn") -> bool:
                 os.link(jar, os.path.join(ours, os.path.basename(jar)))
         atomic_write(os.path.join(ours, STAMP), _digest().encode() + b"\n")
         old = os.path.join(tmp, "old")
+        if os.path.isdir(directory):
+            for entry in sorted(os.listdir(directory)):
+                src = os.path.join(directory, entry)
+                if os.path.isdir(src) and not os.path.islink(src):
+                    os.rename(src, os.path.join(ours, entry))
+            fsync_dir(ours)
         if os.path.lexists(directory):
             os.rename(directory, old)
         os.rename(ours, directory)

@@ -6,7 +6,8 @@ Rows have the batch reader's schema (`tank_spark.schema.ROW_STRUCT`). An offset 
 (JSON in the checkpoint); a partition missing from an offset is read from its first segment. The latest offset of a
 partition is its last complete bundle + 1 (an append in flight waits for the next trigger, §3.11). A micro-batch is
 planned as segment ranges like a batch read (index seeks, byte-range splits); partitions and topics that appear are
-picked up at the next trigger. `trigger(availableNow=True)` reads what exists when the query starts.
+picked up at the next trigger. `trigger(availableNow=True)` reads what exists when the query starts (Spark 4.1 asks
+a Python source for its latest offset once, at the start of such a query, and reads up to it in one micro-batch).
 
 Options: `topics`, `partitions`, `min_ts`, `split_bytes` as the batch reader; `startingOffsets` = `earliest`
 (default), `latest`, or JSON `{"topic/partition": next_seq}` (used only by a query without a checkpoint);
@@ -37,7 +38,6 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, SupportsTriggerAvailableNow
 
 from tank_log.errors import TankLogError
 from tank_log.jobs.planning import select_partitions
@@ -67,7 +67,7 @@ class DataLost(TankLogError, RuntimeError):
     """Messages were deleted (retention) before the stream read them, and `failOnDataLoss` is true."""
 
 
-class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class TankStreamReader(DataSourceStreamReader):
     def __init__(self, paths: list[str], bounds: Bounds, split_bytes: int, options: Mapping[str, str]):
         self.paths = paths
         self.bounds = bounds
@@ -75,7 +75,7 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.starting = str(options.get("startingOffsets", "earliest"))
         self.fail_on_data_loss = str(options.get("failOnDataLoss", "true")).lower() != "false"
         self.data_loss_log = options.get("dataLossLog")
-        self.available_now: Offset | None = None
+        self.high: Offset = {}  # the furthest offset this reader has seen per partition: offsets never go back
         self.after_table = options.get("startAfterTable")
         if self.starting not in ("earliest", "latest"):
             self._parse_offset(self.starting)  # a bad JSON fails when the query is defined
@@ -91,7 +91,12 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             offset = self._parse_offset(self.starting)
         if self.after_table:
             offset.update(self._after_table(self.after_table))
+        self._advance(offset)
         return offset
+
+    def _advance(self, offset: Offset) -> None:
+        for key, nxt in offset.items():
+            self.high[key] = max(nxt, self.high.get(key, 0))
 
     def _after_table(self, table: str) -> Offset:
         """Each partition's next seq after the last one `table` records (the export's app transactions).
@@ -107,20 +112,18 @@ class TankStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 out[partition_key(topic, pid)] = last + 1
         return out
 
-    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
-        if not isinstance(limit, ReadAllAvailable):
-            raise ValueError(f"tank stream: read limit {limit!r} is not supported (only all available)")
-        latest = self.available_now if self.available_now is not None else self._latest(self._scan())
-        out = dict(start)  # offsets never go back (a partition that vanished keeps its position)
-        for key, nxt in latest.items():
-            out[key] = max(nxt, out.get(key, 0))
-        return out
+    def latestOffset(self) -> Offset:
+        """Each partition's last complete bundle + 1, never below an offset this reader has seen (a partition that
+        vanished keeps its position): Spark 4.1 passes a Python source neither the start nor a read limit."""
+        self._advance(self._latest(self._scan()))
+        return dict(self.high)
 
-    def prepareForTriggerAvailableNow(self) -> None:
-        self.available_now = self._latest(self._scan())
+    def commit(self, end: Offset) -> None:
+        self._advance(end)  # a query restarted from its checkpoint commits its last batch's end first
 
     def partitions(self, start: Offset, end: Offset) -> list[SegmentRange]:
         """Ranges for seqs [start, end) of every partition; a range retention deleted is reported first."""
+        self._advance(start)
         parts = self._scan()
         seq_ranges: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         lost: list[LostRange] = []
