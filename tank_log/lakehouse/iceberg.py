@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 
 NAMESPACE = "tank_log"
 NO_RETRIES = {"commit.retry.num-retries": "0"}
+WAP_ENABLED = "write.wap.enabled"  # Iceberg's table property letting Spark stage a snapshot (`commit_staged`)
+WAP_ID = "wap.id"  # the summary key naming a staged snapshot's id (Spark's `spark.wap.id`)
 RECORDED_AT = "#sequence-number"  # `<app id>` + this: the sequence number of the snapshot that recorded the version
 MAX_SNAPSHOT_AGE = "history.expire.max-snapshot-age-ms"  # Iceberg's table property: the vacuum's least retention
 DEFAULT_MAX_SNAPSHOT_AGE_MS = 5 * 24 * 3600 * 1000  # Iceberg's default for it
@@ -289,8 +291,6 @@ class IcebergTable:
     def check_compatible(
         self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: tuple[str, ...], spark: bool
     ) -> bool:
-        if spark:
-            raise JobConfigError(f"table {name}: the delta-spark engine writes Delta tables, not Iceberg ones")
         have = [(f.name, str(f.field_type), f.required) for f in self.table.schema().fields]
         want = [(f.name, str(f.field_type), f.required) for f in _iceberg_schema(schema).fields]
         lacks_last = lacks_only(have, want, evolvable)
@@ -343,6 +343,67 @@ class IcebergTable:
             raise CommitConflict(f"commit conflict: {err}") from None
         self.refresh()
         return self.version()
+
+    def enable_staging(self) -> None:
+        """Let Spark's Iceberg writer stage snapshots in this table (`WAP_ENABLED`: write-audit-publish), in a commit
+        of its own, once."""
+        if self.table.metadata.properties.get(WAP_ENABLED) != "true":
+            with _reaching(self.location.catalog), self.table.transaction() as tx:
+                tx.set_properties({WAP_ENABLED: "true"})
+            self.refresh()
+
+    def commit_staged(self, wap_id: str, versions: dict[str, int], run_id: str, metadata: dict[str, str]) -> int:
+        """One Iceberg commit, as `commit`'s, of the data files Spark's Iceberg writer staged under `wap_id` (a
+        snapshot that is not the table's current one): they are appended as they are, with the properties of the new
+        versions, by a snapshot that names the staged one (`source-snapshot-id`, `published-wap-id`, as Iceberg's
+        own cherry-pick does: Iceberg's snapshot expiry then knows its files were published). The staged snapshot
+        is then removed (its files are this commit's).
+
+        Raises:
+            RunFailed: no snapshot staged under `wap_id`.
+            CommitConflict: another writer committed first (nothing of this commit is in the table).
+        """
+        from pyiceberg.exceptions import CommitFailedException
+
+        staged = next(
+            (s for s in self.table.snapshots() if s.summary and s.summary.additional_properties.get(WAP_ID) == wap_id),
+            None,
+        )
+        if staged is None:
+            raise RunFailed(f"table {self.location}: no snapshot staged by Spark under wap.id {wap_id}")
+        files = [
+            entry.data_file
+            for manifest in staged.manifests(self.table.io)
+            if manifest.added_snapshot_id == staged.snapshot_id
+            for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=True)
+            if entry.snapshot_id == staged.snapshot_id
+        ]
+        for data_file in files:  # Hadoop's spelling of a local path (`file:/x`) as this table's files have it
+            path = data_file.file_path
+            if path.startswith("file:/") and not path.startswith("file:///"):
+                data_file[1] = "file:///" + path.removeprefix("file:").lstrip("/")  # its `file_path` (no setter)
+        summary = commit_summary(self, run_id, versions)
+        published = {"source-snapshot-id": str(staged.snapshot_id), "published-wap-id": wap_id}
+        tx = self.table.transaction()
+        recording = self._recording(tx, versions)
+        properties = {**summary, **metadata, **recording, **published}
+        with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+            for data_file in files:
+                append.append_data_file(data_file)
+        try:
+            with _reaching(self.location.catalog):
+                tx.commit_transaction()
+        except CommitFailedException as err:
+            raise CommitConflict(f"commit conflict: {err}") from None
+        self.refresh()
+        version = self.version()
+        try:  # the files are this commit's now; a staged snapshot left behind names no file of another
+            with _reaching(self.location.catalog):
+                self.table.maintenance.expire_snapshots().by_ids([staged.snapshot_id]).commit()
+            self.refresh()
+        except (CommitFailedException, RunFailed) as err:
+            log.warning("export: staged snapshot %s left in the table: %s", staged.snapshot_id, err)
+        return version
 
     def merge_latest(
         self,

@@ -66,13 +66,7 @@ def commit(
             concurrent commit (nothing committed).
     """
     table = settings.location.existing()  # the latest version: a snapshot from planning cannot see other runs
-    for p in plans:  # the formats do not skip an already-recorded version by themselves
-        now = table.recorded_version(p.topic, p.partition)
-        if now != p.previous:
-            raise ConcurrentExport(
-                f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
-                f"since this run planned (a concurrent export)"
-            )
+    check_unmoved(table, plans)
     data = [
         DataFile(
             f["path"],
@@ -88,6 +82,42 @@ def commit(
     try:
         return table.commit(
             schema, data, versions, run_id, topic_config_metadata((p.base_path, p.topic) for p in plans)
+        )
+    except CommitConflict as err:
+        raise ConcurrentExport(str(err)) from None
+
+
+def check_unmoved(table: LakeTable, plans: list[PartitionPlan]) -> None:
+    """The formats do not skip an already-recorded version by themselves: refuse a commit on top of another run's.
+
+    Raises:
+        ConcurrentExport: a partition's recorded version moved since planning.
+    """
+    for p in plans:
+        now = table.recorded_version(p.topic, p.partition)
+        if now != p.previous:
+            raise ConcurrentExport(
+                f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
+                f"since this run planned (a concurrent export)"
+            )
+
+
+def commit_staged(settings: ExportSettings, plans: list[PartitionPlan], run_id: str) -> int:
+    """`commit` of the files Spark's Iceberg writer staged under the run's id (`iceberg_spark`), against the table's
+    latest version.
+
+    Raises:
+        ConcurrentExport: as `commit`'s.
+    """
+    from tank_log.lakehouse.iceberg import IcebergTable
+
+    table = settings.location.existing()
+    assert isinstance(table, IcebergTable)  # engine spark on an Iceberg table
+    check_unmoved(table, plans)
+    versions = {p.app_id: p.end for p in plans if p.has_work and p.app_id and p.end is not None}
+    try:
+        return table.commit_staged(
+            run_id, versions, run_id, topic_config_metadata((p.base_path, p.topic) for p in plans)
         )
     except CommitConflict as err:
         raise ConcurrentExport(str(err)) from None

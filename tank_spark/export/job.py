@@ -55,6 +55,7 @@ from tank_spark.export.files import (
     write_direct,
 )
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.iceberg_spark import append_with_iceberg_spark, check_iceberg_spark
 from tank_spark.export.latest import check_mode, merge_latest, table_configuration
 from tank_spark.export.orphans import RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import (
@@ -170,7 +171,8 @@ def _export(
 ) -> JobResult:
     t0 = time.monotonic()
     results = _results(plans)
-    engine = "pyiceberg" if settings.table_format == "iceberg" else settings.engine  # Iceberg: pyiceberg commits
+    iceberg = settings.table_format == "iceberg" and settings.engine != "spark"  # pyiceberg writes and commits
+    engine = "pyiceberg" if iceberg else settings.engine
     summary = {"partitions": len(plans), "table": settings.table, "engine": engine, "source": settings.source}
     if not settings.upkeep_only:  # the settings must still fit the table, work or not
         schema = table_schema(settings)
@@ -184,7 +186,7 @@ def _export(
     workers = _workers(ctx, spark)
     if settings.engine == "spark":
         assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
-        check_delta_spark(spark)
+        (check_iceberg_spark if settings.table_format == "iceberg" else check_delta_spark)(spark)
     if ctx.dry_run:
         return _named_losses(*_dry_run(ctx, workers, settings, plans, results, summary, table))
     if table is None:  # the table's id names the partitions' recorded versions (`lakehouse.app_id`)
@@ -197,7 +199,10 @@ def _export(
     _claim_legacy_versions(settings, table, plans)
     if settings.mode == "latest":
         return _named_losses(*_latest(ctx, workers, settings, schema, plans, summary, t0))
-    if settings.engine == "spark":
+    if settings.engine == "spark" and settings.table_format == "iceberg":
+        assert spark is not None
+        run = append_with_iceberg_spark(ctx, spark, workers, settings, plans)
+    elif settings.engine == "spark":
         assert spark is not None
         run = _append_with_delta_spark(ctx, spark, workers, settings, plans)
     else:

@@ -435,7 +435,7 @@ def _check_format(settings: ExportSettings) -> None:
     if settings.table_format != "iceberg":
         return
     clashes = {
-        "--engine spark": settings.engine == "spark",  # the Iceberg export commits through pyiceberg
+        "--engine spark with --mode latest": settings.engine == "spark" and settings.mode == "latest",
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:

@@ -515,7 +515,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, s3_server):
     assert "export.format" in refused(config=config)
     local = ["--table", str(tmp_path / "t"), "--format", "iceberg"]
     assert "--format iceberg does not take --continuous" in refused(*local, "--continuous", "--checkpoint", "c")
-    assert "--format iceberg does not take --engine spark" in refused(*local, "--engine", "spark")
     assert "--catalog/export.catalog: only with --format iceberg" in refused(
         "--table", str(tmp_path / "t"), "--catalog", "sqlite:///x.db"
     )

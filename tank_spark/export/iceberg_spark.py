@@ -1,0 +1,144 @@
+"""engine=spark for Iceberg tables: Iceberg's Spark writer writes the data files, pyiceberg commits them together with
+every partition's new recorded version, in one commit.
+
+Iceberg's Spark writer (`DataFrameWriterV2`) honours what the table asks of its files (its partition spec and
+transforms, sort order, file format and write properties) — what users running Spark expect of it. But a Spark
+append commits by itself, and cannot set the table properties that hold the recorded versions in the same commit;
+recording them in a second commit would leave rows committed without their version after a kill between the two
+(the rerun would write them again), and a Spark append retried after a conflict re-applies the same rows on top of
+the winner's (duplicates, `iceberg.py`). So the write is staged (Iceberg's write-audit-publish: `spark.wap.id` set to
+the run's id, the table's `write.wap.enabled`): Spark's commit adds a snapshot that is not the table's current one,
+which no reader sees. The driver then commits exactly as the deltalake engine does (`commit.commit_staged`): the
+partitions' recorded versions re-checked against the latest table, then ONE pyiceberg commit, with commit retries
+off and the table's current snapshot as its requirement, appending the staged files and setting the versions.
+
+- A kill before that commit leaves a staged snapshot and its files, which nothing reads and no recorded version
+  names: the rerun plans from the same versions and writes again (the leftovers go with the table's snapshot
+  expiry: `--vacuum`).
+- A concurrent writer's commit fails this one (`CommitConflict`): the run re-plans, as the deltalake engine's.
+- The commit names the staged snapshot (`source-snapshot-id`, `published-wap-id`, as Iceberg's cherry-pick does), and
+  the staged snapshot is then removed: Iceberg's snapshot expiry knows the files as published either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from tank_log.errors import JobConfigError
+from tank_log.lakehouse.iceberg import IcebergTable, identifier
+from tank_log.lakehouse.location import RestCatalog
+from tank_spark import jars
+from tank_spark.export.commit import ConcurrentExport, commit_staged
+from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.run_id import new_run_id
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from tank_log.lakehouse.location import TableLocation
+    from tank_spark.context import JobContext
+    from tank_spark.export.plan import ExportSettings, PartitionPlan
+    from tank_spark.tasks import Workers
+
+log = logging.getLogger(__name__)
+
+SPARK_CATALOG = "tank_log"  # the name the export's Iceberg catalog has in the session (pyiceberg's SQL catalog's too)
+ICEBERG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
+
+
+def check_iceberg_spark(spark: SparkSession) -> None:
+    """Raises:
+    JobConfigError: Iceberg's Spark runtime is not on the session's classpath.
+    """
+    jvm = spark._jvm
+    assert jvm is not None  # a started session's
+    try:
+        jvm.java.lang.Class.forName(ICEBERG_CLASS, False, jvm.java.lang.Thread.currentThread().getContextClassLoader())
+    except Exception:
+        raise JobConfigError(
+            "engine spark on an Iceberg table needs Iceberg's Spark runtime on the Spark classpath: bash "
+            f"scripts/setup.sh fetches it into the checkout's .jars/ (now {jars.jar_dir() or 'off'}), or "
+            f"spark-submit --packages {jars.ICEBERG_PACKAGE}; use --engine deltalake (pyiceberg writes) otherwise"
+        ) from None
+
+
+def spark_table(spark: SparkSession, location: TableLocation) -> str:
+    """Register the table's catalog in the session (as `SPARK_CATALOG`) and return the table's name there.
+
+    Raises:
+        JobConfigError: a catalog Spark cannot reach here (a REST catalog is; a SQL catalog only as a SQLite file).
+    """
+    props: dict[str, str] = {"": ICEBERG_CLASS, "cache-enabled": "false"}  # pyiceberg commits behind its back
+    catalog = location.catalog
+    if isinstance(catalog, RestCatalog):
+        props.update(type="rest", uri=catalog.uri)
+        props.update({k: v for k in ("warehouse", "token", "credential") if (v := getattr(catalog, k))})
+    else:
+        from tank_log.lakehouse.iceberg import catalog_uri
+
+        uri = catalog_uri(location)
+        if not uri.startswith("sqlite:///"):
+            raise JobConfigError(
+                f"table {location}: engine spark reaches an Iceberg catalog by REST or as a SQLite file, not {uri}"
+            )
+        props.update(
+            {
+                "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
+                "uri": "jdbc:sqlite:" + uri.removeprefix("sqlite:///"),
+                "jdbc.schema-version": "V1",
+                "warehouse": location.uri,
+            }
+        )
+    for key, value in props.items():
+        spark.conf.set(f"spark.sql.catalog.{SPARK_CATALOG}" + (f".{key}" if key else ""), value)
+    return ".".join(f"`{part}`" for part in (SPARK_CATALOG, *identifier(location)))
+
+
+def append_with_iceberg_spark(
+    ctx: JobContext, spark: SparkSession, workers: Workers, settings: ExportSettings, plans: list[PartitionPlan]
+) -> Any:
+    """engine=spark, Iceberg table: every partition's rows in one staged Spark write, then ONE commit of its files
+    with every partition's new version (module docstring); a concurrent commit re-plans. Returns the job's
+    `_Appended`."""
+    from tank_spark.export import job
+    from tank_spark.export.plan import plan_export
+    from tank_spark.export.rows import decoded_frame
+
+    table = settings.location.existing()
+    assert isinstance(table, IcebergTable)  # the job checked the format
+    table.enable_staging()
+    name = spark_table(spark, settings.location)
+    for attempt in range(1, job.COMMIT_ATTEMPTS + 1):
+        outcomes, cut = job._pre_pass(workers, ctx, settings, plans)
+        work = [p for p in cut.plans if p.has_work]
+        run_id = new_run_id()
+        t0 = time.monotonic()
+        spark.conf.set("spark.wap.id", run_id)
+        try:
+            decoded_frame(spark, ctx, settings, work).writeTo(name).option("fanout-enabled", "true").append()
+        finally:
+            spark.conf.unset("spark.wap.id")
+        log.info("export: Spark's Iceberg writer staged the rows in %.2fs (wap.id %s)", time.monotonic() - t0, run_id)
+        hold(HOLD_BEFORE_COMMIT)  # test hook
+        crash_before_commit(len(work))  # test hook
+        try:
+            version = commit_staged(settings, work, run_id)
+        except ConcurrentExport as conflict:
+            if attempt == job.COMMIT_ATTEMPTS:
+                spent = f"nothing committed after {job.COMMIT_ATTEMPTS} attempts"
+                raise job._out_of_attempts(conflict, spent) from None
+            log.warning("export: %s; nothing committed, re-planning (attempt %d)", conflict, attempt + 1)
+            plans, _ = plan_export(ctx, settings)
+            if not any(p.has_work for p in plans):
+                return job._Appended(job._results(plans), [], None, settings.location.existing().version())
+            continue
+        results = job._results(plans)
+        for o in outcomes:
+            if o.index in cut.kept:
+                job._count(results[o.key], o.rows, o.min_seq, o.max_seq)
+        for p in work:
+            results[(p.topic, p.partition)]["status"] = "exported"
+        return job._Appended(results, [], cut, version)
+    raise AssertionError("unreachable: the last attempt returns or raises")

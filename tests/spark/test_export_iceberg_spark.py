@@ -1,0 +1,66 @@
+"""`--engine spark` into Iceberg tables named in a REST catalog (Iceberg's reference server, as
+test_export_iceberg_rest.py starts it): Iceberg's Spark writer stages the rows, pyiceberg commits them with the
+recorded versions (tank_spark/export/iceberg_spark.py). Exactly once across a rerun and a kill before the commit, and
+the rows equal to the deltalake engine's export of the same data; Spark reads the table back."""
+
+import json
+
+import pytest
+from conftest import copy_tree, data_dir, run_job_script
+from test_delta_spark import export, export_on
+from test_export_iceberg_rest import config, server  # noqa: F401 (the module's REST catalog server)
+from test_job_export import roll_and_append
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+COLUMNS = ("topic", "partition", "seq", "ts", "key", "value", "date", "ts_raw", "source")
+
+
+def rows(server, name):  # noqa: F811 (the fixture's name)
+    """Every row of the table through pyiceberg, all columns, sorted; duplicates kept."""
+    d = server.catalog().load_table(name).scan().to_arrow().to_pydict()
+    return sorted(zip(*(d[c] for c in COLUMNS), strict=True), key=lambda r: (r[0], r[1], r[2]))
+
+
+def test_spark_engine_exports_exactly_once_as_the_deltalake_engine(tmp_path, server, spark):  # noqa: F811
+    """The same fixture exported by each engine into its own table: the same rows; a rerun commits nothing; new
+    messages with the driver killed after Spark staged them and before the commit: nothing of them in the table,
+    and the rerun adds each once; Spark reads what the table holds. The commit's summary names the run and ranges
+    and the staged snapshot is gone."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    (tmp_path / "s").mkdir()
+    (tmp_path / "r").mkdir()
+    by_spark, by_rs = config(tmp_path / "s", server, "tank.by_spark"), config(tmp_path / "r", server, "tank.by_rs")
+    args = ["--data-dir", base, "--topics", "events,seqgap"]
+    _, summary = export_on(spark, "--config", by_spark, *args, "--engine", "spark")
+    assert summary["engine"] == "spark" and summary["by_status"] == {"exported": 4}, summary
+    assert export("--config", by_rs, *args) == 0
+    first = rows(server, "tank.by_rs")
+    assert rows(server, "tank.by_spark") == first and len(first) == len({r[:3] for r in first})
+    table = server.catalog().load_table("tank.by_spark")
+    assert [s.summary.additional_properties.get("wap.id") for s in table.snapshots()] == [None]  # unstaged
+    ranges = json.loads(table.current_snapshot().summary.additional_properties["tank-log.ranges"])
+    assert sorted(ranges) == ["events/0", "events/1", "events/2", "seqgap/0"]
+
+    _, summary = export_on(spark, "--config", by_spark, *args, "--engine", "spark")  # nothing new
+    assert summary["rows"] == 0 and len(server.catalog().load_table("tank.by_spark").snapshots()) == 1
+
+    roll_and_append(base, "events", 7)
+    r = run_job_script(
+        "export_delta",
+        "--config",
+        by_spark,
+        *args,
+        "--engine",
+        "spark",
+        env_extra={"TANK_LOG_EXPORT_CRASH": "before-commit"},
+    )
+    assert r.returncode == 137, r.stderr[-3000:]
+    assert rows(server, "tank.by_spark") == first  # staged, not committed: no reader sees it
+    _, summary = export_on(spark, "--config", by_spark, *args, "--engine", "spark")
+    assert summary["rows"] == 21, summary  # 7 new messages in each of the topic's 3 partitions, once
+    assert export("--config", by_rs, *args) == 0
+    assert rows(server, "tank.by_spark") == rows(server, "tank.by_rs")
+
+    spark.sql("REFRESH TABLE tank_log.tank.by_spark")
+    assert spark.table("tank_log.tank.by_spark").count() == len(first) + 21
