@@ -36,6 +36,7 @@ from tank_log.lakehouse.location import FORMATS  # noqa: E402
 
 if TYPE_CHECKING:
     from tank_log.jobs.planning import PartitionTask
+    from tank_log.lakehouse.location import Catalog
     from tank_log.problems import Problem
 
 
@@ -102,7 +103,7 @@ def _guard_problems(path: str, config_file: str) -> list[Problem]:
 
 
 def _cmd_stats(args: argparse.Namespace) -> int:
-    from tank_log.lakehouse import ExportedSeqs, TableUnreadable, check_source, storage_options
+    from tank_log.lakehouse import ExportedSeqs, TableUnreadable
     from tank_log.lakehouse.location import catalog_setting
     from tank_log.metrics import stats_registry, write_metrics
     from tank_log.storage.datadir import Unread
@@ -110,11 +111,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
     unread: list[Unread] = []
     exported = None
-    if args.export_table:
-        catalog = catalog_setting(args.export_catalog, None, args.export_format, "--export-catalog")
-        options = storage_options({}, args.storage_option)
-        source = check_source(args.source, "--source") if args.source else None
-        exported = ExportedSeqs(args.export_table, options, args.export_format, catalog, source)
+    table, options, fmt, catalog, source = _export_table(args, args.export_table, args.export_format)
+    if table:
+        catalog = catalog_setting(args.export_catalog, catalog, fmt, "--export-catalog")
+        exported = ExportedSeqs(table, options, fmt, catalog, source)
     try:
         rows = stats_path(args.path, args.topics, unread=unread, exported=exported)
     except TableUnreadable as err:
@@ -139,19 +139,43 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     return _incomplete("stats", unread) or (1 if any(r.error for r in rows) else 0)
 
 
+def _export_table(
+    args: argparse.Namespace, table: str | None, fmt: str | None
+) -> tuple[str | None, dict[str, str], str, Catalog | None, str | None]:
+    """The export's table as `--config FILE`'s export section names it (table, format, catalog, storage options,
+    source), the flags over it: (table, storage options, format, catalog, source)."""
+    from tank_log.lakehouse import check_source, storage_options
+
+    export = None
+    if args.config:
+        from tank_log.jobs.config import load_job_config
+
+        export = load_job_config(args.config).export
+    options = storage_options(dict(export.storage_options) if export else {}, args.storage_option)
+    source = check_source(args.source, "--source") if args.source else (export.source if export else None)
+    return (
+        table or (export.table if export else None),
+        options,
+        fmt or (export.format if export else "delta"),
+        export.catalog if export else None,
+        source,
+    )
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from tank_log.lakehouse import TableUnreadable, check_source, default_source, storage_options
+    from tank_log.lakehouse import TableUnreadable, default_source
     from tank_log.lakehouse.location import catalog_setting, locate
     from tank_log.tools.audit import audit_table, format_table
 
-    fmt = args.format or "delta"
-    catalog = catalog_setting(args.catalog, None, fmt)
+    name, options, fmt, catalog, source = _export_table(args, args.table, args.format)
+    if not name:
+        raise UsageError("--table TABLE, or --config FILE whose export section names it")
+    catalog = catalog_setting(args.catalog, catalog, fmt)
     if not os.path.isdir(args.path):
         raise UsageError(f"{args.path}: not a directory (give a broker base path, a topic or a partition directory)")
-    source = check_source(args.source, "--source") if args.source else default_source()
-    options = storage_options({}, args.storage_option)
+    source = source or default_source()
     try:
-        location = locate(args.table, options, fmt, catalog, source)
+        location = locate(name, options, fmt, catalog, source)
     except RunFailed as err:  # a REST catalog out of reach
         print(f"tank-log audit: {err}", file=sys.stderr)
         return 1
@@ -166,7 +190,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         raise UsageError(f"{location}: no {fmt} table there")
     from tank_log.jobs.config.models import default_dead_letter_table
 
-    dead = locate(default_dead_letter_table(args.table), options, fmt, catalog, source).open()  # typed values'
+    dead = locate(default_dead_letter_table(name), options, fmt, catalog, source).open()  # typed values'
     report = audit_table(args.path, table, str(location), args.topics, source, dead)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -527,9 +551,9 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument(
         "--export-format",
         choices=sorted(FORMATS),
-        default="delta",
-        help="the --export-table's format (default delta)",
+        help="the --export-table's format (default: --config's export.format, else delta)",
     )
+    _add_export_config(p)
     p.add_argument(
         "--export-catalog",
         metavar="URI",
@@ -551,16 +575,26 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     p.add_argument("path", help="base path (or topic or partition directory) the table was exported from")
     p.add_argument(
         "--table",
-        required=True,
         metavar="TABLE",
-        help="the export's table: a path or URI, or with a REST --catalog its name (namespace.table)",
+        help="the export's table: a path or URI, or with a REST --catalog its name (namespace.table); default: "
+        "--config's export.table",
     )
+    _add_export_config(p)
     add_table_format(p)
     add_storage_option(p, "--table")
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
     add_source(p)
     p.add_argument("--json", action="store_true", help="the report as JSON")
     p.set_defaults(func=_cmd_audit)
+
+
+def _add_export_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the job configuration whose export section names the table (table, format, catalog, storage options, "
+        "source), as the export job reads it; each flag overrides its own",
+    )
 
 
 def _add_maintenance_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -48,8 +48,9 @@ def by_name(server: Server, table: str, *flags: str) -> list[str]:
 
 def test_guard_stats_audit_and_import_by_name(tmp_path, server):
     """A table named `tank.guarded` in the catalog: retention's guard keeps what the table lacks (`keep_unexported:
-    {table: export}`), stats and audit measure the lag (`--catalog http://…`), and, caught up, the import by name
-    (`--table NAME --format iceberg --catalog http://…`, no config) restores a base the audit finds equal."""
+    {table: export}`), stats and audit measure the lag (`--catalog http://…`, or `--config` naming the export's
+    table), and, caught up, the import by name (`--table NAME --format iceberg --catalog http://…`, no config)
+    restores a base the audit finds equal."""
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10), (21, 10)], 31)
     cfg = write_config(tmp_path, server, "tank.guarded")
@@ -80,8 +81,10 @@ def test_guard_stats_audit_and_import_by_name(tmp_path, server):
 
     r, _ = job("export_delta", cfg, "--data-dir", base)
     assert r.returncode == 0, r.stderr[-3000:]  # caught up: 1..80
-    r = cli("audit", base, "--format", "iceberg", *by_name(server, "tank.guarded", "--table"))
+    r = cli("audit", base, "--config", cfg)  # the table, its format and catalog: the config's export section
     assert r.returncode == 0 and "verdict: ok" in r.stdout, r.stdout + r.stderr[-3000:]
+    r = cli("stats", base, "--json", "--config", cfg)
+    assert r.returncode == 0 and json.loads(r.stdout)[0]["export_lag_messages"] == 0, r.stderr[-3000:]
 
     restored = str(tmp_path / "restored")
     named = by_name(server, "tank.guarded", "--table")
