@@ -5,6 +5,9 @@ Parquet copy into Delta with the same engine (deltalake's write_deltalake); then
 jobs/import_delta.py into an empty base path, beside the library's writer (write_partition) writing the same rows in
 process.
 
+Typed values: the same messages as Avro and as Protobuf values, each exported into a typed table beside the binary
+export, with the decoding's share of each export's time.
+
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
      python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
 """
@@ -14,10 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -33,7 +38,8 @@ from tank_log.storage.partition_writer import PartitionWriter, write_partition  
 from tank_log.storage.writer import BundlePolicy  # noqa: E402
 
 
-def generate(base: str, messages: int, partitions: int) -> None:
+def generate(base: str, messages: int, partitions: int, encode: Callable[[bytes], bytes] | None = None) -> None:
+    """The benchmark's messages; `encode`: their values re-encoded (the typed exports' Avro, Protobuf)."""
     per = messages // partitions
     bundles = per // BUNDLE
     for p in range(partitions):
@@ -41,7 +47,7 @@ def generate(base: str, messages: int, partitions: int) -> None:
         def msgs(p=p):
             for b in range(bundles):
                 for j, (ts, key, value) in enumerate(bundle_messages(p * bundles + b)):
-                    yield Message(b * BUNDLE + j + 1, ts, key, value)
+                    yield Message(b * BUNDLE + j + 1, ts, key, encode(value) if encode else value)
 
         write_partition(
             os.path.join(base, "bench", str(p)),
@@ -208,6 +214,7 @@ def main() -> None:
     import_wall, imp = import_back(table, work)  # beside the library's writer on the same rows
     library_writer = library_writer_s(rows, work, args.partitions)
 
+    typed = typed_exports(work, args.messages, args.partitions, s)
     out = {
         "machine": machine(),
         "messages": s["rows"],
@@ -244,8 +251,88 @@ def main() -> None:
         "library_writer_messages_s": round(library_writer["messages"], 2),
         "library_writer_columns_s": round(library_writer["columns"], 2),
         "ratio_import_job_vs_library_writer_columns": round(imp["import_s"] / library_writer["columns"], 2),
+        **typed,
     }
     print(json.dumps(out, indent=2))
+
+
+# ---- typed values: the same messages as Avro and Protobuf values (docs/guides/typed-tables.md) ----------------------
+
+ROW_FIELDS = (("id", "long", "int64"), ("i", "long", "int64"), ("name", "string", "string"),
+              ("amount", "double", "double"), ("flags", "string", "string"), ("note", "string", "string"))  # fmt: skip
+VALUE = re.compile(rb'\{"id":(\d+),"i":(\d+),"name":"([^"]*)","amount":([0-9.]+),"flags":"([^"]*)","note":"(.*)')
+
+
+def _record(value: bytes) -> dict:
+    """The fields of a benchmark value (BENCH.md's JSON, cut at 100 bytes: its note is what is left)."""
+    m = VALUE.match(value)
+    assert m is not None, value
+    ident, i, name, amount, flags, note = m.groups()
+    return {"id": int(ident), "i": int(i), "name": name.decode(), "amount": float(amount), "flags": flags.decode(),
+            "note": note.decode()}  # fmt: skip
+
+
+def _schemas(work: str) -> tuple[str, str]:
+    """The rows' Avro schema (.avsc) and Protobuf schema (.proto, message bench.Row), written under `work`."""
+    avsc, proto = os.path.join(work, "row.avsc"), os.path.join(work, "row.proto")
+    with open(avsc, "w") as fh:
+        json.dump({"type": "record", "name": "Row", "fields": [{"name": n, "type": t} for n, t, _ in ROW_FIELDS]}, fh)
+    with open(proto, "w") as fh:
+        body = "".join(f"  {pt} {n} = {k};\n" for k, (n, _, pt) in enumerate(ROW_FIELDS, 1))
+        fh.write(f'syntax = "proto3";\npackage bench;\nmessage Row {{\n{body}}}\n')
+    return avsc, proto
+
+
+def typed_exports(work: str, messages: int, partitions: int, binary: dict) -> dict:
+    """The benchmark's messages as Avro and as Protobuf values, each exported in the driver (the default settings)
+    into a typed table, beside the binary export (`binary`: its summary); and the decoding's share of each export:
+    the same values decoded in this process, in the export's batch size, over the export's time."""
+    import io
+
+    import fastavro
+    import pyarrow as pa
+
+    from tank_log.values import ValueSpec, decoder_for
+
+    avsc, proto = _schemas(work)
+    avro_schema = fastavro.parse_schema(json.load(open(avsc)))
+
+    def avro(value: bytes) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, avro_schema, _record(value))
+        return out.getvalue()
+
+    pb_spec = ValueSpec("protobuf", schema_file=proto, message="bench.Row")
+    row_cls = getattr(decoder_for(pb_spec), "_cls")  # noqa: B009 - the compiled message class
+
+    def protobuf(value: bytes) -> bytes:
+        return row_cls(**_record(value)).SerializeToString()
+
+    out: dict = {}
+    for name, encode, spec, flags in (
+        ("avro", avro, ValueSpec("avro", schema_file=avsc), ["--value-schema-file", avsc]),
+        ("protobuf", protobuf, pb_spec, ["--value-schema-file", proto, "--value-message", "bench.Row"]),
+    ):
+        base = os.path.join(work, f"data-{name}")
+        shutil.rmtree(base, ignore_errors=True)
+        generate(base, messages, partitions, encode)
+        wall, rep = export_in_driver(base, os.path.join(work, f"table-{name}"), ["--value-format", name, *flags])
+        assert rep["rows"] == binary["rows"] and not rep.get("dead_lettered"), rep
+        values = [encode(v) for b in range(min(messages, 200_000) // BUNDLE) for _, _, v in bundle_messages(b)]
+        decoder = decoder_for(spec)
+        t0 = time.perf_counter()
+        for k in range(0, len(values), 8192):  # about the rows of a read batch
+            decoder.decode(pa.array(values[k : k + 8192], pa.binary()))
+        decode_s = (time.perf_counter() - t0) * rep["rows"] / len(values)
+        out |= {
+            f"{name}_process_wall_s": round(wall, 2),
+            f"{name}_export_s": rep["export_s"],
+            f"{name}_rows_per_s": round(rep["rows"] / rep["export_s"]),
+            f"ratio_{name}_vs_binary_export": round(rep["export_s"] / binary["export_s"], 2),
+            f"{name}_decode_s": round(decode_s, 2),
+            f"{name}_decode_share_of_export": round(decode_s / rep["export_s"], 2),
+        }
+    return out
 
 
 def export_to_s3(args) -> None:

@@ -387,7 +387,8 @@ def _topics_of(ctx: JobContext, cfg: ExportConfig) -> Sequence[str | None]:
 
 def _spec_of(fields: dict[str, Any]) -> ValueSpec | None:
     """A ValueSpec of the export's value keys, checked; None when values are not typed through `tank_log.values`."""
-    from tank_log.values import ValueSpec, decoder_for
+    from tank_log.values import ValueSpec
+    from tank_spark.export.rows import decoder_of
 
     fmt, schema_file = fields["format"], fields.get("schema_file")
     if fmt in ("binary", "utf8") or (fmt == "json" and not schema_file):
@@ -404,7 +405,7 @@ def _spec_of(fields: dict[str, Any]) -> ValueSpec | None:
         fields.get("registry_url"),
         fields.get("wire") or "auto",
     )
-    decoder_for(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
+    decoder_of(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
     return spec
 
 

@@ -19,7 +19,7 @@ from tank_spark.schema import TS_RAW
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from tank_log.values import ValueDecoder
+    from tank_log.values import ValueDecoder, ValueSpec
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
 
@@ -107,11 +107,15 @@ _DECODERS: dict[str, ValueDecoder] = {}  # per process (the driver, an executor'
 
 
 def value_decoder(settings: ExportSettings) -> ValueDecoder:
-    """The decoder of the settings' typed values (`tank_log.values.decoder_for`), built once per process."""
+    """The decoder of the settings' typed values, built once per process (`decoder_of`)."""
+    assert settings.value_spec is not None  # `ExportSettings.typed`
+    return decoder_of(settings.value_spec)
+
+
+def decoder_of(spec: ValueSpec) -> ValueDecoder:
+    """`tank_log.values.decoder_for(spec)`, built once per process (a .proto schema compiles in a subprocess)."""
     from tank_log.values import decoder_for
 
-    spec = settings.value_spec
-    assert spec is not None  # `ExportSettings.typed`
     key = repr(spec)
     if key not in _DECODERS:
         _DECODERS[key] = decoder_for(spec)
