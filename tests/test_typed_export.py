@@ -320,3 +320,27 @@ def test_protobuf_and_json_schema_values_become_typed_columns(tmp_path):
     assert got == [(1, 7, "Oslo", {"x": 1}), (3, 7, "Oslo", {"x": 1})]
     ((seq, error),) = rows(js + "_dead_letters", "seq,error")
     assert seq == 2 and error
+
+
+def test_per_topic_value_settings(tmp_path, capfd):
+    """export.topics.<topic> overrides the section for its topic; a run whose topics decode differently is refused
+    (one table holds one set of value columns); --value-format applies to every topic of the run."""
+    base = str(tmp_path / "data")
+    write_topic(base, "clicks", {0: [avro(SMALL, click(1))]})
+    write_topic(base, "raw", {0: [b"bytes"]})
+    cfg = config(
+        tmp_path, value_format="binary", topics={"clicks": {"value_format": "avro", "value_schema_file": SMALL}}
+    )
+    table = str(tmp_path / "t")
+    report = str(tmp_path / "r.json")
+    assert export("--config", cfg, "--data-dir", base, "--topics", "clicks", "--table", table, "--report", report) == 0
+    assert rows(table, "seq,user,page") == [(1, 1, "/p1")]
+    assert json.load(open(report))["summary"]["dead_letter_table"] == table + "_dead_letters"
+    assert export("--config", cfg, "--data-dir", base, "--topics", "raw", "--table", str(tmp_path / "r")) == 0
+    assert rows(str(tmp_path / "r"), "seq,value") == [(1, b"bytes")]
+    capfd.readouterr()
+    assert export("--config", cfg, "--data-dir", base, "--table", str(tmp_path / "both")) == 2
+    assert "have different value formats" in capfd.readouterr().err and not os.path.exists(tmp_path / "both")
+    flags = ["--value-format", "binary"]  # the flag's format is every topic's: the override does not apply
+    assert export("--config", cfg, "--data-dir", base, "--table", str(tmp_path / "b"), *flags) == 0
+    assert rows(str(tmp_path / "b"), "topic,value") == [("clicks", avro(SMALL, click(1))), ("raw", b"bytes")]

@@ -173,6 +173,7 @@ class BadRun:
     dead_files: list[dict[str, Any]] = field(default_factory=list)
     version: int | None = None
     mode: str = "dead_letter"
+    name: str | None = None  # the dead-letter table's path or name, for the report
 
     @classmethod
     def start(cls, settings: ExportSettings, plans: list[PartitionPlan]) -> BadRun | None:
@@ -180,7 +181,8 @@ class BadRun:
         if not settings.typed:
             return None
         table = open_dead_letters(settings, create=settings.on_bad_record == "dead_letter")
-        return cls(table, recorded(table, plans), mode=settings.on_bad_record)
+        name = dead_letter_settings(settings).table
+        return cls(table, recorded(table, plans), mode=settings.on_bad_record, name=name)
 
     def settle(self, settings: ExportSettings, written: Written, cut: Cut) -> Cut:
         """Count the kept ranges' bad values; with `fail`, fail each partition holding one (nothing of it
@@ -239,7 +241,7 @@ class BadRun:
         if field_of is not None:
             summary[field_of] = total
         if self.table is not None:
-            summary["dead_letter_table"] = self.table.location.uri if hasattr(self.table, "location") else None
+            summary["dead_letter_table"] = self.name
             summary["dead_letter_version"] = self.version
 
 
