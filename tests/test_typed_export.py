@@ -344,3 +344,41 @@ def test_per_topic_value_settings(tmp_path, capfd):
     flags = ["--value-format", "binary"]  # the flag's format is every topic's: the override does not apply
     assert export("--config", cfg, "--data-dir", base, "--table", str(tmp_path / "b"), *flags) == 0
     assert rows(str(tmp_path / "b"), "topic,value") == [("clicks", avro(SMALL, click(1))), ("raw", b"bytes")]
+
+
+def test_schema_ids_from_a_registry(tmp_path):
+    """`export.value_registry_url`: a writer's schema by its id from a Schema Registry (a real HTTP server on
+    loopback speaking `GET /schemas/ids/{id}`); an id the registry does not know is a dead letter."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    schema_text = open(SMALL).read()
+
+    class Registry(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            known = self.path == "/schemas/ids/5"
+            body = json.dumps({"schema": schema_text} if known else {"error_code": 40403, "message": "not found"})
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base, table = str(tmp_path / "data"), str(tmp_path / "t")
+        write_topic(
+            base, "clicks", {0: [framed(5, avro(SMALL, click(i))) if i != 1 else framed(6, b"") for i in range(3)]}
+        )
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_registry_url=url)
+        assert export("--config", cfg, "--data-dir", base, "--table", table) == 0
+    finally:
+        server.shutdown()
+    assert rows(table, "seq,user") == [(1, 0), (3, 2)]
+    ((seq, schema_id, error),) = rows(table + "_dead_letters", "seq,schema_id,error")
+    assert (seq, schema_id) == (2, 6) and "6" in error
