@@ -126,6 +126,22 @@ def _compile(path: str) -> bytes:
             return fh.read()
 
 
+def _main_of_text(text: str) -> Any:
+    """The main file of a registry's `.proto` text, compiled; None when protoc cannot compile it alone (it imports
+    other registered schemas)."""
+    with tempfile.TemporaryDirectory(prefix=".tank-log-registry-") as tmp:
+        path = os.path.join(tmp, "registered.proto")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        try:
+            data = _compile(path)
+        except ValueSchemaError:
+            return None
+    fds = descriptor_pb2.FileDescriptorSet()
+    fds.ParseFromString(data)
+    return fds.file[-1] if fds.file else None
+
+
 def message_descriptor(pool: Any, name: str, where: str, choices: list[str]) -> Any:
     """The descriptor of message `name`; ValueSchemaError naming the file and the messages it has."""
     try:
@@ -301,7 +317,8 @@ class ProtobufDecoder(BatchDecoder):
         start = 0
         if schema_id is not None:
             indexes, start = message_indexes(payload)
-            key = (schema_id if schema_id in self._mains else None, tuple(indexes))
+            own = schema_id in self._mains or self._fetch is not None  # the id's own schema (a file, the registry's)
+            key = (schema_id if own else None, tuple(indexes))
             if key not in self._indexed:
                 self._indexed[key] = self._mismatch(key[0], indexes, start)
             mismatch = self._indexed[key]
@@ -317,7 +334,9 @@ class ProtobufDecoder(BatchDecoder):
 
     def _mismatch(self, schema_id: int | None, indexes: list[int], start: int) -> str | None:
         """Why the message indexes do not name the reader's message (in the id's schema), or None when they do
-        (or the id's schema is not at hand: a registry's)."""
+        (or the id's schema cannot be had: a registry's that imports others)."""
+        if schema_id is not None and schema_id not in self._mains and self._fetch is not None:
+            self._mains[schema_id] = _main_of_text(self._fetch(schema_id))
         main = self._mains.get(schema_id)
         if main is None:
             return None

@@ -147,3 +147,17 @@ def test_a_registry_url_with_a_key_and_secret_sends_basic_auth_and_never_shows_t
     assert str(err.value) == f"schema registry {registry}/schemas/ids/1: HTTP 401 Unauthorized"
     with pytest.raises(ValueSchemaError, match=r"^schema registry ftp://key:\*\*\*@host: not an http\(s\) URL$"):
         decoder_for(ValueSpec("avro", schema_file=SMALL, registry_url="ftp://key:secret@host"))
+
+
+def test_protobuf_message_indexes_are_checked_against_the_registrys_schema(registry):
+    click = os.path.join(DATA, "click_v2.proto")
+    _Registry.schemas[4] = {"schema": _text(click), "schemaType": "PROTOBUF"}
+    _Registry.schemas[5] = {"schema": 'syntax = "proto3";\nimport "other.proto";\nmessage B { other.O o = 1; }\n',
+                            "schemaType": "PROTOBUF"}  # fmt: skip
+    decoder = decoder_for(ValueSpec("protobuf", schema_file=click, registry_url=registry))
+    payload = decoder._cls(user_id=1, page="/p", ms=2).SerializeToString()
+    values = [b"\x00" + i.to_bytes(4, "big") + b"\x00" + payload for i in (4, 3, 5)]
+    out = decoder.decode(pa.array(values, pa.binary()))
+    assert out.bad.tolist() == [False, True, False]  # id 5's schema imports another: no check, the reader decodes
+    assert out.columns.to_pylist()[0] == {"user_id": 1, "page": "/p", "ms": 2, "referrer": None}
+    assert out.errors.to_pylist()[1] == "protobuf: bytes 5-5: message indexes [0] name A, not shop.v1.Click"
