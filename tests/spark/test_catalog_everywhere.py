@@ -22,9 +22,9 @@ TANK_LOG = [sys.executable, "-m", "tank_log.tools.cli"]
 LIMITS = {"topics": {"logs": {"segments_count": 2}}}  # keep 2 RO segments: tank-log's limit, not the broker's
 
 
-def write_config(tmp_path, server: Server, table: str) -> str:
+def write_config(tmp_path, server: Server, table: str, **more) -> str:
     path = tmp_path / "job.yaml"
-    export = {"table": table, "format": "iceberg", "catalog": {"type": "rest", "uri": server.uri}}
+    export = {"table": table, "format": "iceberg", "catalog": {"type": "rest", "uri": server.uri}, **more}
     path.write_text(yaml.safe_dump({"export": export, "retention": {**LIMITS, "keep_unexported": {"table": "export"}}}))
     return str(path)
 
@@ -156,11 +156,11 @@ def test_latest_mode_and_upkeep_by_name(tmp_path, server):
 
 
 def test_the_continuous_export_by_name(tmp_path, server):
-    """`--continuous` into `tank.stream` named in the catalog: what the base holds, then what the broker appends,
-    each message once; SIGTERM ends it cleanly (exit 0, the report written)."""
+    """`--continuous` into `tank.stream` named in the catalog, partitioned by `topic, hour(ts)`: what the base holds,
+    then what the broker appends, each message once; SIGTERM ends it cleanly (exit 0, the report written)."""
     base = str(tmp_path / "base")
     pdir = _logs(base, [(1, 10), (11, 10), (21, 10)], 31)
-    cfg = write_config(tmp_path, server, "tank.stream")
+    cfg = write_config(tmp_path, server, "tank.stream", partition_by=["topic", "hour(ts)"])
     args = ["--config", cfg, "--data-dir", base, "--continuous", "--checkpoint", str(tmp_path / "ck")]
     query = subprocess.Popen(
         [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[2]", *args,
@@ -188,6 +188,8 @@ def test_the_continuous_export_by_name(tmp_path, server):
     summary = json.loads((tmp_path / "stream.json").read_text())["summary"]
     assert summary["rows"] == 80 and summary["stopped"] == "signal"
     assert seqs() == list(range(1, 81))
+    spec = server.catalog().load_table("tank.stream").spec()
+    assert [(f.name, str(f.transform)) for f in spec.fields] == [("topic", "identity"), ("ts_hour", "hour")]
 
 
 def wait_until(done, proc, what, timeout=180):

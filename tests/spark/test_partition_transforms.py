@@ -4,6 +4,8 @@ DuckDB, a second export onto the table (its spec respected: another `partition_b
 equivalent (`day(ts)` is the `date` column), and the transforms it has none of refused in one line."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from conftest import copy_tree, data_dir, duckdb_with, run_job_script
@@ -28,7 +30,8 @@ def test_iceberg_transforms_written_pruned_and_kept(tmp_path):
     """`topic, day(ts), bucket(4, key)`: pyiceberg reads the spec back (identity, day, bucket[4]); DuckDB reads every
     message of the fixture; a second export with another partition_by is refused naming the table's spec, and with
     the table's it appends the new day's messages once. A filter on ts plans only the new day's files, one on key only
-    its bucket's, and both return exactly the rows the filter keeps of the whole table."""
+    its bucket's, and both return exactly the rows the filter keeps of the whole table; the audit finds each seq
+    once."""
     import pyarrow.compute as pc
     from pyiceberg.expressions import EqualTo, GreaterThanOrEqual
 
@@ -66,6 +69,10 @@ def test_iceberg_transforms_written_pruned_and_kept(tmp_path):
     planned = [f.file.file_path for f in new_day.plan_files()]
     assert planned and len(planned) < len(files) and all(f"ts_day={NEW_DAY}" in p for p in planned)
     assert sorted(new_day.to_arrow()["seq"].to_pylist()) == sorted(s for _, _, s, _ in appended)
+
+    audit = [sys.executable, "-m", "tank_log.tools.cli", "audit", base, "--table", table, "--format", "iceberg"]
+    r = subprocess.run([*audit, "--topics", ",".join(sorted(TOPICS))], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "verdict: ok" in r.stdout, r.stdout + r.stderr[-3000:]  # each seq once
 
     key = everything.filter(pc.is_valid(everything["key"]))["key"][0].as_py()
     one_key = t.scan(row_filter=EqualTo("key", key))
