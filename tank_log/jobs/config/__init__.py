@@ -41,11 +41,11 @@ One format for every job; durations and sizes use the broker's grammar (docs/FOR
     export:                             # jobs/export_delta.py (flags override)
       table: /lake/tank/events          # the table's path or URI
       format: delta                     # delta | iceberg (pyiceberg, a SQL catalog)
-      catalog: null                     # iceberg: SQLAlchemy URI (default: a SQLite file beside a local table)
+      catalog: null                     # iceberg: SQLAlchemy URI (default: SQLite beside the table), {type: rest, uri}
       engine: deltalake                 # deltalake (delta-rs) | spark (delta-spark, needs Delta's jars)
       value_format: json                # binary | utf8 | json
       value_schema: "id long, name string"
-      partition_by: [topic, date]       # from topic, partition, date (UTC date of ts)
+      partition_by: [topic, date]       # topic, partition, date (UTC date of ts); Iceberg also day(ts), bucket(N, key)
       target_file_size: 128mb
       on_corruption: prefix             # a partition with malformed data: export what precedes it | skip it
       storage_options:                  # object stores, as delta-rs names them (the environment fills the rest)
