@@ -202,6 +202,9 @@ class DeltaLakeTable(DeltaTable):
         (delta_field,) = Schema.from_arrow(pa.schema([field.with_nullable(True)])).fields
         self.alter.add_columns([delta_field])
 
+    def delete_rows(self, predicate: str) -> None:
+        self.delete(predicate)  # delta-rs' DELETE: the files holding matches rewritten without them
+
     def commit(
         self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
     ) -> int:

@@ -318,6 +318,10 @@ class IcebergTable:
             update.add_column(column.name, column.field_type, required=False)
         self.refresh()
 
+    def delete_rows(self, predicate: str) -> None:
+        self.table.delete(predicate)  # pyiceberg parses the predicate; a copy-on-write of the files holding matches
+        self.refresh()
+
     def commit(
         self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
     ) -> int:

@@ -406,6 +406,11 @@ class LakeTable(Protocol):
         """Schema evolution: add a nullable column (old rows read it as null)."""
         ...
 
+    def delete_rows(self, predicate: str) -> None:
+        """Delete the rows matching `predicate` (SQL: `col = 'x' AND col IN (1, 2)`) in one commit (the dead letters
+        a replay moved into the export's table)."""
+        ...
+
     def commit(
         self, schema: pa.Schema, files: list[DataFile], versions: dict[str, int], run_id: str, metadata: dict[str, str]
     ) -> int:

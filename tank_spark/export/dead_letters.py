@@ -354,9 +354,7 @@ def _held_by(table: LakeTable, letters: pa.Table, source: str | None) -> Any:
 
 def _remove_letters(dead: LakeTable, done: pa.Table, source: str | None) -> None:
     """Delete the rows of `done` (topic, partition, seq) of this source from the dead-letter table, one delete per
-    partition (Delta: delta-rs' DELETE; Iceberg: pyiceberg's, a copy-on-write of the files holding them)."""
-    from deltalake import DeltaTable
-
+    partition (`LakeTable.delete_rows`)."""
     by_part: dict[tuple[str, int], list[int]] = {}
     d = done.to_pydict()
     for t, p, s in zip(d["topic"], d["partition"], d["seq"], strict=True):
@@ -365,10 +363,7 @@ def _remove_letters(dead: LakeTable, done: pa.Table, source: str | None) -> None
         where = f"topic = '{_quoted(t)}' AND partition = {int(p)} AND seq IN ({', '.join(str(int(s)) for s in seqs)})"
         if source is not None:
             where += f" AND source = '{_quoted(source)}'"
-        if isinstance(dead, DeltaTable):  # DeltaLakeTable: delta-rs' DELETE
-            dead.delete(where)
-        else:  # Iceberg: pyiceberg's delete, a copy-on-write of the files holding them
-            getattr(dead, "table").delete(where)  # noqa: B009 - IcebergLakeTable's pyiceberg table
+        dead.delete_rows(where)
     dead.refresh()
 
 
