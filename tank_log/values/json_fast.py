@@ -96,7 +96,41 @@ def _number(v: Any) -> bool:
 
 
 def _types_check(kinds: list[str], modern: bool) -> Check:
+    if len(kinds) == 1:  # the common case, without a call per kind
+        kind = kinds[0]
+        if kind == "string":
+            return lambda v: isinstance(v, str)
+        if kind == "integer" and not modern:
+            return lambda v: isinstance(v, int) and not isinstance(v, bool)
+        if kind == "integer":
+            return lambda v: (
+                (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+            )
+        if kind == "object":
+            return lambda v: isinstance(v, dict)
     return lambda v: any(_is_type(k, v, modern) for k in kinds)
+
+
+def _all(checks: list[Check]) -> Check:
+    """All of `checks`, in order (unrolled for the common short lists)."""
+    if not checks:
+        return lambda v: True
+    if len(checks) == 1:
+        return checks[0]
+    if len(checks) == 2:
+        a, b = checks
+        return lambda v: a(v) and b(v)
+    if len(checks) == 3:
+        a, b, c = checks
+        return lambda v: a(v) and b(v) and c(v)
+
+    def every(v: Any) -> bool:
+        for check in checks:
+            if not check(v):
+                return False
+        return True
+
+    return every
 
 
 def _bound_check(key: str, bound: float) -> Check:
@@ -168,11 +202,27 @@ def _compile(node: Any, root: Mapping[str, Any], fc: Any, modern: bool, refs: fr
             checks.append(_length_check(key, node[key]))
     if "required" in node:
         required = list(node["required"])
-        checks.append(lambda v: not isinstance(v, dict) or all(r in v for r in required))
+
+        def has_required(v: Any) -> bool:
+            if isinstance(v, dict):
+                for name in required:
+                    if name not in v:
+                        return False
+            return True
+
+        checks.append(has_required)
     props = node.get("properties", {})
     if props:
         subs = [(name, _compile(sub, root, fc, modern, refs)) for name, sub in props.items()]
-        checks.append(lambda v: not isinstance(v, dict) or all(name not in v or c(v[name]) for name, c in subs))
+
+        def properties(v: Any) -> bool:
+            if isinstance(v, dict):
+                for name, check in subs:
+                    if name in v and not check(v[name]):
+                        return False
+            return True
+
+        checks.append(properties)
     if "additionalProperties" in node:
         extra = node["additionalProperties"]
         known = set(props)
@@ -192,8 +242,4 @@ def _compile(node: Any, root: Mapping[str, Any], fc: Any, modern: bool, refs: fr
     if "anyOf" in node:
         branches = [_compile(b, root, fc, modern, refs) for b in node["anyOf"]]
         checks.append(lambda v: any(b(v) for b in branches))
-    if not checks:
-        return lambda v: True
-    if len(checks) == 1:
-        return checks[0]
-    return lambda v: all(c(v) for c in checks)
+    return _all(checks)
