@@ -30,6 +30,11 @@ logging.getLogger("py4j").setLevel(logging.WARNING)  # no "Closing down clientse
 # once per Spark installation, `tank_spark/class_archive.py`: ~4 s less per SparkSession start) and start no web UI.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
+# Delta on Spark rebuilds a table's state in 50 tasks by default. Our local drivers ask for 2 (`tank_spark.jars.
+# configure`); the sessions the docs' examples build themselves get 2 from here (the drivers' system properties), as
+# on a host whose spark-defaults.conf says so: the docs' read of one table through s3a took 74 s, then 36 s (load 16).
+DELTA_SNAPSHOT_PARTITIONS = ("spark.databricks.delta.snapshotPartitions", "2")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # the repository
 FIXTURES = os.path.join(HERE, "data", "fixtures")
@@ -316,7 +321,8 @@ def pytest_collection_finish(session):
         build(archive)
         print(f"\nbuilt the Spark driver class archive {archive} in {time.monotonic() - t0:.0f}s", file=sys.stderr)
     opts = os.environ["SPARK_SUBMIT_OPTS"]
-    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -XX:SharedArchiveFile={archive} -Dspark.ui.enabled=false"
+    snapshot = "-D{}={}".format(*DELTA_SNAPSHOT_PARTITIONS)
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{opts} -XX:SharedArchiveFile={archive} -Dspark.ui.enabled=false {snapshot}"
 
 
 def many_small_partitions(base, n: int) -> str:
