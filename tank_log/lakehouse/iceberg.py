@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError, RunFailed
-from tank_log.lakehouse.partitioning import add_files, check_rewritable, iceberg_spec, spec_terms
+from tank_log.lakehouse.partitioning import check_rewritable, spec_terms, terms
 from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
     LEGACY_SOURCE_KEY,
@@ -53,8 +53,9 @@ if TYPE_CHECKING:
     import pyarrow.dataset as ds
     from pyiceberg.catalog import Catalog
     from pyiceberg.expressions import BooleanExpression
+    from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
-    from pyiceberg.table import Table
+    from pyiceberg.table import Table, Transaction
 
     from tank_log.lakehouse.location import LakeTable, RestCatalog, TableLocation
 
@@ -333,7 +334,7 @@ class IcebergTable:
         summary = commit_summary(self, run_id, versions)
         tx = self.table.transaction()
         recording = self._recording(tx, versions)
-        add_files(  # partitioning.py: a bucket's partition is the writer's, not inferred from the files
+        _add_files(  # a bucket's partition is the writer's, not inferred from the files
             tx,
             [f"{root}/{f.path}" for f in files],
             [f.partition_values for f in files],
@@ -779,6 +780,87 @@ def open(location: TableLocation) -> IcebergTable | None:  # noqa: A001 (the for
     return IcebergTable(location, table)
 
 
+def _partition_spec(partition_by: tuple[str, ...], schema: Schema) -> PartitionSpec:
+    """The partition spec of `partition_by` (`partitioning.terms`) over the table's `schema`, field ids from 1000."""
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.transforms import BucketTransform, DayTransform, HourTransform, IdentityTransform, MonthTransform
+
+    made = {"identity": IdentityTransform, "hour": HourTransform, "day": DayTransform, "month": MonthTransform}
+    return PartitionSpec(
+        *(
+            PartitionField(
+                source_id=schema.find_field(t.source).field_id,
+                field_id=1000 + i,
+                transform=BucketTransform(t.width or 1) if t.transform == "bucket" else made[t.transform](),
+                name=t.name,
+            )
+            for i, t in enumerate(terms(partition_by))
+        )
+    )
+
+
+def _add_files(
+    tx: Transaction,
+    paths: list[str],
+    values: list[dict[str, str | None]],
+    snapshot_properties: dict[str, str],
+    check_duplicate_files: bool = False,
+) -> None:
+    """`Transaction.add_files` whatever the table's spec: pyiceberg infers each file's partition from its columns'
+    bounds, which a bucket's cannot give; there the file's bucket is the writer's (`values`: each file's partition
+    values by field name, as `partitioning.partition_keys` made them)."""
+    meta = tx.table_metadata
+    spec, schema = meta.spec(), meta.schema()
+    if all(f.transform.preserves_order for f in spec.fields):
+        tx.add_files(paths, snapshot_properties=snapshot_properties, check_duplicate_files=check_duplicate_files)
+        return
+    import pyarrow.parquet as pq
+    from pyiceberg.io.pyarrow import (
+        compute_statistics_plan,
+        data_file_statistics_from_parquet_metadata,
+        parquet_path_to_id_mapping,
+    )
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    from pyiceberg.table import TableProperties
+    from pyiceberg.typedef import Record
+
+    if check_duplicate_files and tx._find_referenced_data_files(paths):
+        raise ValueError(f"files already referenced by the table: {', '.join(tx._find_referenced_data_files(paths))}")
+    if meta.name_mapping() is None:  # as add_files: readers map the files' columns by name
+        tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: schema.name_mapping.model_dump_json()})
+    io = tx._table.io
+    with tx.update_snapshot(snapshot_properties=snapshot_properties).fast_append() as append:
+        for path, by_name in zip(paths, values, strict=True):
+            file = io.new_input(path)
+            with file.open() as stream:
+                parquet = pq.read_metadata(stream)
+            stats = data_file_statistics_from_parquet_metadata(
+                parquet_metadata=parquet,
+                stats_columns=compute_statistics_plan(schema, meta.properties),
+                parquet_column_mapping=parquet_path_to_id_mapping(schema),
+            )
+            partition = [
+                stats._partition_value(f, schema)
+                if f.transform.preserves_order
+                else (None if by_name.get(f.name) is None else int(str(by_name[f.name])))
+                for f in spec.fields
+            ]
+            append.append_data_file(
+                DataFile.from_args(
+                    content=DataFileContent.DATA,
+                    file_path=path,
+                    file_format=FileFormat.PARQUET,
+                    partition=Record(*partition),
+                    file_size_in_bytes=len(file),
+                    sort_order_id=None,
+                    spec_id=meta.default_spec_id,
+                    equality_ids=None,
+                    key_metadata=None,
+                    **stats.to_serialized_dict(),
+                )
+            )
+
+
 def create(
     location: TableLocation,
     schema: pa.Schema,
@@ -797,7 +879,7 @@ def create(
     with _reaching(location.catalog):
         catalog.create_namespace_if_not_exists(identifier(location)[:-1])
     iceberg_schema = _iceberg_schema(schema)
-    spec = iceberg_spec(partition_by, iceberg_schema)
+    spec = _partition_spec(partition_by, iceberg_schema)
     try:
         with _reaching(location.catalog):
             table = catalog.create_table(

@@ -5,9 +5,10 @@ or an Iceberg transform: `identity(COL)`, `hour(ts)`, `day(ts)`, `month(ts)`, `b
 or `partition`). Terms are kept in a canonical spelling (`identity(topic)` is `topic`, `bucket(16,key)` is
 `bucket(16, key)`), which is also how an existing table's spec is named (`spec_terms`).
 
-- Iceberg: the terms become the table's partition spec at creation (`iceberg_spec`: hidden partitioning, the data
-  files hold only the table's columns); each data file holds one value of every term (`partition_keys`, which the
-  file writer groups rows by).
+- Iceberg: the terms become the table's partition spec at creation (hidden partitioning, the data files hold only
+  the table's columns: `iceberg.py`, the one module that speaks pyiceberg, makes the spec from `terms`); each data
+  file holds one value of every term (`partition_keys`, which the file writer groups rows by; a bucket's value is
+  Iceberg's Murmur3 bucket, which the commit gives pyiceberg, since no file bounds can tell it).
 - Delta has no transforms (generated columns are refused by this export's own commits: its files would have to
   honour the expressions): `day(ts)` is the `date` column (the UTC date of ts, as before) and `identity(COL)` the
   column; `hour`, `month` and `bucket` are refused in one line naming the term and the format (`for_format`).
@@ -28,9 +29,6 @@ from tank_log.errors import JobConfigError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyiceberg.partitioning import PartitionSpec
-    from pyiceberg.schema import Schema
-    from pyiceberg.table import Transaction
 
 COLUMNS = ("topic", "partition", "date")  # today's partition columns (identity)
 TIME_TRANSFORMS = ("hour", "day", "month")  # of ts
@@ -193,61 +191,28 @@ def partition_keys(batch: pa.RecordBatch, partition_by: tuple[str, ...]) -> tupl
 
 
 def _buckets(column: pa.Array, width: int) -> pa.Array:
-    """Iceberg's bucket of each value (32-bit Murmur3 of its bytes, mod `width`), hashed once per distinct value."""
+    """Iceberg's bucket of each value (its spec: the 32-bit Murmur3 hash of the value's bytes, an int or long's as 8
+    little-endian bytes, a string's UTF-8, masked to 31 bits, mod `width`), hashed once per distinct value."""
+    import struct
+
+    import mmh3
     import pyarrow as pa
     import pyarrow.compute as pc
-    from pyiceberg.transforms import BucketTransform
 
-    from_arrow = {pa.int32(): "int", pa.int64(): "long", pa.string(): "string", pa.large_string(): "string"}
-    iceberg_type = _iceberg_type(from_arrow.get(column.type, "binary"))
-    bucket = BucketTransform(width).transform(iceberg_type)
+    def bucket(v: Any) -> int | None:
+        if v is None:
+            return None
+        data = struct.pack("<q", v) if isinstance(v, int) else v
+        return (mmh3.hash(data) & 0x7FFFFFFF) % width
+
     encoded = pc.dictionary_encode(column)
     buckets = pa.array([bucket(v) for v in encoded.dictionary.to_pylist()], pa.int32())
     return pc.take(buckets, encoded.indices)
 
 
-def _iceberg_type(name: str) -> Any:
-    from pyiceberg.types import BinaryType, IntegerType, LongType, StringType
-
-    return {"int": IntegerType(), "long": LongType(), "string": StringType(), "binary": BinaryType()}[name]
-
-
-def iceberg_spec(partition_by: tuple[str, ...], schema: Schema) -> PartitionSpec:
-    """The Iceberg partition spec of `partition_by` over the table's `schema` (field ids from 1000, as Iceberg's)."""
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.transforms import (
-        BucketTransform,
-        DayTransform,
-        HourTransform,
-        IdentityTransform,
-        MonthTransform,
-        Transform,
-    )
-
-    def transform(t: Term) -> Transform[Any, Any]:
-        if t.transform == "bucket":
-            return BucketTransform(t.width or 1)
-        made: Transform[Any, Any] = {
-            "identity": IdentityTransform(),
-            "hour": HourTransform(),
-            "day": DayTransform(),
-            "month": MonthTransform(),
-        }[t.transform]
-        return made
-
-    return PartitionSpec(
-        *(
-            PartitionField(
-                source_id=schema.find_field(t.source).field_id, field_id=1000 + i, transform=transform(t), name=t.name
-            )
-            for i, t in enumerate(terms(partition_by))
-        )
-    )
-
-
-def spec_terms(spec: PartitionSpec, schema: Schema) -> tuple[str, ...]:
-    """An Iceberg table's partition spec as terms (`day(ts)`, `bucket(16, key)`; a transform this export does not
-    write, as Iceberg prints it: `truncate[4](key)`)."""
+def spec_terms(spec: Any, schema: Any) -> tuple[str, ...]:
+    """An Iceberg table's partition spec (pyiceberg's `PartitionSpec` over its `Schema`) as terms (`day(ts)`,
+    `bucket(16, key)`; a transform this export does not write, as Iceberg prints it: `truncate[4](key)`)."""
     out = []
     for f in spec.fields:
         source, transform = schema.find_field(f.source_id).name, str(f.transform)
@@ -259,70 +224,3 @@ def spec_terms(spec: PartitionSpec, schema: Schema) -> tuple[str, ...]:
         else:
             out.append(f"{transform}({source})")
     return tuple(out)
-
-
-def add_files(
-    tx: Transaction,
-    paths: list[str],
-    values: list[dict[str, str | None]],
-    snapshot_properties: dict[str, str],
-    check_duplicate_files: bool = False,
-) -> None:
-    """Append the data files at `paths` in `tx` (`Transaction.add_files`; `check_duplicate_files`: as there, else
-    the files are known to be new), whatever the table's spec: pyiceberg infers each file's partition from its
-    columns' bounds, which a bucket's cannot give; there the file's bucket is the writer's (`values`: each file's
-    partition values by field name, as `partition_keys` made them).
-
-    Raises:
-        ValueError: a file whose bounds span more than one value of an order-preserving transform.
-    """
-    meta = tx.table_metadata
-    spec, schema = meta.spec(), meta.schema()
-    if all(f.transform.preserves_order for f in spec.fields):
-        tx.add_files(paths, snapshot_properties=snapshot_properties, check_duplicate_files=check_duplicate_files)
-        return
-    if check_duplicate_files and tx._find_referenced_data_files(paths):
-        raise ValueError(f"files already referenced by the table: {', '.join(tx._find_referenced_data_files(paths))}")
-    import pyarrow.parquet as pq
-    from pyiceberg.io.pyarrow import (
-        compute_statistics_plan,
-        data_file_statistics_from_parquet_metadata,
-        parquet_path_to_id_mapping,
-    )
-    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-    from pyiceberg.table import TableProperties
-    from pyiceberg.typedef import Record
-
-    if meta.name_mapping() is None:  # as add_files: readers map the files' columns by name
-        tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: schema.name_mapping.model_dump_json()})
-    io = tx._table.io
-    with tx.update_snapshot(snapshot_properties=snapshot_properties).fast_append() as append:
-        for path, by_name in zip(paths, values, strict=True):
-            file = io.new_input(path)
-            with file.open() as stream:
-                parquet = pq.read_metadata(stream)
-            stats = data_file_statistics_from_parquet_metadata(
-                parquet_metadata=parquet,
-                stats_columns=compute_statistics_plan(schema, meta.properties),
-                parquet_column_mapping=parquet_path_to_id_mapping(schema),
-            )
-            partition = [
-                stats._partition_value(f, schema)
-                if f.transform.preserves_order
-                else (None if by_name.get(f.name) is None else int(str(by_name[f.name])))
-                for f in spec.fields
-            ]
-            append.append_data_file(
-                DataFile.from_args(
-                    content=DataFileContent.DATA,
-                    file_path=path,
-                    file_format=FileFormat.PARQUET,
-                    partition=Record(*partition),
-                    file_size_in_bytes=len(file),
-                    sort_order_id=None,
-                    spec_id=meta.default_spec_id,
-                    equality_ids=None,
-                    key_metadata=None,
-                    **stats.to_serialized_dict(),
-                )
-            )

@@ -138,3 +138,20 @@ def test_formats_translate_or_refuse():
         partitioning.for_format(("month(ts)",), "delta")
     with pytest.raises(JobConfigError, match=r"--mode latest into t: the table is partitioned by transforms \(day"):
         partitioning.check_rewritable(("topic", "day(ts)"), "--mode latest into t")
+
+
+def test_buckets_are_icebergs():
+    """The writer's buckets (Murmur3, as Iceberg's spec says) are those pyiceberg's own transform gives, for keys
+    (bytes), topics (strings) and partitions (ints), nulls kept null."""
+    import pyarrow as pa
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import BinaryType, IntegerType, StringType
+
+    for values, kind in [
+        ([b"k1", b"", None, b"\xff\x00key"], BinaryType()),
+        (["events", "caf\u00e9", None], StringType()),
+        ([0, 1, 7, -3, None], IntegerType()),
+    ]:
+        batch = pa.RecordBatch.from_pydict({"c": values})
+        want = [BucketTransform(16).transform(kind)(v) for v in values]
+        assert partitioning._buckets(batch.column("c"), 16).to_pylist() == want
