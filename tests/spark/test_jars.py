@@ -3,6 +3,7 @@ submission's own choice."""
 
 import os
 
+import pytest
 from pyspark import SparkConf
 
 from tank_spark import jars
@@ -41,3 +42,18 @@ def test_a_submission_that_names_delta_itself_keeps_it(monkeypatch):
     monkeypatch.setenv(jars.ENV, "off")
     conf = SparkConf(loadDefaults=False).setMaster("local[1]")
     assert not jars.configure(conf) and not conf.contains("spark.sql.extensions")
+
+
+@pytest.mark.slow
+def test_an_install_keeps_the_folders_beside_the_jars(tmp_path):
+    """A refill (a new pom or pyspark) replaces the jars, never the REST catalog server's `iceberg-rest/` inside."""
+    d = tmp_path / "jars"
+    (d / "iceberg-rest").mkdir(parents=True)
+    (d / "iceberg-rest" / "server.jar").write_bytes(b"kept")
+    (d / "old-1.0.jar").write_bytes(b"gone")
+    assert jars.install(str(d)) is True  # Maven from its local repository: setup's downloads
+    assert (d / "iceberg-rest" / "server.jar").read_bytes() == b"kept"
+    assert not (d / "old-1.0.jar").exists() and jars.installed(str(d))
+    names = {jars.artifact(j) for j in os.listdir(d) if j.endswith(".jar")}
+    assert {"delta-spark_4.1_2.13", "iceberg-spark-runtime-4.1_2.13"} <= names
+    assert [p.name for p in tmp_path.iterdir()] == ["jars"]  # no temporary folder left
