@@ -22,12 +22,13 @@ off and the table's current snapshot as its requirement, appending the staged fi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError
-from tank_log.lakehouse.iceberg import IcebergTable, identifier
+from tank_log.lakehouse.iceberg import IcebergTable
 from tank_log.lakehouse.location import RestCatalog
 from tank_spark import jars
 from tank_spark.export.commit import ConcurrentExport, commit_staged
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SPARK_CATALOG = "tank_log"  # the name the export's Iceberg catalog has in the session (pyiceberg's SQL catalog's too)
 ICEBERG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
 
 
@@ -65,35 +65,27 @@ def check_iceberg_spark(spark: SparkSession) -> None:
 
 
 def spark_table(spark: SparkSession, location: TableLocation) -> str:
-    """Register the table's catalog in the session (as `SPARK_CATALOG`) and return the table's name there.
+    """Register the table's catalog in the session (`tank_spark.iceberg_catalog`) and return the table's name there.
+    A REST catalog gets a Spark catalog of its own endpoint's (a session keeps the first settings of a catalog it
+    used: two exports in one session may reach two REST catalogs); a SQL catalog is `tank_log`, as pyiceberg files it.
 
     Raises:
-        JobConfigError: a catalog Spark cannot reach here (a REST catalog is; a SQL catalog only as a SQLite file).
+        JobConfigError: a catalog Spark's Iceberg runtime cannot open here.
     """
-    props: dict[str, str] = {"": ICEBERG_CLASS, "cache-enabled": "false"}  # pyiceberg commits behind its back
-    catalog = location.catalog
-    if isinstance(catalog, RestCatalog):
-        props.update(type="rest", uri=catalog.uri)
-        props.update({k: v for k in ("warehouse", "token", "credential") if (v := getattr(catalog, k))})
-    else:
-        from tank_log.lakehouse.iceberg import catalog_uri
+    from tank_spark.iceberg_catalog import SQL_CATALOG_NAME
+    from tank_spark.iceberg_catalog import spark_table as spark_catalog_table
 
-        uri = catalog_uri(location)
-        if not uri.startswith("sqlite:///"):
-            raise JobConfigError(
-                f"table {location}: engine spark reaches an Iceberg catalog by REST or as a SQLite file, not {uri}"
-            )
-        props.update(
-            {
-                "catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog",
-                "uri": "jdbc:sqlite:" + uri.removeprefix("sqlite:///"),
-                "jdbc.schema-version": "V1",
-                "warehouse": location.uri,
-            }
-        )
-    for key, value in props.items():
-        spark.conf.set(f"spark.sql.catalog.{SPARK_CATALOG}" + (f".{key}" if key else ""), value)
-    return ".".join(f"`{part}`" for part in (SPARK_CATALOG, *identifier(location)))
+    name = SQL_CATALOG_NAME
+    if isinstance(location.catalog, RestCatalog):
+        endpoint = f"{location.catalog.uri}|{location.catalog.warehouse or ''}"
+        name = f"{SQL_CATALOG_NAME}_{hashlib.sha1(endpoint.encode()).hexdigest()[:12]}"
+    try:
+        table = spark_catalog_table(location, name)
+    except ValueError as err:
+        raise JobConfigError(f"engine spark: {err}") from None
+    for key, value in table.conf.items():
+        spark.conf.set(key, value)
+    return table.name
 
 
 def append_with_iceberg_spark(

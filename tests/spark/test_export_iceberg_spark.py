@@ -63,13 +63,15 @@ def test_spark_engine_exports_exactly_once_as_the_deltalake_engine(tmp_path, ser
     assert export("--config", by_rs, *args) == 0
     assert rows(server, "tank.by_spark") == rows(server, "tank.by_rs")
 
-    spark.sql("REFRESH TABLE tank_log.tank.by_spark")
-    assert spark.table("tank_log.tank.by_spark").count() == len(first) + 21
+    catalog = f"rest_{server.port}"  # the REST catalog in Spark, as a user's session names it
+    for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": server.uri}.items():
+        spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
+    assert spark.table(f"{catalog}.tank.by_spark").count() == len(first) + 21
 
     # another writer expires every snapshot but the current one with Iceberg's own procedure, which deletes the
     # files only expired snapshots reference (the killed run's staged ones), not those the commits published
     spark.sql(
-        "CALL tank_log.system.expire_snapshots(table => 'tank.by_spark', older_than => TIMESTAMP '2999-01-01', "
+        f"CALL {catalog}.system.expire_snapshots(table => 'tank.by_spark', older_than => TIMESTAMP '2999-01-01', "
         "retain_last => 1)"
     )
     assert len(server.catalog().load_table("tank.by_spark").snapshots()) == 1
