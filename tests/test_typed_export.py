@@ -345,7 +345,7 @@ def test_per_topic_value_settings(tmp_path, capfd):
     assert rows(str(tmp_path / "b"), "topic,value") == [("clicks", avro(SMALL, click(1))), ("raw", b"bytes")]
 
 
-def test_schema_ids_from_a_registry(tmp_path):
+def test_schema_ids_from_a_registry(tmp_path, capsys):
     """`export.value_registry_url`: a writer's schema by its id from a Schema Registry (a real HTTP server on
     loopback speaking `GET /schemas/ids/{id}`); an id the registry does not know is a dead letter."""
     import threading
@@ -374,10 +374,20 @@ def test_schema_ids_from_a_registry(tmp_path):
             base, "clicks", {0: [framed(5, avro(SMALL, click(i))) if i != 1 else framed(6, b"") for i in range(3)]}
         )
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_registry_url=url)
+        dead = str(tmp_path / "dead")  # not beside the table: the audit finds it through the config
+        cfg = config(tmp_path, value_format="avro", value_schema_file=SMALL, value_registry_url=url,
+                     dead_letter_table=dead)  # fmt: skip
         assert export("--config", cfg, "--data-dir", base, "--table", table) == 0
     finally:
         server.shutdown()
     assert rows(table, "seq,user") == [(1, 0), (3, 2)]
-    ((seq, schema_id, error),) = rows(table + "_dead_letters", "seq,schema_id,error")
+    ((seq, schema_id, error),) = rows(dead, "seq,schema_id,error")
     assert (seq, schema_id) == (2, 6) and "6" in error
+    assert not os.path.exists(table + "_dead_letters")
+    from tank_log.tools.cli import main as cli
+
+    for how in (["--config", cfg], ["--dead-letter-table", dead]):
+        assert cli(["audit", base, "--table", table, "--json", *how]) == 0, how
+        (audit,) = json.loads(capsys.readouterr().out)["partitions"]
+        assert audit["dead_lettered"]["count"] == 1 and audit["unaccounted"] == 0, how
+    assert cli(["audit", base, "--table", table]) == 1  # looked beside the table: seq 2 is missing

@@ -162,6 +162,22 @@ def _export_table(
     )
 
 
+def _dead_letter_table(args: argparse.Namespace, table: str) -> str:
+    """Where the export put the table's dead letters, as it chose: --dead-letter-table, --config's
+    export.dead_letter_table, else beside the table."""
+    from tank_log.jobs.config.models import default_dead_letter_table
+
+    if args.dead_letter_table:
+        return str(args.dead_letter_table)
+    if args.config:
+        from tank_log.jobs.config import load_job_config
+
+        configured = load_job_config(args.config).export.dead_letter_table
+        if configured:
+            return str(configured)
+    return default_dead_letter_table(table)
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from tank_log.lakehouse import TableUnreadable, default_source
     from tank_log.lakehouse.location import catalog_setting, locate
@@ -188,9 +204,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         return 1
     if table is None:
         raise UsageError(f"{location}: no {fmt} table there")
-    from tank_log.jobs.config.models import default_dead_letter_table
-
-    dead = locate(default_dead_letter_table(name), options, fmt, catalog, source).open()  # typed values'
+    dead = locate(_dead_letter_table(args, name), options, fmt, catalog, source).open()  # typed values'
     report = audit_table(args.path, table, str(location), args.topics, source, dead)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -582,6 +596,12 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     _add_export_config(p)
     add_table_format(p)
     add_storage_option(p, "--table")
+    p.add_argument(
+        "--dead-letter-table",
+        metavar="TABLE",
+        help="where the export put the values that did not decode (default: --config's export.dead_letter_table, "
+        "else the table's path or name + _dead_letters)",
+    )
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
     add_source(p)
     p.add_argument("--json", action="store_true", help="the report as JSON")
