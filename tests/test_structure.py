@@ -56,6 +56,7 @@ LAYERS = {
     "tank_log.errors": 0,
     "tank_log.problems": 0,
     "tank_log.format": 1,
+    "tank_log.values": 1,  # the value codecs: bytes to typed columns, beside the segment format
     "tank_log.storage": 2,
     "tank_log.maintenance": 3,
     "tank_log.lakehouse": 3,

@@ -267,7 +267,7 @@ class JsonSchemaDecoder(BatchDecoder):
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         try:
-            value = json.loads(payload.decode("utf-8"))  # JSON is UTF-8 (RFC 8259 §8.1)
+            value = json.loads(payload.decode("utf-8"))  # JSON is UTF-8 (RFC 8259, section 8.1)
         except UnicodeDecodeError as err:
             raise WireError(f"byte {err.start}: not UTF-8") from None
         except json.JSONDecodeError as err:
