@@ -4,14 +4,14 @@ test that one worker starts while the other has nothing left to do.
 pytest-xdist's `worksteal` sends each worker a contiguous share of the collected items (the first half to the first
 of two workers), and a worker that runs out steals the end of another's queue. So the items are ordered as lanes, one
 per worker, each from its slowest to its fastest, with equal expected seconds (longest first onto the least loaded
-lane); a lane is as long as the share xdist sends its worker. Tests that share a module-scoped fixture (Airflow's
-services, a Spark cluster) stay together in one lane, in their own order, so it is set up once. Tests marked `alone`
-(no other test beside them, tests/run_locks.py) go to the end of their lane, where the other worker runs short tests
-and waits little for them.
+lane); a lane is as long as the share xdist sends its worker. The tests of a module that use its module-scoped
+fixtures (Airflow's services, a Spark cluster) stay together in one lane, in their own order, so they are set up
+once. Tests marked `alone` (no other test beside them, tests/run_locks.py) go to the end of their lane, where the
+other worker runs short tests and waits little for them.
 
-Each test's expected seconds come from tests/durations.json, measured on the reference machine (2 cores, 2 workers)
-and rewritten by a whole run with `--store-durations`; a test not in it is guessed from its markers. Only the order
-changes: what runs, and where each test's fixtures come from, does not.
+Each test's expected seconds are this checkout's last measure of it (pytest's cache, written by every run), else
+tests/durations.json's (measured on a 2-core machine in 2 workers, rewritten by a whole run with `--store-durations`),
+else a guess from its markers. Only the order changes: what runs, and where each test's fixtures come from, does not.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json"
 STORED_FROM_S = 0.5  # the file lists the tests that took at least this long (setup, call and teardown)
 GUESS_S = {"spark": 8.0, "slow": 3.0}  # a test the file does not list: by its first marker found here
 GUESS_OTHER_S = 0.1
+CACHE_KEY = "tank-log/durations"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,26 +38,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class _Recorder:
-    """Each test's seconds (setup, call and teardown), as the controller gets the reports; the file at the end."""
+    """Each test's seconds (setup, call and teardown) as the controller gets the reports: at the end, into pytest's
+    cache (this checkout's last measure of each test that ran), and with `--store-durations` into the file."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
         self.seen: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seen[report.nodeid] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        stored = {k: round(v, 1) for k, v in sorted(self.seen.items()) if v >= STORED_FROM_S}
-        tmp = FILE + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump(stored, fh, indent=0, sort_keys=True)
-            fh.write("\n")
-        os.replace(tmp, FILE)
+        measured = {k: round(v, 1) for k, v in sorted(self.seen.items())}
+        cache = getattr(self.config, "cache", None)
+        if cache is not None and measured:
+            cache.set(CACHE_KEY, {**(cache.get(CACHE_KEY, None) or {}), **measured})
+        if self.config.getoption("store_durations"):
+            tmp = FILE + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump({k: v for k, v in measured.items() if v >= STORED_FROM_S}, fh, indent=0, sort_keys=True)
+                fh.write("\n")
+            os.replace(tmp, FILE)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if config.getoption("store_durations") and not hasattr(config, "workerinput"):
-        config.pluginmanager.register(_Recorder(), "tank-log-store-durations")
+    if not hasattr(config, "workerinput"):  # the controller, or a run in one process
+        config.pluginmanager.register(_Recorder(config), "tank-log-durations")
+
+
+def known_seconds(config: pytest.Config) -> dict[str, float]:
+    """The file's seconds, overridden by this checkout's last measures (pytest's cache) where it has some."""
+    try:
+        with open(FILE) as fh:
+            known = {k: float(v) for k, v in json.load(fh).items()}
+    except FileNotFoundError:
+        known = {}
+    cache = getattr(config, "cache", None)
+    cached = cache.get(CACHE_KEY, None) if cache is not None else None
+    if isinstance(cached, dict):
+        known.update({k: float(v) for k, v in cached.items() if isinstance(v, (int, float))})
+    return known
 
 
 def expected_seconds(item: pytest.Item, known: dict[str, float]) -> float:
@@ -84,14 +105,19 @@ def _shared_scope(item: pytest.Item) -> bool:
     return any(d.scope in ("module", "class", "package") for ds in defs for d in ds)
 
 
+def _lightest_single(lane: list[list[pytest.Item]]) -> int | None:
+    """The index of the lane's last unit of one test, not `alone` if it has one."""
+    singles = [i for i, unit in enumerate(lane) if len(unit) == 1]
+    plain = [i for i in singles if not lane[i][0].get_closest_marker("alone")]
+    return (plain or singles or [None])[-1]
+
+
 def lanes(items: list[pytest.Item], known: dict[str, float], workers: int) -> list[list[pytest.Item]]:
     """The items as one lane per worker: each slowest first, `alone` units last, lengths the shares xdist sends."""
     units: dict[str, list[pytest.Item]] = {}
-    module = {i.nodeid: i.module.__name__ if isinstance(i, pytest.Function) else "" for i in items}
-    shared = {module[i.nodeid] for i in items if _shared_scope(i)} - {""}
-    for item in items:
-        key = module[item.nodeid]
-        units.setdefault(key if key in shared else item.nodeid, []).append(item)
+    for item in items:  # the tests of a module that share its module-scoped fixtures: one unit; the others alone
+        module = item.module.__name__ if isinstance(item, pytest.Function) else ""
+        units.setdefault(f"{module} (shared)" if module and _shared_scope(item) else item.nodeid, []).append(item)
     weight = {key: sum(expected_seconds(i, known) for i in unit) for key, unit in units.items()}
     order = sorted(units, key=lambda key: -weight[key])  # stable: equal weights keep the collection order
     out: list[list[list[pytest.Item]]] = [[] for _ in range(workers)]
@@ -102,15 +128,20 @@ def lanes(items: list[pytest.Item], known: dict[str, float], workers: int) -> li
         totals[lane] += weight[key]
     for lane in out:  # `alone` units last, in their order
         lane.sort(key=lambda unit: any(i.get_closest_marker("alone") for i in unit))
-    flat = [[i for unit in lane for i in unit] for lane in out]
-    # a lane shorter than its worker's share would hand that worker the next lane's slowest tests: fill it up with
-    # the fastest single tests of the longer lanes (from their ends)
+    # a lane must be exactly as long as its worker's share: a shorter one would hand that worker the next lane's
+    # slowest tests, a longer one its own last tests (a shared-fixture unit, `alone` ones) to the next worker first.
+    # Single light tests move between lanes (the fastest, from the end, `alone` ones last; a unit is never split).
     shares = _shares(len(items), workers)
+    count = [sum(map(len, lane)) for lane in out]
     for w in range(workers - 1):
-        while len(flat[w]) < shares[w]:
-            donor = max((d for d in range(workers) if d != w), key=lambda d: len(flat[d]) - shares[d])
-            flat[w].append(flat[donor].pop())
-    return flat
+        while count[w] != shares[w]:
+            give, take = (w, w + 1) if count[w] > shares[w] else (max(range(w + 1, workers), key=count.__getitem__), w)
+            i = _lightest_single(out[give])
+            if i is None:  # only shared-fixture units left there: the share's end goes as it is
+                break
+            out[take].append(out[give].pop(i))
+            count[give], count[take] = count[give] - 1, count[take] + 1
+    return [[i for unit in lane for i in unit] for lane in out]
 
 
 @pytest.hookimpl(trylast=True)  # after conftest.py has marked the Spark and slow tests
@@ -119,9 +150,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(workerinput["workercount"]) if workerinput else 0
     if workers < 2:  # (a worker's own `dist` option reads "no": the lanes are cut for worksteal's shares)
         return
-    try:
-        with open(FILE) as fh:
-            known = {k: float(v) for k, v in json.load(fh).items()}
-    except FileNotFoundError:
-        known = {}
-    items[:] = [i for lane in lanes(items, known, workers) for i in lane]
+    items[:] = [i for lane in lanes(items, known_seconds(config), workers) for i in lane]
