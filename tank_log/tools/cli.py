@@ -479,8 +479,19 @@ def _cmd_config(args: argparse.Namespace) -> int:
         print(json.dumps(json_schema(), indent=2))
         return 0
     config = load_job_config(args.file)  # check: exit 2 naming the key when it is wrong
-    print(json.dumps(config.model_dump(mode="json"), indent=2))  # field names say their units (_ms, _s)
+    print(json.dumps(_hide_catalog_secrets(config.model_dump(mode="json")), indent=2))  # units: _ms, _s
     return 0
+
+
+def _hide_catalog_secrets(value: Any) -> Any:
+    """The config as printed: a REST catalog's `token` and `credential` (wherever a catalog is set) shown as `***`."""
+    if isinstance(value, dict):
+        catalog = "uri" in value  # a REST catalog's settings (`location.RestCatalog`)
+        return {
+            k: "***" if catalog and k in ("token", "credential") and isinstance(v, str) else _hide_catalog_secrets(v)
+            for k, v in value.items()
+        }
+    return [_hide_catalog_secrets(v) for v in value] if isinstance(value, list) else value
 
 
 def _cmd_job_path(args: argparse.Namespace) -> int:

@@ -226,3 +226,18 @@ def test_a_catalog_flag_takes_its_secrets_from_the_environment(monkeypatch):
     assert got == RestCatalog("http://127.0.0.1:9", warehouse="lake", token="secret-t")
     assert "secret" not in repr(got) and "secret" not in str(got)
     assert catalog_setting(None, "sqlite:///c.db", "iceberg") == "sqlite:///c.db"  # no flag: the config's
+
+
+def test_config_check_hides_the_catalogs_token(tmp_path):
+    """`tank-log config check` prints the config it read, but not a REST catalog's token or credential."""
+    path = tmp_path / "job.yaml"
+    catalog = {"type": "rest", "uri": "http://127.0.0.1:9", "token": "secret-t"}
+    other = {"type": "rest", "uri": "http://127.0.0.1:9", "credential": "id:secret-c"}
+    keep = {"table": "tank.t", "format": "iceberg", "catalog": other}
+    path.write_text(yaml.safe_dump({"export": {"table": "tank.t", "format": "iceberg", "catalog": catalog},
+                                    "retention": {"keep_unexported": keep}}))  # fmt: skip
+    r = cli("config", "check", str(path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = json.loads(r.stdout)
+    assert printed["export"]["catalog"]["token"] == "***" and "secret" not in r.stdout
+    assert printed["retention"]["keep_unexported"]["catalog"]["credential"] == "***"
