@@ -67,6 +67,10 @@ def test_spark_engine_exports_exactly_once_as_the_deltalake_engine(tmp_path, ser
     for key, value in {"": "org.apache.iceberg.spark.SparkCatalog", ".type": "rest", ".uri": server.uri}.items():
         spark.conf.set(f"spark.sql.catalog.{catalog}{key}", value)
     assert spark.table(f"{catalog}.tank.by_spark").count() == len(first) + 21
+    snapshots = spark.sql(  # the docs' query (docs/reference/watermarks.md): the killed run's staged one has none
+        f"SELECT summary['tank-log.ranges'] AS ranges FROM {catalog}.tank.by_spark.snapshots ORDER BY committed_at"
+    ).collect()
+    assert [s.ranges and json.loads(s.ranges) == ranges for s in snapshots] == [True, None, False]
 
     # another writer expires every snapshot but the current one with Iceberg's own procedure, which deletes the
     # files only expired snapshots reference (the killed run's staged ones), not those the commits published
