@@ -1,0 +1,103 @@
+"""The `tank` data source through Spark Connect: a local Connect server (pyspark's own, `SparkConnectServer` under
+spark-submit) on a loopback port, and a client (`SparkSession.builder.remote`) that registers the source from its
+side: the server pickles nothing of ours at start, the client sends the class, and the server's Python workers import
+tank_spark to plan and read. A batch read and an `availableNow` stream each return every message of a real-broker
+fixture. The client runs in a process of its own (a remote session turns this process's PySpark into Connect mode),
+and the server's process group is killed when the module is done."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, data_dir, free_port, load_dump, wait_for_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+TOPICS = ["events", "seqgap"]
+SERVER = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CLIENT = """
+import json, sys
+from pyspark.sql import SparkSession
+from tank_spark.source import register
+
+url, base, topics = sys.argv[1:4]
+spark = SparkSession.builder.remote(url).getOrCreate()
+register(spark)
+def rows(df):
+    return sorted([r.topic, r.partition, r.seq, r.value.hex()] for r in df.collect())
+out = {"version": spark.version}
+out["batch"] = rows(spark.read.format("tank").option("topics", topics).load(base))
+query = (
+    spark.readStream.format("tank").option("topics", topics).load(base)
+    .writeStream.format("memory").queryName("tank_stream").trigger(availableNow=True).start()
+)
+query.awaitTermination(300)
+out["stream"] = rows(spark.table("tank_stream"))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def connect_url(tmp_path_factory):
+    """A Spark Connect server on 127.0.0.1 in a process group of its own, killed at the end of the module."""
+    import pyspark
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "server.log"
+    submit = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = [
+        submit, "--class", SERVER, "--master", "local[2]", "--name", "tank-log-connect-test",
+        "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC", "spark-internal",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    try:
+        wait_for_port(port, f"the Spark Connect server (log: {log})", proc, timeout=300)
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        deadline = time.monotonic() + 30
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        assert not group_alive(proc.pid), "the Connect server's processes outlived the test"
+
+
+def group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_the_tank_source_batch_and_stream_through_spark_connect(connect_url):
+    import pyspark
+
+    r = subprocess.run(
+        [sys.executable, "-c", CLIENT, connect_url, data_dir("A_multi"), ",".join(TOPICS)],
+        capture_output=True, text=True, timeout=600, env=dict(os.environ, SPARK_LOCAL_IP="127.0.0.1"),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["version"] == pyspark.__version__
+    expected = sorted(
+        [t, p, seq, value.hex()]
+        for (t, p), msgs in load_dump("A_multi").items()
+        if t in TOPICS
+        for seq, *_, value in msgs
+    )
+    assert expected and out["batch"] == expected
+    assert out["stream"] == expected
