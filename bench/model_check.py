@@ -1,39 +1,50 @@
 """A model-based check of the whole product: produce, the broker's life, our maintenance and the export, in random
 seeded interleavings, against a model of every partition's log and of the table.
 
-    python bench/model_check.py --seed 7 --examples 20 --steps 30      # a long run
+    python bench/model_check.py --seed 7 --examples 20 --steps 30      # a long run (--minutes N: bounded in time)
     python bench/model_check.py --short                                # the suite's run (tests/test_model_check.py)
+    python bench/model_check.py --short-spark                          # the suite's Spark run
 
-Each example draws an export configuration (format × mode × partition_by × retention's guard) and
-then a sequence of steps (hypothesis' rule-based state machine):
+Each example draws an export configuration (format × mode × partition_by × retention's guard × engine × value format
+× in the driver or on executors, `in_driver_max_bytes`; what the export refuses is not drawn: Iceberg and latest
+tables on delta-rs/pyiceberg, latest tables with binary or utf8 values) and then a sequence of steps (hypothesis'
+rule-based state machine):
 
-- **produce**: bundles with sparse seqs, far and repeated timestamps, keyless and binary keys, empty and binary
+- **produce**: bundles with sparse seqs, far and repeated timestamps, keyless and binary keys, empty, binary and JSON
   values (tombstones), through the library's appender, which rolls as the broker does (§2.4);
 - **the broker's life**: its own retention by the segments' names (§5) on the topic that has it, and a restart
-  (the partitions opened again; the real broker is the oracle of `tests/e2e/test_broker_afterlife.py`);
+  (the partitions opened again); with `TANK_BIN`/`TANK_CLI`, the real broker started on a copy of the base path
+  serves every partition as the model has it;
 - **our maintenance**: compaction (`tank-log compact --force`), retention with and without `keep_unexported`, repair,
   a compaction killed at a random file operation and the repair after it;
-- **the export** (in the driver, delta-rs or pyiceberg), and **other engines** on the table (delta-rs OPTIMIZE and
-  VACUUM; DuckDB reading it);
+- **the export**: in this process (the job's `prepare` and `execute`; those that need Spark on the run's one Spark
+  session, created when first needed and stopped at the end); in a process of its own SIGKILLed while it holds
+  before its commit, or dying at its crash hook (engine spark: after one partition's commit), then run again;
+  `--continuous` (its own process and Spark) until the table holds the log, then SIGTERM;
+- **other engines** on the table: delta-rs OPTIMIZE and VACUUM; delta-spark OPTIMIZE, VACUUM and DELETE (the
+  deleted rows leave the model's table, and the audit must name exactly those still on disk as missing);
 - **damage**, on a copy of the base path: a bundle cut out, duplicated or truncated in an RO segment; every writer
   that reads the partition must refuse it (exit non-zero, the partition unchanged; retention that deletes the
   segment must name the damage), and an export into a new table holds nothing of it but produced messages (damage
   no reader can see without checksums, a cut before a sparse bundle, is skipped and counted);
-- **the import** of the table into a fresh base path: exactly the exported messages (served by the real broker
-  when `TANK_BIN` and `TANK_CLI` are set).
+- **the import** of the table into a fresh base path, then `--append` into it after more exports: exactly the
+  table's messages (served by the real broker when `TANK_BIN` and `TANK_CLI` are set).
 
-After every step the invariants hold, checked with readers we did not write where there is one (DuckDB for the
-table):
+After every step the invariants hold, checked with readers we did not write where there is one:
 
 1. every message on disk is the one produced at its seq (nothing renumbered or altered);
 2. every produced message missing from disk was removed by a rule we ran or the broker's retention, and legally:
    compaction only removes a keyed message with a later one of its key, or a keyless empty one; retention only whole
-   segments from the front, and with the guard nothing the table has not received;
-3. the table holds exactly the messages exported (append: each once; latest: the latest live message of each key);
-4. `tank-log audit` finds nothing unaccounted.
+   segments from the front, and with the guard nothing the table has not received; an export after messages were
+   deleted before it read them names the loss (data-loss, exit 1), except compaction's in a latest table;
+3. the table holds exactly the messages exported (append: each once, less what another engine deleted; latest: the
+   latest live message of each key), as DuckDB, delta-rs or pyiceberg, and delta-spark (once Spark runs) read it;
+4. `tank-log audit` finds nothing unaccounted (after a DELETE: exactly the deleted rows still on disk).
 
 It prints the seed, the steps, the combinations covered and `violations: 0`; a violation fails with the shortest
-sequence of steps that breaks (hypothesis shrinks it).
+sequence of steps that breaks (hypothesis shrinks it). Profiles (`--profile`): `full`; `nospark` (the suite's
+`--short`: no option or step that needs Spark); `spark` (`--short-spark`: every example's export needs Spark, and
+the steps that need no Spark beyond produce, the export and the import are left to the other runs).
 """
 
 from __future__ import annotations
@@ -46,15 +57,19 @@ import logging
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
@@ -73,7 +88,22 @@ TOPICS = {  # topic → (config, partitions)
 GUARDED = "ev"  # the topic our retention deletes from (its limits in the job config, none in its broker config)
 BROKERS_OWN = "raw"  # the topic whose retention is the broker's own (unguarded)
 KEYS = [b"k%d" % i for i in range(6)] + [bytes([0, 255, i]) for i in range(3)]
+JSON_SCHEMA = "id long"  # --value-format json: values b'{"id": N}' decode, the others are kept in raw_value
 COVERED: Counter[str] = Counter()  # what the run exercised, printed at the end
+
+
+@dataclass
+class Profile:
+    """Which option values and steps a run draws from: `spark` = whether steps that need Spark (engine spark, JSON
+    values, exports on executors, the continuous export, delta-spark on the table) may be drawn, `only_spark` = every
+    example's export needs Spark (the suite's short Spark run)."""
+
+    spark: bool = True
+    only_spark: bool = False
+
+
+PROFILE = Profile()
+PROFILES = {"full": Profile(), "nospark": Profile(spark=False), "spark": Profile(only_spark=True)}
 
 
 class Violation(AssertionError):
@@ -98,15 +128,53 @@ class Log:
 
 @dataclass(frozen=True)
 class Combo:
-    """One example's export configuration."""
+    """One example's export configuration: format × mode × partition_by × retention's guard × engine × value format
+    × in the driver or on executors (`export.in_driver_max_bytes`)."""
 
     fmt: str
     mode: str
     partition_by: str
     guard: bool
+    engine: str = "deltalake"
+    values: str = "binary"
+    in_driver: bool = True
 
     def __str__(self) -> str:
-        return f"{self.fmt}/{self.mode}/by={self.partition_by or '-'}/guard={'on' if self.guard else 'off'}"
+        where = "driver" if self.runs_in_driver else "executors"
+        return (
+            f"{self.fmt}/{self.mode}/by={self.partition_by or '-'}/guard={'on' if self.guard else 'off'}/"
+            f"{self.engine}/{self.values}/{where}"
+        )
+
+    @property
+    def runs_in_driver(self) -> bool:
+        """`job.in_driver`: delta-rs (or pyiceberg) with binary or utf8 values, within the size."""
+        return self.in_driver and self.engine == "deltalake" and self.values != "json"
+
+    @property
+    def needs_spark(self) -> bool:
+        return not self.runs_in_driver
+
+    @property
+    def importable(self) -> bool:
+        """The import takes append tables of binary or utf8 values (a json table holds no producer bytes)."""
+        return self.mode == "append" and self.values != "json"
+
+    def normalized(self) -> Combo:
+        """The combination the export takes: Iceberg commits through pyiceberg, latest tables MERGE on delta-rs with
+        binary or utf8 values (`latest.check_mode`, `plan._check_format`)."""
+        engine, values = self.engine, self.values
+        if self.fmt == "iceberg" or self.mode == "latest":
+            engine = "deltalake"
+        if self.mode == "latest" and values == "json":
+            values = "utf8"
+        return Combo(self.fmt, self.mode, self.partition_by, self.guard, engine, values, self.in_driver)
+
+
+def _choices(spark: list[Any], plain: list[Any]) -> st.SearchStrategy[Any]:
+    """The values a dimension draws from: with Spark (`PROFILE.spark`) all, without only `plain`, drawn when the
+    run starts (the profile is set by then)."""
+    return st.deferred(lambda: st.sampled_from(spark if PROFILE.spark else plain))
 
 
 def quiet_call(fn: Any, *args: Any) -> tuple[int, str]:
@@ -126,10 +194,76 @@ def tank_log(*args: str) -> tuple[int, str]:
     return quiet_call(main, *args)
 
 
-def export_job(*args: str) -> tuple[int, str]:
-    from tank_spark.export.job import main
+_SESSION: list[Any] = []  # the run's one Spark session: created lazily, stopped at the end (`run`)
 
-    return quiet_call(main, "--master", "local[1]", *args)
+
+def shared_spark(ctx: Any) -> Any:
+    """The run's Spark session (Delta's jars and SQL extension loaded), for the exports that need Spark and for
+    delta-spark on the table. A job started through its `main` (the import, retention) stops the Spark it finds, as
+    in production: then the next use starts it again (counted)."""
+    from tank_spark.context import spark_session
+
+    if _SESSION and _SESSION[0].sparkContext._jsc is not None:
+        return _SESSION[0]
+    COVERED["spark session started" if not _SESSION else "spark session started again (a job's main stopped it)"] += 1
+    _SESSION[:] = [spark_session(ctx, delta=True)]
+    return _SESSION[0]
+
+
+def stop_shared_spark() -> None:
+    if _SESSION:
+        from tank_spark.context import stop_spark
+
+        if _SESSION[0].sparkContext._jsc is not None:
+            stop_spark(_SESSION[0])
+        _SESSION.clear()
+
+
+def _context(job_name: str, add_options: Any, *args: str) -> tuple[Any, Any]:
+    """A job's parsed flags and context, as its `main` builds them."""
+    from tank_spark.context import build_context
+    from tank_spark.job_options import job_parser
+
+    parser = job_parser(job_name, "")
+    add_options(parser)
+    ns = parser.parse_args(["--master", "local[1]", *args])
+    return ns, build_context(job_name, ns)
+
+
+def export_job(*args: str) -> tuple[int, str]:
+    """The export job's own `prepare` and `execute` in this process (what its `main` runs once Spark started), on the
+    run's one Spark session when the export needs Spark (`job.needs_spark`; none when it runs in the driver): its
+    exit code (`exits.exit_code`, 2 for a refusal) and its report's partitions and summary as JSON."""
+    from tank_log.errors import JobConfigError, UsageError
+    from tank_log.jobs.exits import exit_code
+    from tank_spark.export import job
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            ns, ctx = _context("export_delta", job.add_options, *args)
+            prepared = job._prepare(ctx, ns)
+            spark = shared_spark(ctx) if job.needs_spark(ctx, prepared) else None
+            results, summary = job.execute(ctx, prepared, spark)
+        except (JobConfigError, UsageError) as err:
+            return 2, f"export refused: {err}"
+        except Exception as err:
+            return 1, f"export failed: {type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"
+    return exit_code(results), json.dumps({"partitions": results, "summary": summary}, default=str)
+
+
+def export_process(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The export job's `main` in a process of its own (its own Spark when it needs one), in its own process group
+    (a kill reaches the JVM too)."""
+    code = "import sys; from tank_spark.export.job import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, **env, "PYTHONPATH": ROOT}
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "--master", "local[1]", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def import_job(*args: str) -> tuple[int, str]:
@@ -155,6 +289,10 @@ class ProductMachine(RuleBasedStateMachine):
         self.logs: dict[tuple[str, int], Log] = {}
         self.exported: dict[tuple[str, int], dict[int, Msg]] = {}  # what the table must hold (append)
         self.recorded: dict[tuple[str, int], int] = {}
+        self.deleted: dict[tuple[str, int], set[int]] = {}  # rows another engine deleted from the table (seqs)
+        self.restored: str | None = None  # a base path the import restored the table into
+        self.restored_model: dict[tuple[str, int], dict[int, Msg]] = {}  # what it must hold
+        self.kills = 0  # exports killed in this example
         self.combo: Combo | None = None
         self.config = os.path.join(self.work, "job.yaml")
         for topic, (config, n) in TOPICS.items():
@@ -175,9 +313,17 @@ class ProductMachine(RuleBasedStateMachine):
         mode=st.sampled_from(["append", "latest"]),
         partition_by=st.sampled_from(["", "topic,date", "topic,partition", "partition,date"]),
         guard=st.booleans(),
+        engine=_choices(["deltalake", "spark"], ["deltalake"]),
+        values=_choices(["binary", "utf8", "json"], ["binary", "utf8"]),
+        in_driver=_choices([True, False], [True]),
     )
-    def configure(self, fmt: str, mode: str, partition_by: str, guard: bool) -> None:
-        self.combo = Combo(fmt, mode, partition_by, guard)
+    def configure(
+        self, fmt: str, mode: str, partition_by: str, guard: bool, engine: str, values: str, in_driver: bool
+    ) -> None:
+        combo = Combo(fmt, mode, partition_by, guard, engine, values, in_driver).normalized()
+        if PROFILE.only_spark and not combo.needs_spark:
+            combo = Combo(fmt, mode, partition_by, guard, engine, values, False).normalized()
+        self.combo = combo
         COVERED[f"combo {self.combo}"] += 1
         retention: dict[str, Any] = {
             "topics": {GUARDED: {"segments_count": 2}, BROKERS_OWN: {"keep_unexported": False}}
@@ -199,7 +345,7 @@ class ProductMachine(RuleBasedStateMachine):
                     st.tuples(
                         st.sampled_from([NOW_MS, NOW_MS, 0, 32_503_680_000_000, MAX_TS]),  # ts: repeated, 1970, 3000
                         st.sampled_from([None, *KEYS]),
-                        st.sampled_from([b"", b"v", b"\x00\xff" * 40, b"x" * 300]),
+                        st.sampled_from([b"", b"v", b"\x00\xff" * 40, b"x" * 300, b'{"id": 7}', b'{"id": -1}']),
                     ),
                     min_size=1,
                     max_size=8,
@@ -230,6 +376,7 @@ class ProductMachine(RuleBasedStateMachine):
 
     # ---- the broker's life ---------------------------------------------------------------------------------------
 
+    @precondition(lambda self: not PROFILE.only_spark)
     @rule(retain=st.booleans())
     def broker_life(self, retain: bool) -> None:
         """The broker opens every partition again (§2.6: a 0-byte active segment is deleted); with `retain`, it applies
@@ -256,6 +403,7 @@ class ProductMachine(RuleBasedStateMachine):
 
     # ---- our maintenance -----------------------------------------------------------------------------------------
 
+    @precondition(lambda self: not PROFILE.only_spark)
     @rule()
     def compact(self) -> None:
         before = self._disk()
@@ -264,6 +412,7 @@ class ProductMachine(RuleBasedStateMachine):
         self._removed_by_compaction(before, self._disk())
         COVERED["compact"] += 1
 
+    @precondition(lambda self: not PROFILE.only_spark)  # the Spark profile's few steps go to the Spark-based ones
     @rule(k=st.integers(min_value=1, max_value=6))
     def compact_killed_then_repaired(self, k: int) -> None:
         """A compaction killed (os._exit, no clean-up) after its k-th file operation, then `repair`."""
@@ -295,6 +444,7 @@ class ProductMachine(RuleBasedStateMachine):
         self._expect(code == 0, f"repair after a killed compaction exited {code}: {out[-2000:]}")
         self._removed_by_compaction(before, self._disk())
 
+    @precondition(lambda self: not PROFILE.only_spark)
     @rule()
     def retention(self) -> None:
         before = self._disk()
@@ -320,6 +470,7 @@ class ProductMachine(RuleBasedStateMachine):
 
     # ---- damage --------------------------------------------------------------------------------------------------
 
+    @precondition(lambda self: not PROFILE.only_spark)
     @rule(kind=st.sampled_from(["cut", "duplicate", "truncate"]), pick=st.integers(min_value=0, max_value=1000))
     def damage_is_refused(self, kind: str, pick: int) -> None:
         """Damage one RO segment of a copy of the base path: every writer that reads the damaged partition refuses it
@@ -387,7 +538,7 @@ class ProductMachine(RuleBasedStateMachine):
         if self.combo is not None and os.path.isdir(table):
             produced = self.logs[(topic, pid)].produced
             seen: Counter[int] = Counter()
-            for t, p, seq, key, value in _duckdb_rows(table, self.combo.fmt):
+            for t, p, seq, key, value in _duckdb_rows(table, self.combo.fmt, self.combo.values):
                 if (t, p) != (topic, pid):
                     continue
                 seen[seq] += 1
@@ -415,52 +566,178 @@ class ProductMachine(RuleBasedStateMachine):
 
     def _export_args(self) -> list[str]:
         assert self.combo is not None
-        args = ["--data-dir", self.base, "--table", self.table, "--format", self.combo.fmt, "--mode", self.combo.mode]
-        return [*args, "--source", "model", f"--partition-by={self.combo.partition_by}"]
+        c = self.combo
+        args = ["--data-dir", self.base, "--table", self.table, "--format", c.fmt, "--mode", c.mode]
+        args += ["--source", "model", f"--partition-by={c.partition_by}", "--engine", c.engine]
+        args += ["--value-format", c.values, "--in-driver-max-bytes", "1gb" if c.in_driver else "0"]
+        return [*args, "--value-schema", JSON_SCHEMA] if c.values == "json" else args
 
     @precondition(lambda self: self.combo is not None)
     @rule()
     def export(self) -> None:
         disk = self._disk()
         code, out = export_job(*self._export_args())
+        self._exported(disk, code, out, "export")
+        COVERED[f"export {self.combo}"] += 1
+
+    def _exported(self, disk: dict[tuple[str, int], dict[int, Msg]], code: int, out: str, what: str) -> None:
+        """Check an export's exit against the model (a loss before the export is named: data-loss, exit 1) and
+        record what the table now holds: every message on disk above what it held."""
         lost = [w for w, seqs in disk.items() if self._lost_before_export(w, seqs)]
-        if lost:  # the broker deleted messages the table never got: the export names the loss, exit 1
-            self._expect(code == 1 and "data-loss" in out, f"export over {lost}'s loss exited {code}: {out[-2000:]}")
-            COVERED["export named the broker's deletion of unexported messages"] += 1
+        if lost:  # messages deleted before they were exported: the export names the loss, exit 1
+            self._expect(code == 1 and "data-loss" in out, f"{what} over {lost}'s loss exited {code}: {out[-2000:]}")
+            COVERED[f"{what} named messages deleted before they were exported"] += 1
         else:
-            self._expect(code == 0, f"export {self.combo} exited {code}: {out[-2000:]}")
+            self._expect(code == 0, f"{what} {self.combo} exited {code}: {out[-2000:]}")
+        self._record_exported(disk)
+
+    def _record_exported(self, disk: dict[tuple[str, int], dict[int, Msg]]) -> None:
         for where, seqs in disk.items():
             held = self.recorded.get(where, 0)
             new = {s: self.logs[where].produced[s] for s in seqs if s > held}
             self.exported.setdefault(where, {}).update(new)
             if seqs:
                 self.recorded[where] = max(held, max(seqs))
-        COVERED[f"export {self.combo}"] += 1
 
-    @precondition(lambda self: self.combo is not None and self.combo.mode == "append" and self.recorded)
+    @precondition(lambda self: self.combo is not None and not self.kills and self._unexported())
+    @rule(how=st.sampled_from(["sigkill-before-commit", "crash-hook"]))
+    def export_killed_then_run_again(self, how: str) -> None:
+        """An export in a process of its own, SIGKILLed while it holds before its commit (its files written), or
+        dying at the crash hook (engine spark: after its first partition's commit, before the others'); then the
+        export again: every message once (`table_is_what_was_exported`)."""
+        from tank_spark.export.hooks import CRASH, HOLD_BEFORE_COMMIT
+
+        self.kills += 1  # once per example: a process of its own costs seconds
+        disk = self._disk()
+        hold = os.path.join(self.work, "hold")
+        env = {HOLD_BEFORE_COMMIT: hold} if how.startswith("sigkill") else {CRASH: "before-commit"}
+        proc = export_process(self._export_args(), env)
+        deadline = time.monotonic() + 600
+        while proc.poll() is None and not os.path.exists(hold + ".ready") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        killed = proc.returncode in (-signal.SIGKILL, 137)
+        if not killed:  # nothing to commit: it ended on its own
+            self._expect(proc.returncode in (0, 1), f"export (not killed) exited {proc.returncode}: {err[-2000:]!r}")
+        for f in (hold, hold + ".ready"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f)
+        COVERED[f"export killed ({how})" if killed else "export ended before its kill point (nothing to do)"] += 1
+        code, out = export_job(*self._export_args())
+        if killed and any(self._lost_before_export(w, seqs) for w, seqs in disk.items()):
+            # the killed run may have committed past the loss (and named it in a report nobody read)
+            self._expect(code in (0, 1), f"export after a kill exited {code}: {out[-2000:]}")
+            self._record_exported(disk)
+        else:
+            self._exported(disk, code, out, "export after a kill")
+
+    @precondition(
+        lambda self: (
+            PROFILE.spark
+            and self.combo is not None
+            and (self.combo.fmt, self.combo.mode, self.combo.engine) == ("delta", "append", "deltalake")
+        )
+    )
+    @rule()
+    def export_continuously(self) -> None:
+        """`--continuous` (a Structured Streaming query, its own process and Spark) until the table holds what is
+        on disk, then SIGTERM: exit 0, every message once; the batch export and it take turns on the table."""
+        disk = self._disk()
+        checkpoint = tempfile.mkdtemp(dir=self.work, prefix="checkpoint-")
+        args = [*self._export_args(), "--continuous", "--checkpoint", checkpoint, "--trigger-interval", "1s"]
+        proc = export_process([*args, "--on-data-loss", "skip"], {})
+        want = {w: max(seqs) for w, seqs in disk.items() if seqs}
+        deadline = time.monotonic() + 600
+        caught_up = False
+        while proc.poll() is None and time.monotonic() < deadline:
+            caught_up = self._table_holds(want)
+            if caught_up:
+                break
+            time.sleep(0.5)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+        self._expect(proc.returncode == 0 and caught_up, f"the continuous export exited {proc.returncode} "
+                     f"(caught up: {caught_up}): {err[-3000:]!r}")  # fmt: skip
+        self._record_exported(disk)
+        COVERED["export continuous"] += 1
+
+    def _unexported(self) -> bool:
+        """Whether the model has messages above what the table holds (an export has something to commit)."""
+        return any(log.last > self.recorded.get(where, 0) for where, log in self.logs.items())
+
+    def _table_holds(self, want: dict[tuple[str, int], int]) -> bool:
+        from tank_log.errors import TankLogError
+        from tank_log.lakehouse import ExportedSeqs
+
+        try:
+            seqs = ExportedSeqs(self.table, source="model")
+            return all((seqs.last_seq(*where) or 0) >= last for where, last in want.items())
+        except TankLogError:  # not created yet
+            return False
+
+    @precondition(lambda self: self.combo is not None and self.combo.importable and self.recorded)
     @rule()
     def import_into_a_fresh_base(self) -> None:
-        """The table imported into a new base path holds exactly the exported messages, each at its seq; with
-        `TANK_BIN`/`TANK_CLI`, the real broker serves exactly them."""
+        """The table imported into a new base path holds exactly the table's messages, each at its seq; with
+        `TANK_BIN`/`TANK_CLI`, the real broker serves exactly them. It stays, for `import_appending`."""
         assert self.combo is not None
         restored = tempfile.mkdtemp(dir=self.work, prefix="restored-")
         args = ["--data-dir", restored, "--table", self.table, "--format", self.combo.fmt]
         code, out = import_job(*args)
         self._expect(code == 0, f"import of {self.combo} exited {code}: {out[-2000:]}")
-        got = _messages_on_disk(restored)
-        for where, msgs in self.exported.items():
-            self._expect(got.get(where, {}) == msgs, f"{where}: the import wrote {len(got.get(where, {}))} messages, "
-                         f"the table holds {len(msgs)} ({_first_difference(got.get(where, {}), msgs)})")  # fmt: skip
-        served = _served_by_the_real_broker(restored)
-        if served is not None:
-            for where, msgs in self.exported.items():
-                self._expect(served.get(where, {}) == msgs, f"{where}: the real broker serves the restore otherwise "
-                             f"({_first_difference(served.get(where, {}), msgs)})")  # fmt: skip
-            COVERED["import served by the real broker"] += 1
-        shutil.rmtree(restored)
+        if self.restored is not None:
+            shutil.rmtree(self.restored)
+        self.restored, self.restored_model = restored, self._table_messages()
+        self._check_restored("the import")
         COVERED[f"import {self.combo.fmt}"] += 1
 
-    @precondition(lambda self: self.combo is not None and self.combo.fmt == "delta" and self.recorded)
+    @precondition(lambda self: self.combo is not None and self.combo.importable and self.restored is not None)
+    @rule()
+    def import_appending(self) -> None:
+        """`import --append` into the base path restored before: only the table's rows above each partition's last
+        seq are added (what was exported since, here)."""
+        assert self.combo is not None and self.restored is not None
+        args = ["--data-dir", self.restored, "--table", self.table, "--format", self.combo.fmt, "--append"]
+        code, out = import_job(*args)
+        self._expect(code == 0, f"import --append of {self.combo} exited {code}: {out[-2000:]}")
+        for where, msgs in self._table_messages().items():
+            had = self.restored_model.get(where, {})
+            top = max(had, default=0)
+            self.restored_model[where] = {**had, **{s: m for s, m in msgs.items() if s > top}}
+        self._check_restored("import --append")
+        COVERED[f"import --append {self.combo.fmt}"] += 1
+
+    def _check_restored(self, what: str) -> None:
+        assert self.restored is not None
+        got = _messages_on_disk(self.restored)
+        for where in set(got) | set(self.restored_model):
+            have, want = got.get(where, {}), self.restored_model.get(where, {})
+            self._expect(have == want, f"{where}: {what} wrote {len(have)} messages, the model {len(want)} "
+                         f"({_first_difference(have, want)})")  # fmt: skip
+        served = _served_by_the_real_broker(self.restored)
+        if served is not None:
+            for where, msgs in self.restored_model.items():
+                self._expect(served.get(where, {}) == msgs, f"{where}: the real broker serves {what}'s base path "
+                             f"otherwise ({_first_difference(served.get(where, {}), msgs)})")  # fmt: skip
+            COVERED[f"{what} served by the real broker"] += 1
+
+    @precondition(lambda self: _real_broker() is not None)
+    @rule()
+    def the_real_broker_serves_the_log(self) -> None:
+        """The real TANK broker, started on a copy of the base path, serves every partition as the model has it."""
+        served = _served_by_the_real_broker(self.base)
+        assert served is not None
+        for where, msgs in self._disk().items():
+            self._expect(served.get(where, {}) == msgs, f"{where}: the real broker serves "
+                         f"{_first_difference(served.get(where, {}), msgs)}")  # fmt: skip
+        COVERED["the real broker served the log"] += 1
+
+    @precondition(
+        lambda self: not PROFILE.only_spark and self.combo is not None and self.combo.fmt == "delta" and self.recorded
+    )
     @rule()
     def optimize_and_vacuum_by_delta_rs(self) -> None:
         from deltalake import DeltaTable
@@ -470,13 +747,51 @@ class ProductMachine(RuleBasedStateMachine):
         table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
         COVERED["delta-rs optimize+vacuum"] += 1
 
+    @precondition(lambda self: PROFILE.spark and self.combo is not None and self.combo.fmt == "delta" and self.recorded)
+    @rule(op=st.sampled_from(["optimize", "delete", "vacuum"]), pick=st.integers(min_value=0, max_value=2))
+    def delta_spark_on_the_table(self, op: str, pick: int) -> None:
+        """delta-spark (the run's Spark session) on the table: OPTIMIZE, VACUUM with no retention, or (append
+        tables) DELETE of every third seq of a topic — rows the model then expects gone, and the audit missing."""
+        from tank_spark.export import job
+
+        assert self.combo is not None
+        _, ctx = _context("export_delta", job.add_options, "--data-dir", self.base, "--table", self.table)
+        spark = shared_spark(ctx)
+        table = f"delta.`{self.table}`"
+        if op == "delete" and self.combo.mode == "append":
+            topic = sorted(TOPICS)[pick]
+            where = f"topic = '{topic}' AND seq % 3 = 0"
+            rows = spark.sql(f"SELECT partition, seq FROM {table} WHERE {where}").collect()
+            spark.sql(f"DELETE FROM {table} WHERE {where}")
+            for r in rows:
+                self.deleted.setdefault((topic, int(r.partition)), set()).add(int(r.seq))
+            COVERED["delta-spark DELETE"] += 1
+        elif op == "vacuum":
+            spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+            spark.sql(f"VACUUM {table} RETAIN 0 HOURS")
+            COVERED["delta-spark VACUUM"] += 1
+        else:
+            spark.sql(f"OPTIMIZE {table}")
+            COVERED["delta-spark OPTIMIZE"] += 1
+
     def _lost_before_export(self, where: tuple[str, int], on_disk: dict[int, Msg]) -> bool:
-        """Whether the broker deleted messages above the table's recorded seq (none exported) that nothing can
-        export any more, and no export has named yet."""
-        held = self.recorded.get(where, 0)
-        log = self.logs[where]
-        gone = [s for s, why in log.removed.items() if s > held and why == "broker retention" and s not in on_disk]
-        return bool(gone)
+        """Whether messages after what the table holds are gone from before the log's start (`PartitionPlan.lost`):
+        removed by retention (the broker's or ours) or, for an append table, by compaction. A latest table of a
+        `cleanup` partition loses nothing to compaction (every key's latest message stays)."""
+        assert self.combo is not None
+        if where not in self.recorded or not on_disk:
+            return False
+        if self.combo.mode == "latest" and TOPICS[where[0]][0].startswith("log.cleanup.policy=cleanup"):
+            return False
+        held, start = self.recorded[where], min(on_disk)
+        return any(held < s < start for s in self.logs[where].removed)
+
+    def _table_messages(self) -> dict[tuple[str, int], dict[int, Msg]]:
+        """What an append table holds: every message exported, less the rows another engine deleted."""
+        return {
+            where: {s: m for s, m in msgs.items() if s not in self.deleted.get(where, set())}
+            for where, msgs in self.exported.items()
+        }
 
     # ---- the invariants ------------------------------------------------------------------------------------------
 
@@ -493,12 +808,13 @@ class ProductMachine(RuleBasedStateMachine):
 
     @invariant()
     def table_is_what_was_exported(self) -> None:
+        """Every engine reads the model's rows (DuckDB, delta-rs or pyiceberg, and delta-spark once the run's Spark
+        session is up), and `tank-log audit` finds nothing unaccounted but the rows another engine deleted."""
         if self.combo is None or not self.recorded:
             return
-        rows = _duckdb_rows(self.table, self.combo.fmt)
-        want: Counter[tuple[str, int, int, bytes | None, bytes]] = Counter()
+        want: Counter[Row] = Counter()
         if self.combo.mode == "append":
-            for (topic, p), msgs in self.exported.items():
+            for (topic, p), msgs in self._table_messages().items():
                 for seq, m in msgs.items():
                     want[(topic, p, seq, m.key, m.value)] += 1
         else:
@@ -511,13 +827,35 @@ class ProductMachine(RuleBasedStateMachine):
                 for seq, m in latest.values():
                     if m.value:
                         want[(topic, p, seq, m.key, m.value)] += 1
-        got = Counter(rows)
-        if got != want:
-            extra, lacking = got - want, want - got
-            raise Violation(f"DuckDB reads {sum(got.values())} rows, the model {sum(want.values())}: extra "
-                            f"{sorted(extra)[:3]}, lacking {sorted(lacking)[:3]}")  # fmt: skip
-        code, out = tank_log("audit", "--table", self.table, "--format", self.combo.fmt, "--source", "model", self.base)
-        self._expect(code == 0, f"audit: {out[-2000:]}")
+        readers = {"DuckDB": _duckdb_rows, "delta-rs/pyiceberg": _library_rows}
+        if _SESSION and _SESSION[0].sparkContext._jsc is not None and self.combo.fmt == "delta":
+            readers["delta-spark"] = lambda table, fmt, values: _spark_rows(_SESSION[0], table, values)
+        for name, read in readers.items():
+            got = Counter(read(self.table, self.combo.fmt, self.combo.values))
+            if got != want:
+                extra, lacking = got - want, want - got
+                raise Violation(f"{name} reads {sum(got.values())} rows, the model {sum(want.values())}: extra "
+                                f"{sorted(extra)[:3]}, lacking {sorted(lacking)[:3]}")  # fmt: skip
+            COVERED[f"table read by {name}"] += 1
+        args = ["--table", self.table, "--format", self.combo.fmt, "--source", "model", "--json", self.base]
+        code, out = tank_log("audit", *args)
+        if not any(self.deleted.values()):
+            self._expect(code == 0, f"audit: {out[-2000:]}")
+            return
+        disk = self._disk()
+        report = json.loads(out[out.index("{") :])
+        for p in report["partitions"]:
+            where = (p["topic"], p["partition"])
+            expected = {s for s in self.deleted.get(where, set()) if s in disk.get(where, {})}
+            missing = {s for lo, hi in p["missing"]["ranges"] for s in range(lo, hi + 1)}
+            complete = p["missing"]["runs"] == len(p["missing"]["ranges"])
+            self._expect(
+                p["missing"]["count"] == len(expected) and (missing == expected or not complete),
+                f"audit after a DELETE: {where} missing {p['missing']}, deleted on disk {sorted(expected)[:20]}",
+            )
+            self._expect(p["unaccounted"] == len(expected), f"audit after a DELETE: {where}: {p}")
+        self._expect(code == (1 if any(p["unaccounted"] for p in report["partitions"]) else 0), f"audit: {out[-999:]}")
+        COVERED["audit named the rows delta-spark deleted"] += 1
 
     # ---- helpers -------------------------------------------------------------------------------------------------
 
@@ -561,12 +899,11 @@ def _messages_on_disk(base: str) -> dict[tuple[str, int], dict[int, Msg]]:
 def _served_by_the_real_broker(base: str) -> dict[tuple[str, int], dict[int, Msg]] | None:
     """What the real TANK broker serves of (a copy of) `base`, as its client reads it; None without TANK_BIN and
     TANK_CLI."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from real_broker import RealBroker, binaries, consume_all, served_copy
-
-    found = binaries()
-    if isinstance(found, str):
+    found = _real_broker()
+    if found is None:
         return None
+    from real_broker import RealBroker, consume_all, served_copy
+
     copy = served_copy(base, tempfile.mkdtemp(prefix="served-") + "/base")
     try:
         with RealBroker(*found, copy) as broker:
@@ -629,7 +966,28 @@ def _tree(path: str, skip: str = ".tank-log") -> dict[str, bytes]:
     return out
 
 
-def _duckdb_rows(table: str, fmt: str) -> list[tuple[str, int, int, bytes | None, bytes]]:
+Row = tuple[str, int, int, bytes | None, bytes]
+
+
+def _value_of(values: str, value: Any, raw: Any) -> bytes:
+    """The producer's bytes of a row: `raw_value` when the value did not decode, else the value (utf8: its text,
+    json: the model's one field, as produced), a tombstone's nulls as empty bytes."""
+    if raw is not None:
+        return bytes(raw)
+    if value is None:
+        return b""
+    if values == "binary":
+        return bytes(value)
+    if values == "utf8":
+        return str(value).encode()
+    return b'{"id": %d}' % value
+
+
+def _value_columns(values: str) -> tuple[str, str]:
+    return {"binary": ("value", "NULL"), "utf8": ("value", "raw_value"), "json": ("id", "raw_value")}[values]
+
+
+def _duckdb_rows(table: str, fmt: str, values: str = "binary") -> list[Row]:
     """The table's rows as DuckDB reads them (an engine nobody here wrote)."""
     import glob
     import importlib
@@ -648,11 +1006,41 @@ def _duckdb_rows(table: str, fmt: str) -> list[tuple[str, int, int, bytes | None
 
         opened: Any = TableLocation.of(table, fmt="iceberg").open()
         source = f"iceberg_scan('{opened.table.metadata_location.removeprefix('file://')}')"
-    rows = con.execute(f"SELECT topic, partition, seq, key, value FROM {source}").fetchall()
-    return [(t, int(p), int(s), bytes(k) if k is not None else None, bytes(v)) for t, p, s, k, v in rows]
+    value, raw = _value_columns(values)
+    rows = con.execute(f"SELECT topic, partition, seq, key, {value}, {raw} FROM {source}").fetchall()
+    return [(t, int(p), int(s), bytes(k) if k is not None else None, _value_of(values, v, r))
+            for t, p, s, k, v, r in rows]  # fmt: skip
 
 
-def run(seed: int, examples: int, steps: int) -> dict[str, Any]:
+def _library_rows(table: str, fmt: str, values: str) -> list[Row]:
+    """The table's rows as its format's own library reads them (delta-rs, pyiceberg)."""
+    from tank_log.lakehouse import TableLocation
+
+    value, raw = _value_columns(values)
+    columns = ["topic", "partition", "seq", "key", value] + ([raw] if raw != "NULL" else [])
+    data = TableLocation.of(table, fmt=fmt).existing().to_pyarrow_dataset().to_table(columns=columns).to_pylist()
+    return [(r["topic"], int(r["partition"]), int(r["seq"]), r["key"], _value_of(values, r[value], r.get(raw)))
+            for r in data]  # fmt: skip
+
+
+def _spark_rows(spark: Any, table: str, values: str) -> list[Row]:
+    """The table's rows as delta-spark reads them."""
+    value, raw = _value_columns(values)
+    df = spark.read.format("delta").load(table).selectExpr("topic", "partition", "seq", "key", value, raw)
+    return [(r[0], int(r[1]), int(r[2]), bytes(r[3]) if r[3] is not None else None, _value_of(values, r[4], r[5]))
+            for r in df.collect()]  # fmt: skip
+
+
+def _real_broker() -> tuple[str, str] | None:
+    """(tank, tank-cli) when TANK_BIN and TANK_CLI name a built broker, else None."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from real_broker import binaries
+
+    found = binaries()
+    return None if isinstance(found, str) else found
+
+
+def run(seed: int, examples: int, steps: int, profile: str = "full") -> dict[str, Any]:
     """Run the state machine; returns the figures (raises on a violation, with the shortest failing steps)."""
     from hypothesis import seed as with_seed
     from hypothesis.stateful import run_state_machine_as_test
@@ -669,10 +1057,16 @@ def run(seed: int, examples: int, steps: int) -> dict[str, Any]:
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
+    PROFILE.spark, PROFILE.only_spark = PROFILES[profile].spark, PROFILES[profile].only_spark
     test = with_seed(seed)(lambda: run_state_machine_as_test(ProductMachine, settings=config))
-    test()
+    try:
+        test()
+    finally:
+        stop_shared_spark()
     return {
         "seed": seed,
+        "profile": profile,
+        "real_broker": _real_broker() is not None,
         "examples": examples,
         "steps_per_example": steps,
         "steps": sum(v for k, v in COVERED.items() if not k.startswith("combo")),
@@ -688,16 +1082,70 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--examples", type=int, default=30)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--short", action="store_true", help="the suite's run: a few examples of a few steps")
+    ap.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="full",
+        help="full: every option and step; nospark: none that needs Spark; spark: every example's export needs Spark",
+    )
+    ap.add_argument("--short", action="store_true", help="the suite's run: 10 examples of 20 steps, without Spark")
+    ap.add_argument(
+        "--short-spark", action="store_true", help="the suite's Spark run: 2 examples of 15 steps, each needing Spark"
+    )
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        help="a long run bounded in time: runs of --examples examples with seeds --seed, --seed+1, ... until this "
+        "many minutes have passed; the figures are their sums",
+    )
     args = ap.parse_args(argv)
-    examples, steps = (10, 20) if args.short else (args.examples, args.steps)
-    print(f"model check: seed {args.seed}, {examples} examples of up to {steps} steps", flush=True)
+    examples, steps, profile = args.examples, args.steps, args.profile
+    if args.minutes:
+        return _timed(args.seed, examples, steps, profile, args.minutes * 60)
+    if args.short:
+        examples, steps, profile = 10, 20, "nospark"
+    elif args.short_spark:
+        examples, steps, profile = 2, 15, "spark"
+    print(f"model check: seed {args.seed}, {examples} examples of up to {steps} steps, profile {profile}", flush=True)
     try:
-        figures = run(args.seed, examples, steps)
+        figures = run(args.seed, examples, steps, profile)
     except Violation as err:
         print(f"violations: 1\n{err}")
         return 1
     print(json.dumps(figures, indent=2))
+    print("violations: 0")
+    return 0
+
+
+def _timed(seed: int, examples: int, steps: int, profile: str, seconds: float) -> int:
+    """Runs with consecutive seeds until `seconds` have passed (a run under way finishes); their summed figures."""
+    started = time.monotonic()
+    total: Counter[str] = Counter()
+    seeds: list[int] = []
+    while time.monotonic() - started < seconds:
+        print(f"model check: seed {seed}, {examples} examples of up to {steps} steps, profile {profile}", flush=True)
+        try:
+            figures = run(seed, examples, steps, profile)
+        except Violation as err:
+            print(f"violations: 1 (seed {seed})\n{err}")
+            return 1
+        total.update(figures["covered"])
+        seeds.append(seed)
+        print(f"seed {seed}: {figures['steps']} steps, {figures['seconds']} s", flush=True)
+        seed += 1
+    summary = {
+        "seeds": seeds,
+        "profile": profile,
+        "real_broker": _real_broker() is not None,
+        "examples": examples * len(seeds),
+        "steps_per_example": steps,
+        "steps": sum(v for k, v in total.items() if not k.startswith("combo")),
+        "combinations": sorted(k.removeprefix("combo ") for k in total if k.startswith("combo ")),
+        "covered": dict(sorted(total.items())),
+        "violations": 0,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    print(json.dumps(summary, indent=2))
     print("violations: 0")
     return 0
 
