@@ -269,6 +269,17 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
         "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
+        "decoded keys need typed values": ["--key-format", "utf8"],
+        "--key-message": [
+            "--value-format",
+            "avro",
+            "--value-schema-file",
+            SMALL,
+            "--key-format",
+            "protobuf",
+            "--key-schema-file",
+            SMALL,
+        ],  # fmt: skip
     }
     for needle, flags in cases.items():
         rc = export("--data-dir", base, "--table", table, *flags)
@@ -391,3 +402,42 @@ def test_schema_ids_from_a_registry(tmp_path, capsys):
         (audit,) = json.loads(capsys.readouterr().out)["partitions"]
         assert audit["dead_lettered"]["count"] == 1 and audit["unaccounted"] == 0, how
     assert cli(["audit", base, "--table", table]) == 1  # looked beside the table: seq 2 is missing
+
+
+def test_keys_decode_into_the_key_column(tmp_path, caplog):
+    """--key-format avro: `key` a struct of the key schema's fields (as Redpanda's and Tableflow's decoded keys), a
+    null or empty key a null `key`, a key that does not decode a dead letter (raw key kept); utf8: `key` a string.
+    A table's key column does not change type: refused in one line naming the key, nothing committed."""
+    key_schema = tmp_path / "key.avsc"
+    key_schema.write_text(json.dumps({"type": "record", "name": "K", "fields": [
+        {"name": "id", "type": "long"}, {"name": "region", "type": "string"}]}))  # fmt: skip
+    keys = [avro(str(key_schema), {"id": i, "region": "eu"}) for i in range(5)]
+    keys[2] = b"\x02"  # cut short after the id: a bad key
+    keys[3] = b""  # no key: null, not bad
+    keys[4] = b"\xff"  # not UTF-8 either
+    base = str(tmp_path / "data")
+    d = os.path.join(base, "clicks", "0")
+    os.makedirs(d)
+    msgs = [Message(i + 1, TS + i, k, avro(SMALL, click(i))) for i, k in enumerate(keys)]
+    write_segment(d, msgs, active=True, ts=TS // 1000)
+    values = ["--value-format", "avro", "--value-schema-file", SMALL]
+    table = str(tmp_path / "t")
+    assert export("--data-dir", base, "--table", table, *values, "--key-format", "avro",
+                  "--key-schema-file", str(key_schema)) == 0  # fmt: skip
+    con = duckdb_with("delta")
+    ((_, key_type, *_),) = con.execute(f"DESCRIBE SELECT key FROM delta_scan('{table}')").fetchall()
+    assert key_type == "STRUCT(id BIGINT, region VARCHAR)"
+    got = con.execute(f"SELECT seq, key.id, key.region, \"user\" FROM delta_scan('{table}') ORDER BY seq").fetchall()
+    assert got == [(1, 0, "eu", 0), (2, 1, "eu", 1), (4, None, None, 3)]
+    dead = rows(table + "_dead_letters", "seq,key,error")
+    assert [(s, k) for s, k, _ in dead] == [(3, b"\x02"), (5, b"\xff")]
+    assert all(e.startswith("key: ") for _, _, e in dead), dead
+    caplog.clear()
+    assert export("--data-dir", base, "--table", table, *values, "--key-format", "utf8") == 1
+    (failed,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert "field key: struct<id: int64, region: string> cannot become string" in failed
+    assert rows(table, "seq") == [(1,), (2,), (4,)]
+    text = str(tmp_path / "text")
+    assert export("--data-dir", base, "--table", text, *values, "--key-format", "utf8") == 0
+    assert rows(text, "seq,key")[:2] == [(1, keys[0].decode()), (2, keys[1].decode())]
+    assert rows(text + "_dead_letters", "seq") == [(5,)]  # seq 3's key b"\x02" is valid UTF-8

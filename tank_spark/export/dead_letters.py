@@ -40,7 +40,9 @@ def dead_letter_settings(settings: ExportSettings) -> ExportSettings:
     from tank_log.jobs.config.models import default_dead_letter_table
 
     table = settings.dead_letter_table or default_dead_letter_table(settings.table)
-    return replace(settings, table=table, value_spec=None, value_format="binary", value_schema=None, mode="append")
+    return replace(
+        settings, table=table, value_spec=None, key_spec=None, value_format="binary", value_schema=None, mode="append"
+    )
 
 
 def open_dead_letters(settings: ExportSettings, create: bool) -> LakeTable | None:

@@ -105,6 +105,7 @@ class ExportSettings:
     catalog: Catalog | None = field(default=None, repr=False)  # iceberg's SQL or REST catalog (may hold credentials)
     source: str | None = None  # the broker these partitions are on (`--source`, export.source; None: unsourced)
     value_spec: ValueSpec | None = None  # typed values (avro, protobuf, json with a JSON Schema): `tank_log.values`
+    key_spec: ValueSpec | None = None  # decoded keys (`key` a string or struct); None: bytes
     on_bad_record: str = "dead_letter"  # a typed value that does not decode: fail | dead_letter | skip
     dead_letter_table: str | None = None  # where dead letters go (`dead_letters.py`; None: beside the table)
     replay_dead_letters: bool = False  # no export: `dead_letters.replay`
@@ -174,6 +175,14 @@ def _add_value_options(p: argparse.ArgumentParser) -> None:
         help="the values' schema: .avsc (avro), .desc or .proto (protobuf, with --value-message), JSON Schema (json)",
     )
     p.add_argument("--value-message", metavar="NAME", help="with --value-format protobuf: the full message name")
+    p.add_argument(
+        "--key-format",
+        choices=("binary", "utf8", "json", "avro", "protobuf"),
+        help="how to store keys (binary): utf8 and json as a string, avro, protobuf and json with --key-schema-file "
+        "as a struct; with typed values only",
+    )
+    p.add_argument("--key-schema-file", metavar="FILE", help="the keys' schema, as --value-schema-file")
+    p.add_argument("--key-message", metavar="NAME", help="with --key-format protobuf: the full message name")
     p.add_argument(
         "--on-bad-record",
         choices=("fail", "dead_letter", "skip"),
@@ -286,6 +295,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         mode=args.mode or cfg.mode,
         source=check_source(args.source, "--source") if args.source else cfg.source or default_source(),
         value_spec=spec,
+        key_spec=_key_spec(cfg, args),
         on_bad_record=args.on_bad_record or cfg.on_bad_record,
         dead_letter_table=args.dead_letter_table or cfg.dead_letter_table,
         replay_dead_letters=args.replay_dead_letters,
@@ -374,6 +384,36 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
     return next(iter(specs.values()))
 
 
+def _key_spec(cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
+    """The keys' spec (flags over `export.key_*`; the values' registry answers for their ids too), checked like the
+    values'. None for binary keys (bytes).
+
+    Raises:
+        JobConfigError: a flag without its format, a schema'd format without its schema or message.
+        ValueSchemaError: a schema file missing or malformed.
+    """
+    from tank_log.values import ValueSpec
+    from tank_spark.export.rows import key_decoder_of
+
+    fmt = args.key_format or cfg.key_format
+    schema_file = args.key_schema_file or (cfg.key_schema_file if not args.key_format else None)
+    message = args.key_message or cfg.key_message
+    if fmt in ("binary", "utf8") and (args.key_schema_file or args.key_message):
+        raise JobConfigError("--key-schema-file, --key-message: only with --key-format avro, protobuf or json")
+    if fmt == "binary":
+        return None
+    ids = dict(cfg.key_schema_ids)
+    schemaless = fmt == "utf8" or (fmt == "json" and not schema_file and not ids)
+    if fmt in ("avro", "protobuf") and not schema_file and not ids and not cfg.value_registry_url:
+        raise JobConfigError(f"--key-format {fmt} needs --key-schema-file FILE (or export.key_schema_ids)")
+    if fmt == "protobuf" and not message:
+        raise JobConfigError("--key-format protobuf needs --key-message NAME (the full message name)")
+    registry = None if schemaless else cfg.value_registry_url
+    spec = ValueSpec(fmt, schema_file, message, ids, registry, cfg.key_wire)  # type: ignore[arg-type]
+    key_decoder_of(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
+    return spec
+
+
 def _topics_of(ctx: JobContext, cfg: ExportConfig) -> Sequence[str | None]:
     """The run's topics, for their `export.topics` entries ([None]: no entry applies)."""
     from tank_log.jobs.planning import select_partitions
@@ -452,6 +492,11 @@ def _check_typed(settings: ExportSettings) -> None:
     Raises:
         JobConfigError: one line naming the flags (docs/guides/typed-tables.md, "Limits").
     """
+    if settings.key_spec is not None and not settings.typed:
+        raise JobConfigError(
+            f"--key-format {settings.key_spec.format}: decoded keys need typed values (--value-format avro, protobuf, "
+            "or json with --value-schema-file): their bad records go to the dead-letter table"
+        )
     if settings.replay_dead_letters and not settings.typed:
         raise JobConfigError("--replay-dead-letters: the values are not typed (--value-format avro|protobuf|json)")
     if not settings.typed:

@@ -122,6 +122,46 @@ def decoder_of(spec: ValueSpec) -> ValueDecoder:
     return _DECODERS[key]
 
 
+def key_decoder_of(spec: ValueSpec) -> ValueDecoder:
+    """`decoder_of` for keys: a decoder of its own (its errors say `key:`), built once per process."""
+    from tank_log.values import decoder_for
+
+    key = "key " + repr(spec)
+    if key not in _DECODERS:
+        decoder = decoder_for(spec)
+        if hasattr(decoder, "format_label"):  # the errors' first word (BatchDecoder): a key's, not a value's
+            decoder.format_label = "key"
+        _DECODERS[key] = decoder
+    return _DECODERS[key]
+
+
+def key_is_text(spec: ValueSpec) -> bool:
+    """Whether keys of `spec` are one string column (utf8; json without a schema), not a struct of fields."""
+    return spec.format == "utf8" or (spec.format == "json" and spec.schema_file is None and not spec.schema_ids)
+
+
+def decoded_keys(key: pa.Array, settings: ExportSettings, key_type: pa.DataType) -> tuple[pa.Array, pa.Array]:
+    """(the `key` column of type `key_type`, each row's error or null) of a batch's raw keys by `settings.key_spec`:
+    a null or empty key is a null `key`, not a bad record."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from tank_spark.export.schema import storable_type, to_storable
+
+    assert settings.key_spec is not None
+    decoded = key_decoder_of(settings.key_spec).decode(key)
+    absent = pc.fill_null(pc.equal(pc.binary_length(key), 0), True).to_numpy(zero_copy_only=False)
+    bad = np.asarray(decoded.bad, dtype=bool) & ~absent
+    struct = decoded.columns
+    null = pa.array(absent | bad | np.asarray(pc.is_null(struct).to_numpy(zero_copy_only=False), dtype=bool))
+    struct = pa.StructArray.from_arrays(struct.flatten(), fields=list(struct.type), mask=null)
+    errors = pc.if_else(pa.array(bad), decoded.errors, pa.scalar(None, pa.string()))
+    if key_is_text(settings.key_spec):
+        return struct.field(0).cast(key_type), errors
+    struct = to_storable(struct, storable_type(struct.type, settings.table_format, "key"))
+    return pa.StructArray.from_arrays(struct.flatten(), fields=list(key_type), mask=null), errors
+
+
 @dataclass
 class TypedRows:
     """One row batch decoded: the good rows in the table's columns, the bad ones in the dead letters' (all of them:
@@ -154,19 +194,30 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     target = pa.struct([f for f in schema if f.name not in RESERVED])  # the table's (`schema.evolved_schema`)
     struct = conform(struct, target)  # renamed (an Avro alias, a Protobuf number), narrowed, dropped fields
     fields = dict(zip(target.names, struct.flatten(), strict=True))  # the row's nulls applied
-    own = {c: b.column(c) for c in BASE_COLUMNS} | {
-        "date": date,
-        TS_RAW.name: b.column(TS_RAW.name),
-        SOURCE.name: source,
-    }
+    errors = decoded.errors
+    keys = {}
+    if settings.key_spec is not None:  # a key that does not decode makes its record bad, as its value would
+        keys["key"], key_errors = decoded_keys(b.column("key"), settings, schema.field("key").type)
+        key_bad = pc.is_valid(key_errors).to_numpy(zero_copy_only=False)
+        errors = pc.if_else(pa.array(bad), errors, key_errors)  # the value's error first
+        bad = bad | key_bad
+        good = pa.array(~bad)
+    own = (
+        {c: b.column(c) for c in BASE_COLUMNS}
+        | keys
+        | {
+            "date": date,
+            TS_RAW.name: b.column(TS_RAW.name),
+            SOURCE.name: source,
+        }
+    )
     cols = [
         own.get(f.name, fields.get(f.name))
         for f in schema  # by name: an evolved table has its newer columns last
     ]
     rows = pa.RecordBatch.from_arrays(cols, names=schema.names)
     dead = pa.RecordBatch.from_arrays(
-        [b.column(c) for c in BASE_COLUMNS]
-        + [value, decoded.schema_ids, decoded.errors, date, b.column(TS_RAW.name), source],
+        [b.column(c) for c in BASE_COLUMNS] + [value, decoded.schema_ids, errors, date, b.column(TS_RAW.name), source],
         schema=DEAD_LETTER_SCHEMA,
     )
     return TypedRows(rows.filter(good), dead.filter(pa.array(bad)))

@@ -43,7 +43,7 @@ def table_schema(settings: ExportSettings) -> pa.Schema:
 
     Adding a column: declare it here and compute it in `rows.py` (both row pipelines).
     """
-    fields = [ROW_SCHEMA.field(c) for c in BASE_COLUMNS]
+    fields = [key_field(settings) if c == "key" else ROW_SCHEMA.field(c) for c in BASE_COLUMNS]
     if settings.value_spec is not None:  # bad values go to the dead letters (`dead_letters.py`), not quarantine
         fields += typed_fields(settings)
     elif settings.value_format in VALUE_FIELDS:
@@ -53,6 +53,20 @@ def table_schema(settings: ExportSettings) -> pa.Schema:
     if settings.value_format != "binary" and settings.value_spec is None:
         fields += QUARANTINE_FIELDS
     return pa.schema(fields + DERIVED_FIELDS + list(EVOLVABLE))  # last: tables made before them gain them
+
+
+def key_field(settings: ExportSettings) -> pa.Field:
+    """The `key` column: bytes, or the decoded keys (`settings.key_spec`): a string (utf8, json without a schema) or a
+    struct of the key schema's fields, nullable."""
+    from tank_spark.export.rows import key_decoder_of, key_is_text
+
+    spec = settings.key_spec
+    if spec is None:
+        return ROW_SCHEMA.field("key")
+    if key_is_text(spec):
+        return pa.field("key", pa.string())
+    struct = storable_type(key_decoder_of(spec).arrow_type, settings.table_format, "key")
+    return pa.field("key", pa.struct([f.with_nullable(True) for f in struct]))  # a null key: null fields
 
 
 RESERVED = {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)} | set(BASE_COLUMNS) | {"value"}
@@ -188,6 +202,7 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     from tank_log.values import evolve
 
     have = table.arrow_schema()
+    _check_key(settings, have)
     old = [f for f in have if f.name not in RESERVED]
     new = typed_fields(settings, metadata=True)
     merged = evolve(
@@ -209,6 +224,23 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
         table.add_column(f)
     want = {f.name: f for f in table_schema(settings)}
     return pa.schema([want.get(f.name, f) for f in table.arrow_schema()])
+
+
+def _check_key(settings: ExportSettings, have: pa.Schema) -> None:
+    """Refuse keys the table's `key` column cannot take: another type, or a key schema changed (in one line naming
+    the field and both types; a key schema's compatible change is not followed in place)."""
+    from tank_log.values import evolve
+
+    if "key" not in have.names:
+        return
+    was, now = plain_type(have.field("key").type), plain_type(key_field(settings).type)
+    if was == now:
+        return
+    evolve(pa.struct([pa.field("key", was)]), pa.struct([pa.field("key", now)]))  # IncompatibleSchema: the path
+    raise RunFailed(
+        f"field key: {was} -> {now}: this export cannot change the key column's type in a {settings.table_format} "
+        f"table ({settings.table}): nothing committed; export to a new table"
+    )
 
 
 def plain_type(t: pa.DataType) -> pa.DataType:

@@ -325,6 +325,15 @@ class ExportConfig(Section):
     value_wire: Wire = Field(
         default="auto", description="auto (the Confluent header when present) | confluent (always) | plain (never)"
     )
+    key_format: ValueFormat = Field(
+        default="binary", description="binary | utf8 | json | avro | protobuf: the `key` column (a string or struct)"
+    )
+    key_schema_file: Text | None = Field(default=None, description="the keys' .avsc | .desc or .proto | JSON Schema")
+    key_message: Text | None = Field(default=None, description="protobuf keys: the full message name")
+    key_schema_ids: Annotated[dict[int, str], BeforeValidator(_schema_ids)] = Field(
+        default_factory=dict, description="keys in the Confluent wire format: schema id -> schema file"
+    )
+    key_wire: Wire = Field(default="auto", description="the keys' header: auto | confluent | plain")
     topics: Annotated[dict[str, TopicValues], BeforeValidator(keyed_by_name)] = Field(default_factory=dict)
     on_bad_record: OnBadRecord = Field(
         default="dead_letter", description="a value that does not decode: fail | dead_letter | skip"
