@@ -4,9 +4,12 @@ recorded versions (tank_spark/export/iceberg_spark.py). Exactly once across a re
 the rows equal to the deltalake engine's export of the same data; Spark reads the table back."""
 
 import json
+import os
+import threading
+import time
 
 import pytest
-from conftest import copy_tree, data_dir, run_job_script
+from conftest import copy_tree, data_dir, load_dump, run_job_script
 from test_delta_spark import export, export_on
 from test_export_iceberg_rest import config, server  # noqa: F401 (the module's REST catalog server)
 from test_job_export import roll_and_append
@@ -85,3 +88,39 @@ def test_spark_engine_exports_exactly_once_as_the_deltalake_engine(tmp_path, ser
     assert summary["rows"] == 12, summary
     assert export("--config", by_rs, *args) == 0
     assert rows(server, "tank.by_spark") == rows(server, "tank.by_rs")
+
+
+def test_a_concurrent_export_fails_the_held_commit_and_the_replan_finds_nothing(tmp_path, server, spark, monkeypatch):  # noqa: F811
+    """The spark engine held before its commit, its rows staged; the deltalake engine exports the same partitions
+    meanwhile; released, the held commit finds the recorded versions moved and commits nothing, and its re-plan
+    finds nothing left: every message once."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    (tmp_path / "c").mkdir()
+    cfg = config(tmp_path / "c", server, "tank.raced")
+    args = ["--data-dir", base, "--topics", "events"]
+    held = tmp_path / "hold"
+    monkeypatch.setenv("TANK_LOG_EXPORT_HOLD", str(held))
+    out = {}
+
+    def held_run():
+        try:
+            out["result"] = export_on(spark, "--config", cfg, *args, "--engine", "spark")
+        except BaseException as err:  # reported below
+            out["error"] = err
+
+    run = threading.Thread(target=held_run)
+    run.start()
+    deadline = time.monotonic() + 300
+    while not os.path.exists(f"{held}.ready"):
+        assert run.is_alive(), out
+        assert time.monotonic() < deadline, "the spark engine did not reach its hold"
+        time.sleep(0.05)
+    monkeypatch.delenv("TANK_LOG_EXPORT_HOLD")  # the other export runs through
+    assert export("--config", cfg, *args) == 0
+    held.touch()
+    run.join(300)
+    assert "error" not in out, out
+    assert out["result"][1]["rows"] == 0, out["result"][1]
+    got = rows(server, "tank.raced")
+    want = sorted((t, p, m[0]) for (t, p), msgs in load_dump("A_multi").items() if t == "events" for m in msgs)
+    assert [r[:3] for r in got] == want
