@@ -7,7 +7,9 @@ Topics:
   some keyless notes and keyless empty messages — the compaction demo;
 - `clicks` (1 partition): keyless 1-message plain bundles, like a chatty producer;
 - with `typed`, `payments` (1 partition): keyed Avro values (`PAYMENT_SCHEMA`, written beside the topics as
-  `payments.avsc`), three of them cut short by a faulty producer — the typed-table demo (docs/guides/typed-tables.md).
+  `payments.avsc`), three of them cut short by a faulty producer — the typed-table demo (docs/guides/typed-tables.md);
+- with `typed`, `shipments` (1 partition): Protobuf values (`demo.Shipment`, its FileDescriptorSet written beside the
+  topics as `shipments.desc`) keyed by their order's UTF-8 id, two of them with a key that is not UTF-8.
 """
 
 from __future__ import annotations
@@ -120,11 +122,74 @@ def _payments(rng: random.Random, n: int, t0: int) -> list[Message]:
     return out
 
 
+SHIPMENT_DESCRIPTOR_FILE = "shipments.desc"  # beside the topics, like payments.avsc
+SHIPMENT_MESSAGE = "demo.Shipment"
+BAD_SHIPMENT_KEYS = (50, 250)  # seqs whose key a faulty producer wrote as Latin-1: dead letters with --key-format utf8
+
+
+def _shipment_file() -> bytes:
+    """`shipments.proto` as a FileDescriptorSet (as `protoc --descriptor_set_out` writes it): a Shipment message of
+    an id, its order, a carrier enum, a weight, a Timestamp and repeated items."""
+    from google.protobuf import descriptor_pb2  # type: ignore[import-untyped]
+
+    f = descriptor_pb2.FileDescriptorProto(name="shipments.proto", package="demo", syntax="proto3")
+    f.dependency.append("google/protobuf/timestamp.proto")
+    m = f.message_type.add(name="Shipment")
+    carrier = m.enum_type.add(name="Carrier")
+    for number, name in enumerate(["CARRIER_UNSPECIFIED", "DHL", "UPS", "POSTEN"]):
+        carrier.value.add(name=name, number=number)
+    fd = descriptor_pb2.FieldDescriptorProto
+    for number, (name, kind, label, type_name) in enumerate(
+        [
+            ("shipment_id", fd.TYPE_INT64, fd.LABEL_OPTIONAL, None),
+            ("order_id", fd.TYPE_STRING, fd.LABEL_OPTIONAL, None),
+            ("carrier", fd.TYPE_ENUM, fd.LABEL_OPTIONAL, ".demo.Shipment.Carrier"),
+            ("weight_g", fd.TYPE_INT32, fd.LABEL_OPTIONAL, None),
+            ("shipped_at", fd.TYPE_MESSAGE, fd.LABEL_OPTIONAL, ".google.protobuf.Timestamp"),
+            ("items", fd.TYPE_STRING, fd.LABEL_REPEATED, None),
+        ],
+        start=1,
+    ):
+        field = m.field.add(name=name, number=number, type=kind, label=label)
+        if type_name:
+            field.type_name = type_name
+    from google.protobuf import timestamp_pb2
+
+    imported = descriptor_pb2.FileDescriptorProto()
+    timestamp_pb2.DESCRIPTOR.CopyToProto(imported)  # as --include_imports: the set names every file it needs
+    out: bytes = descriptor_pb2.FileDescriptorSet(file=[imported, f]).SerializeToString()
+    return out
+
+
+def _shipments(rng: random.Random, n: int, t0: int) -> list[Message]:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    for f in descriptor_pb2.FileDescriptorSet.FromString(_shipment_file()).file:
+        pool.Add(f)
+    shipment = message_factory.GetMessageClass(pool.FindMessageTypeByName(SHIPMENT_MESSAGE))
+    out = []
+    for i in range(n):
+        ts = t0 + i * 60_000
+        order = f"order-{rng.randrange(6000):05d}"
+        m = shipment(
+            shipment_id=70_000 + i,
+            order_id=order,
+            carrier=rng.randrange(1, 4),
+            weight_g=rng.randrange(50, 20_000),
+            items=rng.sample(["book", "lamp", "mug", "shirt", "tent"], rng.randrange(1, 4)),
+        )
+        m.shipped_at.FromMilliseconds(ts)
+        key = order.encode() if i + 1 not in BAD_SHIPMENT_KEYS else "ordre-ø".encode("latin-1")
+        out.append(Message(i + 1, ts, key, m.SerializeToString()))
+    return out
+
+
 def write_demo(
     directory: str | os.PathLike[str], *, seed: int = 7, now_ms: int | None = None, typed: bool = False
 ) -> str:
     """Create the demo base path at `directory` (must not exist or be empty); return it. `typed`: also the
-    `payments` topic of Avro values and its schema file.
+    `payments` topic of Avro values, the `shipments` topic of Protobuf values, and their schema files.
 
     Raises:
         UsageError: `directory` exists and is not empty.
@@ -163,6 +228,12 @@ def write_demo(
             lambda: _payments(rng, 1000, now_ms - DAY_MS),
             BundlePolicy(max_messages=50, snappy=SnappyPolicy.CLIENT),
         )
+        topics["shipments"] = (
+            "log.segment.bytes=32kb\n",
+            1,
+            lambda: _shipments(rng, 500, now_ms - DAY_MS),
+            BundlePolicy(max_messages=20, snappy=SnappyPolicy.CLIENT),
+        )
     for topic, (config, nparts, gen, policy) in topics.items():
         tdir = os.path.join(directory, topic)
         os.makedirs(tdir, exist_ok=True)
@@ -174,4 +245,6 @@ def write_demo(
     if typed:
         with open(os.path.join(directory, PAYMENT_SCHEMA_FILE), "w") as fh:
             json.dump(PAYMENT_SCHEMA, fh, indent=1)
+        with open(os.path.join(directory, SHIPMENT_DESCRIPTOR_FILE), "wb") as fb:
+            fb.write(_shipment_file())
     return directory
