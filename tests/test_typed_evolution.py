@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+from decimal import Decimal as D
 
+import pyarrow as pa
 import pytest
 from test_typed_export import SMALL, TS, avro, export, rows, write_topic
 
@@ -81,3 +83,43 @@ def test_an_incompatible_change_stops_the_export_with_nothing_committed(tmp_path
     t = TableLocation.of(table, {}, "delta", None, default_source()).existing()
     assert t.version() == before and t.recorded_version("clicks", 0) == 1
     assert rows(table, "seq") == [(1,)]
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_widened_type_evolves_where_the_format_allows_it(tmp_path, fmt, caplog):
+    """ms int -> long (and a new float -> double): Iceberg promotes the columns in place (`update_column`, the
+    older rows read as the wider type, field ids kept); Delta (delta-rs writes no type widening) refuses in one line
+    naming the field and both types, nothing committed, exit 1."""
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+
+    def price(digits: int) -> dict:
+        return {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": digits, "scale": 2}}
+
+    v1 = schema_file(tmp_path, "v1.avsc", [{"name": "score", "type": "float"}, price(5)])
+    write_topic(base, "clicks", {0: [avro(v1, {"user": 1, "page": "/p", "ms": 7, "score": 0.5, "price": D("1.25")})]})
+    common = ["--data-dir", base, "--table", table, "--format", fmt, "--value-format", "avro"]
+    assert export(*common, "--value-schema-file", v1) == 0
+    before = TableLocation.of(table, {}, fmt, None, default_source()).existing()
+    ids_before = {f.name: f.field_id for f in before.table.schema().fields} if fmt == "iceberg" else None
+    wide = schema_file(tmp_path, "wide.avsc", [{"name": "score", "type": "double"}, price(9),
+                                               {"name": "ms", "type": "long"}], drop="ms")  # fmt: skip
+    wide_value = {"user": 2, "page": "/q", "ms": 2**40, "score": 0.25, "price": D("1234567.89")}
+    roll_and_append(base, "clicks", [avro(wide, wide_value)])
+    caplog.clear()
+    rc = export(*common, "--value-schema-file", wide)
+    t = TableLocation.of(table, {}, fmt, None, default_source()).existing()
+    if fmt == "delta":
+        assert rc == 1
+        (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert "field ms: int32 -> int64 is a compatible change" in line and "delta table" in line
+        assert t.version() == before.version() and rows(table, "seq", fmt) == [(1,)]
+        return
+    assert rc == 0
+    types = {f.name: f.type for f in t.arrow_schema()}
+    assert (types["ms"], types["score"], types["price"]) == (pa.int64(), pa.float64(), pa.decimal128(9, 2))
+    assert {f.name: f.field_id for f in t.table.schema().fields} == ids_before
+    assert rows(table, "seq,ms,score,price", fmt) == [(1, 7, 0.5, D("1.25")), (2, 2**40, 0.25, D("1234567.89"))]
+    # the older, narrower schema still writes into the widened table
+    roll_and_append(base, "clicks", [avro(v1, {"user": 3, "page": "/r", "ms": 3, "score": 1.5, "price": D("2")})])
+    assert export(*common, "--value-schema-file", v1) == 0
+    assert rows(table, "seq,ms", fmt)[-1] == (3, 3)

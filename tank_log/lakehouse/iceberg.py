@@ -319,6 +319,16 @@ class IcebergTable:
             update.add_column(column.name, column.field_type, required=False)
         self.refresh()
 
+    def widen_column(self, name: str, t: pa.DataType) -> None:
+        """Schema evolution: promote a top-level column to the wider type `t` in place (Iceberg's promotions: int to
+        long, float to double, a decimal's precision; pyiceberg refuses any other), its field id kept."""
+        import pyarrow as pa
+
+        (column,) = _iceberg_schema(pa.schema([pa.field(name, t)])).fields
+        with self.table.update_schema() as update:
+            update.update_column(name, field_type=column.field_type)
+        self.refresh()
+
     def delete_rows(self, predicate: str) -> None:
         self.table.delete(predicate)  # pyiceberg parses the predicate; a copy-on-write of the files holding matches
         self.refresh()

@@ -212,18 +212,41 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     by_name = {f.name: f for f in new}
     known = {f.name: plain_type(f.type) for f in old}
     widened = [(f.name, known[f.name], f.type) for f in merged if f.name in known and f.type != known[f.name]]
-    if widened:
-        name, was, now = widened[0]
+    widen = getattr(table, "widen_column", None)  # Iceberg's type promotions; delta-rs writes no type widening
+    refused = [w for w in widened if widen is None or not promotable(w[1], w[2])]
+    if refused:
+        name, was, now = refused[0]
         raise RunFailed(
-            f"field {name}: {was} -> {now} is a compatible change, but this export cannot yet change a column's type "
-            f"in a {settings.table_format} table ({settings.table}): nothing committed; export to a new table"
+            f"field {name}: {was} -> {now} is a compatible change, but this export cannot change a column's type "
+            f"so in a {settings.table_format} table ({settings.table}): nothing committed; export to a new table"
         )
+    for name, was, now in widened:
+        assert widen is not None  # else refused above
+        log.info("export: widening column %s from %s to %s in %s (schema evolution)", name, was, now, settings.table)
+        widen(name, now)
     added = [by_name.get(f.name, f).remove_metadata() for f in merged if f.name not in known]
     for f in added:
         log.info("export: adding column %s %s to %s (schema evolution)", f.name, f.type, settings.table)
         table.add_column(f)
     want = {f.name: f for f in table_schema(settings)}
-    return pa.schema([want.get(f.name, f) for f in table.arrow_schema()])
+    kept = {f.name: f.type for f in merged if not pa.types.is_nested(f.type)}
+    columns = []
+    for f in table.arrow_schema():
+        w = want.get(f.name)
+        if w is not None and kept.get(f.name, w.type) != w.type:  # narrowed: the wider column (`conform` casts)
+            w = w.with_type(kept[f.name])
+        columns.append(f if w is None else w)
+    return pa.schema(columns)
+
+
+def promotable(was: pa.DataType, now: pa.DataType) -> bool:
+    """Whether Iceberg promotes a column of type `was` to `now` in place: int to long, float to double, a decimal to
+    more digits at the same scale."""
+    if (was, now) in ((pa.int32(), pa.int64()), (pa.float32(), pa.float64())):
+        return True
+    if not (pa.types.is_decimal(was) and pa.types.is_decimal(now)):
+        return False
+    return bool(was.scale == now.scale and now.precision > was.precision)
 
 
 def _check_key(settings: ExportSettings, have: pa.Schema) -> None:
