@@ -36,6 +36,7 @@ COMPILED = {
     "tank_log.format._codec": "tank_log/format/_codec.pyx",  # the walk, decode, encoders, Arrow gather (§3)
     "tank_log.tools._dump_lines": "tank_log/tools/_dump_lines.pyx",  # `tank-log dump`'s JSON lines
     "tank_log.maintenance.compaction._key_map": "tank_log/maintenance/compaction/_key_map.pyx",  # the key map (§6.2)
+    "tank_log.values._avro_fast": "tank_log/values/_avro_fast.pyx",  # Avro values into columns, in bulk
 }
 
 setup(

@@ -7,6 +7,13 @@ time64[us], timestamp-millis/micros → timestamp[us, UTC], local-timestamp-* �
 one type → that type, nullable; any other union → a struct of its branches (named by type, or by a named type's
 name), exactly one of them set per value. A field's aliases are kept in its Arrow metadata (`avro.aliases`), so a
 renamed field stays the same column (`tank_log.values.evolve`).
+
+Two paths give the same columns and the same bad rows: fastavro's reader, value by value into Python objects, and
+the compiled fast path (`_avro_fast.pyx`), the batch in bulk straight into column buffers. A decoder picks once
+(`fast`): the fast path when the compiled core runs and the reader's schema is a record of null, boolean, int, long,
+float, double, string, bytes, fixed, enum, records and [null, T] unions of them, and the logical types date,
+timestamp-* and local-timestamp-* (`_FastPlan`); values whose writer's schema differs from the reader's take
+fastavro's path, value by value, in either case.
 """
 
 from __future__ import annotations
@@ -17,10 +24,26 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 
 from tank_log.errors import ValueSchemaError
-from tank_log.values.spec import ALIASES_KEY, BatchDecoder, ValueSpec, WireError, require_file
+from tank_log.format import native
+from tank_log.values.spec import (
+    ALIASES_KEY,
+    HEADER,
+    MAGIC,
+    BatchDecoder,
+    Decoded,
+    ValueSpec,
+    WireError,
+    require_file,
+)
+
+try:
+    from tank_log.values import _avro_fast
+except ImportError:  # not built (no C compiler): fastavro's path decodes everything
+    _avro_fast = None  # type: ignore[assignment]
 
 _PRIMITIVES: dict[str, pa.DataType] = {
     "boolean": pa.bool_(),
@@ -334,6 +357,8 @@ class AvroDecoder(BatchDecoder):
         self._reader_form = fastavro.schema.to_parsing_canonical_form(self._reader)
         self.arrow_type = arrow_type(raw, where)
         self._convert = converter(raw)
+        self._plan = _FastPlan.of(raw, self.arrow_type) if _avro_fast is not None and native.compiled() else None
+        self.fast = self._plan is not None  # the compiled path decodes (values a writer's schema resolves aside)
         self._named = self._convert is not None  # unions of several types: fastavro names the branch it read
         for schema_id, path in self._writer_files.items():  # a missing or bad file is a configuration error
             self._writers[schema_id] = self._resolving(parse(load_schema_text(path), path))
@@ -377,3 +402,299 @@ class AvroDecoder(BatchDecoder):
         if bio.tell() != len(payload):
             raise WireError(f"byte {bio.tell()}: {len(payload) - bio.tell()} bytes left after the record")
         return row if self._convert is None else self._convert(row)
+
+    def decode(self, values: pa.BinaryArray | pa.LargeBinaryArray) -> Decoded:
+        """Every value decoded; a bad one is a null row with its error (never raises for a bad record)."""
+        if self._plan is None or len(values) == 0:
+            return super().decode(values)
+        return self._decode_fast(values, self._plan)
+
+    def _decode_fast(self, values: pa.BinaryArray | pa.LargeBinaryArray, plan: _FastPlan) -> Decoded:
+        """The compiled path over the values it can take (present; with a header, a known id, and a writer's schema
+        encoding as the reader's); the others (few: null, a bad header, an unknown or resolved id) go value by value
+        through fastavro's path, and take their places again."""
+        n = len(values)
+        width = 8 if pa.types.is_large_binary(values.type) else 4
+        bufs = values.buffers()
+        offsets = np.frombuffer(
+            bufs[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1, offset=values.offset * width
+        )
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        starts = offsets[:-1].astype(np.int64)
+        ends = offsets[1:].astype(np.int64)
+        present = np.ones(n, bool) if values.null_count == 0 else ~values.is_null().to_numpy(zero_copy_only=False)
+        ids = np.zeros(n, np.int32)
+        has_id = np.zeros(n, bool)
+        eligible = present
+        if self._framed:
+            has_id = present & (ends - starts >= HEADER)
+            has_id[has_id] = data[starts[has_id]] == MAGIC
+            at = starts[has_id]
+            raw = (data[at + 1].astype(np.uint32) << 24) | (data[at + 2].astype(np.uint32) << 16)
+            ids[has_id] = (raw | (data[at + 3].astype(np.uint32) << 8) | data[at + 4]).view(np.int32)
+            eligible = has_id.copy()
+            for schema_id in np.unique(ids[has_id]).tolist():
+                if not self._fast_id(schema_id):
+                    eligible &= ids != schema_id
+            starts += HEADER
+        columns, bad, fast_errors = plan.decode(data, starts, ends, eligible)
+        errors = {i: f"{self.format_label}: {message}" for i, message in fast_errors.items()}
+        if columns is None:  # a column of the batch would pass 2 GiB: value by value
+            return super().decode(values)
+        slow = np.flatnonzero(~eligible)
+        if len(slow):
+            aside = super().decode(values.take(pa.array(slow)))
+            order = np.arange(n, dtype=np.int64)
+            order[slow] = n + np.arange(len(slow))
+            columns = pa.concat_arrays([columns, aside.columns]).take(pa.array(order))
+            bad[slow] = aside.bad
+            for i, message in zip(slow.tolist(), aside.errors.to_pylist(), strict=True):
+                if message is not None:
+                    errors[i] = message
+        if errors:
+            where = np.full(n, -1, dtype=np.int64)
+            rows = list(errors)
+            where[rows] = np.arange(len(rows))
+            texts = pa.array([errors[i] for i in rows], pa.string())
+            error_column = texts.take(pa.array(where, mask=where < 0))
+        else:
+            error_column = pa.nulls(n, pa.string())
+        return Decoded(
+            columns=columns,
+            bad=bad,
+            errors=error_column,
+            schema_ids=pa.array(ids, type=pa.int32(), mask=~has_id),
+        )
+
+    def _fast_id(self, schema_id: int) -> bool:
+        """Whether values of this schema id can take the compiled path: a known id whose writer's schema encodes as
+        the reader's (else fastavro's path decodes them, or names their error)."""
+        try:
+            if self._known_ids is not None and not self._known_ids(schema_id):
+                return False
+            return self._writer(schema_id) is None
+        except (WireError, ValueSchemaError):
+            return False
+
+
+# the node kinds of _avro_fast.pyx
+K_NULL, K_BOOL, K_INT, K_LONG, K_FLOAT, K_DOUBLE, K_STRING, K_BYTES, K_FIXED, K_ENUM, K_RECORD = range(11)
+K_DATE, K_TS_MILLIS, K_TS_MICROS = 11, 12, 13
+_FAST_PRIMITIVES = {
+    "null": K_NULL,
+    "boolean": K_BOOL,
+    "int": K_INT,
+    "long": K_LONG,
+    "float": K_FLOAT,
+    "double": K_DOUBLE,
+    "string": K_STRING,
+    "bytes": K_BYTES,
+}
+_FAST_LOGICAL = {
+    ("int", "date"): K_DATE,
+    ("long", "timestamp-millis"): K_TS_MILLIS,
+    ("long", "timestamp-micros"): K_TS_MICROS,
+    ("long", "local-timestamp-millis"): K_TS_MILLIS,
+    ("long", "local-timestamp-micros"): K_TS_MICROS,
+    ("string", "uuid"): K_STRING,  # read as its string (parse drops it)
+}
+_VALUES = {
+    K_BOOL: np.uint8,
+    K_INT: np.int32,
+    K_LONG: np.int64,
+    K_FLOAT: np.float32,
+    K_DOUBLE: np.float64,
+    K_ENUM: np.int32,
+    K_DATE: np.int32,
+    K_TS_MILLIS: np.int64,
+    K_TS_MICROS: np.int64,
+}
+_VARIABLE = (K_STRING, K_BYTES, K_FIXED)
+
+
+class _Unsupported(Exception):
+    """A schema node the compiled path does not decode."""
+
+
+class _FastPlan:
+    """A reader's schema as the compiled path's program: one node per schema node (the root record is node 0), in
+    the order the bytes come; a named type used twice is two nodes (two columns)."""
+
+    def __init__(self) -> None:
+        self.kind: list[int] = []
+        self.nulls: list[int] = []  # the null branch of a [null, T] union; -1 when not a union
+        self.arg: list[int] = []  # a fixed's size, an enum's symbol count
+        self.first: list[int] = []
+        self.count: list[int] = []
+        self.children: list[int] = []
+        self.paths: list[str] = []
+        self.symbols: dict[int, list[str]] = {}
+        self.types: dict[str, Any] = {}
+        self.arrow: pa.StructType = pa.struct([])
+        self.program: list[np.ndarray] = []
+
+    @classmethod
+    def of(cls, schema: Any, arrow: pa.StructType) -> _FastPlan | None:
+        """The plan of a reader's schema; None when the compiled path cannot decode it."""
+        plan = cls()
+        try:
+            plan._node(schema, None, "", -1)
+        except _Unsupported:
+            return None
+        plan.arrow = arrow
+        plan.program = [np.array(a, dtype=np.int64) for a in (plan.kind, plan.nulls, plan.arg, plan.first, plan.count)]
+        plan.program.append(np.array(plan.children, dtype=np.int64))
+        return plan
+
+    def _new(self, kind: int, nulls: int, path: str, arg: int = 0) -> int:
+        self.kind.append(kind)
+        self.nulls.append(nulls)
+        self.arg.append(arg)
+        self.first.append(0)
+        self.count.append(0)
+        self.paths.append(path)
+        return len(self.kind) - 1
+
+    def _node(self, schema: Any, namespace: str | None, path: str, nulls: int) -> int:
+        if isinstance(schema, str):
+            if schema in _FAST_PRIMITIVES:
+                return self._new(_FAST_PRIMITIVES[schema], nulls, path)
+            for name in (_Names.full(schema, namespace), schema):
+                if name in self.types:
+                    return self._node(self.types[name], name.rpartition(".")[0] or None, path, nulls)
+            raise _Unsupported(schema)
+        if isinstance(schema, list):
+            if nulls >= 0 or len(schema) != 2:
+                raise _Unsupported("union")
+            is_null = [b == "null" or (isinstance(b, dict) and b.get("type") == "null") for b in schema]
+            if sum(is_null) != 1:
+                raise _Unsupported("union")
+            branch = is_null.index(True)
+            return self._node(schema[1 - branch], namespace, path, branch)
+        if not isinstance(schema, dict):
+            raise _Unsupported(schema)
+        kind, logical = schema.get("type"), schema.get("logicalType")
+        if kind in _NAMED:
+            fullname = _Names.full(str(schema.get("name", "")), schema.get("namespace", namespace))
+            self.types[fullname] = schema
+            namespace = fullname.rpartition(".")[0] or None
+            path = path or fullname
+        if logical is not None:
+            fast = _FAST_LOGICAL.get((str(kind), str(logical)))
+            if fast is None:
+                raise _Unsupported(logical)
+            return self._new(fast, nulls, path)
+        if kind in ("record", "error"):
+            node = self._new(K_RECORD, nulls, path)
+            fields = [self._node(f["type"], namespace, f"{path}.{f['name']}", -1) for f in schema.get("fields", [])]
+            self.first[node], self.count[node] = len(self.children), len(fields)
+            self.children.extend(fields)
+            return node
+        if kind == "enum":
+            node = self._new(K_ENUM, nulls, path, len(schema["symbols"]))
+            self.symbols[node] = list(schema["symbols"])
+            return node
+        if kind == "fixed":
+            return self._new(K_FIXED, nulls, path, int(schema["size"]))
+        if isinstance(kind, (str, list, dict)) and kind not in ("array", "map"):
+            return self._node(kind, namespace, path, nulls)
+        raise _Unsupported(kind)
+
+    def decode(
+        self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray, eligible: np.ndarray
+    ) -> tuple[pa.StructArray | None, np.ndarray, dict[int, str]]:
+        """(the columns of every row, null where not eligible or bad; bad; the bad rows' errors): the columns are
+        None when a string or bytes column of the batch would pass 2 GiB."""
+        n, nodes = len(starts), len(self.kind)
+        valid = np.zeros((nodes, n), dtype=np.uint8)
+        vals = [np.zeros(n, _VALUES[k]) if k in _VALUES else None for k in self.kind]
+        offs = [np.empty(n + 1, np.int32) if k in _VARIABLE else None for k in self.kind]
+        bad = np.zeros(n, dtype=np.uint8)
+        code = np.zeros(n, dtype=np.int8)
+        pos, node, val = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        kinds, nulls, args, firsts, counts, children = self.program
+        datas = _avro_fast.decode(
+            data,
+            starts,
+            ends,
+            eligible.view(np.uint8),
+            kinds,
+            nulls,
+            args,
+            firsts,
+            counts,
+            children,
+            valid,
+            [None if v is None else v.view(np.uint8) for v in vals],
+            offs,
+            bad,
+            code,
+            pos,
+            node,
+            val,
+        )
+        if datas is None:
+            return None, bad.view(bool), {}
+        errors = {
+            i: self._error(int(code[i]), int(pos[i]), int(node[i]), int(val[i]), data, int(starts[i]))
+            for i in np.flatnonzero(bad).tolist()
+        }
+        columns = self._array(0, self.arrow, valid, vals, offs, datas)
+        return columns, bad.view(bool), errors
+
+    def _array(
+        self,
+        node: int,
+        t: pa.DataType,
+        valid: np.ndarray,
+        vals: list[np.ndarray | None],
+        offs: list[np.ndarray | None],
+        datas: list[bytes | None],
+    ) -> pa.Array:
+        kind, n = self.kind[node], valid.shape[1]
+        if kind == K_NULL:
+            return pa.nulls(n)
+        mask = pa.py_buffer(np.packbits(valid[node].view(bool), bitorder="little"))
+        if kind == K_RECORD:
+            fields = range(self.first[node], self.first[node] + self.count[node])
+            children = [
+                self._array(self.children[f], t.field(i).type, valid, vals, offs, datas) for i, f in enumerate(fields)
+            ]
+            return pa.Array.from_buffers(t, n, [mask], children=children)
+        if kind in _VARIABLE:
+            buffers = [mask, pa.py_buffer(offs[node]), pa.py_buffer(datas[node])]
+            return pa.Array.from_buffers(t, n, buffers)
+        values = vals[node]
+        assert values is not None
+        if kind == K_BOOL:
+            return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(np.packbits(values.view(bool), bitorder="little"))])
+        if kind == K_ENUM:
+            indices = pa.Array.from_buffers(pa.int32(), n, [mask, pa.py_buffer(values)])
+            symbols = pa.array(self.symbols[node], pa.string())
+            return pa.DictionaryArray.from_arrays(indices, symbols).dictionary_decode()
+        return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(values)])
+
+    def _error(self, code: int, pos: int, node: int, val: int, data: np.ndarray, start: int) -> str:
+        """A bad value's error (the codes of _avro_fast.pyx), in the words of fastavro's path where it has them."""
+        path = self.paths[node]
+        if code == 1:
+            return f"byte {pos}: truncated: the value ends inside a field"
+        if code == 10:
+            return f"byte {pos}: {val} bytes left after the record"
+        if code == 5:
+            try:
+                bytes(data[start + val : start + pos]).decode("utf-8")
+            except UnicodeDecodeError as err:
+                return f"byte {pos}: {path}: {err}"
+            return f"byte {pos}: {path}: not UTF-8"
+        if code == 7:
+            return f"not representable in its column: {path}: {val} is out of the int range"
+        rule = {
+            2: "a varint of more than 64 bits",
+            3: f"union branch {val}: the union has 2 branches",
+            4: f"enum index {val}: the enum has {self.arg[node]} symbols",
+            6: f"a negative length {val}",
+            8: f"date value out of range: {val} days",
+            9: f"timestamp out of range: {val}",
+        }.get(code, f"error {code}")
+        return f"byte {pos}: {path}: {rule}"
