@@ -74,23 +74,38 @@ def _unpause(af: Airflow, dag_id: str) -> None:
 
 def test_a_scheduled_run_retries_a_failed_task_then_succeeds(airflow):
     """The hourly retention is due as soon as it is unpaused (catchup off: the last interval). Its job's first try
-    fails (the data directory does not exist yet), the retry configured for it (RETRIES=1) succeeds."""
+    fails (the data directory does not exist yet), the retry configured for it (RETRIES=1) succeeds.
+
+    Whatever the machine's speed, the retry cannot come before the data: the DAG is paused again while its first try
+    runs (a paused DAG's running try goes on; its retry is not queued), the data is written once that try has failed,
+    and only then is the DAG unpaused."""
     af = airflow
-    _unpause(af, "tank_retention_hourly")
-    deadline = time.monotonic() + 180
-    while not (runs := af.runs("tank_retention_hourly")):
+    dag = "tank_retention_hourly"
+    _unpause(af, dag)
+    deadline = time.monotonic() + 300  # bounds a hang only
+    while not (runs := af.runs(dag)):
         assert time.monotonic() < deadline, "no scheduled run"
-        time.sleep(1)
+        time.sleep(0.2)
     (run,) = runs
     assert run["run_type"] == "scheduled"
-    while af.tasks("tank_retention_hourly", run["dag_run_id"])["run_retention"]["state"] != "up_for_retry":
-        assert time.monotonic() < deadline, af.explain("tank_retention_hourly", run["dag_run_id"])
-        time.sleep(0.5)
+    run_id = run["dag_run_id"]
+
+    def job_try(*states: str | None) -> dict:
+        """The job task once it is in one of `states`."""
+        while (ti := af.tasks(dag, run_id)["run_retention"])["state"] not in states:
+            assert time.monotonic() < deadline, af.explain(dag, run_id)
+            time.sleep(0.2)
+        return dict(ti)
+
+    job_try("queued", "running", "up_for_retry")  # its first try
+    af.api("PATCH", f"dags/{dag}", {"is_paused": True})
+    ti = job_try("up_for_retry", "failed", "success")
+    assert (ti["state"], ti["try_number"]) == ("up_for_retry", 1), af.explain(dag, run_id)  # the retry waits
     write_demo(os.path.join(af.work, "demo"))  # what the first try missed
-    state = af.wait("tank_retention_hourly", run["dag_run_id"])
-    assert state == "success", af.explain("tank_retention_hourly", run["dag_run_id"])
-    ti = af.tasks("tank_retention_hourly", run["dag_run_id"])["run_retention"]
-    assert ti["try_number"] == 2
+    _unpause(af, dag)
+    state = af.wait(dag, run_id)
+    assert state == "success", af.explain(dag, run_id)
+    assert af.tasks(dag, run_id)["run_retention"]["try_number"] == 2
 
 
 def test_a_run_triggered_by_hand_with_conf_succeeds_and_its_asset_runs_retention(airflow):
