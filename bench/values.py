@@ -3,7 +3,8 @@
 Each format decodes the same logical records (a click: user id, page, milliseconds) in the Confluent wire format
 (magic byte, schema id; for Protobuf the message indexes), in batches as the export hands them over, into Arrow
 columns; printed as messages/s and µs/message. `binary` and `utf8` are the floor (the batch loop alone).
-The export's benchmark calls `run()` for the decoding's share of an export.
+`avro` runs the decoder as it is picked (the compiled path when the compiled core is built), `avro-fastavro` the
+same values on fastavro's path (the pure-Python core's), in the same run.
 
 Run: python bench/values.py [--messages 1000000] [--batch 65536] [--only avro,protobuf]
 """
@@ -26,6 +27,7 @@ import fastavro  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from common import load_average, machine  # noqa: E402
 
+from tank_log.format import native  # noqa: E402
 from tank_log.values import ValueSpec, decoder_for  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "data", "values")
@@ -36,7 +38,7 @@ JSON_SCHEMA = {
     "required": ["user", "page", "ms"],
     "properties": {"user": {"type": "integer"}, "page": {"type": "string"}, "ms": {"type": "integer"}},
 }
-FORMATS = ("binary", "utf8", "avro", "protobuf", "json")
+FORMATS = ("binary", "utf8", "avro", "avro-fastavro", "protobuf", "json")
 
 
 def _record(i: int) -> dict[str, object]:
@@ -49,7 +51,7 @@ def _header(schema_id: int) -> bytes:
 
 def values_of(fmt: str, n: int, tmp: str) -> tuple[ValueSpec, pa.BinaryArray]:
     """A spec and `n` encoded values of `fmt` (the Confluent wire format for the schema'd ones)."""
-    if fmt == "avro":
+    if fmt in ("avro", "avro-fastavro"):
         with open(AVSC, encoding="utf-8") as fh:
             schema = fastavro.parse_schema(json.load(fh))
         out, head, vals = io.BytesIO(), _header(1), []
@@ -84,7 +86,11 @@ def run(
     with tempfile.TemporaryDirectory(prefix=".bench-values-") as tmp:
         for fmt in only:
             spec, values = values_of(fmt, messages, tmp)
-            decoder = decoder_for(spec)
+            if fmt == "avro-fastavro":
+                with native.use_pure():
+                    decoder = decoder_for(spec)
+            else:
+                decoder = decoder_for(spec)
             decoder.decode(values[: min(batch, 1000)])  # warm: first-call costs out of the measurement
             bad = 0
             start = time.perf_counter()
@@ -92,7 +98,7 @@ def run(
                 bad += int(decoder.decode(values[offset : offset + batch]).bad.sum())
             elapsed = time.perf_counter() - start
             results[fmt] = {"msgs_per_s": messages / elapsed, "us_per_msg": elapsed / messages * 1e6, "bad": bad}
-            report(f"{fmt:9s} {messages / elapsed:>12,.0f} msgs/s {elapsed / messages * 1e6:>8.2f} µs/msg  bad={bad}")
+            report(f"{fmt:13s} {messages / elapsed:>12,.0f} msgs/s {elapsed / messages * 1e6:>8.2f} µs/msg  bad={bad}")
     return results
 
 
