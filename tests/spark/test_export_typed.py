@@ -27,16 +27,18 @@ def test_executors_decode_and_spark_reads_the_typed_columns(spark, tmp_path):
     write_topic(base, "clicks", {0: values, 1: values[:5]})
     report = str(tmp_path / "r.json")
     args = ["--data-dir", base, "--table", table, "--value-format", "avro", "--value-schema-file", SMALL]
+    args += ["--key-format", "utf8"]  # the keys decode on the executors too: a string column
     r = run_job_script("export_delta", *args, "--report", report, where="executors")
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.load(open(report))["summary"]
     assert summary["executed_on"] == "executors" and summary["rows"] == 24 and summary["dead_lettered"] == 1
     df = spark.read.format("delta").load(table)
     types = dict(df.dtypes)
-    assert (types["user"], types["page"], types["ms"]) == ("bigint", "string", "int")
-    got = sorted((r.partition, r.seq, r.user, r.page) for r in df.select("partition", "seq", "user", "page").collect())
+    assert (types["user"], types["page"], types["ms"], types["key"]) == ("bigint", "string", "int", "string")
+    got = sorted(tuple(r) for r in df.select("partition", "seq", "user", "page", "key").collect())
     assert got == sorted(
-        [(0, i + 1, i, f"/p{i}") for i in range(20) if i != 7] + [(1, i + 1, i, f"/p{i}") for i in range(5)]
+        [(0, i + 1, i, f"/p{i}", f"k{i}") for i in range(20) if i != 7]
+        + [(1, i + 1, i, f"/p{i}", f"k{i}") for i in range(5)]
     )
     dead = spark.read.format("delta").load(table + "_dead_letters").select("partition", "seq", "value", "error")
     ((p, seq, value, error),) = [tuple(r) for r in dead.collect()]
