@@ -6,21 +6,22 @@ table's name there (Iceberg's Spark runtime among the lakehouse jars: `tank_spar
 `location` is the table as the export locates it (`tank_log.lakehouse.location.locate(table, options, "iceberg",
 catalog)`, its catalog as `parse_catalog` reads `export.catalog` or `--catalog`). The result's `conf` are the Spark
 properties of the Spark catalog `spark_catalog` (`spark.sql.catalog.<name>` = Iceberg's `SparkCatalog`, its table
-cache off: pyiceberg's commits must show at the next read): for a REST
-catalog (`RestCatalog`) `type=rest` with its `uri`, `warehouse`, `token` or `credential`; for a SQL catalog (the
-SQLite file beside a local table, or the SQLAlchemy URI of `export.catalog: {type: sql}`) `type=jdbc`, Iceberg's
-`JdbcCatalog`, on the same database: pyiceberg's `SqlCatalog` keeps its tables in the JDBC catalog's schema. Its
-`name` is the table's Spark name, `<spark_catalog>.<namespace>.<table>`:
+cache off: pyiceberg's commits must show at the next read): for a REST catalog (`RestCatalog`) `type=rest` with its
+`uri`, `warehouse`, `token` or `credential`; for a SQL catalog (the SQLite file beside a local table, or the
+SQLAlchemy URI of `export.catalog: {type: sql}`) `type=jdbc`, Iceberg's `JdbcCatalog`, on the same database:
+pyiceberg's `SqlCatalog` keeps its tables in the JDBC catalog's schema. Its `name` is the table's Spark name,
+`<spark_catalog>.<namespace>.<table>`:
 
     t = spark_table(locate("/data/events", {}, "iceberg"))
     for key, value in t.conf.items():
         spark.conf.set(key, value)  # before the session first uses the catalog (a used one keeps its settings)
-    spark.table(t.name)  # or spark.read.format("iceberg").load(t.name), df.writeTo(t.name).append()
+    spark.table(t.name)  # or spark.read.format("iceberg").load(t.name)
 
 The JDBC catalog files a table under its catalog's name, so a SQL catalog's Spark catalog is named as pyiceberg's,
 `tank_log` (a session can hold one such catalog; `spark.newSession()` another). A table on object storage gets the
 Hadoop settings of its storage options in the catalog's `hadoop.` overrides (s3:// through s3a: hadoop-aws, among
-the lakehouse jars).
+the lakehouse jars); no test reads such a table through Spark yet. Writing through this catalog records no export
+watermarks: the export's `--engine spark` writes Iceberg (`tank_spark/export/iceberg_spark.py`).
 """
 
 from __future__ import annotations
