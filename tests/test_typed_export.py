@@ -264,21 +264,24 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
     write_topic(base, "clicks", {0: [avro(SMALL, click(1))]})
     clash = tmp_path / "clash.avsc"
     clash.write_text(json.dumps({"type": "record", "name": "C", "fields": [{"name": "seq", "type": "long"}]}))
+    avro_values = ["--value-format", "avro", "--value-schema-file", SMALL]
     cases = {
         "no such file": ["--value-format", "avro", "--value-schema-file", str(tmp_path / "missing.avsc")],
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
         "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
         "decoded keys need typed values": ["--key-format", "utf8"],
-        "--key-message": [
-            "--value-format",
-            "avro",
-            "--value-schema-file",
-            SMALL,
+        "--key-message": [*avro_values, "--key-format", "protobuf", "--key-schema-file", SMALL],
+        "does not bucket": [
+            *avro_values,
             "--key-format",
-            "protobuf",
+            "avro",
             "--key-schema-file",
             SMALL,
+            "--format",
+            "iceberg",
+            "--partition-by",
+            "bucket(4, key)",
         ],  # fmt: skip
     }
     for needle, flags in cases.items():

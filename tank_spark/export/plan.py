@@ -497,6 +497,16 @@ def _check_typed(settings: ExportSettings) -> None:
             f"--key-format {settings.key_spec.format}: decoded keys need typed values (--value-format avro, protobuf, "
             "or json with --value-schema-file): their bad records go to the dead-letter table"
         )
+    if settings.key_spec is not None and settings.key_spec.format in ("avro", "protobuf", "json"):
+        from tank_log.lakehouse.partitioning import terms
+        from tank_spark.export.rows import key_is_text
+
+        by_key = [t for t in terms(settings.partition_by) if t.source == "key"]
+        if by_key and not key_is_text(settings.key_spec):
+            raise JobConfigError(
+                f"--partition-by {', '.join(settings.partition_by)}: a decoded key is a struct, which Iceberg does not "
+                "bucket; partition by topic, partition or ts, or keep --key-format binary or utf8"
+            )
     if settings.replay_dead_letters and not settings.typed:
         raise JobConfigError("--replay-dead-letters: the values are not typed (--value-format avro|protobuf|json)")
     if not settings.typed:
