@@ -108,14 +108,17 @@ def _sound_guarantees(table: DeltaTable, dataset: ds.Dataset) -> ds.Dataset:
                 continue
             lo, hi = action.get(f"min.{name}"), action.get(f"max.{name}")
             if lo is not None and hi is not None:
-                guarantee = guarantee & (pads.field(name) >= pa.scalar(lo, field.type))
+                bounds = pads.field(name) >= pa.scalar(lo, field.type)
                 if pa.types.is_timestamp(field.type):  # Delta's timestamp statistics are cut to milliseconds
                     try:
                         hi += dt.timedelta(milliseconds=1)
                     except OverflowError:  # the last millisecond of year 9999: no upper bound
                         hi = None
                 if hi is not None:
-                    guarantee = guarantee & (pads.field(name) <= pa.scalar(hi, field.type))
+                    bounds = bounds & (pads.field(name) <= pa.scalar(hi, field.type))
+                if action.get(f"null_count.{name}") != 0:  # bounds hold for the values; nulls may be there too
+                    bounds = bounds | pads.field(name).is_null()
+                guarantee = guarantee & bounds
         rebuilt.append(dataset.format.make_fragment(fragment.path, fragment.filesystem, partition_expression=guarantee))
     return pads.FileSystemDataset(rebuilt, schema, dataset.format, dataset.filesystem)
 
