@@ -207,6 +207,7 @@ def shared_spark(ctx: Any) -> Any:
         return _SESSION[0]
     COVERED["spark session started" if not _SESSION else "spark session started again (a job's main stopped it)"] += 1
     _SESSION[:] = [spark_session(ctx, delta=True)]
+    _SESSION[0].conf.set("spark.sql.shuffle.partitions", "2")  # tables of a few hundred rows: not 200 tasks a stage
     return _SESSION[0]
 
 
