@@ -270,7 +270,7 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
         "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
-        "decoded keys need typed values": ["--key-format", "utf8"],
+        "decoded keys take": ["--key-format", "utf8", "--value-format", "json", "--value-schema", "id long"],
         "--key-message": [*avro_values, "--key-format", "protobuf", "--key-schema-file", SMALL],
         "does not bucket": [
             *avro_values,
@@ -440,7 +440,8 @@ def test_keys_decode_into_the_key_column(tmp_path, caplog):
     (failed,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert "field key: struct<id: int64, region: string> cannot become string" in failed
     assert rows(table, "seq") == [(1,), (2,), (4,)]
-    text = str(tmp_path / "text")
-    assert export("--data-dir", base, "--table", text, *values, "--key-format", "utf8") == 0
-    assert rows(text, "seq,key")[:2] == [(1, keys[0].decode()), (2, keys[1].decode())]
-    assert rows(text + "_dead_letters", "seq") == [(5,)]  # seq 3's key b"\x02" is valid UTF-8
+    text = str(tmp_path / "text")  # utf8 keys of binary values: `value` the bytes, an empty key null
+    assert export("--data-dir", base, "--table", text, "--key-format", "utf8") == 0
+    want = [(m.seq, k.decode() if k else None, m.value) for k, m in zip(keys[:4], msgs, strict=False)]
+    assert rows(text, "seq,key,value") == want  # seq 3's key b"\x02" is valid UTF-8
+    assert rows(text + "_dead_letters", "seq,error") == [(5, "key: byte 0: not UTF-8")]

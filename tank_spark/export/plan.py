@@ -8,7 +8,7 @@ import logging
 import os
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.flags import add_source, add_storage_option, add_table_format
@@ -263,6 +263,11 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     location, options = _table_location(cfg, args, table)
     fmt, schema = _value_format(cfg, args)
     spec = _value_spec(ctx, cfg, args, fmt)
+    key_spec = _key_spec(cfg, args)
+    if key_spec is not None and spec is None and fmt in ("binary", "utf8"):
+        from tank_log.values import ValueFormatName, ValueSpec
+
+        spec = ValueSpec(cast(ValueFormatName, fmt))  # `value` by the plain decoder: bad keys take the typed path
     partition_by = (
         parse_partition_by(args.partition_by, "--partition-by") if args.partition_by is not None else cfg.partition_by
     )
@@ -295,7 +300,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         mode=args.mode or cfg.mode,
         source=check_source(args.source, "--source") if args.source else cfg.source or default_source(),
         value_spec=spec,
-        key_spec=_key_spec(cfg, args),
+        key_spec=key_spec,
         on_bad_record=args.on_bad_record or cfg.on_bad_record,
         dead_letter_table=args.dead_letter_table or cfg.dead_letter_table,
         replay_dead_letters=args.replay_dead_letters,
@@ -392,7 +397,8 @@ def _key_spec(cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
         JobConfigError: a flag without its format, a schema'd format without its schema or message.
         ValueSchemaError: a schema file missing or malformed.
     """
-    from tank_log.values import ValueSpec
+    from tank_log.values import ValueFormatName, ValueSpec
+    from tank_log.values.spec import WireName
     from tank_spark.export.rows import key_decoder_of
 
     fmt = args.key_format or cfg.key_format
@@ -409,7 +415,7 @@ def _key_spec(cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
     if fmt == "protobuf" and not message:
         raise JobConfigError("--key-format protobuf needs --key-message NAME (the full message name)")
     registry = None if schemaless else cfg.value_registry_url
-    spec = ValueSpec(fmt, schema_file, message, ids, registry, cfg.key_wire)  # type: ignore[arg-type]
+    spec = ValueSpec(cast(ValueFormatName, fmt), schema_file, message, ids, registry, cast(WireName, cfg.key_wire))
     key_decoder_of(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
     return spec
 
@@ -494,8 +500,8 @@ def _check_typed(settings: ExportSettings) -> None:
     """
     if settings.key_spec is not None and not settings.typed:
         raise JobConfigError(
-            f"--key-format {settings.key_spec.format}: decoded keys need typed values (--value-format avro, protobuf, "
-            "or json with --value-schema-file): their bad records go to the dead-letter table"
+            f"--key-format {settings.key_spec.format}: decoded keys take values of binary, utf8, avro, protobuf or "
+            "json with --value-schema-file, not json with --value-schema DDL (a bad key goes to the dead-letter table)"
         )
     if settings.key_spec is not None and settings.key_spec.format in ("avro", "protobuf", "json"):
         from tank_log.lakehouse.partitioning import terms

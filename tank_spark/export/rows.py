@@ -173,16 +173,18 @@ class TypedRows:
 
 def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -> TypedRows:
     """Decode a row batch's values in bulk (`ValueDecoder.decode`) into the table's typed columns; an empty or null
-    value (a tombstone) is a row of nulls, not a bad record."""
+    value (a tombstone) is a row of nulls, not a bad record (binary or utf8 values, whose one column is `value`: an
+    empty value stays empty)."""
     import numpy as np
     import pyarrow.compute as pc
 
     from tank_log.values.evolve import conform
-    from tank_spark.export.schema import DEAD_LETTER_SCHEMA, RESERVED, storable_type, to_storable
+    from tank_spark.export.schema import DEAD_LETTER_SCHEMA, own_columns, plain_values, storable_type, to_storable
 
     value = b.column("value")
     decoded = value_decoder(settings).decode(value)
-    tombstone = pc.fill_null(pc.equal(pc.binary_length(value), 0), True).to_numpy(zero_copy_only=False)
+    no_value = pc.is_null(value) if plain_values(settings) else pc.fill_null(pc.equal(pc.binary_length(value), 0), True)
+    tombstone = no_value.to_numpy(zero_copy_only=False)
     bad = np.asarray(decoded.bad, dtype=bool) & ~tombstone
     good = pa.array(~bad)
     date = pc.cast(pc.cast(b.column("ts"), pa.timestamp("us")), pa.date32())  # the UTC date
@@ -191,7 +193,8 @@ def typed_rows(b: pa.RecordBatch, settings: ExportSettings, schema: pa.Schema) -
     null = pa.array(tombstone | np.asarray(pc.is_null(struct).to_numpy(zero_copy_only=False), dtype=bool))
     struct = pa.StructArray.from_arrays(struct.flatten(), fields=list(struct.type), mask=null)
     struct = to_storable(struct, storable_type(struct.type, settings.table_format, ""))
-    target = pa.struct([f for f in schema if f.name not in RESERVED])  # the table's (`schema.evolved_schema`)
+    reserved = own_columns(settings)
+    target = pa.struct([f for f in schema if f.name not in reserved])  # the table's (`schema.evolved_schema`)
     struct = conform(struct, target)  # renamed (an Avro alias, a Protobuf number), narrowed, dropped fields
     fields = dict(zip(target.names, struct.flatten(), strict=True))  # the row's nulls applied
     errors = decoded.errors

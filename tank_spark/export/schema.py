@@ -73,6 +73,17 @@ RESERVED = {f.name for f in QUARANTINE_FIELDS + DERIVED_FIELDS + list(EVOLVABLE)
 """The table's own column names: a decoded field of one of these names is refused."""
 
 
+def plain_values(settings: ExportSettings) -> bool:
+    """Whether the typed path carries values without a schema (binary or utf8 values of a run with decoded keys):
+    the decoder's one column is the table's `value`."""
+    return settings.value_spec is not None and settings.value_spec.format in ("binary", "utf8")
+
+
+def own_columns(settings: ExportSettings) -> set[str]:
+    """The table's own columns among `settings`' (RESERVED; `value` is a decoded column of plain values)."""
+    return RESERVED - {"value"} if plain_values(settings) else RESERVED
+
+
 def typed_fields(settings: ExportSettings, *, metadata: bool = False) -> list[pa.Field]:
     """The table columns of typed values: the decoder's top-level fields (`tank_log.values`), nullable (a tombstone
     has none); with `metadata`, the decoder's field metadata too (Avro aliases, Protobuf numbers: for `evolve`).
@@ -87,7 +98,7 @@ def typed_fields(settings: ExportSettings, *, metadata: bool = False) -> list[pa
         pa.field(f.name, storable_type(f.type, settings.table_format, f.name), True, f.metadata if metadata else None)
         for f in (struct.field(i) for i in range(struct.num_fields))
     ]
-    clash = [f.name for f in fields if f.name in RESERVED]
+    clash = [f.name for f in fields if f.name in own_columns(settings)]
     if clash:
         raise JobConfigError(
             f"{settings.value_spec.schema_file if settings.value_spec else 'the value schema'}: field(s) "
@@ -203,7 +214,7 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
 
     have = table.arrow_schema()
     _check_key(settings, have)
-    old = [f for f in have if f.name not in RESERVED]
+    old = [f for f in have if f.name not in own_columns(settings)]
     new = typed_fields(settings, metadata=True)
     merged = evolve(
         pa.struct([f.with_type(plain_type(f.type)) for f in old]),
