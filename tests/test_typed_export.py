@@ -270,6 +270,7 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
         "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
+        "--key-format utf8 does not take --mode latest": ["--key-format", "utf8", "--mode", "latest"],
         "decoded keys take": ["--key-format", "utf8", "--value-format", "json", "--value-schema", "id long"],
         "--key-message": [*avro_values, "--key-format", "protobuf", "--key-schema-file", SMALL],
         "does not bucket": [

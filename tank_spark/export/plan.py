@@ -525,9 +525,12 @@ def _check_typed(settings: ExportSettings) -> None:
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:
+        what = f"--value-format {settings.value_format} with a schema"
+        if settings.key_spec and settings.value_spec and settings.value_spec.format in ("binary", "utf8"):
+            what = f"--key-format {settings.key_spec.format}"  # plain values typed for their keys' sake
         raise JobConfigError(
-            f"--value-format {settings.value_format} with a schema does not take {', '.join(bad)} yet: typed values "
-            "are exported by batch append runs on the deltalake engine (docs/guides/typed-tables.md)"
+            f"{what} does not take {', '.join(bad)} yet: typed values and keys are exported by batch append runs on "
+            "the deltalake engine (docs/guides/typed-tables.md)"
         )
 
 
