@@ -10,11 +10,13 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tank_log.errors import JobConfigError
 from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
+from tank_log.jobs.processes import killed_with_parent
 from tank_log.jobs.stopping import handling
 from tank_spark import class_archive, jars, worker_daemon
 from tank_spark.tasks import driver_processes
@@ -172,8 +174,44 @@ def _launch_jvm(conf: SparkConf, under_spark_submit: bool) -> None:
     """Start (or, under spark-submit, connect to) Spark's JVM. A JVM this driver launches inherits SIGTERM ignored,
     and HotSpot keeps an inherited ignored signal ignored: a SIGTERM sent to the whole process group (Airflow,
     systemd, `timeout`) then reaches the driver, which stops the run cleanly, not the JVM, whose shutdown hook would
-    kill the run mid-write. The JVM still exits with the driver (PySpark's gateway ends when its stdin closes)."""
+    kill the run mid-write. The JVM exits with the driver: PySpark's gateway ends when its stdin closes, and the
+    kernel SIGKILLs it when the driver dies (`_dies_with_this_process`), also while a process the driver forked
+    still holds that stdin open."""
     from pyspark import SparkContext
 
-    with contextlib.nullcontext() if under_spark_submit else handling(signal.SIG_IGN, signal.SIGTERM):
+    if under_spark_submit:
         SparkContext._ensure_initialized(conf=conf)
+        return
+    with handling(signal.SIG_IGN, signal.SIGTERM), _dies_with_this_process():
+        SparkContext._ensure_initialized(conf=conf)
+
+
+@contextlib.contextmanager
+def _dies_with_this_process() -> Iterator[None]:
+    """While PySpark launches its JVM (`pyspark.java_gateway.launch_gateway`, which sets its own `preexec_fn` on the
+    `Popen` it calls), add the kernel's parent-death signal to that preexec_fn (`killed_with_parent`: kept across
+    spark-submit's exec of java). The signal comes when the thread that forked the JVM ends: only the main thread's
+    launch asks for it (it ends with the process); another thread's relies on the gateway's stdin alone."""
+    from pyspark import java_gateway
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    popen = java_gateway.Popen
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        theirs = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if theirs is not None:
+                theirs()
+            killed_with_parent()
+
+        kwargs["preexec_fn"] = preexec
+        return popen(*args, **kwargs)
+
+    java_gateway.Popen = launch  # type: ignore[misc,assignment]  # the launch only: restored below
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen  # type: ignore[misc]
