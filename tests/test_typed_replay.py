@@ -76,3 +76,31 @@ def test_a_replay_killed_between_its_commit_and_the_removal(tmp_path):
     assert (summary["replayed"], summary["settled"]) == (0, 3)
     assert rows(table, "seq") == [(s,) for s in range(1, 7)]
     assert rows(table + "_dead_letters", "seq") == []
+
+
+def test_a_replay_decodes_the_keys_too(tmp_path):
+    """A key whose schema id the config did not know dead-letters its record; once the id is configured
+    (`export.key_schema_ids`), the replay decodes key and value into the table."""
+    from test_typed_export import TS, click
+
+    from tank_log.format.bundle import Message
+    from tank_log.storage.writer import write_segment
+
+    key_schema = tmp_path / "key.avsc"
+    key_schema.write_text(json.dumps({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]}))
+    keys = [framed(2 if i == 3 else 1, avro(str(key_schema), {"id": i})) for i in range(5)]
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    os.makedirs(os.path.join(base, "clicks", "0"))
+    msgs = [Message(i + 1, TS + i, k, avro(SMALL, click(i))) for i, k in enumerate(keys)]
+    write_segment(os.path.join(base, "clicks", "0"), msgs, active=True, ts=TS // 1000)
+    section = {"value_format": "avro", "value_schema_file": SMALL, "key_format": "avro", "key_wire": "confluent"}
+    before = config(tmp_path, **section, key_schema_ids={1: str(key_schema)})
+    os.rename(before, tmp_path / "before.yaml")
+    fixed = config(tmp_path, **section, key_schema_ids={1: str(key_schema), 2: str(key_schema)})
+    common = ["--data-dir", base, "--table", table]
+    assert export(*common, "--config", str(tmp_path / "before.yaml")) == 0
+    ((seq, error),) = rows(table + "_dead_letters", "seq,error")
+    assert seq == 4 and error.startswith("key: bytes 1-4: schema id 2"), error
+    assert export(*common, "--config", fixed, "--replay-dead-letters") == 0
+    assert rows(table, "seq,key,user") == [(s, {"id": s - 1}, s - 1) for s in range(1, 6)]
+    assert rows(table + "_dead_letters", "seq") == []
