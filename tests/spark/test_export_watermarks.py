@@ -44,22 +44,23 @@ def test_every_delta_commit_names_its_run_source_and_ranges(tmp_path, spark):
 
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     table = str(tmp_path / "t")
-    args = ["--data-dir", base, "--table", table, "--topics", "events", "--source", SOURCE]
+    args = ["--data-dir", base, "--table", table, "--topics", "small,seqgap", "--source", SOURCE]
     assert export(*args) == 0
-    last = last_seqs("A_multi", "events")
-    roll_and_append(base, "events", 5)
+    last = {f"{t}/0": last_seqs("A_multi", t)[0] for t in ("small", "seqgap")}
+    for topic in ("small", "seqgap"):
+        roll_and_append(base, topic, 5)
     export_on(spark, *args, "--engine", "spark")
 
     history = spark.sql(f"DESCRIBE HISTORY delta.`{table}`").select("version", "userMetadata").collect()
     shown = {r.version: json.loads(r.userMetadata) for r in history if r.userMetadata}
-    assert sorted(shown) == [1, 2, 3, 4]  # version 0 created the table: no summary
+    assert sorted(shown) == [1, 2, 3]  # version 0 created the table: no summary
     first = shown[1]
     assert first["tank-log.source"] == SOURCE and is_run_id(first["tank-log.run"])
-    assert first["tank-log.ranges"] == {f"events/{p}": [1, last[p]] for p in last}
-    later = [shown[v] for v in (2, 3, 4)]
+    assert first["tank-log.ranges"] == {k: [1, v] for k, v in last.items()}
+    later = [shown[v] for v in (2, 3)]
     assert len({s["tank-log.run"] for s in later}) == 1 and later[0]["tank-log.run"] != first["tank-log.run"]
     assert {k: v for s in later for k, v in s["tank-log.ranges"].items()} == {
-        f"events/{p}": [last[p] + 1, last[p] + 5] for p in last
+        k: [v + 1, v + 5] for k, v in last.items()
     }
 
     by_version = {h["version"]: h for h in DeltaTable(table).history()}
