@@ -168,3 +168,25 @@ def test_a_rollback_that_expiry_then_hid_is_not_taken_for_expiry(tmp_path, capsy
     assert rows(location.existing()) == expected_rows("A_multi", "events")  # nothing skipped, nothing added
     with pytest.raises(TableUnreadable, match="cannot be told"):  # retention's guard: the log's data is kept
         ExportedSeqs(table, fmt="iceberg", catalog=catalog).last_seq("events", 1)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_latest_mode_merge_names_its_ranges(tmp_path, fmt):
+    """`--mode latest` commits through each format's MERGE (delta-rs's; pyiceberg's overwrite): its commit names the
+    run, the source and the range the merge took the partition across, as an append's does."""
+    base = copy_tree(data_dir("E_before"), str(tmp_path / "data"))
+    table = str(tmp_path / "t")
+    args = ["--data-dir", base, "--table", table, "--mode", "latest", "--source", SOURCE, "--format", fmt]
+    if fmt == "iceberg":
+        args += ["--catalog", f"sqlite:///{tmp_path}/catalog.db"]
+    assert export(*args) == 0
+    last = max(m[0] for m in load_dump("E_before")[("kv", 0)])
+    if fmt == "delta":
+        from deltalake import DeltaTable
+
+        commit = DeltaTable(table).history(limit=1)[0]
+        assert json.loads(commit["userMetadata"])["tank-log.ranges"] == {"kv/0": [1, last]}
+    else:
+        location = TableLocation.of(table, fmt="iceberg", catalog=f"sqlite:///{tmp_path}/catalog.db", source=SOURCE)
+        commit = location.existing().table.current_snapshot().summary.additional_properties
+    assert commit["tank-log.source"] == SOURCE and json.loads(commit["tank-log.ranges"]) == {"kv/0": [1, last]}
