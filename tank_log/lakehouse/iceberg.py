@@ -11,6 +11,8 @@ as the snapshot that adds the data files: properties survive snapshot expiry, sn
 is created with pyiceberg's commit retries off (`commit.retry.num-retries` 0): a retry rebuilds a stale writer's
 append on top of the winner's snapshot (with retries on, two writers committing the same rows from the same snapshot
 left them in the table twice), so a conflict is reported (`CommitConflict`) and the export re-plans instead.
+The spark engine's files are written by Iceberg's Spark writer into a staged snapshot (write-audit-publish) and
+committed here with the versions all the same (`commit_staged`; tank_spark/export/iceberg_spark.py says why).
 
 Upkeep is snapshot expiry and the removal of data files no kept snapshot references (`remove_unreferenced`);
 pyiceberg has no file compaction (`compact_files` refuses) and no MERGE: a current-state table's merge is computed
