@@ -84,6 +84,8 @@ class ImportSettings:
 
 
 Prepared: TypeAlias = tuple[ImportSettings, list[ImportPlan]]
+Keys: TypeAlias = dict[tuple[str, int], tuple[int, int, int]]
+"""Per (topic, partition), in the order the table first holds them: (rows, first seq, last seq)."""
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -177,8 +179,10 @@ def source_rows(location: TableLocation, delta: LakeTable, source: str | None) -
 
     if "source" not in delta.arrow_schema().names:
         return None
-    held = sorted(s for s in pc.unique(delta.to_pyarrow_dataset().to_table(columns=["source"])["source"]).to_pylist()
-                  if s is not None)  # fmt: skip
+    found: set[str] = set()
+    for batch in delta.to_pyarrow_dataset().to_batches(columns=["source"], use_threads=False):  # not the whole column
+        found.update(s for s in pc.unique(batch.column(0)).to_pylist() if s is not None)
+    held = sorted(found)
     if source is None:
         if len(held) > 1:
             raise JobConfigError(
@@ -243,52 +247,129 @@ def check_column_types(location: TableLocation, fields: dict[str, pa.Field]) -> 
 
 def checked_keys(
     ctx: JobContext, location: TableLocation, delta: LakeTable, rows_of: ds.Expression | None = None
-) -> pa.Table:
-    """The table's key columns (topic, partition, seq) of the selected topics, checked before anything is written:
-    every row has them; each topic is a directory name the broker loads (§1.3) and each partition id is in 0..65529
-    (§8), so nothing is ever written outside the base path; seqs are at least 1 and unique in their partition (§3.6);
-    `value` (and `ts` unless `ts_raw` holds the row's time) is not null. The work is one pass over the key columns,
-    whatever the ids.
+) -> Keys:
+    """The table's (topic, partition)s of the selected topics with their row counts and seq ranges, checked before
+    anything is written: every row has topic, partition and seq; each topic is a directory name the broker loads
+    (§1.3) and each partition id is in 0..65529 (§8), so nothing is ever written outside the base path; seqs are at
+    least 1 and unique in their partition (§3.6); `value` (and `ts` unless `ts_raw` holds the row's time) is not
+    null.
+
+    One pass over the key columns, a row group at a time (`_key_units`): memory holds one row group's keys and a
+    summary per partition, never the table's keys. Seqs are unique within each row group (checked as it is read);
+    across row groups, a partition whose row groups' seq ranges overlap (the export writes each file's share above
+    the previous one's) has its seqs read again, alone (`_duplicate_in`): memory then holds that partition's seqs.
 
     Raises:
         JobConfigError: one line naming the table, the column, the value and the rule.
     """
     dataset = delta.to_pyarrow_dataset()
-    # one thread: fewer Arrow workers still finishing the scan when a refusal ends the process (jobs/exits.py)
-    keys = dataset.to_table(columns=["topic", "partition", "seq"], filter=rows_of, use_threads=False)
-    if ctx.topics is not None:
-        keys = keys.filter(pc.is_in(keys["topic"], pa.array(sorted(ctx.topics))))
-    if not keys.num_rows:
+    cond = _selected(ctx.topics, rows_of)
+    nulls = dict.fromkeys(("topic", "partition", "seq"), 0)
+    topics: dict[str, None] = {}  # in the order the table holds them
+    keys: dict[tuple[str, int], list[int]] = {}  # [rows, first seq, last seq]
+    overlap: set[tuple[str, int]] = set()  # partitions with a row group's seqs within the range of earlier ones'
+    duplicate: dict[tuple[str, int], int] = {}  # a seq found twice in one row group
+    read = 0
+    for unit in _key_units(dataset, cond):
+        # one thread: fewer Arrow workers still finishing the scan when a refusal ends the process (jobs/exits.py)
+        t = _files(dataset, [unit]).to_table(columns=["topic", "partition", "seq"], filter=cond, use_threads=False)
+        if not t.num_rows:
+            continue
+        read += t.num_rows
+        for column in nulls:
+            nulls[column] += t[column].null_count
+        t = t.drop_null()
+        topics.update(dict.fromkeys(pc.unique(t["topic"]).to_pylist()))
+        g = t.group_by(["topic", "partition"], use_threads=False).aggregate(
+            [("seq", "count"), ("seq", "count_distinct"), ("seq", "min"), ("seq", "max")]
+        )
+        for topic, partition, n, distinct, low, high in zip(
+            *(
+                g[c].to_pylist()
+                for c in ("topic", "partition", "seq_count", "seq_count_distinct", "seq_min", "seq_max")
+            ),
+            strict=True,
+        ):
+            k = (topic, partition)
+            s = keys.get(k)
+            if s is None:
+                keys[k] = [n, low, high]
+            else:
+                if low <= s[2] and high >= s[1]:
+                    overlap.add(k)
+                s[0], s[1], s[2] = s[0] + n, min(s[1], low), max(s[2], high)
+            if distinct != n and k not in duplicate:
+                mine = t.filter(pc.and_(pc.equal(t["topic"], topic), pc.equal(t["partition"], partition)))
+                duplicate[k] = _duplicate_of(mine["seq"]) or 0
+        del t, g
+    if not read:
         raise JobConfigError(f"table {location} has no rows{' of these topics' if ctx.topics else ''}")
 
     def refuse(column: str, what: str) -> JobConfigError:
         return JobConfigError(f"table {location}: column {column}: {what}; nothing was imported")
 
-    for column in ("topic", "partition", "seq"):
-        if keys[column].null_count:
-            raise refuse(column, f"null in {keys[column].null_count} row(s) (every row needs topic, partition and seq)")
-    for topic in pc.unique(keys["topic"]).to_pylist():
+    for column, n in nulls.items():
+        if n:
+            raise refuse(column, f"null in {n} row(s) (every row needs topic, partition and seq)")
+    for topic in topics:
         problem = topic_name_problem(topic)
         if problem:
             raise refuse("topic", f"{topic!r} {problem}")
-    g = keys.group_by(["topic", "partition"]).aggregate([("seq", "count"), ("seq", "count_distinct"), ("seq", "min")])
-    for topic, partition, n, distinct, low in zip(
-        *(g[c].to_pylist() for c in ("topic", "partition", "seq_count", "seq_count_distinct", "seq_min")), strict=True
-    ):
+    for (topic, partition), (_, low, _) in keys.items():
         problem = partition_id_problem(partition)
         if problem:
             raise refuse("partition", f"{partition} (topic {topic!r}) {problem}")
         if low < 1:
             raise refuse("seq", f"{low} (topic {topic!r}, partition {partition}) is below 1 (seqs are u64 >= 1, §3.6)")
-        if distinct != n:
-            mine = keys.filter(pc.and_(pc.equal(keys["topic"], topic), pc.equal(keys["partition"], partition)))
-            counts = pc.value_counts(mine["seq"])
-            dup = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
+        dup = duplicate.get((topic, partition))
+        if dup is None and (topic, partition) in overlap:
+            dup = _duplicate_in(dataset, cond, topic, partition)
+        if dup is not None:
             raise refuse(
                 "seq", f"{dup} appears more than once in topic {topic!r} partition {partition} (seqs are unique)"
             )
     _check_not_null(ctx, dataset, refuse)
-    return keys
+    return {k: (n, lo, hi) for k, (n, lo, hi) in keys.items()}
+
+
+def _selected(topics: frozenset[str] | None, rows_of: ds.Expression | None) -> ds.Expression | None:
+    """The filter of the rows to import: those of broker `rows_of` (`source_rows`) and of `topics`."""
+    import pyarrow.dataset as pds
+
+    cond = rows_of
+    if topics is not None:
+        mine = pds.field("topic").isin(sorted(topics))
+        cond = mine if cond is None else cond & mine
+    return cond
+
+
+def _key_units(dataset: ds.Dataset, cond: ds.Expression | None) -> Iterator[Any]:
+    """The dataset's files that may hold rows of `cond`, each split into its row groups (Parquet's unit of reading):
+    what `checked_keys` reads at a time."""
+    for fragment in dataset.get_fragments(filter=cond) if cond is not None else dataset.get_fragments():
+        split = getattr(fragment, "split_by_row_group", None)
+        yield from split() if split is not None else (fragment,)
+
+
+def _duplicate_of(seq: pa.ChunkedArray | pa.Array) -> int | None:
+    """The smallest seq that `seq` holds more than once (None: every one once)."""
+    s = pc.sort_indices(seq)
+    ordered = pc.take(seq, s)
+    if len(ordered) < 2:
+        return None
+    same = pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))
+    at = pc.index(same, True).as_py()
+    return None if at < 0 else int(ordered[at].as_py())
+
+
+def _duplicate_in(dataset: ds.Dataset, cond: ds.Expression | None, topic: str, partition: int) -> int | None:
+    """The smallest seq that a partition's rows (of `cond`) hold more than once: its seqs read alone."""
+    import pyarrow.dataset as pds
+
+    mine = (pds.field("topic") == topic) & (pds.field("partition") == partition)
+    if cond is not None:
+        mine = mine & cond
+    return _duplicate_of(dataset.to_table(columns=["seq"], filter=mine, use_threads=False)["seq"])
 
 
 def _check_not_null(ctx: JobContext, dataset: ds.Dataset, refuse: Callable[[str, str], Exception]) -> None:
@@ -311,44 +392,76 @@ def _check_not_null(ctx: JobContext, dataset: ds.Dataset, refuse: Callable[[str,
             raise refuse(column, f"null in {n} row(s) (a message needs its {'bytes' if column == 'value' else 'time'})")
 
 
-def plan_import(settings: ImportSettings, keys: pa.Table) -> list[ImportPlan]:
-    """Per (topic, partition) of the table's (checked) key columns: what would be imported."""
-    pairs = keys.group_by(["topic", "partition"]).aggregate([]).to_pydict()
+def plan_import(settings: ImportSettings, keys: Keys, dataset: ds.Dataset | None = None) -> list[ImportPlan]:
+    """Per (topic, partition) of the table's (checked) keys: what would be imported. Appending, a partition that
+    exists gets the count and range of its rows above its last seq (`_above`; `dataset`: the table's, else opened)."""
     existing: dict[tuple[str, int], int | None] = {}
     refused: dict[tuple[str, int], str] = {}
-    for t, p in zip(pairs["topic"], pairs["partition"], strict=True):
+    for t, p in keys:
         try:
             existing[(t, p)] = existing_last_seq(os.path.join(settings.base, t, str(p)), t, p)
         except (ImportRefused, TankFormatError) as err:  # a torn or damaged target: never sealed or continued
             existing[(t, p)], refused[(t, p)] = None, str(err)
-    if settings.append and any(v is not None for v in existing.values()):  # only the rows above each partition's end
-        lasts = pa.table(
-            {
-                "topic": pa.array([t for t, _ in existing], keys["topic"].type),
-                "partition": pa.array([p for _, p in existing], keys["partition"].type),
-                "existing": pa.array(list(existing.values()), pa.int64()),
-            }
-        )
-        joined = keys.join(lasts, ["topic", "partition"])
-        keys = joined.filter(
-            pc.or_kleene(pc.is_null(joined["existing"]), pc.greater(joined["seq"], joined["existing"]))
-        )
-    g = keys.group_by(["topic", "partition"]).aggregate([("seq", "count"), ("seq", "min"), ("seq", "max")]).to_pydict()
-    stats = {
-        (t, p): (n, lo, hi)
-        for t, p, n, lo, hi in zip(g["topic"], g["partition"], g["seq_count"], g["seq_min"], g["seq_max"], strict=True)
-    }
+    stats: dict[tuple[str, int], tuple[int, int | None, int | None]] = dict(keys)
+    if settings.append:  # only the rows above each partition's end
+        lasts = {k: e for k, e in existing.items() if e is not None and e >= keys[k][1]}
+        if any(e < keys[k][2] for k, e in lasts.items()):
+            if dataset is None:
+                dataset = settings.location.existing().to_pyarrow_dataset()
+            stats.update(_above(dataset, _selected(None, settings.rows_of), lasts))
+        else:
+            stats.update(dict.fromkeys(lasts, (0, None, None)))
     return [
         ImportPlan(
             t,
             p,
-            *stats.get((t, p), (0, None, None)),
+            *stats[(t, p)],
             existing[(t, p)],
             settings.segment_bytes or _segment_bytes(settings, t, p),
             refused.get((t, p)),
         )
         for t, p in sorted(existing)
     ]
+
+
+def _above(
+    dataset: ds.Dataset, cond: ds.Expression | None, lasts: dict[tuple[str, int], int]
+) -> dict[tuple[str, int], tuple[int, int | None, int | None]]:
+    """Per partition of `lasts` (its last seq), the count and range of its rows above it: one pass over the key
+    columns of those partitions' topics, a row group at a time."""
+    import pyarrow.dataset as pds
+
+    mine = pds.field("topic").isin(sorted({t for t, _ in lasts}))
+    cond = mine if cond is None else cond & mine
+    ends = pa.table(
+        {
+            "topic": pa.array([t for t, _ in lasts], pa.string()),
+            "partition": pa.array([p for _, p in lasts], pa.int64()),
+            "existing": pa.array(list(lasts.values()), pa.int64()),
+        }
+    )
+    out: dict[tuple[str, int], tuple[int, int | None, int | None]] = dict.fromkeys(lasts, (0, None, None))
+    for unit in _key_units(dataset, cond):
+        t = _files(dataset, [unit]).to_table(columns=["topic", "partition", "seq"], filter=cond, use_threads=False)
+        t = t.set_column(0, "topic", pc.cast(t["topic"], pa.string()))
+        t = t.set_column(1, "partition", pc.cast(t["partition"], pa.int64()))
+        t = t.join(ends, ["topic", "partition"], join_type="inner", use_threads=False)
+        t = t.filter(pc.greater(t["seq"], t["existing"]))
+        if not t.num_rows:
+            continue
+        g = t.group_by(["topic", "partition"], use_threads=False).aggregate(
+            [("seq", "count"), ("seq", "min"), ("seq", "max")]
+        )
+        for topic, partition, n, low, high in zip(
+            *(g[c].to_pylist() for c in ("topic", "partition", "seq_count", "seq_min", "seq_max")), strict=True
+        ):
+            was_n, was_low, was_high = out[(topic, partition)]
+            out[(topic, partition)] = (
+                was_n + n,
+                low if was_low is None else min(was_low, low),
+                high if was_high is None else max(was_high, high),
+            )
+    return out
 
 
 def _segment_bytes(settings: ImportSettings, topic: str, partition: int) -> int:
