@@ -342,20 +342,22 @@ def test_per_topic_value_settings(tmp_path, capfd):
     base = str(tmp_path / "data")
     write_topic(base, "clicks", {0: [avro(SMALL, click(1))]})
     write_topic(base, "raw", {0: [b"bytes"]})
-    cfg = config(
-        tmp_path, value_format="binary", topics={"clicks": {"value_format": "avro", "value_schema_file": SMALL}}
-    )
+    clicks = {"value_format": "avro", "value_schema_file": SMALL, "key_format": "utf8"}
+    cfg = config(tmp_path, value_format="binary", topics={"clicks": clicks})
     table = str(tmp_path / "t")
     report = str(tmp_path / "r.json")
     assert export("--config", cfg, "--data-dir", base, "--topics", "clicks", "--table", table, "--report", report) == 0
-    assert rows(table, "seq,user,page") == [(1, 1, "/p1")]
+    assert rows(table, "seq,user,page,key") == [(1, 1, "/p1", "k0")]
     assert json.load(open(report))["summary"]["dead_letter_table"] == table + "_dead_letters"
     assert export("--config", cfg, "--data-dir", base, "--topics", "raw", "--table", str(tmp_path / "r")) == 0
-    assert rows(str(tmp_path / "r"), "seq,value") == [(1, b"bytes")]
+    assert rows(str(tmp_path / "r"), "seq,value,key") == [(1, b"bytes", b"k0")]
     capfd.readouterr()
     assert export("--config", cfg, "--data-dir", base, "--table", str(tmp_path / "both")) == 2
     assert "have different value formats" in capfd.readouterr().err and not os.path.exists(tmp_path / "both")
-    flags = ["--value-format", "binary"]  # the flag's format is every topic's: the override does not apply
+    both = ["--config", cfg, "--data-dir", base, "--table", str(tmp_path / "both")]
+    assert export(*both, "--value-format", "binary") == 2
+    assert "have different key formats" in capfd.readouterr().err and not os.path.exists(tmp_path / "both")
+    flags = ["--value-format", "binary", "--key-format", "binary"]  # every topic's: the overrides do not apply
     assert export("--config", cfg, "--data-dir", base, "--table", str(tmp_path / "b"), *flags) == 0
     assert rows(str(tmp_path / "b"), "topic,value") == [("clicks", avro(SMALL, click(1))), ("raw", b"bytes")]
 

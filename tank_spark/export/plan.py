@@ -263,7 +263,7 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
     location, options = _table_location(cfg, args, table)
     fmt, schema = _value_format(cfg, args)
     spec = _value_spec(ctx, cfg, args, fmt)
-    key_spec = _key_spec(cfg, args)
+    key_spec = _key_spec(ctx, cfg, args)
     if key_spec is not None and spec is None and fmt in ("binary", "utf8"):
         from tank_log.values import ValueFormatName, ValueSpec
 
@@ -378,7 +378,8 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
         own = cfg.topics.get(topic) if topic is not None else None
         fields = dict(base)
         if own is not None:
-            fields.update({k.removeprefix("value_"): v for k, v in own.model_dump(exclude_none=True).items()})
+            dumped = own.model_dump(exclude_none=True).items()
+            fields.update({k.removeprefix("value_"): v for k, v in dumped if k.startswith("value_")})
         specs[topic] = _spec_of(fields)
     distinct = {repr(s) for s in specs.values()}
     if len(distinct) > 1:
@@ -389,33 +390,57 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
     return next(iter(specs.values()))
 
 
-def _key_spec(cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
-    """The keys' spec (flags over `export.key_*`; the values' registry answers for their ids too), checked like the
-    values'. None for binary keys (bytes).
+def _key_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
+    """The keys' spec (flags over `export.key_*`, a topic's `export.topics.<topic>.key_*` over both; the values'
+    registry answers for their ids too), checked like the values'. None for binary keys (bytes).
 
     Raises:
-        JobConfigError: a flag without its format, a schema'd format without its schema or message.
+        JobConfigError: a flag without its format, a schema'd format without its schema or message, or the run's
+            topics with different key specs (one table holds one `key` column).
         ValueSchemaError: a schema file missing or malformed.
     """
-    from tank_log.values import ValueFormatName, ValueSpec
-    from tank_log.values.spec import WireName
+    if (args.key_schema_file or args.key_message) and (args.key_format or cfg.key_format) in ("binary", "utf8"):
+        raise JobConfigError("--key-schema-file, --key-message: only with --key-format avro, protobuf or json")
+    base = {
+        "format": args.key_format or cfg.key_format,
+        "schema_file": args.key_schema_file or (cfg.key_schema_file if not args.key_format else None),
+        "message": args.key_message or cfg.key_message,
+        "schema_ids": dict(cfg.key_schema_ids),
+        "registry_url": cfg.value_registry_url,
+        "wire": cfg.key_wire,
+    }
+    specs: dict[str | None, ValueSpec | None] = {}
+    for topic in _topics_of(ctx, cfg) if not args.key_format else [None]:  # a flag's format is every topic's
+        own = cfg.topics.get(topic) if topic is not None else None
+        fields = dict(base)
+        if own is not None:
+            dumped = own.model_dump(exclude_none=True)
+            fields.update({k.removeprefix("key_"): v for k, v in dumped.items() if k.startswith("key_")})
+            fields["registry_url"] = dumped.get("value_registry_url", fields["registry_url"])
+        specs[topic] = _key_spec_of(fields)
+    if len({repr(s) for s in specs.values()}) > 1:
+        raise JobConfigError(
+            f"topics {', '.join(str(t) for t in specs)} have different key formats (export.topics): export each "
+            "to its own table (--topics, --table)"
+        )
+    return next(iter(specs.values()))
+
+
+def _key_spec_of(fields: dict[str, Any]) -> ValueSpec | None:
+    """A ValueSpec of the export's key settings, checked; None for binary keys."""
+    from tank_log.values import ValueSpec
     from tank_spark.export.rows import key_decoder_of
 
-    fmt = args.key_format or cfg.key_format
-    schema_file = args.key_schema_file or (cfg.key_schema_file if not args.key_format else None)
-    message = args.key_message or cfg.key_message
-    if fmt in ("binary", "utf8") and (args.key_schema_file or args.key_message):
-        raise JobConfigError("--key-schema-file, --key-message: only with --key-format avro, protobuf or json")
+    fmt, schema_file, ids = fields["format"], fields.get("schema_file"), dict(fields.get("schema_ids") or {})
     if fmt == "binary":
         return None
-    ids = dict(cfg.key_schema_ids)
     schemaless = fmt == "utf8" or (fmt == "json" and not schema_file and not ids)
-    if fmt in ("avro", "protobuf") and not schema_file and not ids and not cfg.value_registry_url:
+    if fmt in ("avro", "protobuf") and not schema_file and not ids and not fields.get("registry_url"):
         raise JobConfigError(f"--key-format {fmt} needs --key-schema-file FILE (or export.key_schema_ids)")
-    if fmt == "protobuf" and not message:
+    if fmt == "protobuf" and not fields.get("message"):
         raise JobConfigError("--key-format protobuf needs --key-message NAME (the full message name)")
-    registry = None if schemaless else cfg.value_registry_url
-    spec = ValueSpec(cast(ValueFormatName, fmt), schema_file, message, ids, registry, cast(WireName, cfg.key_wire))
+    registry = None if schemaless else fields.get("registry_url")
+    spec = ValueSpec(fmt, schema_file, fields.get("message"), ids, registry, fields.get("wire") or "auto")
     key_decoder_of(spec)  # a missing or malformed schema file: ValueSchemaError (exit 2), before anything is written
     return spec
 

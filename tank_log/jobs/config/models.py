@@ -285,7 +285,8 @@ def _schema_ids(value: Any) -> Any:
 
 
 class TopicValues(Section):
-    """`export.topics.<topic>`: how one topic's values decode (docs/guides/typed-tables.md); null = inherit."""
+    """`export.topics.<topic>`: how one topic's values and keys decode (docs/guides/typed-tables.md); null =
+    inherit."""
 
     value_format: ValueFormat | None = Field(default=None, description="binary | utf8 | json | avro | protobuf")
     value_schema_file: Text | None = Field(default=None, description=".avsc | .desc or .proto | JSON Schema .json")
@@ -295,6 +296,13 @@ class TopicValues(Section):
     )
     value_registry_url: Text | None = Field(default=None, description="a Confluent Schema Registry's REST API")
     value_wire: Wire | None = Field(default=None, description="auto | confluent | plain")
+    key_format: ValueFormat | None = Field(default=None, description="binary | utf8 | json | avro | protobuf")
+    key_schema_file: Text | None = Field(default=None, description="the keys' schema file")
+    key_message: Text | None = Field(default=None, description="protobuf keys: the full message name")
+    key_schema_ids: Annotated[dict[int, str], BeforeValidator(_schema_ids)] | None = Field(
+        default=None, description="keys in the Confluent wire format: schema id -> schema file"
+    )
+    key_wire: Wire | None = Field(default=None, description="the keys' header: auto | confluent | plain")
 
 
 class ExportConfig(Section):
