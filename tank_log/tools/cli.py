@@ -694,7 +694,10 @@ def _add_helper_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
     p.add_argument("dir", help="directory to create (must not exist)")
     p.add_argument("--seed", type=int, default=7, help="random seed of the generated messages (default 7)")
     p.add_argument(
-        "--typed", action="store_true", help="also a topic of Avro values, payments, and its schema (typed tables)"
+        "--typed",
+        action="store_true",
+        help="also payments, a topic of Avro values, and shipments, of Protobuf values with UTF-8 keys, and their "
+        "schemas (typed tables)",
     )
     p.set_defaults(func=_cmd_demo)
 
