@@ -21,6 +21,16 @@ def add_broker_stopped(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_dead_letter_table(p: argparse.ArgumentParser) -> None:
+    """`--dead-letter-table`: where the export puts the values that do not decode, and where the audit finds them."""
+    p.add_argument(
+        "--dead-letter-table",
+        metavar="TABLE",
+        help="the table of values that did not decode (default: export.dead_letter_table in --config, else the "
+        "table's path or name + _dead_letters, in the table's format)",
+    )
+
+
 def add_force(p: argparse.ArgumentParser) -> None:
     """`--force`: compact whatever the dirty ratio."""
     p.add_argument("--force", action="store_true", help="compact even when the dirty ratio is below the threshold")

@@ -24,6 +24,7 @@ from tank_log.jobs.entry_points import job_path  # noqa: E402
 from tank_log.jobs.flags import (  # noqa: E402
     add_broker_stopped,
     add_compaction_rules,
+    add_dead_letter_table,
     add_force,
     add_keep_unexported,
     add_metrics_file,
@@ -607,12 +608,7 @@ def _add_inspection_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     _add_export_config(p)
     add_table_format(p)
     add_storage_option(p, "--table")
-    p.add_argument(
-        "--dead-letter-table",
-        metavar="TABLE",
-        help="where the export put the values that did not decode (default: --config's export.dead_letter_table, "
-        "else the table's path or name + _dead_letters)",
-    )
+    add_dead_letter_table(p)
     p.add_argument("--topics", type=_topics, help="comma-separated topics (default: every topic of either side)")
     add_source(p)
     p.add_argument("--json", action="store_true", help="the report as JSON")

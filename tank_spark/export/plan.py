@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from tank_log.errors import JobConfigError
-from tank_log.jobs.flags import add_source, add_storage_option, add_table_format
+from tank_log.jobs.flags import add_dead_letter_table, add_source, add_storage_option, add_table_format
 from tank_log.lakehouse import (
     LakeTable,
     Recorded,
@@ -195,11 +195,7 @@ def _add_value_options(p: argparse.ArgumentParser) -> None:
         help="export nothing: decode the dead letters again with the current value settings (a fixed schema), "
         "append those that now decode to the table and remove them from the dead-letter table",
     )
-    p.add_argument(
-        "--dead-letter-table",
-        metavar="TABLE",
-        help="where dead letters go (default: the table's path or name + _dead_letters, same format)",
-    )
+    add_dead_letter_table(p)
 
 
 def _add_upkeep_options(p: argparse.ArgumentParser) -> None:
