@@ -100,10 +100,12 @@ class Profile:
 
     spark: bool = True
     only_spark: bool = False
+    max_kills: int = 1_000_000  # exports killed per run (at most one per example; each costs a process's start)
+    kills: int = 0
 
 
 PROFILE = Profile()
-PROFILES = {"full": Profile(), "nospark": Profile(spark=False), "spark": Profile(only_spark=True)}
+PROFILES = {"full": Profile(), "nospark": Profile(spark=False, max_kills=3), "spark": Profile(only_spark=True)}
 
 
 class Violation(AssertionError):
@@ -600,7 +602,11 @@ class ProductMachine(RuleBasedStateMachine):
             if seqs:
                 self.recorded[where] = max(held, max(seqs))
 
-    @precondition(lambda self: self.combo is not None and not self.kills and self._unexported())
+    @precondition(
+        lambda self: (
+            self.combo is not None and not self.kills and PROFILE.kills < PROFILE.max_kills and self._unexported()
+        )
+    )
     @rule(how=st.sampled_from(["sigkill-before-commit", "crash-hook"]))
     def export_killed_then_run_again(self, how: str) -> None:
         """An export in a process of its own, SIGKILLed while it holds before its commit (its files written), or
@@ -609,6 +615,7 @@ class ProductMachine(RuleBasedStateMachine):
         from tank_spark.export.hooks import CRASH, HOLD_BEFORE_COMMIT
 
         self.kills += 1  # once per example: a process of its own costs seconds
+        PROFILE.kills += 1
         disk = self._disk()
         hold = os.path.join(self.work, "hold")
         env = {HOLD_BEFORE_COMMIT: hold} if how.startswith("sigkill") else {CRASH: "before-commit"}
@@ -1058,7 +1065,13 @@ def run(seed: int, examples: int, steps: int, profile: str = "full") -> dict[str
         suppress_health_check=list(HealthCheck),
         print_blob=False,
     )
-    PROFILE.spark, PROFILE.only_spark = PROFILES[profile].spark, PROFILES[profile].only_spark
+    chosen = PROFILES[profile]
+    PROFILE.spark, PROFILE.only_spark, PROFILE.max_kills, PROFILE.kills = (
+        chosen.spark,
+        chosen.only_spark,
+        chosen.max_kills,
+        0,
+    )
     test = with_seed(seed)(lambda: run_state_machine_as_test(ProductMachine, settings=config))
     try:
         test()
