@@ -79,7 +79,7 @@ def main() -> None:
     import pyspark.daemon
 
     forget_zip_importers()
-    pyspark.daemon.manager()
+    pyspark.daemon.manager()  # type: ignore[no-untyped-call]  # untyped in pyspark 4.1
 
 
 if __name__ == "__main__":
