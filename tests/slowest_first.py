@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,8 @@ STORED_FROM_S = 0.5  # the file lists the tests that took at least this long (se
 GUESS_S = {"spark": 8.0, "slow": 3.0}  # a test the file does not list: by its first marker found here
 GUESS_OTHER_S = 0.1
 CACHE_KEY = "tank-log/durations"
+WORKERINPUT_KEY = "tank_log_durations"
+_KNOWN = pytest.StashKey[dict[str, float]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -64,6 +67,17 @@ class _Recorder:
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller, or a run in one process
         config.pluginmanager.register(_Recorder(config), "tank-log-durations")
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: the controller configures each worker it starts
+def pytest_configure_node(node: Any) -> None:
+    """Every worker orders by the seconds the controller read once: each reading the cache itself, two workers could
+    see it before and after another run in this checkout rewrote it, collect in different orders, and xdist would
+    stop the run."""
+    config = node.config
+    if config.stash.get(_KNOWN, None) is None:
+        config.stash[_KNOWN] = known_seconds(config)
+    node.workerinput[WORKERINPUT_KEY] = config.stash[_KNOWN]
 
 
 def known_seconds(config: pytest.Config) -> dict[str, float]:
@@ -150,4 +164,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(workerinput["workercount"]) if workerinput else 0
     if workers < 2:  # (a worker's own `dist` option reads "no": the lanes are cut for worksteal's shares)
         return
-    items[:] = [i for lane in lanes(items, known_seconds(config), workers) for i in lane]
+    known = workerinput.get(WORKERINPUT_KEY)  # the controller's (pytest_configure_node)
+    if known is None:
+        known = known_seconds(config)
+    items[:] = [i for lane in lanes(items, known, workers) for i in lane]
