@@ -13,5 +13,7 @@ site=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -d "$site"
 rm -rf "$site"
 # two workers (TANK_LOG_TEST_WORKERS; 0 for one process): most tests wait on real processes about half the time, so
-# a second worker fills the idle core; each steals tests from the other when it runs out
+# a second worker fills the idle core; each steals tests from the other when it runs out. Each worker starts with its
+# slowest tests (tests/slowest_first.py: by this checkout's last measures, else tests/durations.json, which a whole
+# run with --store-durations rewrites)
 .venv/bin/python -m pytest -n "${TANK_LOG_TEST_WORKERS:-2}" --dist worksteal "$@"
