@@ -255,16 +255,16 @@ def export_job(*args: str) -> tuple[int, str]:
     return exit_code(results), json.dumps({"partitions": results, "summary": summary}, default=str)
 
 
-def export_process(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+def export_process(args: list[str], env: dict[str, str], log: str | None = None) -> subprocess.Popen[bytes]:
     """The export job's `main` in a process of its own (its own Spark when it needs one), in its own process group
-    (a kill reaches the JVM too)."""
+    (a kill reaches the JVM too); its stderr to `log` when given."""
     code = "import sys; from tank_spark.export.job import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, **env, "PYTHONPATH": ROOT}
     return subprocess.Popen(
         [sys.executable, "-c", code, "--master", "local[1]", *args],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.PIPE if log is None else open(log, "wb"),  # noqa: SIM115 (the child's: closed at exit)
         start_new_session=True,
     )
 
@@ -655,18 +655,23 @@ class ProductMachine(RuleBasedStateMachine):
         disk = self._disk()
         checkpoint = tempfile.mkdtemp(dir=self.work, prefix="checkpoint-")
         args = [*self._export_args(), "--continuous", "--checkpoint", checkpoint, "--trigger-interval", "1s"]
-        proc = export_process([*args, "--on-data-loss", "skip"], {})
+        log = checkpoint + ".log"
+        proc = export_process([*args, "--on-data-loss", "skip"], {}, log)
         want = {w: max(seqs) for w, seqs in disk.items() if seqs}
         deadline = time.monotonic() + 600
         caught_up = False
         while proc.poll() is None and time.monotonic() < deadline:
-            caught_up = self._table_holds(want)
+            with open(log, "rb") as fh:
+                streaming = b"continuous export: streaming into" in fh.read()  # SIGTERM stops it cleanly from here
+            caught_up = streaming and self._table_holds(want)
             if caught_up:
                 break
             time.sleep(0.5)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
+        with open(log, "rb") as fh:
+            err = fh.read()
         self._expect(proc.returncode == 0 and caught_up, f"the continuous export exited {proc.returncode} "
                      f"(caught up: {caught_up}): {err[-3000:]!r}")  # fmt: skip
         self._record_exported(disk)
