@@ -2,7 +2,8 @@
 
 The compiled core is one module per concern, each beside the pure-Python code it speeds up, each with a `.pyi`:
 `format/_codec.pyx` (the walk, decode, encoders and Arrow gather), `tools/_dump_lines.pyx` (`tank-log dump`'s JSON
-lines) and `maintenance/compaction/_key_map.pyx` (compaction's key map). `pip install` builds them when a C compiler
+lines), `maintenance/compaction/_key_map.pyx` (compaction's key map) and `values/_avro_fast.pyx` (Avro values to
+typed columns). `pip install` builds them when a C compiler
 is there; they run when all of them were built.
 
 Each concern's home module declares its implementations once, as a `Choice` of a pure-Python object and a compiled
@@ -24,7 +25,12 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 PURE_ENV = "TANK_LOG_PURE_PYTHON"
-MODULES = ("tank_log.format._codec", "tank_log.tools._dump_lines", "tank_log.maintenance.compaction._key_map")
+MODULES = (
+    "tank_log.format._codec",
+    "tank_log.tools._dump_lines",
+    "tank_log.maintenance.compaction._key_map",
+    "tank_log.values._avro_fast",
+)
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tank_log/
