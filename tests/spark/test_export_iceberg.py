@@ -513,8 +513,6 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, s3_server):
     config = tmp_path / "bad.yaml"
     config.write_text(f"export: {{table: {tmp_path / 't'}, format: hudi}}\n")
     assert "export.format" in refused(config=config)
-    local = ["--table", str(tmp_path / "t"), "--format", "iceberg"]
-    assert "--format iceberg does not take --continuous" in refused(*local, "--continuous", "--checkpoint", "c")
     assert "--catalog/export.catalog: only with --format iceberg" in refused(
         "--table", str(tmp_path / "t"), "--catalog", "sqlite:///x.db"
     )
