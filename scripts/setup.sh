@@ -41,7 +41,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || [ "$missing" = 1 ]; 
     # Airflow's Spark provider pulls pyspark-client (Spark Connect's client: a copy of pyspark's Python files) at its
     # newest release, which may overwrite pyspark's own: keep it on pyspark's line, and pyspark's files on top
     spark_v=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyspark"))')
-    if [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)')" != "$spark_v" ]; then
+    if [ "$(.venv/bin/python -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null)" != "$spark_v" ]; then
         pip_install "pyspark-client~=${spark_v%.*}.0"
         pip_install --no-deps --force-reinstall "pyspark==$spark_v"
     fi
