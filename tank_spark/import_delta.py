@@ -31,7 +31,7 @@ from tank_log.format.arrow import skip_pandas_detection
 from tank_log.format.broker_config import PartitionConfig, load_config, parse_config
 from tank_log.format.names import partition_id_problem, topic_name_problem
 from tank_log.jobs.flags import add_source, add_storage_option, add_table_format
-from tank_log.lakehouse import LakeTable, TableLocation
+from tank_log.lakehouse import LakeTable, TableLocation, text_column
 from tank_log.maintenance.outcome import Status
 from tank_log.storage.fsutil import atomic_write, fsync_dir
 from tank_log.storage.holders import held_reason, holders
@@ -196,7 +196,7 @@ def source_rows(location: TableLocation, delta: LakeTable, source: str | None) -
         raise JobConfigError(
             f"table {location} holds no rows of source {source!r} (it holds {', '.join(held) or 'none'})"
         )
-    mine = pds.field("source") == source
+    mine = text_column("source") == source
     return mine | pds.field("source").is_null() if owned else mine
 
 
@@ -334,11 +334,10 @@ def checked_keys(
 
 def _selected(topics: frozenset[str] | None, rows_of: ds.Expression | None) -> ds.Expression | None:
     """The filter of the rows to import: those of broker `rows_of` (`source_rows`) and of `topics`."""
-    import pyarrow.dataset as pds
 
     cond = rows_of
     if topics is not None:
-        mine = pds.field("topic").isin(sorted(topics))
+        mine = text_column("topic").isin(sorted(topics))
         cond = mine if cond is None else cond & mine
     return cond
 
@@ -366,7 +365,7 @@ def _duplicate_in(dataset: ds.Dataset, cond: ds.Expression | None, topic: str, p
     """The smallest seq that a partition's rows (of `cond`) hold more than once: its seqs read alone."""
     import pyarrow.dataset as pds
 
-    mine = (pds.field("topic") == topic) & (pds.field("partition") == partition)
+    mine = (text_column("topic") == topic) & (pds.field("partition") == partition)
     if cond is not None:
         mine = mine & cond
     return _duplicate_of(dataset.to_table(columns=["seq"], filter=mine, use_threads=False)["seq"])
@@ -386,7 +385,7 @@ def _check_not_null(ctx: JobContext, dataset: ds.Dataset, refuse: Callable[[str,
         if column == "value" and "raw_value" in dataset.schema.names:  # utf8: the bytes that are not UTF-8
             cond = cond & pds.field("raw_value").is_null()
         if ctx.topics is not None:
-            cond = cond & pds.field("topic").isin(sorted(ctx.topics))
+            cond = cond & text_column("topic").isin(sorted(ctx.topics))
         n = dataset.count_rows(filter=cond, use_threads=False)
         if n:
             raise refuse(column, f"null in {n} row(s) (a message needs its {'bytes' if column == 'value' else 'time'})")
@@ -429,9 +428,8 @@ def _above(
 ) -> dict[tuple[str, int], tuple[int, int | None, int | None]]:
     """Per partition of `lasts` (its last seq), the count and range of its rows above it: one pass over the key
     columns of those partitions' topics, a row group at a time."""
-    import pyarrow.dataset as pds
 
-    mine = pds.field("topic").isin(sorted({t for t, _ in lasts}))
+    mine = text_column("topic").isin(sorted({t for t, _ in lasts}))
     cond = mine if cond is None else cond & mine
     ends = pa.table(
         {
@@ -662,7 +660,7 @@ def _read(
     read together and sorted as one)."""
     import pyarrow.dataset as ds
 
-    cond = (ds.field("topic") == p.topic) & (ds.field("partition") == p.partition)
+    cond = (text_column("topic") == p.topic) & (ds.field("partition") == p.partition)
     if p.existing_last is not None:
         cond = cond & (ds.field("seq") > p.existing_last)
     if rows_of is not None:

@@ -39,6 +39,7 @@ from tank_log.lakehouse.table import (
     owns_unsourced,
     storage_options,
     table_key,
+    text_column,
 )
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ __all__ = [
     "table_id",
     "table_key",
     "table_mode",
+    "text_column",
 ]
 
 

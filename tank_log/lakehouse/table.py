@@ -14,9 +14,12 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tank_log.errors import JobConfigError, RunFailed, TankLogError
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
 
 REQUIRED_COLUMNS = ("topic", "partition", "seq")  # what makes a table a tank-log export
 APP_ID_PREFIX = "tank-log:"  # every recorded version's id starts so (`app_id`, `legacy_app_id`)
@@ -33,6 +36,18 @@ SOURCE_COLUMN = "source"  # the column naming the broker (`source`) a row came f
 LEGACY_SOURCE_KEY = "tank_log.export.legacy_source"
 MODE_KEY = "tank_log.export.mode"  # the table property recording the mode the export created it with (absent: append)
 SOURCE_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def text_column(name: str) -> ds.Expression:
+    """A string column (`topic`, `source`) in a filter over a table's dataset (`pyarrow.dataset.Expression`), cast to
+    string: files written by a DataFusion-based writer (delta-rs's MERGE, which the latest-mode export runs) store
+    their strings as `string_view`, and pyarrow compares a `string_view` column with a string value by no kernel
+    ("Function 'equal' has no kernel matching input types (string, string_view)"). The cast is a no-op on string
+    files and keeps the pruning by partition values."""
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    return pads.field(name).cast(pa.string())
 
 
 class TableUnreadable(TankLogError):

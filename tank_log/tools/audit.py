@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 from tank_log.errors import TankFormatError
 from tank_log.format.latest import TOMBSTONE, latest_per_key
 from tank_log.format.messages import tombstones
-from tank_log.lakehouse import LEGACY_SOURCE_KEY, owns_unsourced, table_mode
+from tank_log.lakehouse import LEGACY_SOURCE_KEY, owns_unsourced, table_mode, text_column
 from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segment_loss
 from tank_log.storage.datadir import Partition, Unread, classify_path, scan_partitions
 
@@ -206,10 +206,10 @@ def _scan(
     sound: `lakehouse.delta`)."""
     import pyarrow.dataset as ds
 
-    wanted: ds.Expression | None = None if topic is None else ds.field("topic") == topic
+    wanted: ds.Expression | None = None if topic is None else text_column("topic") == topic
     if rows_of is not None:
         source, unsourced = rows_of
-        mine = ds.field("source") == source
+        mine = text_column("source") == source
         mine = mine | ds.field("source").is_null() if unsourced else mine
         wanted = mine if wanted is None else wanted & mine
     for batch in table.to_pyarrow_dataset().to_batches(columns=columns, filter=wanted):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from tank_log.lakehouse import text_column
 from tank_spark.export.hooks import hold
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 
@@ -323,9 +324,9 @@ def _letters(dead: LakeTable, topics: Collection[str] | None, source: str | None
 
     wanted: ds.Expression | None = None
     if topics:
-        wanted = ds.field("topic").isin(sorted(topics))
+        wanted = text_column("topic").isin(sorted(topics))
     if source is not None:
-        mine = ds.field("source") == source
+        mine = text_column("source") == source
         wanted = mine if wanted is None else wanted & mine
     got = dead.to_pyarrow_dataset().to_table(columns=DEAD_LETTER_SCHEMA.names, filter=wanted)
     return got.cast(DEAD_LETTER_SCHEMA).sort_by(
@@ -345,9 +346,9 @@ def _held_by(table: LakeTable, letters: pa.Table, source: str | None) -> Any:
         by_part.setdefault((t, p), []).append(i)
     for (t, p), idx in by_part.items():
         seqs = [keys["seq"][i] for i in idx]
-        wanted = (ds.field("topic") == t) & (ds.field("partition") == p) & ds.field("seq").isin(seqs)
+        wanted = (text_column("topic") == t) & (ds.field("partition") == p) & ds.field("seq").isin(seqs)
         if source is not None:
-            wanted = wanted & (ds.field("source") == source)
+            wanted = wanted & (text_column("source") == source)
         found = set(table.to_pyarrow_dataset().to_table(columns=["seq"], filter=wanted)["seq"].to_pylist())
         for i in idx:
             held[i] = keys["seq"][i] in found
