@@ -8,21 +8,31 @@ process.
 Typed values: the same messages as Avro and as Protobuf values, each exported into a typed table beside the binary
 export, with the decoding's share of each export's time.
 
+Iceberg as its users run it: the same messages exported into tables named in a REST catalog (Iceberg's reference
+server, scripts/iceberg-rest-catalog.sh, on a loopback port), by pyiceberg in the driver and by `--engine spark`
+(Spark's Iceberg writer stages, pyiceberg commits), each beside the Delta export of the same run by the same engine,
+with the load average before each export.
+
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
      python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
+     python bench/export.py --only iceberg [--rounds 3]    (the Delta and Iceberg exports by both engines only)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -57,16 +67,18 @@ def generate(base: str, messages: int, partitions: int, encode: Callable[[bytes]
         )
 
 
-def s3_server():
-    """Start moto's S3 server on a free loopback port with a bucket: (process, storage options, job flags)."""
-    import socket
-    import subprocess
-
-    import boto3
-
+def free_port() -> int:
+    """A free TCP port on loopback (the OS's pick)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        return int(sock.getsockname()[1])
+
+
+def s3_server():
+    """Start moto's S3 server on a free loopback port with a bucket: (process, storage options, job flags)."""
+    import boto3
+
+    port = free_port()
     proc = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
@@ -186,9 +198,21 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--workdir")
     ap.add_argument("--s3", action="store_true", help="export to a loopback S3 server (moto) instead of a local path")
+    ap.add_argument(
+        "--only",
+        choices=["iceberg"],
+        help="iceberg: only the Delta exports by both engines and the Iceberg ones (at a path; by name in a REST "
+        "catalog, by both engines)",
+    )
+    ap.add_argument("--rounds", type=int, default=1, help="with --only: rounds on the same messages (default 1)")
     args = ap.parse_args()
+    if args.rounds < 1 or (args.rounds > 1 and not args.only):
+        ap.error("--rounds: at least 1, and more only with --only")
     if args.s3:
         export_to_s3(args)
+        return
+    if args.only:
+        only_iceberg(args)
         return
     work = args.workdir or tempfile.mkdtemp(prefix="tank-export-")
     base, table, report = (os.path.join(work, n) for n in ("data", "table", "report.json"))
@@ -197,13 +221,24 @@ def main() -> None:
     generate(base, args.messages, args.partitions)
     data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
 
+    load_before_delta = uptime()
     wall, rep = run_job("export_delta", "--data-dir", base, "--table", table, report=report)  # default settings
     s = rep["summary"]
     executors_wall, e = export_on_executors(base, os.path.join(work, "table-on-executors"), s["rows"])
     spark_table = os.path.join(work, "table-delta-spark")
+    load_before_delta_spark = uptime()
     spark_wall, sp = export_on_executors(base, spark_table, s["rows"], ["--engine", "spark"])
 
+    load_before_iceberg = uptime()
     iceberg_wall, ice = export_in_driver(base, os.path.join(work, "table-iceberg"), ["--format", "iceberg"])
+    with rest_catalog(os.path.join(work, "rest-catalog")) as uri:  # the same messages by name, by both engines
+        measured = {"delta": (wall, s), "iceberg_sqlite": (iceberg_wall, ice), "delta_spark": (spark_wall, sp)}
+        by_name = iceberg_beside_delta(base, work, uri, "full", s["rows"], measured)
+    by_name["load_before"] |= {
+        "delta": load_before_delta,
+        "delta_spark": load_before_delta_spark,
+        "iceberg_sqlite": load_before_iceberg,
+    }
     latest_wall, lat = export_in_driver(base, os.path.join(work, "table-latest"), ["--mode", "latest"])
 
     from deltalake import DeltaTable
@@ -251,6 +286,7 @@ def main() -> None:
         "library_writer_messages_s": round(library_writer["messages"], 2),
         "library_writer_columns_s": round(library_writer["columns"], 2),
         "ratio_import_job_vs_library_writer_columns": round(imp["import_s"] / library_writer["columns"], 2),
+        "iceberg_beside_delta": by_name,
         **typed,
     }
     print(json.dumps(out, indent=2))
@@ -334,6 +370,133 @@ def typed_exports(work: str, messages: int, partitions: int, binary: dict) -> di
             f"{name}_decode_share_of_export": round(decode_s / rep["export_s"], 2),
         }
     return out
+
+
+# ---- Iceberg as its users run it: tables by name in a REST catalog, and the Spark engine ---------------------------
+
+REST_SCRIPT = os.path.join(ROOT, "scripts", "iceberg-rest-catalog.sh")
+
+
+def uptime() -> list[float]:
+    """The load averages over 1, 5 and 15 minutes, as `uptime` prints them."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@contextlib.contextmanager
+def rest_catalog(state: str) -> Iterator[str]:
+    """Iceberg's reference REST catalog server (scripts/iceberg-rest-catalog.sh) on a free loopback port, its state in
+    `state` (emptied first); yields its URI and stops it on the way out, whatever happened (SIGTERM included)."""
+    shutil.rmtree(state, ignore_errors=True)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally` below on a kill too
+    try:
+        port = free_port()
+        r = subprocess.run(["bash", REST_SCRIPT, "start", str(port), state], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"the REST catalog did not start ({r.returncode}): {(r.stdout + r.stderr).strip()}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        r = subprocess.run(["bash", REST_SCRIPT, "stop", state], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"the REST catalog in {state} did not stop: {(r.stdout + r.stderr).strip()}", file=sys.stderr)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def export_by_name(base: str, name: str, uri: str, rows: int, flags: list[str]) -> tuple[float, dict]:
+    """The export into the new Iceberg table `name` of the REST catalog at `uri`, with `flags`; the catalog must then
+    hold every message in it (its snapshot's record count, read through the catalog)."""
+    from pyiceberg.catalog import load_catalog
+
+    report = os.path.join(os.path.dirname(base), f"report-{name}.json")
+    wall, rep = run_job(
+        "export_delta", "--data-dir", base, "--table", name, "--format", "iceberg", "--catalog", uri, *flags,
+        report=report,
+    )  # fmt: skip
+    summary = rep["summary"]
+    snapshot = load_catalog("bench", type="rest", uri=uri).load_table(name).current_snapshot()
+    assert summary["rows"] == rows and snapshot is not None, summary
+    assert int(snapshot.summary["total-records"]) == rows, snapshot.summary
+    return wall, summary
+
+
+def iceberg_beside_delta(
+    base: str, work: str, uri: str, tag: str, rows: int, measured: dict[str, tuple[float, dict]] | None = None
+) -> dict:
+    """One round: the same messages exported by each engine into Delta and into Iceberg, each case into a new table,
+    in this order (each Iceberg case just after the Delta one of its engine):
+
+    - delta: into a Delta table by the deltalake engine, default settings (in the driver at the bench's sizes);
+    - iceberg_sqlite: into an Iceberg table at a path, its SQLite catalog beside it (pyiceberg, default settings);
+    - iceberg_rest: into `bench.<tag>_pyiceberg` of the REST catalog (pyiceberg, default settings);
+    - delta_spark: into a Delta table by `--engine spark` (delta-spark, on Spark's executors);
+    - iceberg_spark: into `bench.<tag>_spark` of the REST catalog by `--engine spark` (Spark's Iceberg writer stages
+      the files on the executors, pyiceberg commits them).
+
+    `measured`: cases this run has timed already (the full run's), not run again. Each case's `export_s` (the
+    job's report) and process wall seconds, the load averages before it, and the ratios of each Iceberg case to the
+    Delta export of the same engine in this round (the pyiceberg cases to `delta`, the Spark one to `delta_spark`)."""
+    cases: dict[str, Callable[[], tuple[float, dict]]] = {
+        "delta": lambda: export_in_driver(base, os.path.join(work, "table"), []),
+        "iceberg_sqlite": lambda: export_in_driver(base, os.path.join(work, "table-iceberg"), ["--format", "iceberg"]),
+        "iceberg_rest": lambda: export_by_name(base, f"bench.{tag}_pyiceberg", uri, rows, []),
+        "delta_spark": lambda: export_on_executors(
+            base, os.path.join(work, "table-delta-spark"), rows, ["--engine", "spark"]
+        ),
+        "iceberg_spark": lambda: export_by_name(
+            base, f"bench.{tag}_spark", uri, rows, ["--engine", "spark", "--in-driver-max-bytes", "0"]
+        ),
+    }
+    results = dict(measured or {})
+    load: dict[str, list[float]] = {}
+    for case, run in cases.items():
+        if case not in results:
+            load[case] = uptime()
+            results[case] = run()
+    out: dict = {"load_before": load}
+    for case, (wall, summary) in results.items():
+        assert summary["rows"] == rows, (case, summary)
+        out |= {f"{case}_export_s": summary["export_s"], f"{case}_process_wall_s": round(wall, 2)}
+    out["engines"] = {case: summary["engine"] for case, (_, summary) in results.items()}
+    out["executed_on"] = {case: summary["executed_on"] for case, (_, summary) in results.items()}
+    for case, reference in (("iceberg_sqlite", "delta"), ("iceberg_rest", "delta"), ("iceberg_spark", "delta_spark")):
+        for figure in ("export_s", "process_wall_s"):
+            out[f"ratio_{case}_vs_{reference}_{figure}"] = round(
+                out[f"{case}_{figure}"] / out[f"{reference}_{figure}"], 2
+            )
+    out["ratio_iceberg_spark_vs_iceberg_rest_export_s"] = round(
+        out["iceberg_spark_export_s"] / out["iceberg_rest_export_s"], 2
+    )
+    return out
+
+
+def ranges(rounds: list[dict]) -> dict[str, list[float]]:
+    """Each number of the rounds (loads excluded): [lowest, highest]."""
+    keys = [k for k, v in rounds[0].items() if isinstance(v, int | float)]
+    return {k: [min(r[k] for r in rounds), max(r[k] for r in rounds)] for k in keys}
+
+
+def only_iceberg(args: argparse.Namespace) -> None:
+    """`--only iceberg`: the messages once, the REST catalog started once, then `--rounds` rounds of
+    `iceberg_beside_delta`, each into new tables."""
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-iceberg-")
+    base = os.path.join(work, "data")
+    shutil.rmtree(base, ignore_errors=True)
+    generate(base, args.messages, args.partitions)
+    rows = args.messages // args.partitions // BUNDLE * BUNDLE * args.partitions
+    data_bytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(base) for f in fs)
+    rounds = []
+    with rest_catalog(os.path.join(work, "rest-catalog")) as uri:
+        for n in range(1, args.rounds + 1):
+            rounds.append(iceberg_beside_delta(base, work, uri, f"r{n}", rows))
+            print(json.dumps({"round": n, **rounds[-1]}), file=sys.stderr, flush=True)
+    out = {
+        "machine": machine(),
+        "messages": rows,
+        "partitions": args.partitions,
+        "tank_bytes_on_disk": data_bytes,
+        "rounds": rounds,
+        "ranges": ranges(rounds),
+    }
+    print(json.dumps(out, indent=2))
 
 
 def export_to_s3(args) -> None:
