@@ -19,7 +19,7 @@ from tank_log.jobs.config import JobConfig, load_job_config, parse_size_arg
 from tank_log.jobs.processes import killed_with_parent
 from tank_log.jobs.stopping import handling
 from tank_spark import class_archive, jars, worker_daemon
-from tank_spark.tasks import driver_processes
+from tank_spark.tasks import driver_processes, is_connect
 
 if TYPE_CHECKING:
     from pyspark import SparkConf, SparkContext
@@ -44,6 +44,7 @@ class JobContext:
     master: str | None
     spark_log_level: str = "WARN"
     in_driver_max_bytes: int = 0  # the partition jobs' (`needs_executors`); the export has its own
+    remote: str | None = None  # a Spark Connect server (`--remote sc://HOST:PORT`)
 
 
 def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = False) -> JobContext:
@@ -69,6 +70,9 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
         parent = os.path.dirname(os.path.abspath(d))
         if not os.path.isdir(parent):
             raise JobConfigError(f"cannot create the data directory {d}: its parent {parent} does not exist")
+    remote = getattr(args, "remote", None) or None
+    if remote is not None and not remote.startswith("sc://"):
+        raise JobConfigError(f"--remote {remote!r}: a Spark Connect server is named sc://HOST:PORT")
     topics = frozenset(t for t in args.topics.split(",") if t) if args.topics else None
     if topics is not None and not topics:  # `--topics ,` names no topic: not "every topic"
         raise JobConfigError(f"--topics {args.topics!r} names no topic (give T1,T2, or leave it out for every topic)")
@@ -86,6 +90,7 @@ def build_context(job: str, args: argparse.Namespace, *, new_data_dir: bool = Fa
             if args.in_driver_max_bytes is not None
             else config.in_driver_max_bytes
         ),
+        remote,
     )
 
 
@@ -158,10 +163,28 @@ def spark_session(ctx: JobContext, *, delta: bool = False) -> SparkSession:
     return session
 
 
+def remote_session(ctx: JobContext) -> SparkSession:
+    """A Spark Connect session on `ctx.remote` (`SparkSession.builder.remote`: this process's PySpark turns to
+    Connect mode), with the settings every run's Spark holds that a client may set (`FIXED_CONF`, UTC dates). The
+    server's own settings (master, jars, `spark.conf` of the config) are the server's: a client cannot change them."""
+    from pyspark.sql import SparkSession
+
+    assert ctx.remote is not None
+    session = SparkSession.builder.remote(ctx.remote).getOrCreate()
+    session.conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
+    for k, v in FIXED_CONF.items():
+        session.conf.set(k, v)
+    return session
+
+
 def stop_spark(spark: SparkSession | SparkContext) -> None:
     """`spark.stop()` without its ~1 s wait: PySpark's accumulator server (pyspark/accumulators.py) answers a
     connection the JVM keeps open and looks at its shutdown flag once a second, and `SparkContext.stop` waits for it.
-    The JVM side stops here; the server shuts down in a background (daemon) thread."""
+    The JVM side stops here; the server shuts down in a background (daemon) thread. A Spark Connect session ends
+    its session on the server, which keeps running."""
+    if is_connect(spark):
+        spark.stop()
+        return
     sc = cast("SparkContext", getattr(spark, "sparkContext", spark))
     server = getattr(sc, "_accumulatorServer", None)
     if server is not None:

@@ -38,6 +38,12 @@ def job_parser(job: str, description: str) -> argparse.ArgumentParser:
     add_metrics_file(p, default="; default: the config's metrics_file")
     p.add_argument("--master", help="Spark master when not launched by spark-submit (default: config or local[*])")
     p.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run through this Spark Connect server (SPARK_REMOTE is not read); only the jobs that run their tasks "
+        "through DataFrames do (the export: docs/guides/reading.md, 'Through Spark Connect')",
+    )
+    p.add_argument(
         "--in-driver-max-bytes",
         metavar="SIZE",
         help="a run reading at most this much segment data (the import: table files) runs in the driver without "

@@ -43,7 +43,15 @@ from tank_log.jobs.progress import Progress, interrupted_entry, interrupted_mess
 from tank_log.jobs.stopping import Interrupted, drain, on_sigterm, sigint_raises
 from tank_log.maintenance.outcome import FAILING
 from tank_log.storage.locking import run_marker
-from tank_spark.context import JobContext, build_context, driver_cores, spark_context, spark_session, stop_spark
+from tank_spark.context import (
+    JobContext,
+    build_context,
+    driver_cores,
+    remote_session,
+    spark_context,
+    spark_session,
+    stop_spark,
+)
 from tank_spark.job_options import job_parser
 from tank_spark.report import RunReport, count_by, report_arg
 from tank_spark.tasks import deal
@@ -247,13 +255,16 @@ def run_job(
     sql: bool = True,
     needs_spark: Callable[[JobContext, Any], bool] | None = None,
     needs_delta: Callable[[JobContext, Any], bool] | None = None,
+    not_through_connect: Callable[[JobContext, Any], str | None] | None = None,
     new_data_dir: bool = False,
 ) -> int:
     """Parse; `prepare(ctx, args)` validates job options before Spark starts (JobConfigError → exit 2);
     `execute(ctx, prepared, spark)` → (per-partition results, summary); then report and exit code. `spark` is a
     SparkSession, or with `sql=False` (jobs that only run tasks) a SparkContext; when `needs_spark(ctx, prepared)` says
     no (nothing to run on executors), Spark is not started and `spark` is None; when `needs_delta(ctx, prepared)`
-    says yes, the session loads Delta's jars (`context.spark_context`). The report's `timings` split the
+    says yes, the session loads Delta's jars (`context.spark_context`). With `--remote`, a job that gives
+    `not_through_connect` runs through that Spark Connect server unless it names a reason not to (exit 2); any other
+    job refuses (its tasks are RDDs, which Connect has no API for). The report's `timings` split the
     run: `prepare_s` (options and the plan, before Spark), `spark_start_s`, `execute_s` (the tasks and the driver's
     bookkeeping) and `spark_stop_s`. With `new_data_dir` the data directory may not exist yet (`build_context`)."""
     with contextlib.ExitStack() as marks:  # the run marker (storage/locking.py), once the data dirs are known
@@ -268,6 +279,7 @@ def run_job(
             sql=sql,
             needs_spark=needs_spark,
             needs_delta=needs_delta,
+            not_through_connect=not_through_connect,
             new_data_dir=new_data_dir,
         )
 
@@ -284,6 +296,7 @@ def _run_job(
     sql: bool,
     needs_spark: Callable[[JobContext, Any], bool] | None,
     needs_delta: Callable[[JobContext, Any], bool] | None,
+    not_through_connect: Callable[[JobContext, Any], str | None] | None,
     new_data_dir: bool,
 ) -> int:
     """`run_job`, with `marks` holding the run marker once the data dirs are known."""
@@ -315,6 +328,8 @@ def _run_job(
     report.doc.update(dry_run=ctx.dry_run, data_dirs=list(ctx.data_dirs), topics=sorted(ctx.topics or []) or None)
     spark: SparkSession | SparkContext | None = None
     try:
+        if ctx.remote is not None:
+            _check_connect(job, ctx, prepared, not_through_connect)
         if needs_spark is None or needs_spark(ctx, prepared):
             spark = _start_spark(ctx, report, sql=sql, delta=needs_delta is not None and needs_delta(ctx, prepared))
         else:
@@ -385,9 +400,33 @@ def _prepare_run(
     return ctx, prepared
 
 
+def _check_connect(
+    job: str, ctx: JobContext, prepared: Any, not_through_connect: Callable[[JobContext, Any], str | None] | None
+) -> None:
+    """Refuse a `--remote` run that cannot go through Spark Connect, before anything starts.
+
+    Raises:
+        UsageError: the job runs its tasks as RDDs, or this run needs what Connect lacks (`not_through_connect`).
+    """
+    reason = (
+        "its tasks run as RDDs over a SparkContext, which Spark Connect has no API for"
+        if not_through_connect is None
+        else not_through_connect(ctx, prepared)
+    )
+    if reason:
+        raise UsageError(f"--remote {ctx.remote}: {job} does not run through Spark Connect: {reason}")
+
+
 def _start_spark(ctx: JobContext, report: RunReport, *, sql: bool, delta: bool) -> SparkSession | SparkContext:
-    """The run's Spark: a session (`sql`, with Delta's jars if `delta`) or a context, recorded in the report."""
+    """The run's Spark: a session (`sql`, with Delta's jars if `delta`) or a context, recorded in the report; with
+    `--remote`, a Spark Connect session (`context.remote_session`)."""
     spark: SparkSession | SparkContext
+    if ctx.remote is not None:
+        session = remote_session(ctx)
+        report.phase_done("spark_start_s")
+        session_id = getattr(session, "session_id", None)  # a Connect session's (pyspark.sql.connect.session)
+        report.doc["spark"] = {"remote": ctx.remote, "version": session.version, "session_id": session_id}
+        return session
     if sql:
         spark = spark_session(ctx, delta=delta)
         sc = spark.sparkContext

@@ -7,16 +7,18 @@ round-robin so that neighbouring items (often of similar size) land in different
 
 from __future__ import annotations
 
+import pickle
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from tank_log.jobs.processes import usable_cpus
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
+    from pyspark.sql import SparkSession
 
 TASKS_PER_CORE = 4
 
@@ -30,9 +32,10 @@ def deal(sc: SparkContext, items: Sequence[Any]) -> RDD[tuple[int, Any]]:
 
 Task = Callable[[Iterable[tuple[int, Any]]], Iterable[Any]]
 
-Workers: TypeAlias = "SparkContext | int"
-"""Where dealt work runs: Spark's executors, or (work small enough for the driver, e.g. `export.in_driver_max_bytes`)
-that many threads of the driver (`driver_processes` of the run's master)."""
+Workers: TypeAlias = "SparkContext | SparkSession | int"
+"""Where dealt work runs: Spark's executors (a SparkContext; through Spark Connect, which has none, the remote
+session: `through_connect`), or (work small enough for the driver, e.g. `export.in_driver_max_bytes`) that many
+threads of the driver (`driver_processes` of the run's master)."""
 
 
 def map_dealt(workers: Workers, items: Sequence[Any], task: Task) -> list[Any]:
@@ -40,7 +43,70 @@ def map_dealt(workers: Workers, items: Sequence[Any], task: Task) -> list[Any]:
     collected in order."""
     if isinstance(workers, int):
         return in_threads(items, task, workers)
-    return list(deal(workers, items).mapPartitions(task).collect())
+    if not hasattr(workers, "parallelize"):  # a Spark Connect session: no SparkContext, no RDDs
+        return through_connect(workers, items, task)
+    return list(deal(cast("SparkContext", workers), items).mapPartitions(task).collect())
+
+
+def is_connect(spark: object) -> bool:
+    """Whether `spark` is a Spark Connect session (`SparkSession.builder.remote`): it has no SparkContext."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def through_connect(session: SparkSession, items: Sequence[Any], task: Task) -> list[Any]:
+    """`map_dealt` through Spark Connect, which has no RDD API: `session.range` with one row per slice and as many
+    partitions, and `mapInArrow` running `task` over the items dealt to its slice as `deal` deals them (they travel
+    with the function). Outputs come back pickled, each tagged with the last index its task took (as `in_threads`
+    does), and are returned in index order."""
+    if not items:
+        return []
+    slices = max(1, min(len(items), connect_parallelism(session) * TASKS_PER_CORE))
+    indexed = list(enumerate(items))
+
+    def run(batches: Iterable[Any]) -> Iterable[Any]:
+        for batch in batches:
+            for j in batch.column(0).to_pylist():
+                yield _tagged(task, indexed[j::slices])
+
+    frame = session.range(0, slices, 1, slices).mapInArrow(run, "index long, seq long, value binary")
+    table = frame.toArrow()
+    tags = zip(table.column("index").to_pylist(), table.column("seq").to_pylist(), range(table.num_rows), strict=True)
+    order = sorted(tags)
+    values = table.column("value").to_pylist()
+    return [pickle.loads(values[k]) for _, _, k in order]
+
+
+def _tagged(task: Task, pairs: list[tuple[int, Any]]) -> Any:
+    """One slice's outputs of `task`, pickled, as an Arrow batch: each tagged with the index of the last pair its
+    task took before yielding it (-1: none yet) and its place among the slice's outputs."""
+    import pyarrow as pa
+
+    current = [-1]
+
+    def take() -> Iterator[tuple[int, Any]]:
+        for pair in pairs:
+            current[0] = pair[0]
+            yield pair
+
+    index, seq, value = [], [], []
+    for n, x in enumerate(task(take())):
+        index.append(current[0])
+        seq.append(n)
+        value.append(pickle.dumps(x))
+    return pa.RecordBatch.from_arrays(
+        [pa.array(index, pa.int64()), pa.array(seq, pa.int64()), pa.array(value, pa.binary())],
+        names=["index", "seq", "value"],
+    )
+
+
+def connect_parallelism(session: SparkSession) -> int:
+    """The cores of a Connect server's Spark (its default parallelism, which a client cannot ask for): the
+    partitions of a `range` it splits by that default."""
+    from pyspark.sql import functions as F
+
+    ids = session.range(0, 1 << 16).select(F.spark_partition_id().alias("id"))  # not in an aggregate: nondeterministic
+    row = ids.agg(F.max("id")).first()
+    return 1 if row is None or row[0] is None else int(row[0]) + 1
 
 
 _LOCAL = re.compile(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$")  # local, local[N], local[*], local[N,F], local[*,F]

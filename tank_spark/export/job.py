@@ -71,7 +71,7 @@ from tank_spark.export.run_id import new_run_id
 from tank_spark.export.schema import EVOLVABLE, evolved_schema, table_schema
 from tank_spark.report import count_by
 from tank_spark.runner import JobResult, run_job
-from tank_spark.tasks import Workers
+from tank_spark.tasks import Workers, is_connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -145,6 +145,20 @@ def needs_spark(ctx: JobContext, prepared: Prepared) -> bool:
 def uses_delta_spark(ctx: JobContext, prepared: Prepared) -> bool:
     """The delta-spark engine writes through Spark: its session loads Delta's jars."""
     return prepared[0].engine == "spark"
+
+
+def not_through_connect(ctx: JobContext, prepared: Prepared) -> str | None:
+    """Why this run cannot go through Spark Connect (`--remote`), or None: the files are written by `mapInArrow`
+    (`tasks.through_connect`) and committed by the driver, but the runs below need the SparkContext or the
+    driver's JVM."""
+    settings = prepared[0]
+    if settings.engine == "spark":
+        return "--engine spark writes through delta-spark or Iceberg's runtime in the driver's JVM (use deltalake)"
+    if settings.continuous:
+        return "a continuous export streams on the driver's SparkContext"
+    if settings.value_format == "json" and not settings.typed:
+        return "--value-format json with a DDL schema decodes through Spark SQL on the driver's session"
+    return None
 
 
 def in_driver(ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]) -> bool:
@@ -500,8 +514,8 @@ def _result(p: PartitionPlan) -> dict[str, Any]:
 def _workers(ctx: JobContext, spark: SparkSession | None) -> Workers:
     """Spark's executors, or for an export small enough for the driver (`in_driver`) as many of its threads as the
     master has cores (`context.driver_cores`: local[1] gives one), as the partition jobs' processes."""
-    if spark is not None:
-        return spark.sparkContext
+    if spark is not None:  # a Spark Connect session has no SparkContext: `tasks.through_connect`
+        return spark if is_connect(spark) else spark.sparkContext
     threads = driver_cores(ctx)
     log.info("export: in %d thread(s) of the driver's", threads)
     return threads
@@ -567,4 +581,5 @@ def main(argv: list[str] | None = None) -> int:
         argv,
         needs_spark=needs_spark,
         needs_delta=uses_delta_spark,
+        not_through_connect=not_through_connect,
     )

@@ -3,7 +3,8 @@ spark-submit) on a loopback port, and a client (`SparkSession.builder.remote`) t
 side: the server pickles nothing of ours at start, the client sends the class, and the server's Python workers import
 tank_spark to plan and read. A batch read and an `availableNow` stream each return every message of a real-broker
 fixture. The client runs in a process of its own (a remote session turns this process's PySpark into Connect mode),
-and the server's process group is killed when the module is done."""
+and the server's process group is killed when the module is done. The export job runs through the same server
+(`--remote`): its files are written by `mapInArrow` on the server's workers, and the job's driver commits them."""
 
 import json
 import os
@@ -13,7 +14,9 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, data_dir, free_port, load_dump, wait_for_port
+from conftest import ROOT, copy_tree, data_dir, free_port, load_dump, run_job_script, wait_for_port
+from deltalake import DeltaTable
+from test_job_export import roll_and_append
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -101,3 +104,44 @@ def test_the_tank_source_batch_and_stream_through_spark_connect(connect_url):
     )
     assert expected and out["batch"] == expected
     assert out["stream"] == expected
+
+
+def test_the_export_runs_through_spark_connect_exactly_once(connect_url, tmp_path):
+    """`export_delta.py --remote`: a run on the server's executors writes every message of the topics once; a run
+    after the broker appended exports only the new ones, through the server too; a run with nothing new commits
+    nothing. What cannot go through Connect is refused before anything starts, in one line (exit 2)."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    args = ["--remote", connect_url, "--data-dir", base, "--table", table, "--topics", ",".join(TOPICS)]
+
+    def export(n, *more):
+        r = run_job_script("export_delta", *args, *more, "--report", str(tmp_path / f"{n}.json"))
+        assert r.returncode == 0, r.stderr[:6000]
+        return json.load(open(tmp_path / f"{n}.json"))
+
+    def rows():
+        d = DeltaTable(table).to_pyarrow_table(columns=["topic", "partition", "seq", "value"]).to_pydict()
+        return sorted(zip(d["topic"], d["partition"], d["seq"], d["value"], strict=True))
+
+    expected = sorted(
+        (t, p, seq, value) for (t, p), msgs in load_dump("A_multi").items() if t in TOPICS for seq, *_, value in msgs
+    )
+    first = export(1)
+    assert first["spark"]["remote"] == connect_url and first["executed_on"] == "executors"
+    assert first["summary"]["rows"] == len(expected) and rows() == expected
+    version = DeltaTable(table).version()
+
+    appended = roll_and_append(base, "events", 5)
+    second = export(2)
+    assert second["spark"]["remote"] == connect_url and second["summary"]["rows"] == len(appended)
+    assert rows() == sorted(expected + appended) and DeltaTable(table).version() == version + 1
+    assert export(3)["summary"]["rows"] == 0 and DeltaTable(table).version() == version + 1
+
+    for job, more, why in [
+        ("export_delta", ["--engine", "spark"], "--engine spark"),
+        ("export_delta", ["--remote", "localhost:15002"], "sc://HOST:PORT"),
+        ("compact", [], "RDDs"),
+    ]:
+        r = run_job_script(job, *args, *more) if job == "export_delta" else run_job_script(job, *args[:4])
+        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert rows() == sorted(expected + appended)
