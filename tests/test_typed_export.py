@@ -271,6 +271,16 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
         "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
         "--key-format utf8 does not take --mode latest": ["--key-format", "utf8", "--mode", "latest"],
+        "--key-format avro does not take --mode latest": [
+            *avro_values,
+            "--key-format",
+            "avro",
+            "--key-schema-file",
+            SMALL,
+            "--mode",
+            "latest",
+        ],
+        "does not take --replay-dead-letters": [*avro_values, "--mode", "latest", "--replay-dead-letters"],
         "decoded keys take": ["--key-format", "utf8", "--value-format", "json", "--value-schema", "id long"],
         "--key-message": [*avro_values, "--key-format", "protobuf", "--key-schema-file", SMALL],
         "does not bucket": [
@@ -448,3 +458,108 @@ def test_keys_decode_into_the_key_column(tmp_path, caplog):
     want = [(m.seq, k.decode() if k else None, m.value) for k, m in zip(keys[:4], msgs, strict=False)]
     assert rows(text, "seq,key,value") == want  # seq 3's key b"\x02" is valid UTF-8
     assert rows(text + "_dead_letters", "seq,error") == [(5, "key: byte 0: not UTF-8")]
+
+
+def latest_messages(seq: int, batch: list[tuple[bytes | None, bytes]]) -> list[Message]:
+    return [Message(seq + i, TS + seq + i, k, v) for i, (k, v) in enumerate(batch)]
+
+
+def good(i: int) -> bytes:
+    return framed(1, avro(SMALL, click(i)))
+
+
+# partition 0 of the latest tests: updates, a bad newest value of b, a bad only value of d, a tombstone, a keyless one
+LATEST_FIRST = [
+    (b"a", good(1)),  # seq 1
+    (b"b", good(2)),
+    (b"a", good(3)),  # a's latest
+    (b"c", good(4)),
+    (b"b", good(5)[:7]),  # seq 5: b's newest, truncated: b keeps seq 2
+    (b"c", b""),  # a tombstone: c is deleted
+    (None, good(7)),  # keyless: skipped
+    (b"d", framed(1, avro(SMALL, click(8)), magic=7)),  # seq 8: d's only value is bad: no row
+]
+LATEST_CFG = {"value_format": "avro", "value_schema_file": SMALL, "value_schema_ids": {1: SMALL},
+              "value_wire": "confluent", "mode": "latest"}  # fmt: skip
+
+
+def latest_state(table: str, fmt: str = "delta") -> list[tuple]:
+    """(key, seq, user, page) of the latest table's rows, by key: read by DuckDB (Delta) or pyiceberg."""
+    if fmt == "iceberg":
+        return sorted((k.decode(), *rest) for k, *rest in rows(table, "key,seq,user,page", fmt))
+    con = duckdb_with("delta")
+    q = f"SELECT CAST(key AS VARCHAR), seq, \"user\", page FROM delta_scan('{table}') ORDER BY key"
+    return con.execute(q).fetchall()
+
+
+def audit(base: str, table: str, capsys, fmt: str = "delta") -> dict:
+    from tank_log.tools.cli import main
+
+    capsys.readouterr()
+    rc = main(["audit", base, "--table", table, "--format", fmt, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0, out
+    return {p["partition"]: p for p in out["partitions"]}
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_latest_mode_merges_each_keys_latest_value_that_decodes(tmp_path, capsys, fmt):
+    """--mode latest with Avro values: one row per key in typed columns (DuckDB, pyiceberg); a value that does not
+    decode is a dead letter and never a key's latest: the key keeps its older row, in one run or across two; audit
+    accounts for the dead letters."""
+    from tank_log.storage.appender import PartitionAppender
+
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    d = os.path.join(base, "clicks", "0")
+    os.makedirs(d)
+    write_segment(d, latest_messages(1, LATEST_FIRST), active=True, ts=TS // 1000)
+    args = ["--config", config(tmp_path, **LATEST_CFG), "--data-dir", base, "--table", table, "--format", fmt]
+    assert export(*args, "--report", str(tmp_path / "1.json")) == 0
+    r = json.load(open(tmp_path / "1.json"))
+    (p0,) = r["partitions"]
+    assert (p0["rows"], p0["keys"], p0["tombstones"], p0["keyless_skipped"], p0["dead_lettered"]) == (8, 3, 1, 1, 2)
+    if fmt == "delta":
+        con = duckdb_with("delta")
+        types = dict((c[0], c[1]) for c in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{table}')").fetchall())
+        assert (types["user"], types["page"], types["ms"], types["key"]) == ("BIGINT", "VARCHAR", "INTEGER", "BLOB")
+    assert latest_state(table, fmt) == [("a", 3, 3, "/p3"), ("b", 2, 2, "/p2")]
+    assert rows(table + "_dead_letters", "seq,key", fmt) == [(5, b"b"), (8, b"d")]
+    assert audit(base, table, capsys, fmt)[0]["dead_lettered"]["count"] == 2
+
+    # across runs: b's newest is bad again (b keeps seq 2), a is updated, d gets a good value
+    app = PartitionAppender(d)
+    assert app.next_seq == 9
+    app.append(latest_messages(9, [(b"b", good(9)[:6]), (b"a", good(10)), (b"d", good(11))]))
+    assert export(*args, "--report", str(tmp_path / "2.json")) == 0
+    assert json.load(open(tmp_path / "2.json"))["summary"]["dead_lettered"] == 1
+    assert latest_state(table, fmt) == [("a", 10, 10, "/p10"), ("b", 2, 2, "/p2"), ("d", 11, 11, "/p11")]
+    assert rows(table + "_dead_letters", "seq", fmt) == [(5,), (8,), (9,)]
+    found = audit(base, table, capsys, fmt)[0]
+    assert (found["verdict"], found["unaccounted"], found["dead_lettered"]["count"]) == ("ok", 0, 3)
+
+
+def test_a_latest_run_killed_between_its_commits_is_merged_once_by_the_rerun(tmp_path, capsys):
+    """Killed after the dead letters' commit, before the MERGE: the rerun merges the good values, adds no dead letter
+    twice, and audit finds every message accounted for."""
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    d = os.path.join(base, "clicks", "0")
+    os.makedirs(d)
+    write_segment(d, latest_messages(1, LATEST_FIRST), active=True, ts=TS // 1000)
+    args = ["--config", config(tmp_path, **LATEST_CFG), "--data-dir", base, "--table", table]
+    hold = str(tmp_path / "release")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", TANK_LOG_EXPORT_HOLD_DEAD_LETTERS=hold)
+    job = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]", *args]
+    proc = subprocess.Popen(job, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_hold(hold + ".ready", proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert rows(table + "_dead_letters", "seq") == [(5,), (8,)]
+    assert latest_state(table) == []
+    assert export(*args, "--report", str(tmp_path / "r.json")) == 0
+    assert json.load(open(tmp_path / "r.json"))["summary"]["dead_lettered"] == 0  # the killed run's are there
+    assert rows(table + "_dead_letters", "seq") == [(5,), (8,)]
+    assert latest_state(table) == [("a", 3, 3, "/p3"), ("b", 2, 2, "/p2")]
+    found = audit(base, table, capsys)[0]
+    assert (found["verdict"], found["unaccounted"], found["dead_lettered"]["count"]) == ("ok", 0, 2)

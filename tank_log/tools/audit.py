@@ -15,7 +15,9 @@ Terms (docs/operations/audit.md):
 
 A current-state table (`--mode latest` exports) holds one row per live key instead: the latest message of each key at
 or below the recorded seq, by compaction's rule (`format.latest`). There, **stale** rows (a newer message of the key
-is on disk at or below the recorded seq), **kept after a tombstone** and **missing keys** are unaccounted.
+is on disk at or below the recorded seq), **kept after a tombstone** and **missing keys** are unaccounted. A typed
+value in the dead-letter table is **dead-lettered** (accounted for) and never a key's latest: the key's row is its
+latest message that decoded.
 
 The work is bulk Arrow and numpy per partition: the table is scanned once per topic (its seq, and for latest tables
 its key; a table partitioned by topic reads only that topic's files), the log read once in Arrow batches; memory is
@@ -140,9 +142,9 @@ def audit_table(
     """Audit `table` (at `uri`, for the report) against the partitions under `base` (optionally of `topics` only),
     as the export of broker `source` wrote them (its rows and recorded versions; the rows written before sources
     too where the table says they are its own; None: every row). Partitions the table holds rows of but the base no
-    longer has are audited too (all their rows were deleted since export). The rows of `dead_letters` (an append
+    longer has are audited too (all their rows were deleted since export). The rows of `dead_letters` (an
     export's of typed values: the values that did not decode) count as held by the table: `dead_lettered`; a seq in
-    both tables is a duplicate."""
+    both tables is a duplicate (append); a latest table holds each key's latest message that is not one of them."""
     mode = table_mode(table)
     report = AuditReport(uri, mode, source)
     rows_of = _of_source(table, source)
@@ -168,10 +170,12 @@ def audit_table(
             res.table_rows = len(got)
             part = on_disk.get(pid)
             log = _read_log(part, res, latest=mode == "latest") if part is not None else _EMPTY_LOG
+            letters = dead.get(pid)
             if mode == "latest":
+                if letters is not None and len(letters):  # never a key's latest: the table holds the one before
+                    log = _dead_lettered(res, log, np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
                 _compare_latest(res, log, got)
             else:
-                letters = dead.get(pid)
                 if letters is not None and len(letters):
                     res.dead_lettered = _finding(np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
                     got = pa.concat_tables([got, letters]).sort_by("seq")
@@ -300,6 +304,15 @@ def _compare_append(res: PartitionAudit, log: pa.Table, rows: pa.Table) -> None:
     res.pending = _finding_along(on_disk, ~in_table & (on_disk > recorded))
     res.past_recorded = _finding(unique[unique > recorded])
     res.deleted_since_export = _finding(unique[~_members(unique, on_disk) & (unique <= recorded)])
+
+
+def _dead_lettered(res: PartitionAudit, log: pa.Table, letters: np.ndarray) -> pa.Table:
+    """A latest table's partition: its dead letters at or below the recorded seq are accounted for (`dead_lettered`)
+    and left out of the log it is compared with; those past it are pending, as the table's rows would be."""
+    letters = np.unique(letters[letters <= (res.recorded_seq or 0)])
+    res.dead_lettered = _finding(letters)
+    on_disk = np.asarray(log["seq"].to_numpy(), dtype=np.int64)
+    return log.filter(pa.array(~_members(on_disk, letters)))
 
 
 def _compare_latest(res: PartitionAudit, log: pa.Table, rows: pa.Table) -> None:

@@ -226,6 +226,10 @@ class BadRun:
             _remove_dead(settings, self.dead_files)
             raise
 
+    def discard(self, settings: ExportSettings) -> None:
+        """Remove the dead letters' files of a run that commits nothing."""
+        _remove_dead(settings, self.dead_files)
+
     def report(self, results: dict[tuple[str, int], dict[str, Any]], summary: dict[str, Any]) -> None:
         """Each partition's `dead_lettered` (new in the dead-letter table) or `skipped_bad_records`, and the run's
         totals; a WARNING line per partition naming its first bad value."""

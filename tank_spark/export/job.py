@@ -452,6 +452,8 @@ def _latest(
             results[k].update(status="exported", keys=run.keys.get(k, 0), tombstones=run.tombstones.get(k, 0))
         results[k]["keyless_skipped"] = run.keyless.get(k, 0)
     _record_failures(results, run.cut)
+    if run.bad is not None:
+        run.bad.report(results, summary)
     for r in results.values():
         if r["status"] == "exported":
             log.info("export: %s", describe(r))

@@ -9,6 +9,11 @@ MERGE; an Iceberg table merges it with the touched partitions' rows and overwrit
 partition + key: a newer message updates the key's row, a tombstone deletes it, a new
 live key is inserted. The MERGE's commit carries every partition's new app-transaction version, so a rerun, or a
 rerun after a crash before the commit, changes nothing twice.
+
+Typed values (`dead_letters.py`) decode before the reduction: a value that does not decode is a dead letter, never
+a key's latest, so the table holds each key's latest message that decodes (a key whose newest message is bad keeps
+its older row; the dead-letter table names the newer message). The dead letters commit first, then the MERGE, by
+append's exactly-once rule.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ from tank_log.lakehouse import LEGACY_SOURCE_KEY, MODE_KEY, SOURCE_COLUMN, Commi
 from tank_log.lakehouse.partitioning import check_rewritable
 from tank_spark.export.commit import ConcurrentExport, commit
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
+from tank_spark.export.dead_letters import BadRecords, BadRun
+from tank_spark.export.files import Written
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.orphans import RunTooOld, check_run_age
 from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
 from tank_spark.export.rows import direct_ranges, table_batches
 from tank_spark.export.run_id import new_run_id
@@ -34,6 +42,7 @@ from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
+    from tank_log.lakehouse import LakeTable
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
 
@@ -66,18 +75,23 @@ def check_mode(prepared: Prepared) -> None:
         return
     if settings.table_format == "iceberg":
         check_rewritable(settings.partition_by, f"--mode latest into {settings.table}")
+    if settings.replay_dead_letters:
+        raise JobConfigError(
+            "--mode latest does not take --replay-dead-letters: a replayed value is older than its key's messages "
+            "merged since (export the topics again into a new table with the settings that decode them)"
+        )
     clashes = {
         "--continuous": settings.continuous,
         "--engine spark": settings.engine == "spark",
-        "--value-format json": settings.value_format == "json",
+        "--value-format json": settings.value_format == "json" and not settings.typed,  # a DDL schema: Spark SQL
         # producer timestamps are not ordered by seq: a cut by time could keep an older value of a key as its latest
         "--since": settings.since_ms is not None,
     }
     bad = [f for f, on in clashes.items() if on]
     if bad:
         raise JobConfigError(
-            f"--mode latest does not take {', '.join(bad)}: its MERGE runs in batch runs on delta-rs, with binary "
-            "or utf8 values"
+            f"--mode latest does not take {', '.join(bad)}: its MERGE runs in batch runs on delta-rs, with binary, "
+            "utf8 or typed values (--value-schema-file)"
         )
 
 
@@ -94,6 +108,7 @@ class LatestRun:
     keyless: dict[tuple[str, int], int] = field(default_factory=dict)
     metrics: dict[str, int] = field(default_factory=dict)
     version: int | None = None
+    bad: BadRun | None = None  # typed values: those that did not decode
 
 
 def merge_latest(
@@ -133,10 +148,14 @@ def _merge_once(
     plans: list[PartitionPlan],
     run_id: str,
 ) -> LatestRun:
-    reduced, outcomes = _read_reduced(workers, direct_ranges(ctx, settings, plans), settings, schema)
+    bad = BadRun.start(settings, plans)
+    ranges = direct_ranges(ctx, settings, plans)
+    reduced, outcomes, dead = _read_reduced(workers, ranges, settings, schema, run_id, bad)
     cut = cut_at_corruption(plans, outcomes, settings.on_corruption)
+    if bad is not None:  # on_bad_record fail: a partition holding a bad value is not merged
+        cut = bad.settle(settings, Written([], outcomes, *dead), cut)
     kept = [o for o in outcomes if o.index in cut.kept]
-    run = LatestRun(plans, cut, kept)
+    run = LatestRun(plans, cut, kept, bad=bad)
     parts = [t for i, t, _ in reduced if i in cut.kept]
     by_index = {o.index: o for o in outcomes}
     for i, _, keyless in reduced:
@@ -150,22 +169,51 @@ def _merge_once(
         run.tombstones[(topic, partition)] = n
     work = [p for p in cut.plans if p.has_work]
     if not work:
+        if bad is not None:
+            bad.discard(settings)
         return run
     crash_before_commit(len(source))  # test hook
     hold(HOLD_BEFORE_COMMIT)  # test hook
+    if bad is not None:
+        try:
+            check_run_age(run_id, settings.orphan_horizon_ms)
+            _check_versions(settings, work)  # a concurrent export: nothing committed, not even the dead letters
+        except (RunTooOld, ConcurrentExport):
+            bad.discard(settings)
+            raise
+        bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
     run.version, run.metrics = _merge(settings, schema, source, work, run_id)
     return run
 
 
 def _read_reduced(
-    workers: Workers, ranges: list[SegmentRange], settings: ExportSettings, schema: pa.Schema
-) -> tuple[list[tuple[int, pa.Table, int]], list[RangeOutcome]]:
+    workers: Workers,
+    ranges: list[SegmentRange],
+    settings: ExportSettings,
+    schema: pa.Schema,
+    run_id: str,
+    bad: BadRun | None,
+) -> tuple[list[tuple[int, pa.Table, int]], list[RangeOutcome], tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Per range (executors or the driver's threads): its rows reduced to the latest per key, in the table's columns
-    with the tombstone flag, and its keyless count; and every range's outcome."""
+    with the tombstone flag, and its keyless count; every range's outcome; and for typed values the dead letters'
+    files and each range's bad values (`files.Written`), the bad ones left out before the reduction."""
     from tank_spark.export.corruption import TrackedRead
+
+    dead_writer = None
+    if bad is not None and bad.table is not None:  # on_bad_record dead_letter
+        from tank_spark.export.dead_letters import dead_letter_settings
+        from tank_spark.export.files import make_file_writer
+        from tank_spark.export.schema import DEAD_LETTER_SCHEMA
+
+        dead = dead_letter_settings(settings)
+        dead_writer = make_file_writer(
+            dead.location, DEAD_LETTER_SCHEMA, dead.partition_by, dead.target_file_bytes, run_id
+        )
+    after = bad.dead_after if bad is not None else {}
 
     def task(it: Iterable[tuple[int, SegmentRange]]) -> Iterator[tuple[str, Any]]:
         from tank_log.format.latest import latest_per_key
+        from tank_spark.export.dead_letters import BadRecords
         from tank_spark.ranges import read_range
         from tank_spark.schema import ROW_SCHEMA
 
@@ -173,14 +221,46 @@ def _read_reduced(
             read = TrackedRead(i, r, read_range)
             rows = pa.Table.from_batches(list(read), ROW_SCHEMA)
             yield ("outcome", read.outcome())
-            if rows.num_rows:
-                latest = latest_per_key(rows, SCOPE)
-                flags = latest.rows[TOMBSTONE]
-                out = pa.Table.from_batches(list(table_batches(latest.rows.to_batches(), settings, schema)), schema)
-                yield ("rows", (i, out.append_column(TOMBSTONE, flags), latest.keyless))
+            if not settings.typed:
+                if rows.num_rows:
+                    latest = latest_per_key(rows, SCOPE)
+                    flags = latest.rows[TOMBSTONE]
+                    out = pa.Table.from_batches(list(table_batches(latest.rows.to_batches(), settings, schema)), schema)
+                    yield ("rows", (i, out.append_column(TOMBSTONE, flags), latest.keyless))
+                continue
+            records = BadRecords(
+                i, r.path, r.topic, r.partition, settings.on_bad_record, after.get((r.topic, r.partition))
+            )
+            good, keyless = _decoded(rows, records, settings, schema)
+            if good.num_rows:
+                yield ("rows", (i, latest_per_key(good, SCOPE).rows, keyless))
+            elif keyless:
+                yield ("rows", (i, good, keyless))
+            if records.dead and dead_writer is not None:
+                for meta in dead_writer(records.dead):
+                    for m in meta.to_pylist():
+                        yield ("dead", {**m, "range": i})
+            yield ("bad", records.summary())
 
     out = map_dealt(workers, ranges, task)
-    return [v for kind, v in out if kind == "rows"], [v for kind, v in out if kind == "outcome"]
+    found = {k: [v for kind, v in out if kind == k] for k in ("rows", "outcome", "dead", "bad")}
+    return found["rows"], found["outcome"], (found["dead"], found["bad"])
+
+
+def _decoded(rows: pa.Table, records: BadRecords, settings: ExportSettings, schema: pa.Schema) -> tuple[pa.Table, int]:
+    """A range's keyed rows decoded into the table's columns with their tombstone flags (the bad ones left out:
+    `records` keeps them), and its keyless count (skipped before decoding: a latest table holds none)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    from tank_log.format.messages import tombstones
+
+    keyed = rows.filter(pc.is_valid(rows["key"]))
+    lengths = pc.binary_length(keyed["value"]).to_numpy(zero_copy_only=False)
+    flags = pa.array(tombstones(np.ones(len(lengths), bool), lengths))
+    good = pa.Table.from_batches(list(records.split(keyed.to_batches(), settings, schema)), schema)
+    decoded = pc.is_in(keyed["seq"], value_set=good["seq"].combine_chunks())  # one range: one partition's seqs
+    return good.append_column(TOMBSTONE, flags.filter(decoded)), rows.num_rows - keyed.num_rows
 
 
 def _across_ranges(parts: list[pa.Table], schema: pa.Schema) -> pa.Table:
@@ -197,19 +277,30 @@ def _count_by_partition(rows: pa.Table) -> dict[tuple[str, int], int]:
     return {(t, p): n for t, p, n in zip(counts["topic"], counts["partition"], counts["key_count"], strict=True)}
 
 
-def _merge(
-    settings: ExportSettings, schema: pa.Schema, source: pa.Table, work: list[PartitionPlan], run_id: str
-) -> tuple[int, dict[str, int]]:
-    """One MERGE commit with every partition's new version, against the table's latest version (an empty source
-    commits the versions alone)."""
+def _check_versions(settings: ExportSettings, work: list[PartitionPlan]) -> LakeTable:
+    """The table, after checking that its recorded versions are still the planned ones (delta-rs does not skip an
+    already-recorded version by itself).
+
+    Raises:
+        ConcurrentExport: a partition's version moved since this run planned.
+    """
     table = settings.location.existing()
-    for p in work:  # delta-rs does not skip an already-recorded version by itself
+    for p in work:
         now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
             raise ConcurrentExport(
                 f"{p.topic}/{p.partition}: the table's recorded version moved from {p.previous} to {now} "
                 f"since this run planned (a concurrent export)"
             )
+    return table
+
+
+def _merge(
+    settings: ExportSettings, schema: pa.Schema, source: pa.Table, work: list[PartitionPlan], run_id: str
+) -> tuple[int, dict[str, int]]:
+    """One MERGE commit with every partition's new version, against the table's latest version (an empty source
+    commits the versions alone)."""
+    table = _check_versions(settings, work)
     if not source.num_rows:  # nothing keyed: only the versions advance
         return commit(settings, schema, [], work, run_id), {}
     try:

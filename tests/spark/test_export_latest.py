@@ -171,7 +171,7 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
     )
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
         "export_delta: --mode latest does not take --engine spark: its MERGE runs in batch runs on delta-rs, with "
-        "binary or utf8 values"
+        "binary, utf8 or typed values (--value-schema-file)"
     )
 
 
