@@ -107,9 +107,10 @@ def test_the_tank_source_batch_and_stream_through_spark_connect(connect_url):
 
 
 def test_the_export_runs_through_spark_connect_exactly_once(connect_url, tmp_path):
-    """`export_delta.py --remote`: a run on the server's executors writes every message of the topics once; a run
-    after the broker appended exports only the new ones, through the server too; a run with nothing new commits
-    nothing. What cannot go through Connect is refused before anything starts, in one line (exit 2)."""
+    """`export_delta.py --remote`: a run on the server's executors writes every message of the topics once; after
+    the broker appended, a dry run counts the new ones and writes nothing, and a run exports only them, both through
+    the server too; a run with nothing new commits nothing. What cannot go through Connect is refused before
+    anything starts, in one line (exit 2)."""
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
     table = str(tmp_path / "t")
     args = ["--remote", connect_url, "--data-dir", base, "--table", table, "--topics", ",".join(TOPICS)]
@@ -132,6 +133,9 @@ def test_the_export_runs_through_spark_connect_exactly_once(connect_url, tmp_pat
     version = DeltaTable(table).version()
 
     appended = roll_and_append(base, "events", 5)
+    dry = export("dry", "--dry-run")  # every range read through the server (`scan_ranges`), nothing written
+    assert dry["spark"]["remote"] == connect_url and dry["summary"]["rows"] == len(appended)
+    assert DeltaTable(table).version() == version
     second = export(2)
     assert second["spark"]["remote"] == connect_url and second["summary"]["rows"] == len(appended)
     assert rows() == sorted(expected + appended) and DeltaTable(table).version() == version + 1
