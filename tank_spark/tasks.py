@@ -43,8 +43,8 @@ def map_dealt(workers: Workers, items: Sequence[Any], task: Task) -> list[Any]:
     collected in order."""
     if isinstance(workers, int):
         return in_threads(items, task, workers)
-    if not hasattr(workers, "parallelize"):  # a Spark Connect session: no SparkContext, no RDDs
-        return through_connect(workers, items, task)
+    if is_connect(workers):  # no SparkContext, no RDDs
+        return through_connect(cast("SparkSession", workers), items, task)
     return list(deal(cast("SparkContext", workers), items).mapPartitions(task).collect())
 
 
