@@ -179,7 +179,8 @@ def _timestamp(v: Any) -> dt.datetime:
     t = dt.datetime.fromisoformat(v)
     if t.tzinfo is None:
         raise WireError(f"date-time {v!r} has no time zone offset (RFC 3339)")
-    return t
+    # in UTC: pyarrow ignores an offset where PYARROW_IGNORE_TIMEZONE is set, as pyspark.pandas sets it in the process
+    return t.astimezone(dt.UTC)
 
 
 def _integer(v: Any) -> Any:

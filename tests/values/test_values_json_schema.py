@@ -41,7 +41,12 @@ def test_a_json_schema_becomes_its_arrow_type():
         assert (t.field(name).type, t.field(name).nullable) == (typ, nullable), name
 
 
-def test_json_values_convert_and_the_bad_ones_name_path_and_rule():
+@pytest.mark.parametrize("ignore_timezone", [False, True])
+def test_json_values_convert_and_the_bad_ones_name_path_and_rule(ignore_timezone, monkeypatch):
+    """Also where pyspark.pandas has set PYARROW_IGNORE_TIMEZONE (a Spark Python worker): pyarrow then drops an
+    aware datetime's offset, which read 23:59+01:00 as 23:59 UTC."""
+    if ignore_timezone:
+        monkeypatch.setenv("PYARROW_IGNORE_TIMEZONE", "1")
     decoder = decoder_for(ValueSpec("json", schema_file=SCHEMA))
     full = {
         "id": 7,
