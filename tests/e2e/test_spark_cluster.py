@@ -110,7 +110,7 @@ def submit(master, py_files, job, *args, cwd):
         env=env,
         cwd=cwd,
     )
-    assert r.returncode == 0, r.stderr[-4000:]
+    assert r.returncode == 0, f"{r.stdout[-4000:]}\n{r.stderr[-4000:]}"  # the job logs to stdout, Spark to stderr
     return r
 
 
