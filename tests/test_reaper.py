@@ -122,7 +122,12 @@ def test_a_sigkilled_spark_jvm_leaves_its_temporary_files_in_the_runs_scratch_no
     try:
         deadline = time.monotonic() + 120
         while True:  # the JVM runs tasks: it has unpacked and loaded lz4-java's library (broadcasts are compressed)
-            jvms = [int(line.split()[0]) for line in session_processes(job.pid) if line.split()[1].endswith("/java")]
+            # a process exiting (or before its exec) has an empty command line: only its pid
+            jvms = [
+                int(line.split()[0])
+                for line in session_processes(job.pid)
+                if line.split()[1:2] and line.split()[1].endswith("/java")
+            ]
             libs = {pid: {f for f in mapped_files(pid) if "liblz4-java" in f} for pid in jvms}
             jvm = next((p for p, found in libs.items() if found), None)
             if jvm is not None:
