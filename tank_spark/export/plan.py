@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
@@ -369,21 +369,7 @@ def _value_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace, fm
         "registry_url": cfg.value_registry_url,
         "wire": cfg.value_wire,
     }
-    specs: dict[str | None, ValueSpec | None] = {}
-    for topic in _topics_of(ctx, cfg) if not args.value_format else [None]:  # a flag's format is every topic's
-        own = cfg.topics.get(topic) if topic is not None else None
-        fields = dict(base)
-        if own is not None:
-            dumped = own.model_dump(exclude_none=True).items()
-            fields.update({k.removeprefix("value_"): v for k, v in dumped if k.startswith("value_")})
-        specs[topic] = _spec_of(fields)
-    distinct = {repr(s) for s in specs.values()}
-    if len(distinct) > 1:
-        raise JobConfigError(
-            f"topics {', '.join(str(t) for t in specs)} have different value formats (export.topics): export each "
-            "to its own table (--topics, --table)"
-        )
-    return next(iter(specs.values()))
+    return _topics_spec(ctx, cfg, base, "value", bool(args.value_format), _spec_of)
 
 
 def _key_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace) -> ValueSpec | None:
@@ -405,18 +391,36 @@ def _key_spec(ctx: JobContext, cfg: ExportConfig, args: argparse.Namespace) -> V
         "registry_url": cfg.value_registry_url,
         "wire": cfg.key_wire,
     }
+    return _topics_spec(ctx, cfg, base, "key", bool(args.key_format), _key_spec_of)
+
+
+def _topics_spec(
+    ctx: JobContext,
+    cfg: ExportConfig,
+    base: dict[str, Any],
+    side: str,
+    flagged: bool,
+    build: Callable[[dict[str, Any]], ValueSpec | None],
+) -> ValueSpec | None:
+    """The one spec of the run's `side` (value or key): `base` with each topic's `export.topics.<topic>.<side>_*`
+    over it (the values' registry answers for both), built and checked by `build`; a flag's format is every
+    topic's.
+
+    Raises:
+        JobConfigError: the run's topics with different specs (one table holds one set of columns).
+    """
     specs: dict[str | None, ValueSpec | None] = {}
-    for topic in _topics_of(ctx, cfg) if not args.key_format else [None]:  # a flag's format is every topic's
+    for topic in _topics_of(ctx, cfg) if not flagged else [None]:
         own = cfg.topics.get(topic) if topic is not None else None
         fields = dict(base)
         if own is not None:
             dumped = own.model_dump(exclude_none=True)
-            fields.update({k.removeprefix("key_"): v for k, v in dumped.items() if k.startswith("key_")})
+            fields.update({k.removeprefix(f"{side}_"): v for k, v in dumped.items() if k.startswith(f"{side}_")})
             fields["registry_url"] = dumped.get("value_registry_url", fields["registry_url"])
-        specs[topic] = _key_spec_of(fields)
+        specs[topic] = build(fields)
     if len({repr(s) for s in specs.values()}) > 1:
         raise JobConfigError(
-            f"topics {', '.join(str(t) for t in specs)} have different key formats (export.topics): export each "
+            f"topics {', '.join(str(t) for t in specs)} have different {side} formats (export.topics): export each "
             "to its own table (--topics, --table)"
         )
     return next(iter(specs.values()))
