@@ -340,7 +340,6 @@ class IcebergTable:
     ) -> int:
         """One Iceberg commit: a snapshot appending `files` and the properties of the new versions. Its requirements
         (the branch's snapshot as this table read it) fail it if another writer committed since."""
-        from pyiceberg.exceptions import CommitFailedException
 
         root = _uri(self.location).rstrip("/")
         summary = commit_summary(self, run_id, versions)
@@ -353,13 +352,19 @@ class IcebergTable:
             snapshot_properties={**summary, **metadata, **recording},
             check_duplicate_files=False,  # the names carry this run's id; checking would read every manifest
         )
+        self._commit_transaction(tx)
+        return self.version()
+
+    def _commit_transaction(self, tx: Any) -> None:
+        """Commit `tx` through the catalog and read the table again; a concurrent commit is a `CommitConflict`."""
+        from pyiceberg.exceptions import CommitFailedException
+
         try:
             with _reaching(self.location.catalog):
                 tx.commit_transaction()
         except CommitFailedException as err:
             raise CommitConflict(f"commit conflict: {err}") from None
         self.refresh()
-        return self.version()
 
     def enable_staging(self) -> None:
         """Let Spark's Iceberg writer stage snapshots in this table (`WAP_ENABLED`: write-audit-publish), in a commit
@@ -407,12 +412,7 @@ class IcebergTable:
         with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
             for data_file in files:
                 append.append_data_file(data_file)
-        try:
-            with _reaching(self.location.catalog):
-                tx.commit_transaction()
-        except CommitFailedException as err:
-            raise CommitConflict(f"commit conflict: {err}") from None
-        self.refresh()
+        self._commit_transaction(tx)
         version = self.version()
         try:  # the files are this commit's now; a staged snapshot left behind names no file of another
             with _reaching(self.location.catalog):
@@ -441,7 +441,6 @@ class IcebergTable:
         Raises:
             CommitConflict: another writer committed first (nothing of this commit is in the table).
         """
-        from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.expressions import AlwaysFalse, And, EqualTo, Or, Reference
         from pyiceberg.expressions.literals import literal
 
@@ -470,12 +469,7 @@ class IcebergTable:
         recording = self._recording(tx, versions)
         rewrite = scope if target.num_rows else AlwaysFalse()  # nothing to delete: an append
         tx.overwrite(merged, overwrite_filter=rewrite, snapshot_properties={**summary, **metadata, **recording})
-        try:
-            with _reaching(self.location.catalog):
-                tx.commit_transaction()
-        except CommitFailedException as err:
-            raise CommitConflict(f"commit conflict: {err}") from None
-        self.refresh()
+        self._commit_transaction(tx)
         return {f"num_target_rows_{k}": v for k, v in counts.items()}
 
     def properties(self) -> dict[str, str]:
