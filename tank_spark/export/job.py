@@ -108,6 +108,8 @@ def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> 
 def _continuous(ctx: JobContext, spark: SparkSession, settings: ExportSettings, table: LakeTable | None) -> JobResult:
     """Make sure the table exists (and has `ts_raw`), then stream until stopped (`continuous.py`)."""
     schema = table_schema(settings)
+    if table is not None and settings.typed:  # a newer schema of the values: evolve the table or refuse, as _export
+        schema = evolved_schema(settings, table)
     if table is None:
         table = create_table(settings, schema)
     elif check_compatible(settings, schema, table):

@@ -545,7 +545,6 @@ def _check_typed(settings: ExportSettings) -> None:
     clashes = {
         "--upkeep-only": settings.upkeep_only and settings.replay_dead_letters,
         "--engine spark": settings.engine == "spark",
-        "--continuous": settings.continuous,
         # a latest table's MERGE matches the raw key (audit compares it with the log's): decoded keys append only
         "--mode latest": settings.mode == "latest" and settings.key_spec is not None,
     }
