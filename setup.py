@@ -37,6 +37,7 @@ COMPILED = {
     "tank_log.tools._dump_lines": "tank_log/tools/_dump_lines.pyx",  # `tank-log dump`'s JSON lines
     "tank_log.maintenance.compaction._key_map": "tank_log/maintenance/compaction/_key_map.pyx",  # the key map (§6.2)
     "tank_log.values._avro_fast": "tank_log/values/_avro_fast.pyx",  # Avro values into columns, in bulk
+    "tank_log.values._protobuf_fast": "tank_log/values/_protobuf_fast.pyx",  # Protobuf values into columns, in bulk
 }
 
 setup(

@@ -30,6 +30,7 @@ MODULES = (
     "tank_log.tools._dump_lines",
     "tank_log.maintenance.compaction._key_map",
     "tank_log.values._avro_fast",
+    "tank_log.values._protobuf_fast",
 )
 
 

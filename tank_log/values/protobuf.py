@@ -9,6 +9,14 @@ Duration → duration[us], the wrappers (Int64Value, ...) → nullable scalars, 
 Each field's number is kept in its Arrow metadata (`protobuf.number`): a renamed field stays the same column.
 The Confluent Protobuf framing (after the schema id, the message indexes) is read and the reader's message decodes
 the bytes (Protobuf resolves versions by field number).
+
+Two paths give the same columns, bad rows and errors: protobuf's parser (upb), a message object per value, then
+Arrow; and the compiled path (`_protobuf_fast.pyx`), which walks the wire format of the batch straight into column
+slots. A decoder picks once (`fast`, logged at debug when it cannot): the compiled path when the compiled core runs and
+the message and all it holds come from proto3 files, with no group, Struct, Value or ListValue and no field number
+above 4096 (`_FastPlan`). Values with other message indexes than [0] or one below 64, and the few the compiled path
+hands back (a oneof switching away from a message member, a Timestamp or Duration the columns cannot hold), take
+protobuf's parser, value by value, in either case.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import importlib.util
+import logging
 import operator
 import os
 import subprocess
@@ -24,12 +33,32 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from google.protobuf import descriptor_pb2, descriptor_pool, json_format  # type: ignore[import-untyped]
 from google.protobuf.message_factory import GetMessageClass  # type: ignore[import-untyped]
 
 from tank_log.errors import ValueSchemaError
-from tank_log.values.spec import NUMBER_KEY, BatchDecoder, ValueSpec, WireError, require_file, zigzag_varint
+from tank_log.format import native
+from tank_log.values.spec import (
+    HEADER,
+    MAGIC,
+    NUMBER_KEY,
+    BatchDecoder,
+    Decoded,
+    ValueSpec,
+    WireError,
+    require_file,
+    zigzag_varint,
+)
+
+try:
+    from tank_log.values import _protobuf_fast
+except ImportError:  # not built (no C compiler): protobuf's parser decodes everything
+    _protobuf_fast = None  # type: ignore[assignment]
+
+_log = logging.getLogger(__name__)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _WRAPPERS = {
@@ -311,17 +340,25 @@ class ProtobufDecoder(BatchDecoder):
         self._indexed: dict[tuple[int | None, tuple[int, ...]], str | None] = {}  # (id, indexes) → a mismatch
         self._cls = GetMessageClass(desc)
         self.arrow_type, self._convert = _message(desc, path, set())
+        self._plan = _FastPlan.of(desc, self.arrow_type) if _protobuf_fast is not None and native.compiled() else None
+        self.fast = self._plan is not None  # the compiled path decodes (values it cannot take aside)
+        if _protobuf_fast is not None and native.compiled() and self._plan is None:
+            _log.debug("protobuf: %s: the compiled path cannot decode it; protobuf's parser does", self._message)
         super().__init__(spec, fetch)
+
+    def _indexes_mismatch(self, schema_id: int, indexes: list[int], start: int) -> str | None:
+        """Why the message indexes of a value of `schema_id` do not name the reader's message (None: they do)."""
+        own = schema_id in self._mains or self._fetch is not None  # the id's own schema (a file, the registry's)
+        key = (schema_id if own else None, tuple(indexes))
+        if key not in self._indexed:
+            self._indexed[key] = self._mismatch(key[0], indexes, start)
+        return self._indexed[key]
 
     def _decode_one(self, payload: bytes, schema_id: int | None) -> Any:
         start = 0
         if schema_id is not None:
             indexes, start = message_indexes(payload)
-            own = schema_id in self._mains or self._fetch is not None  # the id's own schema (a file, the registry's)
-            key = (schema_id if own else None, tuple(indexes))
-            if key not in self._indexed:
-                self._indexed[key] = self._mismatch(key[0], indexes, start)
-            mismatch = self._indexed[key]
+            mismatch = self._indexes_mismatch(schema_id, indexes, start)
             if mismatch is not None:
                 raise WireError(mismatch)
         msg = self._cls()
@@ -349,3 +386,407 @@ class ProtobufDecoder(BatchDecoder):
         if name != self._message:
             return f"bytes 5-{start + 4}: message indexes {indexes} name {name}, not {self._message}"
         return None
+
+    def decode(self, values: pa.BinaryArray | pa.LargeBinaryArray) -> Decoded:
+        """Every value decoded; a bad one is a null row with its error (never raises for a bad record)."""
+        if self._plan is None or len(values) == 0:
+            return super().decode(values)
+        return self._decode_fast(values, self._plan)
+
+    def _decode_fast(self, values: pa.BinaryArray | pa.LargeBinaryArray, plan: _FastPlan) -> Decoded:
+        """The compiled path over the values it can take (present; with a header, a known id and message indexes
+        [0] or [k] that name the reader's message); the others (few: null, a bad header or indexes, an unknown id,
+        and those the compiled path hands back) go value by value through protobuf's parser, and take their places
+        again."""
+        n = len(values)
+        width = 8 if pa.types.is_large_binary(values.type) else 4
+        bufs = values.buffers()
+        offsets = np.frombuffer(
+            bufs[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1, offset=values.offset * width
+        )
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        starts = offsets[:-1].astype(np.int64)
+        ends = offsets[1:].astype(np.int64)
+        present = np.ones(n, bool) if values.null_count == 0 else ~values.is_null().to_numpy(zero_copy_only=False)
+        ids = np.zeros(n, np.int32)
+        has_id = np.zeros(n, bool)
+        eligible = present
+        where = np.zeros(n, np.int64)  # the message's first byte in the value, for its error
+        if self._framed:
+            has_id = present & (ends - starts >= HEADER)
+            has_id[has_id] = data[starts[has_id]] == MAGIC
+            at = starts[has_id]
+            raw = (data[at + 1].astype(np.uint32) << 24) | (data[at + 2].astype(np.uint32) << 16)
+            ids[has_id] = (raw | (data[at + 3].astype(np.uint32) << 8) | data[at + 4]).view(np.int32)
+            starts[has_id] += HEADER
+            # the message indexes: [0] (one 0 byte) or one index below 64 (2 bytes); any other form, value by value
+            first = np.full(n, 0xFF, np.int64)
+            second = np.full(n, 0xFF, np.int64)
+            room = has_id & (ends - starts >= 1)
+            first[room] = data[starts[room]]
+            room2 = room & (first == 2) & (ends - starts >= 2)
+            second[room2] = data[starts[room2] + 1]
+            skip = np.where(first == 0, 1, np.where(room2 & (second < 0x80), 2, 0))
+            eligible = has_id & (skip > 0)
+            key = np.where(skip == 1, -1, second)
+            pair = (ids.astype(np.int64) << 8) | (key + 1)  # (id, index byte) as one number
+            for combined in np.unique(pair[eligible]).tolist():
+                schema_id, index = combined >> 8, (combined & 0xFF) - 1
+                if not self._fast_id(schema_id, [0] if index < 0 else [(index >> 1) ^ -(index & 1)], 1 + (index >= 0)):
+                    eligible &= pair != combined
+            starts += skip
+            where = np.where(eligible, HEADER + skip, 0)
+        columns, codes, handed_back = plan.decode(data, starts, ends, eligible)
+        if columns is None:  # a column of the batch would pass 2 GiB: value by value
+            return super().decode(values)
+        bad = (codes == E_MALFORMED) | (codes == E_UTF8)
+        errors: dict[int, str] = {}
+        for i in np.flatnonzero(bad).tolist():
+            at_text = f"the message at byte {where[i]}" if self._framed else "the message"
+            reason = "String field had bad UTF-8" if codes[i] == E_UTF8 else "Wire format was corrupt"
+            errors[i] = f"protobuf: {at_text}: Error parsing message with type '{self._message}': {reason}"
+        slow_mask = ~eligible | (codes == E_DEFER)
+        slow_mask[handed_back] = True
+        slow = np.flatnonzero(slow_mask)
+        if len(slow):
+            aside = super().decode(values.take(pa.array(slow)))
+            order = np.arange(n, dtype=np.int64)
+            order[slow] = n + np.arange(len(slow))
+            columns = pa.concat_arrays([columns, aside.columns]).take(pa.array(order))
+            bad[slow] = aside.bad
+            for i, message in zip(slow.tolist(), aside.errors.to_pylist(), strict=True):
+                if message is not None:
+                    errors[i] = message
+        if errors:
+            at = np.full(n, -1, dtype=np.int64)
+            rows = list(errors)
+            at[rows] = np.arange(len(rows))
+            texts = pa.array([errors[i] for i in rows], pa.string())
+            error_column = texts.take(pa.array(at, mask=at < 0))
+        else:
+            error_column = pa.nulls(n, pa.string())
+        return Decoded(
+            columns=columns,
+            bad=bad,
+            errors=error_column,
+            schema_ids=pa.array(ids, type=pa.int32(), mask=~has_id),
+        )
+
+    def _fast_id(self, schema_id: int, indexes: list[int], start: int) -> bool:
+        """Whether values of this schema id and message indexes can take the compiled path: a known id whose
+        indexes name the reader's message (else protobuf's path names their error)."""
+        try:
+            if self._known_ids is not None and not self._known_ids(schema_id):
+                return False
+            return self._indexes_mismatch(schema_id, indexes, start) is None
+        except (WireError, ValueSchemaError):
+            return False
+
+
+# the node kinds, varint forms and row codes of _protobuf_fast.pyx
+K_MSG, K_VARINT, K_FIX32, K_FIX64, K_STRING, K_BYTES, K_LIST, K_MAP = range(8)
+M_RAW, M_INT32, M_UINT32, M_SINT32, M_SINT64, M_BOOL = range(6)
+E_MALFORMED, E_UTF8, E_DEFER = 1, 2, 3
+_FAST_SCALARS = {  # FieldDescriptor.TYPE_* → (node kind, varint form)
+    1: (K_FIX64, M_RAW),  # double
+    2: (K_FIX32, M_RAW),  # float
+    3: (K_VARINT, M_RAW),  # int64
+    4: (K_VARINT, M_RAW),  # uint64
+    5: (K_VARINT, M_INT32),  # int32
+    6: (K_FIX64, M_RAW),  # fixed64
+    7: (K_FIX32, M_RAW),  # fixed32
+    8: (K_VARINT, M_BOOL),  # bool
+    9: (K_STRING, M_RAW),  # string
+    12: (K_BYTES, M_RAW),  # bytes
+    13: (K_VARINT, M_UINT32),  # uint32
+    14: (K_VARINT, M_INT32),  # enum
+    15: (K_FIX32, M_RAW),  # sfixed32
+    16: (K_FIX64, M_RAW),  # sfixed64
+    17: (K_VARINT, M_SINT32),  # sint32
+    18: (K_VARINT, M_SINT64),  # sint64
+}
+_MAX_NUMBER = 4096  # a message's field table is dense up to its highest field number: beyond, protobuf's parser
+_MIN_US, _MAX_US = -62135596800_000_000, 253402300799_999_999  # Python's datetime range (protobuf.py converts)
+
+
+class _Unsupported(Exception):
+    """A message the compiled path does not decode."""
+
+
+class _FastPlan:
+    """A reader's message as the compiled path's program: one node per field (and per message), the root message
+    node 0; a message type used twice is two subtrees (two columns). Nodes are grouped by slot space: the rows
+    (group 0), and the elements of each repeated field and the entries of each map."""
+
+    def __init__(self) -> None:
+        self.kind: list[int] = []
+        self.arg: list[int] = []  # a varint's form
+        self.group: list[int] = []
+        self.defvalid: list[int] = []  # a slot's validity before its field is read
+        self.elem: list[int] = []  # a repeated field's element node, a map's entry node
+        self.table: dict[int, list[int]] = {}  # a message's child node by field number
+        self.oneof_next: list[int] = []  # the next member of the node's oneof (a ring), -1
+        self.entry: list[int] = []  # a map entry message: 1
+        self.members: list[list[int]] = [[]]  # per group, its nodes
+        self.owner: list[int] = [-1]  # per group, its repeated field or map node (-1: the rows)
+        self.fields: dict[int, list[int]] = {}  # a message's child nodes in field order
+        self.ptype: dict[int, int] = {}  # a scalar's FieldDescriptor.TYPE_*
+        self.enums: dict[int, dict[int, str]] = {}
+        self.wkt: dict[int, str] = {}  # a well-known type's message node: its full name
+        self.arrow: pa.StructType = pa.struct([])
+        self.program: list[np.ndarray] = []
+        self._proto3: dict[str, bool] = {}
+
+    @classmethod
+    def of(cls, desc: Any, arrow: pa.StructType) -> _FastPlan | None:
+        """The plan of a reader's message; None when the compiled path cannot decode it (proto2 and editions
+        files, groups, Struct/Value/ListValue, field numbers above 4096)."""
+        plan = cls()
+        try:
+            plan._message(desc, 0, 1)
+        except _Unsupported:
+            return None
+        plan.arrow = arrow
+        firsts: list[int] = []
+        lens: list[int] = []
+        ftab: list[int] = []
+        for node in range(len(plan.kind)):
+            row = plan.table.get(node, [])
+            firsts.append(len(ftab))
+            lens.append(len(row))
+            ftab.extend(row)
+        gfirst: list[int] = []
+        gcount: list[int] = []
+        gmembers: list[int] = []
+        for nodes in plan.members:
+            gfirst.append(len(gmembers))
+            gcount.append(len(nodes))
+            gmembers.extend(nodes)
+        arrays = (plan.kind, plan.arg, plan.group, plan.defvalid, plan.elem, firsts, lens, ftab, plan.oneof_next)
+        plan.program = [np.array(a, dtype=np.int64) for a in (*arrays, plan.entry, gfirst, gcount, gmembers)]
+        return plan
+
+    def _new(self, kind: int, group: int, defvalid: int, arg: int = 0) -> int:
+        self.kind.append(kind)
+        self.arg.append(arg)
+        self.group.append(group)
+        self.defvalid.append(defvalid)
+        self.elem.append(-1)
+        self.oneof_next.append(-1)
+        self.entry.append(0)
+        self.members[group].append(len(self.kind) - 1)
+        return len(self.kind) - 1
+
+    def _new_group(self, owner: int) -> int:
+        self.members.append([])
+        self.owner.append(owner)
+        return len(self.members) - 1
+
+    def _check_file(self, desc: Any) -> None:
+        """Only proto3 files: proto2's closed enums, defaults, required fields and unchecked strings, and editions'
+        features, are protobuf's parser's."""
+        name = desc.file.name
+        if name not in self._proto3:
+            proto = descriptor_pb2.FileDescriptorProto()
+            desc.file.CopyToProto(proto)
+            self._proto3[name] = proto.syntax == "proto3"
+        if not self._proto3[name]:
+            raise _Unsupported(name)
+
+    def _message(self, desc: Any, group: int, defvalid: int, entry: bool = False) -> int:
+        self._check_file(desc)
+        if desc.full_name in _JSON_TYPES:
+            raise _Unsupported(desc.full_name)
+        node = self._new(K_MSG, group, defvalid)
+        self.entry[node] = int(entry)
+        if desc.full_name in ("google.protobuf.Timestamp", "google.protobuf.Duration") or desc.full_name in _WRAPPERS:
+            self.wkt[node] = desc.full_name
+        children = []
+        for f in desc.fields:
+            if f.number > _MAX_NUMBER:
+                raise _Unsupported(f.full_name)
+            # a map's value message is there even when the entry leaves it out (a struct of defaults)
+            children.append(self._field(f, group, materialize=entry and f.name == "value"))
+        self.fields[node] = children
+        table = [-1] * (max((f.number for f in desc.fields), default=0) + 1)
+        for f, child in zip(desc.fields, children, strict=True):
+            table[f.number] = child
+        self.table[node] = table
+        for oneof in desc.oneofs:
+            ring = [children[f.index] for f in oneof.fields]
+            for a, b in zip(ring, ring[1:] + ring[:1], strict=True):
+                self.oneof_next[a] = b
+        return node
+
+    def _field(self, f: Any, group: int, materialize: bool = False) -> int:
+        if f.type == TYPE_GROUP:
+            raise _Unsupported(f.full_name)
+        if _repeated(f):
+            is_map = f.type == TYPE_MESSAGE and f.message_type.GetOptions().map_entry
+            node = self._new(K_MAP if is_map else K_LIST, group, 1)
+            inner = self._new_group(node)
+            if is_map:
+                self.elem[node] = self._message(f.message_type, inner, 1, entry=True)
+            else:
+                self.elem[node] = self._single(f, inner, 1)
+            return node
+        presence = _has_presence(f) and not _required(f) and not materialize
+        return self._single(f, group, 0 if presence else 1)
+
+    def _single(self, f: Any, group: int, defvalid: int) -> int:
+        if f.type == TYPE_MESSAGE:
+            return self._message(f.message_type, group, defvalid)
+        kind, form = _FAST_SCALARS[f.type]
+        node = self._new(kind, group, defvalid, form)
+        self.ptype[node] = f.type
+        if f.type == TYPE_ENUM:
+            self.enums[node] = {v.number: v.name for v in f.enum_type.values}
+        return node
+
+    def decode(
+        self, data: np.ndarray, starts: np.ndarray, ends: np.ndarray, eligible: np.ndarray
+    ) -> tuple[pa.StructArray | None, np.ndarray, np.ndarray]:
+        """(the columns of every row, null where not eligible or bad; each row's code (0, E_MALFORMED, E_UTF8,
+        E_DEFER); the rows to hand to protobuf's parser for a value the columns cannot hold as it converts it (a
+        Timestamp or Duration out of range)). The columns are None when a string or bytes column of the batch
+        would pass 2 GiB."""
+        n = len(starts)
+        codes = np.zeros(n, dtype=np.int8)
+        kind, arg, group, defvalid, elem, tfirst, tlen, ftab, oneof_next, entry, gfirst, gcount, gmembers = self.program
+        found = _protobuf_fast.decode(
+            data, starts, ends, eligible.view(np.uint8), kind, arg, group, defvalid, elem, tfirst, tlen, ftab,
+            oneof_next, entry, gfirst, gcount, gmembers, codes,
+        )  # fmt: skip
+        if found is None:
+            return None, codes, np.zeros(0, np.int64)
+        build = _Build(self, found[0], found[1])
+        columns = build.array(0, self.arrow)
+        return columns, codes, np.unique(np.concatenate([np.zeros(0, np.int64), *build.handed_back]))
+
+
+class _Build:
+    """The Arrow arrays of one decoded batch (the slots `_protobuf_fast.decode` gives) by the plan."""
+
+    def __init__(self, plan: _FastPlan, sizes: list[int], slots: list[tuple[bytes, bytes, bytes]]) -> None:
+        self.plan = plan
+        self.sizes = sizes
+        self.slots = slots
+        self.rows: dict[int, np.ndarray] = {}  # per group: each slot's row
+        self.handed_back: list[np.ndarray] = []
+
+    def _valid(self, node: int) -> np.ndarray:
+        return np.frombuffer(self.slots[node][0], dtype=np.uint8).view(bool)
+
+    def _ints(self, node: int, part: int) -> np.ndarray:
+        return np.frombuffer(self.slots[node][part], dtype=np.int64)
+
+    def _row_of(self, group: int) -> np.ndarray:
+        """The row of each slot of `group`."""
+        if group not in self.rows:
+            owner = self.plan.owner[group]
+            if owner < 0:
+                self.rows[group] = np.arange(self.sizes[0], dtype=np.int64)
+            else:
+                parent = self._row_of(self.plan.group[owner])
+                self.rows[group] = np.repeat(parent, self._ints(owner, 2) - self._ints(owner, 1))
+        return self.rows[group]
+
+    def array(self, node: int, t: pa.DataType) -> pa.Array:
+        plan = self.plan
+        kind, n = plan.kind[node], self.sizes[plan.group[node]]
+        valid = self._valid(node)
+        mask = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        if kind == K_MSG:
+            wkt = plan.wkt.get(node)
+            children = plan.fields[node]
+            if wkt is None:
+                arrays = [self.array(c, t.field(i).type) for i, c in enumerate(children)]
+                return pa.StructArray.from_buffers(t, n, [mask], children=arrays)
+            if wkt in _WRAPPERS:
+                inner = self.array(children[0], t)
+                return pa.Array.from_buffers(t, n, [mask, *inner.buffers()[1:]])
+            return self._time(node, wkt, t, n, valid, mask)
+        if kind in (K_STRING, K_BYTES):
+            _, spans, chars = self.slots[node]
+            return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(spans), pa.py_buffer(chars)])
+        if kind in (K_LIST, K_MAP):
+            starts, ends = self._ints(node, 1), self._ints(node, 2)
+            offsets = np.empty(n + 1, np.int32)
+            offsets[0] = starts[0] if n else 0
+            offsets[1:] = ends
+            if kind == K_LIST:
+                element = self.array(plan.elem[node], t.value_type)
+                return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(offsets)], children=[element])
+            return self._map(node, t, n, offsets, mask)
+        return self._scalar(node, t, n, valid, mask)
+
+    def _scalar(self, node: int, t: pa.DataType, n: int, valid: np.ndarray, mask: pa.Buffer) -> pa.Array:
+        ptype = self.plan.ptype[node]
+        raw = np.frombuffer(self.slots[node][1], dtype=np.uint64)
+        if ptype == TYPE_ENUM:
+            names = self.plan.enums[node]
+            numbers, index = np.unique(raw.astype(np.int32), return_inverse=True)
+            symbols = pa.array([names.get(k, str(k)) for k in numbers.tolist()], pa.string())
+            indices = pa.array(index.astype(np.int32), mask=~valid)
+            return pa.DictionaryArray.from_arrays(indices, symbols).dictionary_decode()
+        if ptype in _UNSIGNED_64:
+            wide = np.zeros((n, 2), np.uint64)
+            wide[:, 0] = raw
+            return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(wide)])
+        if ptype == 8:  # bool
+            return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(np.packbits(raw != 0, bitorder="little"))])
+        if ptype == 2:  # float: its 4 bytes
+            values: np.ndarray = raw.astype(np.uint32).view(np.float32)
+        elif ptype == 1:  # double
+            values = raw.view(np.float64)
+        elif pa.types.is_int32(t):
+            values = raw.astype(np.int32)
+        else:  # int64, sint64, sfixed64; uint32 and fixed32 (zero-extended)
+            values = raw.view(np.int64)
+        return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(values)])
+
+    def _time(self, node: int, wkt: str, t: pa.DataType, n: int, valid: np.ndarray, mask: pa.Buffer) -> pa.Array:
+        """A Timestamp (µs since the epoch, floored as protobuf.py's `_timestamp`) or a Duration (µs, truncated as
+        `_duration`); one protobuf.py cannot convert (out of Python's or Arrow's range) is handed back."""
+        seconds_node, nanos_node = self.plan.fields[node]
+        seconds = np.frombuffer(self.slots[seconds_node][1], dtype=np.int64)
+        nanos = np.frombuffer(self.slots[nanos_node][1], dtype=np.int64)  # sign-extended int32
+        limit = 10**12 if wkt == "google.protobuf.Timestamp" else 9 * 10**12
+        inside = np.abs(seconds) <= limit
+        safe = np.where(inside, seconds, 0)
+        if wkt == "google.protobuf.Timestamp":
+            us = safe * 1_000_000 + nanos // 1000
+            inside &= (us >= _MIN_US) & (us <= _MAX_US)
+        else:
+            us = safe * 1_000_000 + np.trunc(nanos / 1000).astype(np.int64)
+        out = valid & ~inside
+        if out.any():
+            self.handed_back.append(np.unique(self._row_of(self.plan.group[node])[out]))
+        return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(np.where(inside, us, 0))])
+
+    def _map(self, node: int, t: pa.MapType, n: int, offsets: np.ndarray, mask: pa.Buffer) -> pa.Array:
+        """A map as protobuf.py gives it: its entries sorted by key, the last of a key kept (upb's), an entry with
+        an unknown field left out (upb keeps it apart)."""
+        entry = self.plan.elem[node]
+        key_node, value_node = self.plan.fields[entry]
+        keys = self.array(key_node, t.key_type)
+        items = self.array(value_node, t.item_type)
+        kept = self._valid(entry)
+        parent = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+        table = pa.table({"p": parent, "k": keys, "i": np.arange(len(keys), dtype=np.int64)}).filter(kept)
+        table = table.take(
+            pc.sort_indices(table, sort_keys=[("p", "ascending"), ("k", "ascending"), ("i", "ascending")])
+        )
+        p, k = table.column("p").to_numpy(), table.column("k").combine_chunks()
+        last = np.ones(len(p), bool)
+        if len(p) > 1:
+            same = pc.equal(k.slice(0, len(p) - 1), k.slice(1)).to_numpy(zero_copy_only=False)
+            last[:-1] = ~((p[:-1] == p[1:]) & same)
+        chosen = pa.array(table.column("i").to_numpy()[last])
+        counts = np.bincount(p[last], minlength=n)
+        new_offsets = np.zeros(n + 1, np.int32)
+        np.cumsum(counts, out=new_offsets[1:])
+        entries = pa.StructArray.from_arrays(
+            [keys.take(chosen), items.take(chosen)], fields=[t.key_field, t.item_field]
+        )
+        return pa.Array.from_buffers(t, n, [mask, pa.py_buffer(new_offsets)], children=[entries])
