@@ -1,6 +1,8 @@
 """Jobs/export_delta.py --continuous while a writer appends and rolls segments and retention deletes old ones:
 kill -9 after a commit and before one, restart from the checkpoint, stop with SIGTERM. The table then holds every
-message that still existed exactly once, and the ranges retention deleted before they were read are reported."""
+message that still existed exactly once, and the ranges retention deleted before they were read are reported. The
+seqs our compaction removed from a `cleanup` partition before they were exported are named as the batch export
+names them."""
 
 import json
 import os
@@ -14,11 +16,27 @@ from conftest import ROOT, wait_for_hold
 from deltalake import DeltaTable
 
 from tank_log.format.bundle import Message
+from tank_log.jobs.exits import exit_code
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.appender import PartitionAppender
 from tank_log.storage.datadir import rescan_partition
 
 JOB = os.path.join(ROOT, "jobs", "export_delta.py")
+AVAILABLE_NOW = "TANK_LOG_STREAM_AVAILABLE_NOW"  # continuous.py's test hook: the query reads what exists, and ends
+
+
+def continuous(spark, *argv):
+    """The continuous export's own `prepare` and `execute` on the tests' shared session, on the `AVAILABLE_NOW`
+    trigger (set it: monkeypatch): (results, summary) once the query ended."""
+    from tank_spark.context import build_context
+    from tank_spark.export import job
+    from tank_spark.job_options import job_parser
+
+    parser = job_parser("export_delta", "")
+    job.add_options(parser)
+    args = parser.parse_args(["--master", "local[2]", *argv, "--continuous"])
+    ctx = build_context("export_delta", args)
+    return job.execute(ctx, job._prepare(ctx, args), spark)
 
 
 class Writer(threading.Thread):
@@ -131,3 +149,55 @@ def test_kill_9_restart_retention_and_sigterm(tmp_path):
     assert seqs[0] == [s for s in written[0] if not exported < s <= lost_to]
     with open(tmp_path / "ck" / "tank-data-loss.jsonl") as fh:
         assert {(r["from_seq"], r["to_seq"]) for r in map(json.loads, fh)} == {(exported + 1, lost_to)}
+
+
+def test_a_compaction_gap_is_named_as_the_batch_export_names_it(spark, tmp_path, monkeypatch):
+    """A `cleanup` partition compacted by `tank-log compact` past what the append table holds: its log now starts
+    after seqs the table never received. The batch export names them (status data-loss, exit 1, `lost_*`,
+    `lost_before_export`, the `export_lost_messages` metric); the continuous export crossed them without a word
+    (exported, exit 0). Now it names them the same way."""
+    from prometheus_client import generate_latest
+
+    from tank_log.metrics import report_registry
+    from tank_log.storage.datadir import scan_data_dir
+    from tank_log.tools.cli import main as tank_log
+
+    monkeypatch.setenv(AVAILABLE_NOW, "1")
+    base, table = str(tmp_path / "base"), str(tmp_path / "table")
+    pdir = os.path.join(base, "kv", "0")
+    os.makedirs(pdir)
+    with open(os.path.join(base, "kv", "config"), "w") as fh:
+        fh.write("log.cleanup.policy=cleanup\nlog.segment.bytes=1kb\n")
+    app = PartitionAppender(pdir)
+
+    def produce(n):  # keys k0..k2, incompressible 300-byte values: a roll every few messages
+        lo = app.last + 1
+        app.append([Message(s, 1_790_000_000_000, b"k%d" % (s % 3), bytes((s * 7 + j * j) % 251 for j in range(300)))
+                    for s in range(lo, lo + n)])  # fmt: skip
+
+    produce(6)
+    args = ["--data-dir", base, "--table", table, "--checkpoint", str(tmp_path / "ck")]
+    (entry,), _ = continuous(spark, *args)
+    assert entry["status"] == "exported" and entry["last_row_seq"] == 6
+    for _ in range(4):
+        produce(6)  # 7..30
+    assert tank_log(["compact", "--force", "--broker-stopped", base]) == 0
+    (part,) = scan_data_dir(base).partitions()
+    start = part.segments[0].base
+    assert start > 7  # the log starts past the table's seq 6: 7.. were superseded
+
+    results, summary = continuous(spark, *args)
+    (entry,) = results
+    n = start - 7
+    assert entry["status"] == "data-loss" and exit_code(results) == 1
+    assert (entry["lost_first_seq"], entry["lost_last_seq"], entry["lost_messages"]) == (7, start - 1, n)
+    assert entry["reason"] == (
+        f"seqs 7..{start - 1} ({n} seqs) are in neither the table nor the log: deleted before they were exported "
+        f"(the log now starts at {start})"
+    )
+    assert summary["lost_before_export"] == n and summary["by_status"] == {"data-loss": 1}
+    report = {"job": "export_delta", "status": "partial-failure", "summary": summary, "partitions": results}
+    metrics = generate_latest(report_registry(report)).decode()
+    assert f'tank_log_export_lost_messages{{partition="0",table="{table}",topic="kv"}} {float(n)}' in metrics
+    d = DeltaTable(table).to_pyarrow_table(columns=["seq"]).to_pydict()
+    assert sorted(d["seq"]) == list(range(1, 7)) + sorted(m.seq for seg in part.segments for m in seg.messages())
