@@ -4,9 +4,10 @@ Each format decodes the same logical records (a click: user id, page, millisecon
 (magic byte, schema id; for Protobuf the message indexes), in batches as the export hands them over, into Arrow
 columns; printed as messages/s and µs/message. `binary` and `utf8` are the floor (the batch loop alone).
 `avro` runs the decoder as it is picked (the compiled path when the compiled core is built), `avro-fastavro` the
-same values on fastavro's path (the pure-Python core's), in the same run.
+same values on fastavro's path (the pure-Python core's), in the same run; `protobuf` and `protobuf-upb` likewise (the
+compiled path, protobuf's parser).
 
-Run: python bench/values.py [--messages 1000000] [--batch 65536] [--only avro,protobuf]
+Run: python bench/values.py [--messages 1000000] [--batch 65536] [--only avro,protobuf,protobuf-upb]
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ JSON_SCHEMA = {
     "required": ["user", "page", "ms"],
     "properties": {"user": {"type": "integer"}, "page": {"type": "string"}, "ms": {"type": "integer"}},
 }
-FORMATS = ("binary", "utf8", "avro", "avro-fastavro", "protobuf", "json")
+FORMATS = ("binary", "utf8", "avro", "avro-fastavro", "protobuf", "protobuf-upb", "json")
+PYTHON_PATHS = ("avro-fastavro", "protobuf-upb")  # the same values as the format before them, on the Python path
 
 
 def _record(i: int) -> dict[str, object]:
@@ -61,7 +63,7 @@ def values_of(fmt: str, n: int, tmp: str) -> tuple[ValueSpec, pa.BinaryArray]:
             fastavro.schemaless_writer(out, schema, _record(i))
             vals.append(head + out.getvalue())
         return ValueSpec("avro", schema_file=AVSC, schema_ids={1: AVSC}), pa.array(vals, pa.binary())
-    if fmt == "protobuf":
+    if fmt in ("protobuf", "protobuf-upb"):
         spec = ValueSpec("protobuf", schema_file=DESC, message="shop.v1.Click", schema_ids={1: DESC})
         cls = decoder_for(spec)._cls  # type: ignore[attr-defined]
         head = _header(1) + b"\x02\x04"  # message indexes [2]: Click is the file's third message
@@ -86,7 +88,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix=".bench-values-") as tmp:
         for fmt in only:
             spec, values = values_of(fmt, messages, tmp)
-            if fmt == "avro-fastavro":
+            if fmt in PYTHON_PATHS:
                 with native.use_pure():
                     decoder = decoder_for(spec)
             else:

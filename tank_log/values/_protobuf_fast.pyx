@@ -178,8 +178,10 @@ cdef inline void _init(Ctx* c, Py_ssize_t g, Py_ssize_t s) noexcept nogil:
             c.l[m][s] = e
 
 
-cdef int _grow(Ctx* c, Py_ssize_t g) noexcept nogil:
+cdef int _grow(Ctx* c, Py_ssize_t g, Py_ssize_t at_least=0) noexcept nogil:
     cdef Py_ssize_t cap = c.gcap[g] * 2 if c.gcap[g] else 64
+    if cap < at_least:
+        cap = at_least
     cdef Py_ssize_t k, m
     cdef void* p
     for k in range(c.gfirst[g], c.gfirst[g] + c.gcount[g]):
@@ -423,8 +425,9 @@ def decode(
 ):
     """Decode the eligible rows; a bad one (or one handed back) gets its code in `codes` and null columns.
 
-    Returns per group its slot count, and per node (valid, values, lengths) as bytes (uint8, uint64 and int64 per
-    slot); for a string or bytes node instead of (values, lengths) its int32 offsets and its bytes. None when a
+    Returns per group its slot count, and per node (valid, values, ends) as bytes: uint8 per slot; uint64 per slot
+    for a scalar, its elements' start for a repeated field or map (else empty); int64 per slot, its elements' end
+    for a repeated field or map (else empty); for a string or bytes node (valid, int32 offsets, its bytes). None when a
     string or bytes column would pass 2 GiB (int32 offsets): nothing of the batch is then usable."""
     cdef Py_ssize_t n = starts.shape[0]
     cdef Py_ssize_t nodes = kind.shape[0]
@@ -468,9 +471,7 @@ def decode(
         c.gcap[j] = 0
     try:
         with nogil:
-            while c.gcap[0] < n:  # the rows' group at its size at once
-                if _grow(&c, 0):
-                    break
+            _grow(&c, 0, n)  # the rows' group at its size at once
             for i in range(n):
                 if c.err == E_NOMEM:
                     break
@@ -514,10 +515,12 @@ def decode(
                         total += c.l[j][s]
                     offs[s + 1] = <int32_t>total
                 out.append((valid, offsets, chars))
-            elif m:
+            elif m and kind[j] != K_MSG:
                 values = PyBytes_FromStringAndSize(<char*>c.v[j], m * 8)
-                lengths = PyBytes_FromStringAndSize(<char*>c.l[j], m * 8)
-                out.append((valid, values, lengths))
+                if kind[j] == K_LIST or kind[j] == K_MAP:
+                    out.append((valid, values, PyBytes_FromStringAndSize(<char*>c.l[j], m * 8)))
+                else:
+                    out.append((valid, values, b""))
             else:
                 out.append((valid, b"", b""))
         return sizes, out

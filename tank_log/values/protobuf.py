@@ -420,17 +420,18 @@ class ProtobufDecoder(BatchDecoder):
             ids[has_id] = (raw | (data[at + 3].astype(np.uint32) << 8) | data[at + 4]).view(np.int32)
             starts[has_id] += HEADER
             # the message indexes: [0] (one 0 byte) or one index below 64 (2 bytes); any other form, value by value
-            first = np.full(n, 0xFF, np.int64)
-            second = np.full(n, 0xFF, np.int64)
-            room = has_id & (ends - starts >= 1)
-            first[room] = data[starts[room]]
-            room2 = room & (first == 2) & (ends - starts >= 2)
-            second[room2] = data[starts[room2] + 1]
-            skip = np.where(first == 0, 1, np.where(room2 & (second < 0x80), 2, 0))
-            eligible = has_id & (skip > 0)
-            key = np.where(skip == 1, -1, second)
-            pair = (ids.astype(np.int64) << 8) | (key + 1)  # (id, index byte) as one number
-            for combined in np.unique(pair[eligible]).tolist():
+            last = max(len(data) - 1, 0)
+            first = data[np.minimum(starts, last)] if len(data) else np.zeros(n, np.uint8)
+            second = data[np.minimum(starts + 1, last)] if len(data) else np.zeros(n, np.uint8)
+            room = ends - starts
+            one = has_id & (room >= 1) & (first == 0)
+            two = has_id & (room >= 2) & (first == 2) & (second < 0x80)
+            eligible = one | two
+            skip = one.astype(np.int64) + 2 * two
+            pair = (ids.astype(np.int64) << 8) | np.where(two, second.astype(np.int64) + 1, 0)  # (id, index + 1)
+            chosen = pair[eligible]
+            kinds = chosen[:1] if len(chosen) and (chosen == chosen[0]).all() else np.unique(chosen)
+            for combined in kinds.tolist():
                 schema_id, index = combined >> 8, (combined & 0xFF) - 1
                 if not self._fast_id(schema_id, [0] if index < 0 else [(index >> 1) ^ -(index & 1)], 1 + (index >= 0)):
                     eligible &= pair != combined
