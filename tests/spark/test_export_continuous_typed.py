@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from conftest import ROOT, duckdb_with, wait_for_hold
+from test_job_export_continuous import continuous
 from test_typed_evolution import roll_and_append, schema_file
 from test_typed_export import BAD_SEQS, SMALL, avro, click, config, framed, mixed_values, rows, write_topic
 
@@ -24,20 +25,6 @@ from tank_log.values.evolve import IncompatibleSchema
 from tank_spark.export.continuous import AVAILABLE_NOW
 
 pytestmark = pytest.mark.spark
-
-
-def continuous(spark, *argv):
-    """The continuous export's own `prepare` and `execute` on the shared session, until the query ends (the
-    `AVAILABLE_NOW` trigger): (results, summary)."""
-    from tank_spark.context import build_context
-    from tank_spark.export import job
-    from tank_spark.job_options import job_parser
-
-    parser = job_parser("export_delta", "")
-    job.add_options(parser)
-    args = parser.parse_args(["--master", "local[2]", *argv, "--continuous"])
-    ctx = build_context("export_delta", args)
-    return job.execute(ctx, job._prepare(ctx, args), spark)
 
 
 def typed_config(tmp_path, mode="dead_letter"):

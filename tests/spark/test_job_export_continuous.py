@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import pytest
 from conftest import ROOT, wait_for_hold
 from deltalake import DeltaTable
 
@@ -20,9 +21,9 @@ from tank_log.jobs.exits import exit_code
 from tank_log.maintenance.retention import RetentionOptions, RetentionRules, apply_retention
 from tank_log.storage.appender import PartitionAppender
 from tank_log.storage.datadir import rescan_partition
+from tank_spark.export.continuous import AVAILABLE_NOW  # a test hook: the query reads what exists, then ends
 
 JOB = os.path.join(ROOT, "jobs", "export_delta.py")
-AVAILABLE_NOW = "TANK_LOG_STREAM_AVAILABLE_NOW"  # continuous.py's test hook: the query reads what exists, and ends
 
 
 def continuous(spark, *argv):
@@ -151,6 +152,8 @@ def test_kill_9_restart_retention_and_sigterm(tmp_path):
         assert {(r["from_seq"], r["to_seq"]) for r in map(json.loads, fh)} == {(exported + 1, lost_to)}
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_compaction_gap_is_named_as_the_batch_export_names_it(spark, tmp_path, monkeypatch):
     """A `cleanup` partition compacted by `tank-log compact` past what the append table holds: its log now starts
     after seqs the table never received. The batch export names them (status data-loss, exit 1, `lost_*`,
