@@ -16,6 +16,7 @@ with the load average before each export.
 Run: python bench/export.py [--messages 1000000] [--partitions 2] [--workdir DIR]
      python bench/export.py --s3    (both tables on a loopback S3 server, moto; the export only)
      python bench/export.py --only iceberg [--rounds 3]    (the Delta and Iceberg exports by both engines only)
+     python bench/export.py --only typed [--rounds 3]    (the binary export and the typed ones beside it only)
 """
 
 from __future__ import annotations
@@ -200,9 +201,9 @@ def main() -> None:
     ap.add_argument("--s3", action="store_true", help="export to a loopback S3 server (moto) instead of a local path")
     ap.add_argument(
         "--only",
-        choices=["iceberg"],
+        choices=["iceberg", "typed"],
         help="iceberg: only the Delta exports by both engines and the Iceberg ones (at a path; by name in a REST "
-        "catalog, by both engines)",
+        "catalog, by both engines); typed: only the binary export and the Avro and Protobuf ones beside it",
     )
     ap.add_argument("--rounds", type=int, default=1, help="with --only: rounds on the same messages (default 1)")
     args = ap.parse_args()
@@ -210,6 +211,9 @@ def main() -> None:
         ap.error("--rounds: at least 1, and more only with --only")
     if args.s3:
         export_to_s3(args)
+        return
+    if args.only == "typed":
+        only_typed(args)
         return
     if args.only:
         only_iceberg(args)
@@ -319,15 +323,28 @@ def _schemas(work: str) -> tuple[str, str]:
     return avsc, proto
 
 
-def typed_exports(work: str, messages: int, partitions: int, binary: dict) -> dict:
+def decode_s(decoder, values: list[bytes], rows: int) -> float:
+    """Seconds to decode `values` in batches of a read batch's rows, scaled to `rows`."""
+    import pyarrow as pa
+
+    decoder.decode(pa.array(values[:1000], pa.binary()))  # warm: first-call costs (pyarrow imports pandas)
+    t0 = time.perf_counter()
+    for k in range(0, len(values), 8192):  # about the rows of a read batch
+        decoder.decode(pa.array(values[k : k + 8192], pa.binary()))
+    return (time.perf_counter() - t0) * rows / len(values)
+
+
+def typed_exports(work: str, messages: int, partitions: int, binary: dict, reuse: bool = False) -> dict:
     """The benchmark's messages as Avro and as Protobuf values, each exported in the driver (the default settings)
     into a typed table, beside the binary export (`binary`: its summary); and the decoding's share of each export:
-    the same values decoded in this process, in the export's batch size, over the export's time."""
+    the same values decoded in this process, in the export's batch size, over the export's time (for Protobuf also
+    on protobuf's parser, `protobuf_upb_decode_s`: the decoding the compiled path replaced); the load before each.
+    `reuse`: the typed messages a previous round generated under `work`."""
     import io
 
     import fastavro
-    import pyarrow as pa
 
+    from tank_log.format import native
     from tank_log.values import ValueSpec, decoder_for
 
     avsc, proto = _schemas(work)
@@ -350,24 +367,27 @@ def typed_exports(work: str, messages: int, partitions: int, binary: dict) -> di
         ("protobuf", protobuf, pb_spec, ["--value-schema-file", proto, "--value-message", "bench.Row"]),
     ):
         base = os.path.join(work, f"data-{name}")
-        shutil.rmtree(base, ignore_errors=True)
-        generate(base, messages, partitions, encode)
+        if not (reuse and os.path.isdir(base)):
+            shutil.rmtree(base, ignore_errors=True)
+            generate(base, messages, partitions, encode)
+        out[f"load_before_{name}"] = uptime()
         wall, rep = export_in_driver(base, os.path.join(work, f"table-{name}"), ["--value-format", name, *flags])
         assert rep["rows"] == binary["rows"] and not rep.get("dead_lettered"), rep
         values = [encode(v) for b in range(min(messages, 200_000) // BUNDLE) for _, _, v in bundle_messages(b)]
-        decoder = decoder_for(spec)
-        decoder.decode(pa.array(values[:1000], pa.binary()))  # warm: first-call costs (pyarrow imports pandas)
-        t0 = time.perf_counter()
-        for k in range(0, len(values), 8192):  # about the rows of a read batch
-            decoder.decode(pa.array(values[k : k + 8192], pa.binary()))
-        decode_s = (time.perf_counter() - t0) * rep["rows"] / len(values)
+
+        decoded = decode_s(decoder_for(spec), values, rep["rows"])
+        if name == "protobuf":
+            with native.use_pure():
+                upb = decoder_for(spec)
+            out["protobuf_compiled_path"] = getattr(decoder_for(spec), "fast", False)
+            out["protobuf_upb_decode_s"] = round(decode_s(upb, values, rep["rows"]), 2)
         out |= {
             f"{name}_process_wall_s": round(wall, 2),
             f"{name}_export_s": rep["export_s"],
             f"{name}_rows_per_s": round(rep["rows"] / rep["export_s"]),
             f"ratio_{name}_vs_binary_export": round(rep["export_s"] / binary["export_s"], 2),
-            f"{name}_decode_s": round(decode_s, 2),
-            f"{name}_decode_share_of_export": round(decode_s / rep["export_s"], 2),
+            f"{name}_decode_s": round(decoded, 2),
+            f"{name}_decode_share_of_export": round(decoded / rep["export_s"], 2),
         }
     return out
 
@@ -472,6 +492,25 @@ def ranges(rounds: list[dict]) -> dict[str, list[float]]:
     """Each number of the rounds (loads excluded): [lowest, highest]."""
     keys = [k for k, v in rounds[0].items() if isinstance(v, int | float)]
     return {k: [min(r[k] for r in rounds), max(r[k] for r in rounds)] for k in keys}
+
+
+def only_typed(args: argparse.Namespace) -> None:
+    """`--only typed`: `--rounds` rounds of the binary export (the default settings, in the driver) and the typed
+    exports beside it (`typed_exports`), on the same messages, with the load before each export."""
+    work = args.workdir or tempfile.mkdtemp(prefix="tank-export-typed-")
+    base = os.path.join(work, "data")
+    for name in ("data", "data-avro", "data-protobuf"):
+        shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+    generate(base, args.messages, args.partitions)
+    rounds = []
+    for n in range(1, args.rounds + 1):
+        load = uptime()
+        wall, binary = export_in_driver(base, os.path.join(work, "table-binary"), [])
+        typed = typed_exports(work, args.messages, args.partitions, binary, reuse=n > 1)
+        rounds.append({"load_before_binary": load, "binary_export_s": binary["export_s"], **typed})
+        print(json.dumps({"round": n, **rounds[-1]}), file=sys.stderr, flush=True)
+    out = {"machine": machine(), "messages": binary["rows"], "partitions": args.partitions, "rounds": rounds}
+    print(json.dumps({**out, "ranges": ranges(rounds)}, indent=2))
 
 
 def only_iceberg(args: argparse.Namespace) -> None:
