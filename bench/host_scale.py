@@ -6,15 +6,18 @@ with the library's writer. Each size then goes through, as real processes, timed
 
 - `maintain_cli`: `tank-log maintain --broker-stopped BASE` (repair, retention, compaction, indexes, verify);
 - `maintain_job`: jobs/maintain.py --broker-stopped on a copy of the same base path, in the driver;
+- `maintain_executors`: the same job on another copy with `--in-driver-max-bytes 0`, on Spark's executors at every
+  size (the default switches from the driver to the executors past 1 GiB: each path's growth needs both sizes on it);
 - `export_delta` and `export_iceberg`: jobs/export_delta.py of the maintained base path (default settings);
 - `import_delta`: jobs/import_delta.py of the Delta table into a fresh base path;
+- `import_executors`: the same with `--in-driver-max-bytes 0`, into another fresh base path;
 - `audit`: `tank-log audit --table DELTA BASE`.
 
 Per size and step: wall; CPU (user+sys of the whole tree: RUSAGE_CHILDREN, this process being the tree's
 subreaper, so Spark's orphaned JVM counts); peak RSS (VmHWM of every process of the tree, polled: the largest and
-whose); bytes read and written (this process's /proc/self/io, where every reaped process's bytes end up); files in
-the table; seconds per GB and per partition; the growth: a step's s/GB over the smallest size's. The load average
-is read before each step.
+whose, and the step's own process's: the driver); bytes read and written (this process's /proc/self/io, where every
+reaped process's bytes end up); files in the table; seconds per GB and per partition; the growth: a step's s/GB over
+the smallest size's. The load average is read before each step and sampled every second during it (min, mean, max).
 
 Run: python bench/host_scale.py [--sizes 0.25,1,4] [--partition-mb 2.5] [--steps ...] [--workdir DIR]
      python bench/host_scale.py --short      (a few MB over ~20 partitions: the suite's check that it still works)
@@ -49,7 +52,17 @@ from tank_log.storage.writer import BundlePolicy  # noqa: E402
 CLIENT = BundlePolicy(max_messages=BUNDLE, max_bytes=1 << 30, snappy=SnappyPolicy.CLIENT)
 MIB = 1 << 20
 GB = 1e9
-STEPS = ("maintain_cli", "maintain_job", "export_delta", "export_iceberg", "import_delta", "audit")
+STEPS = (
+    "maintain_cli",
+    "maintain_job",
+    "maintain_executors",
+    "export_delta",
+    "export_iceberg",
+    "import_delta",
+    "import_executors",
+    "audit",
+)
+ON_EXECUTORS = ("maintain_executors", "import_executors")  # Spark at every size: not in --short (a few seconds)
 TEMPLATES = 4  # distinct partitions per topic kind; the others are copies of them (generating is the slow part)
 
 
@@ -166,6 +179,7 @@ class Watch:
     pid: int
     peaks: dict[int, tuple[int, str]] = field(default_factory=dict)
     cpu_ticks: dict[int, int] = field(default_factory=dict)  # each process's own user+sys, last seen
+    loads: list[float] = field(default_factory=list)  # the 1-minute load average, every second
     done: threading.Event = field(default_factory=threading.Event)
 
     def poll(self) -> None:
@@ -181,8 +195,12 @@ class Watch:
                 self.peaks[p] = (hwm, _comm(p))  # read again: a launcher script execs the JVM
 
     def run(self) -> None:
+        polls = 0
         while not self.done.wait(0.1):
             self.poll()
+            if polls % 10 == 0:
+                self.loads.append(os.getloadavg()[0])
+            polls += 1
 
 
 def _subreaper() -> None:
@@ -237,9 +255,11 @@ def run_step(cmd: list[str], env: dict[str, str] | None = None, ok: tuple[int, .
     if proc.returncode not in ok:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err.decode(errors='replace')[-3000:]}")
     peak_kib, peak_of = max(watch.peaks.values(), default=(ru1.ru_maxrss, "?"))
+    loads = watch.loads or [load]
     polled = sum(watch.cpu_ticks.values()) / os.sysconf("SC_CLK_TCK")
     return {
         "load_average": load,
+        "load_during": [round(min(loads), 1), round(sum(loads) / len(loads), 1), round(max(loads), 1)],
         "wall_s": round(wall, 2),
         # the larger of the reaped tree's and the sum of what each process was last seen to have used: processes
         # whose parent ignores SIGCHLD (Spark's Python workers) are reaped without adding to anyone's
@@ -248,6 +268,7 @@ def run_step(cmd: list[str], env: dict[str, str] | None = None, ok: tuple[int, .
         "cpu_polled_s": round(polled, 2),
         "peak_rss_mib": round(peak_kib / 1024, 1),
         "peak_rss_of": peak_of,
+        "driver_rss_mib": round(watch.peaks.get(proc.pid, (0, ""))[0] / 1024, 1),  # the step's own process
         "processes": len(watch.peaks),
         "read_mb": round((io1.get("read_bytes", 0) - io0.get("read_bytes", 0)) / 1e6, 1),
         "written_mb": round((io1.get("write_bytes", 0) - io0.get("write_bytes", 0)) / 1e6, 1),
@@ -275,16 +296,18 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
     d = os.path.join(work, f"size-{size_gb:g}")
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
-    base, copy = os.path.join(d, "base"), os.path.join(d, "base-job")
+    base, copy, copy2 = (os.path.join(d, n) for n in ("base", "base-job", "base-executors"))
     t0 = time.perf_counter()
     host = make_host(base, size_gb, args.partition_mb, args.topics, args.segment_bytes, os.path.join(work, "cache"))
     host["write_s"] = round(time.perf_counter() - t0, 1)
     steps = args.steps.split(",")
-    if "maintain_job" in steps:
-        shutil.copytree(base, copy)
-        os.sync()
+    for name, path in (("maintain_job", copy), ("maintain_executors", copy2)):
+        if name in steps:
+            shutil.copytree(base, path)
+    os.sync()
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
-    delta, iceberg, restored = (os.path.join(d, n) for n in ("delta", "iceberg", "restored"))
+    delta, iceberg, restored, restored2 = (os.path.join(d, n) for n in ("delta", "iceberg", "restored", "restored2"))
+    spark_only = ("--in-driver-max-bytes", "0")
     out: dict[str, dict] = {}
 
     def step(name: str, cmd: list[str], table: str | None = None, ok: tuple[int, ...] = (0,)) -> None:
@@ -306,6 +329,10 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
     rep = os.path.join(d, "report-")
     step("maintain_job", job("maintain", "--data-dir", copy, "--broker-stopped", "--report", rep + "maintain.json"))
     step(
+        "maintain_executors",
+        job("maintain", "--data-dir", copy2, "--broker-stopped", *spark_only, "--report", rep + "maintain-ex.json"),
+    )
+    step(
         "export_delta", job("export_delta", "--data-dir", base, "--table", delta, "--report", rep + "delta.json"), delta
     )
     step(
@@ -316,6 +343,10 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
         iceberg,
     )
     step("import_delta", job("import_delta", "--data-dir", restored, "--table", delta, "--report", rep + "import.json"))
+    step(
+        "import_executors",
+        job("import_delta", "--data-dir", restored2, "--table", delta, *spark_only, "--report", rep + "import-ex.json"),
+    )
     step("audit", tank_log("audit", "--table", delta, "--json", base))
     after = du(base)
     host["bytes_after_maintain"] = after[0]
@@ -340,16 +371,19 @@ def growth(sizes: list[dict]) -> None:
 
 
 def table(sizes: list[dict]) -> str:
-    cols = ("size", "step", "load", "wall s", "CPU s", "s/GB", "growth", "CPU growth", "ms/part", "peak RSS MiB",
-            "peak of", "read MB", "written MB", "table files")  # fmt: skip
+    cols = ("size", "step", "load before", "load during", "wall s", "CPU s", "s/GB", "CPU s/GB", "growth",
+            "CPU growth", "ms/part", "peak RSS MiB", "peak of", "driver RSS MiB", "read MB", "written MB",
+            "table files")  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in sizes:
         h = s["host"]
         label = f"{h['bytes'] / GB:.2f} GB / {h['partitions']} p"
         for name, r in s["steps"].items():
-            row = (label, name, r["load_average"], r["wall_s"], r["cpu_s"], r["s_per_gb"], r.get("growth"),
-                   r.get("cpu_growth"), r["ms_per_partition"], r["peak_rss_mib"], r["peak_rss_of"], r["read_mb"],
-                   r["written_mb"], r.get("table_files", ""))  # fmt: skip
+            lo, _, hi = r["load_during"]
+            row = (label, name, r["load_average"], f"{lo}–{hi}", r["wall_s"], r["cpu_s"], r["s_per_gb"],
+                   r["cpu_s_per_gb"], r.get("growth"), r.get("cpu_growth"), r["ms_per_partition"],
+                   r["peak_rss_mib"], r["peak_rss_of"], r["driver_rss_mib"], r["read_mb"], r["written_mb"],
+                   r.get("table_files", ""))  # fmt: skip
             lines.append("| " + " | ".join(str(x) for x in row) + " |")
     return "\n".join(lines)
 
@@ -360,13 +394,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partition-mb", type=float, default=2.5, help="MiB per partition (default 2.5)")
     ap.add_argument("--segment-bytes", type=int, default=1 << 20, help="log.segment.bytes of the writer (1 MiB)")
     ap.add_argument("--topics", type=int, default=8, help="topics, half cleanup, half delete (default 8)")
-    ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated: " + ",".join(STEPS))
+    ap.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help="comma-separated: " + ",".join(STEPS) + " (--short: all but the last two)",
+    )
     ap.add_argument("--workdir", help="default: a new temporary directory, removed at the end")
     ap.add_argument("--keep", action="store_true", help="keep each size's directories")
     ap.add_argument("--short", action="store_true", help="one tiny host (~5 MB, 20 partitions): checks the script runs")
     args = ap.parse_args(argv)
     if args.short:
         args.sizes, args.partition_mb, args.segment_bytes, args.topics = "0.005", 0.25, 64 << 10, 4
+        if args.steps == ",".join(STEPS):
+            args.steps = ",".join(s for s in STEPS if s not in ON_EXECUTORS)
     sizes = sorted(float(s) for s in args.sizes.split(","))
     for s in args.steps.split(","):
         if s not in STEPS:

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# --short leaves out the steps that start Spark at any size (maintain_executors, import_executors): a few seconds
 STEPS = ["maintain_cli", "maintain_job", "export_delta", "export_iceberg", "import_delta", "audit"]
 
 
@@ -25,7 +26,7 @@ def test_short_run_reports_every_step_of_the_host(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     # the table: a header, a rule, one row per step
-    header = next(i for i, line in enumerate(lines) if line.startswith("| size | step |"))
+    header = next(i for i, line in enumerate(lines) if line.startswith("| size | step | load before | load during |"))
     rows = [line for line in lines[header + 2 :] if line.startswith("| ")]
     assert [row.split(" | ")[1] for row in rows] == STEPS
     # then the JSON blob
@@ -37,6 +38,9 @@ def test_short_run_reports_every_step_of_the_host(tmp_path):
     for name, step in size["steps"].items():
         assert step["exit"] == 0 and step["wall_s"] > 0 and step["cpu_s"] > 0, name
         assert step["peak_rss_mib"] > 10 and step["processes"] >= 1, name
+        assert 10 < step["driver_rss_mib"] <= step["peak_rss_mib"], name  # the step's own process, and the tree's
+        low, mean, high = step["load_during"]  # sampled every second while it ran
+        assert 0 <= low <= mean <= high, name
         assert step["growth"] == 1.0, name  # one size: its own reference
         assert step["s_per_gb"] > 0 and step["ms_per_partition"] > 0, name
     assert size["steps"]["export_delta"]["table_files"] > 0
