@@ -8,6 +8,10 @@ one type → that type, nullable; any other union → a struct of its branches (
 name), exactly one of them set per value. A field's aliases are kept in its Arrow metadata (`avro.aliases`), so a
 renamed field stays the same column (`tank_log.values.evolve`).
 
+A record's fields are the columns. A schema whose top level is not a record (`"string"`, an array, a map, an enum, a
+union) is one column, `value`, of that type (nullable when the type is: a union with null): it decodes as a record of
+that one field (`as_record`: the same bytes), the writers' schemas likewise.
+
 Two paths give the same columns and the same bad rows: fastavro's reader, value by value into Python objects, and
 the compiled fast path (`_avro_fast.pyx`), the batch in bulk straight into column buffers. A decoder picks once
 (`fast`): the fast path when the compiled core runs and the reader's schema is a record of null, boolean, int, long,
@@ -110,9 +114,23 @@ class _Names:
         return None
 
 
+TOP_LEVEL = "tank_log_top_level"  # the record `as_record` wraps a schema in (a name no schema of a value uses)
+
+
+def as_record(schema: Any) -> Any:
+    """The schema when its top level is a record; else a record of one field, `value`, of the schema's type (Avro
+    encodes a record as its fields, one after the other: the same bytes decode as that record)."""
+    node = schema
+    while isinstance(node, dict) and isinstance(node.get("type"), dict):  # {"type": {"type": "record", ...}}
+        node = node["type"]
+    if isinstance(node, dict) and node.get("type") in ("record", "error"):
+        return schema
+    return {"type": "record", "name": TOP_LEVEL, "fields": [{"name": "value", "type": schema}]}
+
+
 def arrow_type(schema: Any, where: str = "schema") -> pa.StructType:
     """The Arrow struct type of a record schema (the columns); ValueSchemaError when the top level is not a record
-    or a type cannot be a column (a recursive record)."""
+    (`as_record` makes one) or a type cannot be a column (a recursive record)."""
     names = _Names()
     t, _, _ = _walk(schema, names, None, where)
     if not pa.types.is_struct(t):
@@ -353,6 +371,7 @@ class AvroDecoder(BatchDecoder):
             raw = load_schema_text(where)
         else:
             raise ValueSchemaError("avro: a schema file (value_schema_file) or schema ids are needed for the columns")
+        raw = as_record(raw)  # a top level that is not a record: one `value` column
         self._reader = parse(raw, where)
         self._reader_form = fastavro.schema.to_parsing_canonical_form(self._reader)
         self.arrow_type = arrow_type(raw, where)
@@ -361,7 +380,7 @@ class AvroDecoder(BatchDecoder):
         self.fast = self._plan is not None  # the compiled path decodes (values a writer's schema resolves aside)
         self._named = self._convert is not None  # unions of several types: fastavro names the branch it read
         for schema_id, path in self._writer_files.items():  # a missing or bad file is a configuration error
-            self._writers[schema_id] = self._resolving(parse(load_schema_text(path), path))
+            self._writers[schema_id] = self._resolving(parse(as_record(load_schema_text(path)), path))
         super().__init__(spec, fetch)
 
     def _writer(self, schema_id: int | None) -> Any:
@@ -376,7 +395,7 @@ class AvroDecoder(BatchDecoder):
             raw = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueSchemaError(f"schema id {schema_id}: not an Avro schema (JSON): {err}") from None
-        found = self._writers[schema_id] = self._resolving(parse(raw, f"schema id {schema_id}"))
+        found = self._writers[schema_id] = self._resolving(parse(as_record(raw), f"schema id {schema_id}"))
         return found
 
     def _resolving(self, writer: Any) -> Any:
@@ -578,7 +597,7 @@ class _FastPlan:
             fullname = _Names.full(str(schema.get("name", "")), schema.get("namespace", namespace))
             self.types[fullname] = schema
             namespace = fullname.rpartition(".")[0] or None
-            path = path or fullname
+            path = path or ("" if fullname == TOP_LEVEL else fullname)
         if logical is not None:
             fast = _FAST_LOGICAL.get((str(kind), str(logical)))
             if fast is None:
@@ -586,7 +605,10 @@ class _FastPlan:
             return self._new(fast, nulls, path)
         if kind in ("record", "error"):
             node = self._new(K_RECORD, nulls, path)
-            fields = [self._node(f["type"], namespace, f"{path}.{f['name']}", -1) for f in schema.get("fields", [])]
+            fields = [
+                self._node(f["type"], namespace, f"{path}.{f['name']}" if path else f["name"], -1)
+                for f in schema.get("fields", [])
+            ]
             self.first[node], self.count[node] = len(self.children), len(fields)
             self.children.extend(fields)
             return node

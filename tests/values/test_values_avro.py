@@ -249,9 +249,6 @@ def test_a_missing_or_bad_avro_schema_file_is_a_usage_error(tmp_path):
     )
     with pytest.raises(ValueSchemaError, match=r"loop\.avsc: .*record Node is recursive"):
         decoder_for(ValueSpec("avro", schema_file=str(tmp_path / "loop.avsc")))
-    (tmp_path / "long.avsc").write_text('"long"')
-    with pytest.raises(ValueSchemaError, match=r"long\.avsc: the top-level Avro type must be a record"):
-        decoder_for(ValueSpec("avro", schema_file=str(tmp_path / "long.avsc")))
     shutil.copy(SMALL, tmp_path / "ok.avsc")
     with pytest.raises(ValueSchemaError, match=r"gone\.avsc: Avro schema file not found"):  # a writer's file too
         decoder_for(
@@ -259,6 +256,63 @@ def test_a_missing_or_bad_avro_schema_file_is_a_usage_error(tmp_path):
         )
     with pytest.raises(ValueSchemaError, match="a schema file"):
         decoder_for(ValueSpec("avro"))
+
+
+TOP_LEVEL = [  # (a top level that is not a record, values of it)
+    ("string", ["héllo", ""]),
+    ("long", [-(2**63), 7]),
+    ({"type": "array", "items": "int"}, [[1, 2], []]),
+    ({"type": "map", "values": ["null", "double"]}, [{"a": 1.5, "b": None}, {}]),
+    ({"type": "enum", "name": "Color", "symbols": ["RED", "BLUE"]}, ["BLUE", "RED"]),
+    (["null", "string"], [None, "x"]),
+    (["long", "string"], [5, "five"]),
+    ({"type": "fixed", "name": "F2", "size": 2}, [b"\x00\xff", b"ab"]),
+]
+
+
+def test_a_top_level_that_is_not_a_record_is_one_value_column(tmp_path):
+    """A bare "string", an array, a map, an enum, unions and a fixed: one `value` column of the type (nullable when
+    the type is), decoded alike on the compiled path (where it takes the type) and fastavro's, a bad value named;
+    with writers' schemas by id, resolved as Avro resolves them (an int writer for a long reader)."""
+    from tank_log.format import native
+
+    for schema, data in TOP_LEVEL:
+        path = tmp_path / "top.avsc"
+        path.write_text(json.dumps(schema))
+        decoders = [decoder_for(ValueSpec("avro", schema_file=str(path)))]
+        with native.use_pure():
+            decoders.append(decoder_for(ValueSpec("avro", schema_file=str(path))))
+        nullable = isinstance(schema, list) and "null" in schema
+        values = pa.array([_encode(schema, v) for v in data] + [b"\x80"])  # the last: a varint that does not end
+        outs = [d.decode(values) for d in decoders]
+        for d, out in zip(decoders, outs, strict=True):
+            assert d.arrow_type.names == ["value"] and d.arrow_type.field("value").nullable == nullable, schema
+            rows = out.columns.to_pylist()
+            want = [{"value": v if not isinstance(v, dict) else sorted(v.items())} for v in data]
+            if schema == ["long", "string"]:  # a union of several types: a struct of its branches
+                want = [{"value": {"long": 5, "string": None}}, {"value": {"long": None, "string": "five"}}]
+            assert rows[:2] == want and out.bad.tolist() == [False, False, True], schema
+        errors = [out.errors.to_pylist()[2] for out in outs]  # at the same byte (fastavro's words may differ)
+        assert errors[0].startswith("avro: byte 1: ") and errors[1].startswith("avro: byte 1: "), errors
+    assert decoders[0].arrow_type == pa.struct([pa.field("value", pa.binary(), nullable=False)])
+    fast_string = decoder_for(ValueSpec("avro", schema_file=_write(tmp_path, "s.avsc", "string")))
+    assert getattr(fast_string, "fast") == native.compiled()  # noqa: B009 - the compiled path takes a bare string
+    old, new = _write(tmp_path, "old.avsc", "int"), _write(tmp_path, "new.avsc", "long")
+    decoder = decoder_for(ValueSpec("avro", schema_file=new, schema_ids={1: old, 2: new}))
+    values = [b"\x00\x00\x00\x00\x01" + _encode("int", 3), b"\x00\x00\x00\x00\x02" + _encode("long", 2**40)]
+    out = decoder.decode(pa.array(values, pa.binary()))
+    assert out.columns.to_pylist() == [{"value": 3}, {"value": 2**40}] and not out.bad.any()
+
+
+def _write(tmp_path, name: str, schema: object) -> str:
+    (tmp_path / name).write_text(json.dumps(schema))
+    return str(tmp_path / name)
+
+
+def _encode(schema: object, value: object) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(schema), value)
+    return out.getvalue()
 
 
 def test_only_unions_of_several_types_cost_a_conversion_per_value():
