@@ -33,10 +33,9 @@ import pyarrow as pa
 
 from tank_log.errors import ValueSchemaError
 from tank_log.format import native
+from tank_log.values.fastpath import merge, spans
 from tank_log.values.spec import (
     ALIASES_KEY,
-    HEADER,
-    MAGIC,
     BatchDecoder,
     Decoded,
     ValueSpec,
@@ -432,58 +431,18 @@ class AvroDecoder(BatchDecoder):
         """The compiled path over the values it can take (present; with a header, a known id, and a writer's schema
         encoding as the reader's); the others (few: null, a bad header, an unknown or resolved id) go value by value
         through fastavro's path, and take their places again."""
-        n = len(values)
-        width = 8 if pa.types.is_large_binary(values.type) else 4
-        bufs = values.buffers()
-        offsets = np.frombuffer(
-            bufs[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1, offset=values.offset * width
-        )
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        starts = offsets[:-1].astype(np.int64)
-        ends = offsets[1:].astype(np.int64)
-        present = np.ones(n, bool) if values.null_count == 0 else ~values.is_null().to_numpy(zero_copy_only=False)
-        ids = np.zeros(n, np.int32)
-        has_id = np.zeros(n, bool)
-        eligible = present
+        found = spans(values, self._framed)
+        eligible = found.present
         if self._framed:
-            has_id = present & (ends - starts >= HEADER)
-            has_id[has_id] = data[starts[has_id]] == MAGIC
-            at = starts[has_id]
-            raw = (data[at + 1].astype(np.uint32) << 24) | (data[at + 2].astype(np.uint32) << 16)
-            ids[has_id] = (raw | (data[at + 3].astype(np.uint32) << 8) | data[at + 4]).view(np.int32)
-            eligible = has_id.copy()
-            for schema_id in np.unique(ids[has_id]).tolist():
+            eligible = found.has_id.copy()
+            for schema_id in np.unique(found.ids[found.has_id]).tolist():
                 if not self._fast_id(schema_id):
-                    eligible &= ids != schema_id
-            starts += HEADER
-        columns, bad, fast_errors = plan.decode(data, starts, ends, eligible)
+                    eligible &= found.ids != schema_id
+        columns, bad, fast_errors = plan.decode(found.data, found.starts, found.ends, eligible)
         errors = {i: f"{self.format_label}: {message}" for i, message in fast_errors.items()}
         if columns is None:  # a column of the batch would pass 2 GiB: value by value
             return super().decode(values)
-        slow = np.flatnonzero(~eligible)
-        if len(slow):
-            aside = super().decode(values.take(pa.array(slow)))
-            order = np.arange(n, dtype=np.int64)
-            order[slow] = n + np.arange(len(slow))
-            columns = pa.concat_arrays([columns, aside.columns]).take(pa.array(order))
-            bad[slow] = aside.bad
-            for i, message in zip(slow.tolist(), aside.errors.to_pylist(), strict=True):
-                if message is not None:
-                    errors[i] = message
-        if errors:
-            where = np.full(n, -1, dtype=np.int64)
-            rows = list(errors)
-            where[rows] = np.arange(len(rows))
-            texts = pa.array([errors[i] for i in rows], pa.string())
-            error_column = texts.take(pa.array(where, mask=where < 0))
-        else:
-            error_column = pa.nulls(n, pa.string())
-        return Decoded(
-            columns=columns,
-            bad=bad,
-            errors=error_column,
-            schema_ids=pa.array(ids, type=pa.int32(), mask=~has_id),
-        )
+        return merge(values, columns, bad, errors, np.flatnonzero(~eligible), found, super().decode)
 
     def _fast_id(self, schema_id: int) -> bool:
         """Whether values of this schema id can take the compiled path: a known id whose writer's schema encodes as

@@ -41,9 +41,9 @@ from google.protobuf.message_factory import GetMessageClass  # type: ignore[impo
 
 from tank_log.errors import ValueSchemaError
 from tank_log.format import native
+from tank_log.values.fastpath import merge, spans
 from tank_log.values.spec import (
     HEADER,
-    MAGIC,
     NUMBER_KEY,
     BatchDecoder,
     Decoded,
@@ -398,31 +398,15 @@ class ProtobufDecoder(BatchDecoder):
         [0] or [k] that name the reader's message); the others (few: null, a bad header or indexes, an unknown id,
         and those the compiled path hands back) go value by value through protobuf's parser, and take their places
         again."""
-        n = len(values)
-        width = 8 if pa.types.is_large_binary(values.type) else 4
-        bufs = values.buffers()
-        offsets = np.frombuffer(
-            bufs[1], dtype=np.int64 if width == 8 else np.int32, count=n + 1, offset=values.offset * width
-        )
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        starts = offsets[:-1].astype(np.int64)
-        ends = offsets[1:].astype(np.int64)
-        present = np.ones(n, bool) if values.null_count == 0 else ~values.is_null().to_numpy(zero_copy_only=False)
-        ids = np.zeros(n, np.int32)
-        has_id = np.zeros(n, bool)
-        eligible = present
-        where = np.zeros(n, np.int64)  # the message's first byte in the value, for its error
+        found = spans(values, self._framed)
+        data, starts, ends, ids, has_id = found.data, found.starts.copy(), found.ends, found.ids, found.has_id
+        eligible = found.present
+        where = np.zeros(len(values), np.int64)  # the message's first byte in the value, for its error
         if self._framed:
-            has_id = present & (ends - starts >= HEADER)
-            has_id[has_id] = data[starts[has_id]] == MAGIC
-            at = starts[has_id]
-            raw = (data[at + 1].astype(np.uint32) << 24) | (data[at + 2].astype(np.uint32) << 16)
-            ids[has_id] = (raw | (data[at + 3].astype(np.uint32) << 8) | data[at + 4]).view(np.int32)
-            starts[has_id] += HEADER
             # the message indexes: [0] (one 0 byte) or one index below 64 (2 bytes); any other form, value by value
             last = max(len(data) - 1, 0)
-            first = data[np.minimum(starts, last)] if len(data) else np.zeros(n, np.uint8)
-            second = data[np.minimum(starts + 1, last)] if len(data) else np.zeros(n, np.uint8)
+            first = data[np.minimum(starts, last)] if len(data) else np.zeros(len(values), np.uint8)
+            second = data[np.minimum(starts + 1, last)] if len(data) else np.zeros(len(values), np.uint8)
             room = ends - starts
             one = has_id & (room >= 1) & (first == 0)
             two = has_id & (room >= 2) & (first == 2) & (second < 0x80)
@@ -446,32 +430,9 @@ class ProtobufDecoder(BatchDecoder):
             at_text = f"the message at byte {where[i]}" if self._framed else "the message"
             reason = "String field had bad UTF-8" if codes[i] == E_UTF8 else "Wire format was corrupt"
             errors[i] = f"protobuf: {at_text}: Error parsing message with type '{self._message}': {reason}"
-        slow_mask = ~eligible | (codes == E_DEFER)
-        slow_mask[handed_back] = True
-        slow = np.flatnonzero(slow_mask)
-        if len(slow):
-            aside = super().decode(values.take(pa.array(slow)))
-            order = np.arange(n, dtype=np.int64)
-            order[slow] = n + np.arange(len(slow))
-            columns = pa.concat_arrays([columns, aside.columns]).take(pa.array(order))
-            bad[slow] = aside.bad
-            for i, message in zip(slow.tolist(), aside.errors.to_pylist(), strict=True):
-                if message is not None:
-                    errors[i] = message
-        if errors:
-            at = np.full(n, -1, dtype=np.int64)
-            rows = list(errors)
-            at[rows] = np.arange(len(rows))
-            texts = pa.array([errors[i] for i in rows], pa.string())
-            error_column = texts.take(pa.array(at, mask=at < 0))
-        else:
-            error_column = pa.nulls(n, pa.string())
-        return Decoded(
-            columns=columns,
-            bad=bad,
-            errors=error_column,
-            schema_ids=pa.array(ids, type=pa.int32(), mask=~has_id),
-        )
+        slow = ~eligible | (codes == E_DEFER)
+        slow[handed_back] = True
+        return merge(values, columns, bad, errors, np.flatnonzero(slow), found, super().decode)
 
     def _fast_id(self, schema_id: int, indexes: list[int], start: int) -> bool:
         """Whether values of this schema id and message indexes can take the compiled path: a known id whose
