@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse import CommitConflict, DataFile, LakeTable, default_source
+from tank_log.lakehouse.partitioning import delta_columns
 from tank_log.lakehouse.table import parse_app_id, summary, summary_json
 from tank_spark import jars
 from tank_spark.context import FIXED_CONF
@@ -196,7 +197,9 @@ def write_with_delta_spark(
                 .option("txnAppId", p.app_id)
                 .option("txnVersion", p.end)
                 .option("userMetadata", _user_metadata(settings, p, run_id))
-                .partitionBy(*settings.partition_by)
+                # the table exists (delta-rs made it): a transform's partition column is generated, Delta computes
+                # it, and naming it in partitionBy would ask the frame for it
+                .partitionBy(*([] if delta_columns(settings.partition_by) else settings.partition_by))
                 .save(path)
             )
         except Exception as err:

@@ -74,7 +74,8 @@ def make_file_writer(
                 batch = batch.select(schema.names).cast(schema)
                 if not batch.num_rows:
                     continue
-                keyed, columns = partition_keys(batch, partition_by)  # a transform's values: columns of `keyed`
+                # a transform's values: columns of `keyed` (a bucket: the format's)
+                keyed, columns = partition_keys(batch, partition_by, location.format)
                 for key, rows in group_rows(keyed, columns):
                     if key not in open_files:
                         open_files[key] = new_file(key)
@@ -99,7 +100,8 @@ class _ParquetFile:
 
     def __init__(self, location: TableLocation, rel: str, values: dict[str, Any], schema: pa.Schema):
         self.location, self.rel, self.values = location, rel, values
-        self.dropped = [] if location.partition_columns_in_files else list(values)  # held by the directory names
+        # held by the directory names (a generated partition column only there: not a column of `schema`)
+        self.dropped = [] if location.partition_columns_in_files else [c for c in values if c in schema.names]
         self.data_schema = pa.schema([f for f in schema if f.name not in self.dropped])
         self.writer: Any = None
         self.pending: list[pa.RecordBatch] = []

@@ -73,8 +73,7 @@ def check_mode(prepared: Prepared) -> None:
         )
     if settings.mode != "latest":
         return
-    if settings.table_format == "iceberg":
-        check_rewritable(settings.partition_by, f"--mode latest into {settings.table}")
+    check_rewritable(settings.partition_by, f"--mode latest into {settings.table}", settings.table_format)
     if settings.replay_dead_letters:
         raise JobConfigError(
             "--mode latest does not take --replay-dead-letters: a replayed value is older than its key's messages "

@@ -83,10 +83,12 @@ def test_iceberg_transforms_written_pruned_and_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_delta_takes_day_as_its_date_column_and_refuses_the_rest(tmp_path):
-    """Delta has no transforms: `identity(topic), day(ts)` makes the table partitioned by topic and date (the UTC date
-    of ts) that the export always wrote; hour(ts) and bucket are refused in one line naming the term and the format,
-    before anything is written."""
+def test_delta_takes_day_as_its_date_column_and_refuses_other_generated_columns(tmp_path):
+    """`identity(topic), day(ts)` makes the Delta table partitioned by topic and date (the UTC date of ts) that the
+    export always wrote. The delta-rs engine appends to a table whose generated columns are exactly those of its spec
+    (`ts_hour`, `key_bucket`), and refuses, before anything is written, one with any other generated column, or
+    whose generated column has another expression than this export's (naming it)."""
+    import pyarrow as pa
     from deltalake import DeltaTable
 
     base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
@@ -94,11 +96,31 @@ def test_delta_takes_day_as_its_date_column_and_refuses_the_rest(tmp_path):
     r = export(base, table, "--partition-by", "identity(topic), day(ts)")
     assert r.returncode == 0, r.stderr[-3000:]
     assert DeltaTable(table).metadata().partition_columns == ["topic", "date"]
-    for term in ("hour(ts)", "bucket(8, key)"):
-        r = export(base, str(tmp_path / "other"), "--partition-by", f"topic,{term}")
-        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-        assert f"{term}: a delta table has no partition transforms" in r.stderr and "use format iceberg" in r.stderr
-    assert not (tmp_path / "other").exists()
+
+    ours = DeltaTable(table).schema().to_arrow()
+    for name, extra, refusal in [
+        ("own", [], None),
+        ("seq_div", [("seq_div", pa.int64(), "seq DIV 100", False)], "column seq_div: a generatedColumns column"),
+        ("local hour", [("ts_hour", pa.string(), "date_format(ts, 'yyyy-MM-dd HH')", True)], "column ts_hour: a gen"),
+    ]:
+        made = str(tmp_path / name)
+        own = [("ts_hour", pa.string(), "date_format(ts, 'yyyy-MM-dd-HH')", True)] if not extra else extra
+        own.append(("key_bucket", pa.int32(), "pmod(hash(key), 4)", True))
+        fields = [pa.field(n, t, metadata={"delta.generationExpression": e}) for n, t, e, _ in own]
+        parts = ["topic", *(n for n, _, _, part in own if part)]
+        DeltaTable.create(made, schema=pa.schema(list(pa.schema(ours)) + fields), partition_by=parts)
+        r = export(base, made, "--partition-by", "topic, hour(ts), bucket(4, key)")
+        if refusal is None:
+            assert r.returncode == 0, r.stderr[-3000:]
+            assert DeltaTable(made).to_pyarrow_table().num_rows == len(dump_rows("A_multi", TOPICS))
+            continue
+        assert r.returncode == 2 and refusal in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert DeltaTable(made).version() == 0
+    r = export(base, str(tmp_path / "own"), "--partition-by", "topic, hour(ts), bucket(8, key)")  # another width
+    assert r.returncode == 2 and "is partitioned by ['topic', 'hour(ts)', 'bucket(4, key)'], not" in r.stderr
+    r = export(base, str(tmp_path / "latest"), "--partition-by", "topic, hour(ts)", "--mode", "latest")
+    assert r.returncode == 2 and "which delta-rs's MERGE does not write here" in r.stderr, r.stderr[-3000:]
+    assert not (tmp_path / "latest").exists()
 
 
 @pytest.mark.parametrize(
@@ -134,10 +156,20 @@ def test_formats_translate_or_refuse():
     assert partitioning.for_format(("topic", "day(ts)"), "delta") == ("topic", "date")
     assert partitioning.for_format(("date", "day(ts)"), "delta") == ("date",)
     assert partitioning.for_format(("topic", "hour(ts)"), "iceberg") == ("topic", "hour(ts)")
-    with pytest.raises(JobConfigError, match=r"month\(ts\): a delta table has no partition transforms"):
-        partitioning.for_format(("month(ts)",), "delta")
+    spec = partitioning.for_format(("identity(topic)", "month(ts)", "bucket(8, partition)"), "delta")
+    assert spec == ("topic", "month(ts)", "bucket(8, partition)")
+    assert [(c.name, c.type, c.expression) for c in partitioning.delta_columns(spec)] == [
+        ("ts_month", "string", "date_format(ts, 'yyyy-MM')"),
+        ("partition_bucket", "integer", "pmod(hash(partition), 8)"),
+    ]
+    assert [partitioning.delta_term(c.name, c.expression) for c in partitioning.delta_columns(spec)] == list(spec[1:])
+    assert partitioning.delta_term("ts_hour", None) == "ts_hour"  # a plain column of that name
+    assert partitioning.delta_term("ts_hour", "date_format(ts, 'HH')") == "ts_hour"
     with pytest.raises(JobConfigError, match=r"--mode latest into t: the table is partitioned by transforms \(day"):
         partitioning.check_rewritable(("topic", "day(ts)"), "--mode latest into t")
+    with pytest.raises(JobConfigError, match=r"\(bucket\(2, key\)\), which delta-rs's MERGE does not write"):
+        partitioning.check_rewritable(("topic", "date", "bucket(2, key)"), "--mode latest into t", "delta")
+    partitioning.check_rewritable(("topic", "date"), "--mode latest into t", "delta")
 
 
 def test_buckets_are_icebergs():
@@ -155,3 +187,93 @@ def test_buckets_are_icebergs():
         batch = pa.RecordBatch.from_pydict({"c": values})
         want = [BucketTransform(16).transform(kind)(v) for v in values]
         assert partitioning._buckets(batch.column("c"), 16).to_pylist() == want
+
+
+OWN_COLUMNS = ("topic", "partition", "seq", "ts", "key", "value", "date", "ts_raw", "source")  # what the export writes
+GENERATED = ("ts_hour", "ts_month", "key_bucket")
+DELTA_SPEC = "topic, hour(ts), month(ts), bucket(4, key)"
+INCONSISTENT = (  # a row whose generated columns are not what their expressions give (null-safe)
+    "NOT (ts_hour <=> date_format(ts, 'yyyy-MM-dd-HH')) OR NOT (ts_month <=> date_format(ts, 'yyyy-MM')) "
+    "OR NOT (key_bucket <=> pmod(hash(key), 4))"
+)
+NEW_HOUR = "2027-01-15-08"  # the hour of the messages `roll_and_append` writes
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_delta_generated_columns_are_sparks(spark, tmp_path):
+    """Delta's equivalents of hour, month and bucket: generated columns (`ts_hour`, `ts_month`, `key_bucket`) the
+    table is partitioned by. delta-spark, the oracle, computes for its own append (rows given without them) the
+    values our files hold for the same ts and key: no row of the table differs from its expressions, after our
+    exports (delta-rs engine, then --engine spark, whose delta-spark writes compute them) and Spark's append. Spark
+    prunes a filter on ts to the files of its hours, and one naming the key's bucket to that bucket's; DuckDB and
+    deltalake read the rows Spark reads; another spec is refused naming the table's."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+    from test_delta_spark import export_on, files_read
+
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    table = str(tmp_path / "t")
+    r = export(base, table, "--partition-by", DELTA_SPEC)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert DeltaTable(table).metadata().partition_columns == ["topic", *GENERATED]
+    df = spark.read.format("delta").load(table)
+    assert df.count() == len(dump_rows("A_multi", TOPICS)) and df.where(INCONSISTENT).count() == 0
+
+    # delta-spark appends rows given without the generated columns (as a Spark user would): it computes them
+    given = spark.createDataFrame(df.where("seq <= 5").select(*OWN_COLUMNS).collect(), df.select(*OWN_COLUMNS).schema)
+    given.withColumn("seq", -F.col("seq")).write.format("delta").mode("append").save(table)
+    assert df.where("seq < 0").count() == given.count() > 0
+
+    r = export(base, table, "--partition-by", "topic, day(ts)")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "is partitioned by ['topic', 'hour(ts)', 'month(ts)', 'bucket(4, key)'], not ['topic', 'date']" in r.stderr
+    appended = roll_and_append(base, "events", 25)
+    r = export(base, table, "--partition-by", DELTA_SPEC)
+    assert r.returncode == 0, r.stderr[-3000:]
+    appended += roll_and_append(base, "seqgap", 10)
+    args = ["--data-dir", base, "--topics", ",".join(sorted(TOPICS)), "--table", table, "--partition-by", DELTA_SPEC]
+    assert export_on(spark, *args, "--engine", "spark")[1]["engine"] == "spark"
+    df = spark.read.format("delta").load(table)
+    assert df.where(INCONSISTENT).count() == 0
+    assert df.where("seq > 0").count() == len(dump_rows("A_multi", TOPICS)) + len(appended) == 16481 + 85
+
+    # Spark turns a filter on ts into one on ts_hour (and ts_month): only the new hour's files are read
+    actions = pa.table(DeltaTable(table).get_add_actions(flatten=True)).to_pydict()
+    new_files = sum(h == NEW_HOUR for h in actions["partition.ts_hour"])
+    new_hour = df.where("ts >= '2027-01-15 00:00:00'")
+    assert 0 < files_read(new_hour) == new_files < len(actions["path"])
+    assert sorted(r.seq for r in new_hour.select("seq").collect()) == sorted(s for _, _, s, _ in appended)
+    # a hash is no expression Delta derives partition filters from: a query names the key's bucket to prune by it
+    bucket = spark.sql("SELECT pmod(hash(X'6e6577'), 4)").first()[0]  # the key of the appended messages: b"new"
+    one_key = df.where("key = X'6e6577' AND key_bucket = pmod(hash(X'6e6577'), 4)")
+    assert files_read(one_key) == sum(b == bucket for b in actions["partition.key_bucket"]) < len(actions["path"])
+    assert one_key.count() == len(appended)
+
+    # DuckDB and deltalake read the rows (generated columns too) Spark reads
+    columns = ("topic", "partition", "seq", "value", *GENERATED)
+    want = sorted(tuple(r) for r in df.select(*columns).collect())
+    duck = duckdb_with("delta").execute(f"SELECT {', '.join(columns)} FROM delta_scan('{table}')").fetchall()
+    assert sorted(duck) == want
+    d = DeltaTable(table).to_pyarrow_table(columns=list(columns)).to_pydict()
+    assert sorted(zip(*(d[c] for c in columns), strict=True)) == want
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_delta_buckets_are_sparks_hash(spark):
+    """The writer's Delta buckets are Spark's `pmod(hash(COL), N)` for keys of every tail length (Spark's Murmur3
+    mixes the last len % 4 bytes unlike Murmur3's own), strings (UTF-8), ints and nulls (the seed's bucket)."""
+    import os
+
+    import pyarrow as pa
+
+    keys = [os.urandom(n) for n in range(13) for _ in range(4)] + [b"\x80\xff\x7f", None]
+    texts = ["events", "caf\u00e9", "", "\u6f22\u5b57x", None]
+    ints = [0, 1, 7, -3, 2**31 - 1, None]
+    for values, kind in [(keys, "binary"), (texts, "string"), (ints, "int")]:
+        df = spark.createDataFrame([(v,) for v in values], f"c {kind}")
+        want = [r[0] for r in df.selectExpr("pmod(hash(c), 13)").collect()]
+        arrow = pa.array(values, {"binary": pa.binary(), "string": pa.string(), "int": pa.int32()}[kind])
+        assert partitioning._spark_buckets(arrow, 13).to_pylist() == want, kind
