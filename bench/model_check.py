@@ -2,6 +2,7 @@
 seeded interleavings, against a model of every partition's log and of the table.
 
     python bench/model_check.py --seed 7 --examples 20 --steps 30      # a long run (--minutes N: bounded in time)
+    python bench/model_check.py --engine spark --minutes 30           # ... with Delta append tables on engine spark
     python bench/model_check.py --short                                # the suite's run (tests/test_model_check.py)
     python bench/model_check.py --short-spark                          # the suite's Spark run
 
@@ -16,7 +17,8 @@ rule-based state machine):
   (the partitions opened again); with `TANK_BIN`/`TANK_CLI`, the real broker started on a copy of the base path
   serves every partition as the model has it;
 - **our maintenance**: compaction (`tank-log compact --force`), retention with and without `keep_unexported`, repair,
-  a compaction killed at a random file operation and the repair after it;
+  a compaction killed at a random file operation and the repair after it; retention SIGKILLed right after a random
+  file operation (`killed_job`), then run again;
 - **the export**: in this process (the job's `prepare` and `execute`; those that need Spark on the run's one Spark
   session, created when first needed and stopped at the end); in a process of its own SIGKILLed while it holds
   before its commit, or dying at its crash hook (engine spark: after one partition's commit), then run again;
@@ -28,7 +30,9 @@ rule-based state machine):
   segment must name the damage), and an export into a new table holds nothing of it but produced messages (damage
   no reader can see without checksums, a cut before a sparse bundle, is skipped and counted);
 - **the import** of the table into a fresh base path, then `--append` into it after more exports: exactly the
-  table's messages (served by the real broker when `TANK_BIN` and `TANK_CLI` are set).
+  table's messages (served by the real broker when `TANK_BIN` and `TANK_CLI` are set); either SIGKILLed right after
+  a random file operation, then (after `tank-log repair` or not) run again with `--append`, as the import guide
+  tells the operator.
 
 After every step the invariants hold, checked with readers we did not write where there is one:
 
@@ -173,6 +177,9 @@ class Combo:
         return Combo(self.fmt, self.mode, self.partition_by, self.guard, engine, values, self.in_driver)
 
 
+PROFILE_ENGINES = ["deltalake", "spark"]  # the engines drawn with Spark: `--engine spark` narrows it
+
+
 def _choices(spark: list[Any], plain: list[Any]) -> st.SearchStrategy[Any]:
     """The values a dimension draws from: with Spark (`PROFILE.spark`) all, without only `plain`, drawn when the
     run starts (the profile is set by then)."""
@@ -281,6 +288,56 @@ def retention_job(*args: str) -> tuple[int, str]:
     return quiet_call(main, "--master", "local[1]", *args)
 
 
+FILE_OPS = ("rename", "replace", "unlink", "remove", "rmdir", "mkdir", "link", "truncate", "ftruncate", "fsync")
+JOBS = {"import": "tank_spark.import_delta", "retention": "tank_spark.retention"}
+
+
+def killed_job(job: str, k: int, env: dict[str, str], *args: str) -> tuple[bool, int, str]:
+    """A job's `main` in a process of its own (its own process group), SIGKILLed right after its k-th file operation
+    (`die_at_file_op`): whether it was killed, its exit code, its stderr. For the jobs with no step hook of their
+    own, as compaction's `on_step` is used in `compact_killed_then_repaired`."""
+    code = f"import sys; sys.path.insert(0, {HERE!r}); import model_check; sys.exit(model_check.die_at_file_op())"
+    done = subprocess.run(
+        [sys.executable, "-c", code, JOBS[job], str(k), "--master", "local[1]", *args],
+        env={**os.environ, **env, "PYTHONPATH": ROOT},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        timeout=600,
+        check=False,
+    )
+    err = done.stderr.decode(errors="replace")
+    return done.returncode == -signal.SIGKILL, done.returncode, err
+
+
+def die_at_file_op() -> int:
+    """`killed_job`'s child: `sys.argv[1:]` = module, k, the job's flags. The job's module imported first, then
+    every file operation of `os` (FILE_OPS: what a crash-safe protocol's steps are made of) counted, and the process
+    group SIGKILLed right after the k-th: a kill at a random point of the job's mutations, with no clean-up (k=0:
+    none, each operation traced to stderr as `file op N: NAME ARGS`)."""
+    import importlib
+
+    module, k, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    job = importlib.import_module(module)
+    count = [0]
+
+    def counted(fn: Any) -> Any:
+        def op(*a: Any, **kw: Any) -> Any:
+            out = fn(*a, **kw)
+            count[0] += 1
+            if k == 0:  # a trace: which operation is which k
+                print(f"file op {count[0]}: {fn.__name__} {' '.join(map(str, a))}", file=sys.stderr, flush=True)
+            if count[0] == k:
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            return out
+
+        return op
+
+    for name in FILE_OPS:
+        setattr(os, name, counted(getattr(os, name)))
+    return int(job.main(args))
+
+
 class ProductMachine(RuleBasedStateMachine):
     """One example: a base path, a table, and the model of both."""
 
@@ -316,7 +373,7 @@ class ProductMachine(RuleBasedStateMachine):
         mode=st.sampled_from(["append", "latest"]),
         partition_by=st.sampled_from(["", "topic,date", "topic,partition", "partition,date"]),
         guard=st.booleans(),
-        engine=_choices(["deltalake", "spark"], ["deltalake"]),
+        engine=_choices(PROFILE_ENGINES, ["deltalake"]),
         values=_choices(["binary", "utf8", "json"], ["binary", "utf8"]),
         in_driver=_choices([True, False], [True]),
     )
@@ -453,7 +510,33 @@ class ProductMachine(RuleBasedStateMachine):
         before = self._disk()
         code, out = retention_job("--data-dir", self.base, "--config", self.config, "--broker-stopped")
         self._expect(code == 0, f"retention exited {code}: {out[-2000:]}")
-        after = self._disk()
+        self._retained(before, self._disk())
+        COVERED["retention guarded" if self.combo and self.combo.guard else "retention"] += 1
+
+    @precondition(lambda self: not PROFILE.only_spark)
+    @rule(k=st.integers(min_value=1, max_value=12))
+    def retention_killed_then_run_again(self, k: int) -> None:
+        """Retention (`jobs/retention.py`, with the example's guard or without) SIGKILLed right after its k-th file
+        operation: what it deleted is a legal prefix (`_retained`), and the next run finishes the plan, exit 0; the
+        real broker serves the log as the model has it."""
+        before = self._disk()
+        args = ["--data-dir", self.base, "--config", self.config, "--broker-stopped"]
+        killed, code, err = killed_job("retention", k, {}, *args)
+        self._expect(killed or code == 0, f"retention (not killed) exited {code}: {err[-2000:]}")
+        guarded = "guarded" if self.combo and self.combo.guard else "unguarded"
+        COVERED[f"retention killed ({guarded})" if killed else "retention finished before its kill"] += 1
+        self._retained(before, self._disk())
+        before = self._disk()
+        code, out = retention_job(*args)
+        self._expect(code == 0, f"retention after a kill exited {code}: {out[-2000:]}")
+        self._retained(before, self._disk())
+        if killed:
+            self._served_as_the_model("the log after a killed retention")
+
+    def _retained(self, before: dict[tuple[str, int], dict[int, Msg]],
+                  after: dict[tuple[str, int], dict[int, Msg]]) -> None:  # fmt: skip
+        """Retention removed only whole prefixes of the topics it limits, with the guard nothing the table has not
+        received; what it removed is recorded in the model."""
         for where, seqs in before.items():
             gone = sorted(set(seqs) - set(after[where]))
             if not gone:
@@ -469,7 +552,6 @@ class ProductMachine(RuleBasedStateMachine):
                 )
             for s in gone:
                 self.logs[where].removed[s] = "retention"
-        COVERED["retention guarded" if self.combo and self.combo.guard else "retention"] += 1
 
     # ---- damage --------------------------------------------------------------------------------------------------
 
@@ -723,6 +805,42 @@ class ProductMachine(RuleBasedStateMachine):
         self._check_restored("import --append")
         COVERED[f"import --append {self.combo.fmt}"] += 1
 
+    @precondition(lambda self: self.combo is not None and self.combo.importable and self.recorded)
+    @rule(append=st.booleans(), k=st.integers(min_value=1, max_value=80), then=st.sampled_from(["rerun", "repair"]))
+    def import_killed_then_run_again(self, append: bool, k: int, then: str) -> None:
+        """The import SIGKILLed right after its k-th file operation, into a fresh base path or (`append`, once a
+        base path was restored) with `--append` into the restored one; then what the import guide tells the
+        operator (an import interrupted after its commit point is finished, one interrupted before it removed, by
+        the next import or by `tank-log repair BASE`; run it again with `--append`): the import again with
+        `--append`, after `tank-log repair` when `then="repair"`. The base path holds exactly the table's messages,
+        and the real broker serves them. (Without `--append`, a rerun refuses the partitions the killed run
+        committed: `exists …: pass --append to continue it`, exit 1.)"""
+        assert self.combo is not None
+        append = append and self.restored is not None
+        target = self.restored if append else tempfile.mkdtemp(dir=self.work, prefix="restored-")
+        assert target is not None
+        args = ["--data-dir", target, "--table", self.table, "--format", self.combo.fmt]
+        args += ["--append"] if append else []
+        what = "import --append" if append else "import"
+        killed, code, err = killed_job("import", k, {}, *args)
+        self._expect(killed or code == 0, f"{what} (not killed) exited {code}: {err[-2000:]}")
+        COVERED[f"{what} killed, then {then}" if killed else f"{what} finished before its kill"] += 1
+        if then == "repair":
+            code, out = tank_log("repair", target)
+            self._expect(code == 0, f"repair after a killed {what} exited {code}: {out[-2000:]}")
+        code, out = import_job(*args, *([] if append else ["--append"]))
+        self._expect(code == 0, f"{what} after a kill ({then}) exited {code}: {out[-2000:]}")
+        if append:
+            for where, msgs in self._table_messages().items():
+                had = self.restored_model.get(where, {})
+                top = max(had, default=0)
+                self.restored_model[where] = {**had, **{s: m for s, m in msgs.items() if s > top}}
+        else:
+            if self.restored is not None:
+                shutil.rmtree(self.restored)
+            self.restored, self.restored_model = target, self._table_messages()
+        self._check_restored(f"{what} after a kill")
+
     def _check_restored(self, what: str) -> None:
         assert self.restored is not None
         got = _messages_on_disk(self.restored)
@@ -741,12 +859,18 @@ class ProductMachine(RuleBasedStateMachine):
     @rule()
     def the_real_broker_serves_the_log(self) -> None:
         """The real TANK broker, started on a copy of the base path, serves every partition as the model has it."""
+        self._served_as_the_model()
+
+    def _served_as_the_model(self, what: str = "the log") -> None:
+        """With `TANK_BIN`/`TANK_CLI`: the real broker serves every partition as it is on disk (which
+        `log_is_the_model` checks against the model)."""
         served = _served_by_the_real_broker(self.base)
-        assert served is not None
+        if served is None:
+            return
         for where, msgs in self._disk().items():
             self._expect(served.get(where, {}) == msgs, f"{where}: the real broker serves "
                          f"{_first_difference(served.get(where, {}), msgs)}")  # fmt: skip
-        COVERED["the real broker served the log"] += 1
+        COVERED[f"the real broker served {what}"] += 1
 
     @precondition(
         lambda self: not PROFILE.only_spark and self.combo is not None and self.combo.fmt == "delta" and self.recorded
@@ -1117,8 +1241,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a long run bounded in time: runs of --examples examples with seeds --seed, --seed+1, ... until this "
         "many minutes have passed; the figures are their sums",
     )
+    ap.add_argument(
+        "--engine",
+        choices=["spark"],
+        help="spark: every example's export on engine spark where the export takes it (Delta append tables; Iceberg "
+        "and latest tables stay on deltalake)",
+    )
     args = ap.parse_args(argv)
     examples, steps, profile = args.examples, args.steps, args.profile
+    if args.engine:
+        if not PROFILES[profile].spark:
+            ap.error(f"--engine {args.engine} needs Spark: not with --profile {profile}")
+        PROFILE_ENGINES[:] = [args.engine]
     if args.minutes:
         return _timed(args.seed, examples, steps, profile, args.minutes * 60)
     if args.short:

@@ -4,8 +4,8 @@ examples against a model of the log and of the table, ending with `violations: 0
 - `--short` (10 examples of 20 steps, nothing that needs Spark): produce, the broker's life, compaction (also
   killed), retention, repair, damage, the export in the driver (delta-rs or pyiceberg; every format × mode ×
   partition_by × guard, binary and utf8 values), the export SIGKILLed before its commit or dying at its crash hook
-  and run again (3 times a run: each is a process of its own), delta-rs OPTIMIZE/VACUUM, the import into a fresh
-  base path and `--append` into it;
+  and run again (3 times a run: each is a process of its own), retention and the import SIGKILLed at a random file
+  operation and run again, delta-rs OPTIMIZE/VACUUM, the import into a fresh base path and `--append` into it;
 - `--short-spark` (2 examples of 15 steps, every export needing Spark: engine spark, JSON values or the export on
   executors, on one Spark session): produce, the export (also killed), the import and `--append`, delta-spark
   OPTIMIZE, DELETE and VACUUM on the table, and its rows read by delta-spark too.
