@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, copy_tree, data_dir
 
 
 def run_model_check(tmp_path, *flags):
@@ -44,3 +44,47 @@ def test_every_combination_keeps_the_invariants(tmp_path):
 def test_every_combination_on_spark_keeps_the_invariants(tmp_path):
     out = run_model_check(tmp_path, "--short-spark", "--seed", "2")
     assert '"spark session started": 1' in out and "executors" in out
+
+
+@pytest.mark.slow
+def test_an_import_killed_past_its_commit_point_is_finished_by_running_it_again_with_append(tmp_path):
+    """The import guide's advice after an interrupted import: run it again with `--append`. An import SIGKILLed
+    right after it moved its first partition in (past its commit point; the model's kill at a file operation), then
+    `--append`: exit 0 and exactly the messages of an import that was not interrupted. The same import run again
+    without `--append` loses nothing either, but refuses the partitions the killed run committed, naming `--append`
+    (exit 1)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from model_check import _messages_on_disk, killed_job
+
+    src = copy_tree(data_dir("A_multi"), str(tmp_path / "src"))
+    table = str(tmp_path / "table")
+    export = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]"]
+    done = subprocess.run([*export, "--data-dir", src, "--table", table], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def imported(base, *more):
+        return killed_job("import", 0, {}, "--data-dir", base, "--table", table, *more)
+
+    whole = str(tmp_path / "whole")
+    killed, code, trace = imported(whole)
+    assert not killed and code == 0, trace[-3000:]
+    want = _messages_on_disk(whole)
+    assert sum(map(len, want.values())) > 0
+    moves = [line.split()[2].rstrip(":") for line in trace.splitlines()
+             if line.startswith("file op") and " rename " in line and ".tank-import-" in line.split()[4]
+             and ".tank-import-" not in line.split()[5]]  # fmt: skip
+    assert moves, trace[-3000:]  # the commit moves staged partitions into the base path
+    for then in (["--append"], []):
+        base = str(tmp_path / f"killed{len(then)}")
+        killed, _, err = killed_job("import", int(moves[0]), {}, "--data-dir", base, "--table", table)
+        assert killed, err[-3000:]
+        assert any(n.startswith(".tank-import-") for n in os.listdir(base))  # interrupted inside its commit
+        again = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "jobs", "import_delta.py"), "--master", "local[1]", "--data-dir", base,
+             "--table", table, *then], capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert _messages_on_disk(base) == want
+        if then:
+            assert again.returncode == 0, again.stderr[-3000:]
+        else:
+            assert again.returncode == 1 and "pass --append to continue it" in again.stdout + again.stderr, again
