@@ -3,7 +3,8 @@ Iceberg's Spark writer staging what pyiceberg commits; Delta: delta-rs, and delt
 shared session, the SQLite catalog beside each Iceberg table), each table read by every engine that reads its format:
 Spark (Iceberg through `tank_spark.iceberg_catalog`'s JDBC catalog), DuckDB (its iceberg and delta extensions),
 pyiceberg or deltalake (DataFusion's SQL over the table), and Polars. Every reader returns the same rows, equal to the
-broker's dump: topic, partition, seq, ts to the microsecond, key and value."""
+broker's dump: topic, partition, seq, ts to the microsecond, key and value. Polars also reads a table the REST
+catalog names, loaded through the catalog."""
 
 import datetime as dt
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 from conftest import data_dir, duckdb_with, load_dump
 from test_delta_spark import export, export_on
+from test_export_iceberg_rest import server as rest_server  # noqa: F401 (a fixture: the REST catalog server)
 
 from tank_log.lakehouse.location import locate
 from tank_spark.iceberg_catalog import spark_table
@@ -100,3 +102,20 @@ def test_every_engine_reads_every_export_alike(spark, tmp_path, monkeypatch):
 
     differ = {k: len(v) for k, v in readers.items() if v != expected}
     assert not differ, f"{len(expected)} rows expected; these readers return others: {differ}"
+
+
+def test_polars_reads_an_iceberg_table_of_the_rest_catalog(tmp_path, monkeypatch, request):
+    """An export into a table the REST catalog names (the reference server, `test_export_iceberg_rest.Server`), read
+    by Polars as its users do with a catalog: the table pyiceberg loads through the catalog, by `pl.scan_iceberg`
+    and by pyiceberg's `scan().to_polars()`, each the broker's dump to the microsecond."""
+    import polars as pl
+    from test_export_iceberg_rest import config
+
+    server = request.getfixturevalue("rest_server")
+    monkeypatch.setenv("POLARS_ICEBERG_PLANNER", "pyiceberg")
+    cfg = config(tmp_path, server, "tank.cross")
+    assert export("--config", cfg, "--data-dir", data_dir(FIXTURE), "--topics", ",".join(sorted(TOPICS))) == 0
+    table = server.catalog().load_table("tank.cross")
+    expected = expected_rows()
+    assert by_polars(pl.scan_iceberg(table)) == expected
+    assert normal(table.scan().to_polars().select(COLUMNS).iter_rows()) == expected
