@@ -854,6 +854,12 @@ class ProductMachine(RuleBasedStateMachine):
                 self._expect(served.get(where, {}) == msgs, f"{where}: the real broker serves {what}'s base path "
                              f"otherwise ({_first_difference(served.get(where, {}), msgs)})")  # fmt: skip
             COVERED[f"{what} served by the real broker"] += 1
+        if not any(self.deleted.values()):  # rows deleted from the table since: on disk, rightly unaccounted
+            assert self.combo is not None
+            args = ["--table", self.table, "--format", self.combo.fmt, "--source", "model", "--json"]
+            code, out = tank_log("audit", *args, self.restored)
+            self._expect(code == 0, f"audit of {what}'s base path exited {code}: {out[-2000:]}")
+            COVERED[f"{what}: the audit accounted for everything"] += 1
 
     @precondition(lambda self: _real_broker() is not None)
     @rule()
