@@ -269,7 +269,7 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "no such file": ["--value-format", "avro", "--value-schema-file", str(tmp_path / "missing.avsc")],
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
-        "--engine spark": ["--value-format", "avro", "--value-schema-file", SMALL, "--engine", "spark"],
+        "--mode latest does not take --engine spark": [*avro_values, "--mode", "latest", "--engine", "spark"],
         "--key-format utf8 does not take --mode latest": ["--key-format", "utf8", "--mode", "latest"],
         "--key-format avro does not take --mode latest": [
             *avro_values,
@@ -302,6 +302,26 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         assert rc == 2, (needle, err[-2000:])
         assert "Traceback" not in err and len(lines) == 1 and needle in lines[0], (needle, err[-2000:])
         assert not os.path.exists(table) and not os.path.exists(table + "_dead_letters")
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_the_spark_engine_plans_typed_values(tmp_path, fmt):
+    """--engine spark takes typed values and decoded keys in append mode (Spark's tasks decode them:
+    tests/spark/test_export_typed_spark.py): planned without a refusal, before Spark starts."""
+    from tank_spark.context import build_context
+    from tank_spark.export import job
+    from tank_spark.job_options import job_parser
+
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    write_topic(base, "clicks", {0: [avro(SMALL, click(1))]})
+    parser = job_parser("export_delta", "")
+    job.add_options(parser)
+    typed = ["--value-format", "avro", "--value-schema-file", SMALL, "--key-format", "utf8"]
+    args = parser.parse_args(["--data-dir", base, "--table", table, "--format", fmt, "--engine", "spark", *typed])
+    settings, plans, _ = job._prepare(build_context("export_delta", args), args)
+    assert (settings.engine, settings.typed, settings.key_spec is not None) == ("spark", True, True)
+    assert [(p.topic, p.first, p.end) for p in plans] == [("clicks", 1, 1)]
+    assert not os.path.exists(table)
 
 
 def test_protobuf_and_json_schema_values_become_typed_columns(tmp_path):

@@ -166,11 +166,13 @@ def write_direct(
     schema: pa.Schema,
     run_id: str,
     dead_after: dict[tuple[str, int], int | None] | None = None,
+    table_files: bool = True,
 ) -> Written:
     """Read, decode and write Parquet files per range (a few Spark tasks per core, `tasks.deal`, or the driver's
     threads: `workers`). Typed values decode in bulk per batch; the bad ones go by `on_bad_record`: with
     `dead_letter`, into files of the dead-letter table, except those at or below `dead_after` of their partition
-    (that table's recorded versions: they are there already)."""
+    (that table's recorded versions: they are there already). Without `table_files` (engine spark, whose writer
+    writes the table's rows) the good rows are decoded and dropped: only the dead letters' files are written."""
     from tank_spark.export.corruption import TrackedRead
 
     writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
@@ -198,9 +200,14 @@ def write_direct(
                 yield ("outcome", read.outcome())
                 continue
             bad = BadRecords(i, r.path, r.topic, r.partition, settings.on_bad_record, after.get((r.topic, r.partition)))
-            for meta in writer(bad.split(read, settings, schema)):
-                for m in meta.to_pylist():
-                    yield ("file", {**m, "range": i})
+            good = bad.split(read, settings, schema)
+            if table_files:
+                for meta in writer(good):
+                    for m in meta.to_pylist():
+                        yield ("file", {**m, "range": i})
+            else:
+                for _ in good:  # decoded for its bad values only: Spark's writer writes the good rows
+                    pass
             if bad.dead and dead_writer is not None:
                 for meta in dead_writer(bad.dead):
                     for m in meta.to_pylist():

@@ -27,6 +27,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from tank_log.errors import JobConfigError
 from tank_log.lakehouse.iceberg import IcebergTable
 from tank_log.lakehouse.location import RestCatalog
@@ -89,11 +91,16 @@ def spark_table(spark: SparkSession, location: TableLocation) -> str:
 
 
 def append_with_iceberg_spark(
-    ctx: JobContext, spark: SparkSession, workers: Workers, settings: ExportSettings, plans: list[PartitionPlan]
+    ctx: JobContext,
+    spark: SparkSession,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
 ) -> Any:
     """engine=spark, Iceberg table: every partition's rows in one staged Spark write, then ONE commit of its files
-    with every partition's new version (module docstring); a concurrent commit re-plans. Returns the job's
-    `_Appended`."""
+    with every partition's new version (module docstring), typed values' dead letters committed (by pyiceberg:
+    `dead_letters.py`) right before it; a concurrent commit re-plans. Returns the job's `_Appended`."""
     from tank_spark.export import job
     from tank_spark.export.plan import plan_export
     from tank_spark.export.rows import decoded_frame
@@ -103,20 +110,24 @@ def append_with_iceberg_spark(
     table.enable_staging()
     name = spark_table(spark, settings.location)
     for attempt in range(1, job.COMMIT_ATTEMPTS + 1):
-        outcomes, cut = job._pre_pass(workers, ctx, settings, plans)
-        work = [p for p in cut.plans if p.has_work]
         run_id = new_run_id()
+        outcomes, cut, bad = job.decode_pre_pass(workers, ctx, settings, schema, plans, run_id)
+        work = [p for p in cut.plans if p.has_work]
         t0 = time.monotonic()
         spark.conf.set("spark.wap.id", run_id)
         try:
-            decoded_frame(spark, ctx, settings, work).writeTo(name).option("fanout-enabled", "true").append()
+            if work:  # else every partition failed (on_bad_record fail): its dead letters alone
+                frame = decoded_frame(spark, ctx, settings, work, schema)
+                frame.writeTo(name).option("fanout-enabled", "true").append()
         finally:
             spark.conf.unset("spark.wap.id")
         log.info("export: Spark's Iceberg writer staged the rows in %.2fs (wap.id %s)", time.monotonic() - t0, run_id)
         hold(HOLD_BEFORE_COMMIT)  # test hook
         crash_before_commit(len(work))  # test hook
         try:
-            version = commit_staged(settings, work, run_id)
+            if bad is not None:
+                bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
+            version = commit_staged(settings, work, run_id) if work else settings.location.existing().version()
         except ConcurrentExport as conflict:
             if attempt == job.COMMIT_ATTEMPTS:
                 spent = f"nothing committed after {job.COMMIT_ATTEMPTS} attempts"
@@ -132,5 +143,7 @@ def append_with_iceberg_spark(
                 job._count(results[o.key], o.rows, o.min_seq, o.max_seq)
         for p in work:
             results[(p.topic, p.partition)]["status"] = "exported"
-        return job._Appended(results, [], cut, version)
+            if bad is not None and (p.topic, p.partition) in bad.counts:  # read, not decoded: not in the table
+                results[(p.topic, p.partition)]["rows"] -= bad.counts[(p.topic, p.partition)].bad
+        return job._Appended(results, [], cut, version, bad)
     raise AssertionError("unreachable: the last attempt returns or raises")

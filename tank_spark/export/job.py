@@ -13,7 +13,9 @@ right before committing.
 Engines: `deltalake` (delta-rs; default, no JVM jars) commits as above. `spark` (delta-spark) writes through
 `df.write.format("delta")` with `txnAppId`/`txnVersion` per partition (one commit per partition: idempotent per
 partition but not atomic across partitions); its Spark loads Delta's jars (`tank_spark/jars.py`: those
-scripts/setup.sh fetched, or the submission's own), which are checked first with a clear error.
+scripts/setup.sh fetched, or the submission's own), which are checked first with a clear error. Typed values
+(`--value-format avro`, ...) decode in its tasks (`rows.typed_frame`), after a first pass that finds the bad ones and
+commits their dead letters (`decode_pre_pass`).
 
 Table layout: partition columns (default `topic`, `date` — the UTC date of ts), target file size; values as
 `binary` (default), `utf8`, or `json` with a schema (DDL) giving typed columns. Rows whose value cannot be decoded
@@ -47,7 +49,7 @@ from tank_spark.export.commit import (
 )
 from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
-from tank_spark.export.dead_letters import BadRun, replay
+from tank_spark.export.dead_letters import BadCounts, BadRun, replay
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     count_files,
@@ -217,10 +219,10 @@ def _export(
         return _named_losses(*_latest(ctx, workers, settings, schema, plans, summary, t0))
     if settings.engine == "spark" and settings.table_format == "iceberg":
         assert spark is not None
-        run = append_with_iceberg_spark(ctx, spark, workers, settings, plans)
+        run = append_with_iceberg_spark(ctx, spark, workers, settings, schema, plans)
     elif settings.engine == "spark":
         assert spark is not None
-        run = _append_with_delta_spark(ctx, spark, workers, settings, plans)
+        run = _append_with_delta_spark(ctx, spark, workers, settings, schema, plans)
     else:
         run = _append_with_delta_rs(ctx, spark, workers, settings, schema, plans, t0)
     if run.cut is None:  # a re-plan after a concurrent commit found nothing left to export
@@ -305,23 +307,32 @@ def _dry_run(
 
 
 def _append_with_delta_spark(
-    ctx: JobContext, spark: SparkSession, workers: Workers, settings: ExportSettings, plans: list[PartitionPlan]
+    ctx: JobContext,
+    spark: SparkSession,
+    workers: Workers,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
 ) -> _Appended:
-    """The delta-spark engine: one idempotent commit per partition (`txnAppId`/`txnVersion`); a concurrent commit
-    re-plans, keeping the partitions already committed."""
+    """The delta-spark engine: one idempotent commit per partition (`txnAppId`/`txnVersion`), after the dead letters'
+    commit (typed values); a concurrent commit re-plans, keeping the partitions already committed."""
     written: dict[tuple[str, int], list[RangeOutcome]] = {}  # the partitions committed, over the attempts
     committed: dict[tuple[str, int], tuple[int, int]] = {}  # their commits' files and bytes
     refused: dict[tuple[str, int], str] = {}  # the partitions whose rows a constraint of the table refused
+    bad_counts: dict[tuple[str, int], BadCounts] = {}  # typed values: the committed partitions' bad values
     for attempt in range(1, COMMIT_ATTEMPTS + 1):
-        outcomes, cut = _pre_pass(workers, ctx, settings, plans)
+        run_id = new_run_id()
+        outcomes, cut, bad = decode_pre_pass(workers, ctx, settings, schema, plans, run_id)
         hold(HOLD_BEFORE_COMMIT)  # test hook
         done: list[PartitionPlan] = []
         try:
+            if bad is not None:
+                bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
             version = write_with_delta_spark(
-                lambda p: decoded_frame(spark, ctx, settings, [p]),
+                lambda p: decoded_frame(spark, ctx, settings, [p], schema),
                 settings,
                 [p for p in cut.plans if p.has_work],
-                new_run_id(),
+                run_id,
                 done,
                 committed,
                 refused,
@@ -335,17 +346,44 @@ def _append_with_delta_spark(
         finally:
             keys = {(p.topic, p.partition) for p in done}
             written.update({k: [o for o in outcomes if o.key == k and o.index in cut.kept] for k in keys})
+            if bad is not None:
+                bad_counts.update({k: c for k, c in bad.counts.items() if k in keys})
         break
     results = _results(plans)
     for key, kept in written.items():
         for o in kept:
             _count(results[key], o.rows, o.min_seq, o.max_seq)
+        if key in bad_counts:  # the rows read that did not decode: not in the table
+            results[key]["rows"] -= bad_counts[key].bad
         results[key]["status"] = "exported"
         results[key]["files"], results[key]["bytes"] = committed.get(key, (0, 0))
     for key, violation in refused.items():
         reason = "a constraint of the table refuses its rows: nothing of this partition was written"
         results[key].update(status="failed", error=violation, reason=reason)
-    return _Appended(results, [], cut, version)
+    if bad is not None:
+        bad.counts = bad_counts  # the report's: those of the partitions committed, over the attempts
+    return _Appended(results, [], cut, version, bad)
+
+
+def decode_pre_pass(
+    workers: Workers,
+    ctx: JobContext,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    plans: list[PartitionPlan],
+    run_id: str,
+) -> tuple[list[RangeOutcome], Cut, BadRun | None]:
+    """The first pass of the spark engine, whose writer commits on its own: `_pre_pass`, and for typed values the
+    values decoded too (`files.write_direct` without the table's files), the bad ones by `on_bad_record` (with
+    `dead_letter`, written as the dead-letter table's files) for the run to commit BEFORE Spark's writer writes the
+    good ones, which Spark's tasks decode again (`rows.typed_frame`)."""
+    bad = BadRun.start(settings, plans)
+    if bad is None:
+        outcomes, cut = _pre_pass(workers, ctx, settings, plans)
+        return outcomes, cut, None
+    w = write_direct(workers, direct_ranges(ctx, settings, plans), settings, schema, run_id, bad.dead_after, False)
+    cut = bad.settle(settings, w, cut_at_corruption(plans, w.outcomes, settings.on_corruption))
+    return w.outcomes, cut, bad
 
 
 def _append_with_delta_rs(

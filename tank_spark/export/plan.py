@@ -542,9 +542,9 @@ def _check_typed(settings: ExportSettings) -> None:
         raise JobConfigError("--replay-dead-letters: the values are not typed (--value-format avro|protobuf|json)")
     if not settings.typed:
         return
+    _check_spark_iceberg_types(settings)
     clashes = {
         "--upkeep-only": settings.upkeep_only and settings.replay_dead_letters,
-        "--engine spark": settings.engine == "spark",
         # a latest table's MERGE matches the raw key (audit compares it with the log's): decoded keys append only
         "--mode latest": settings.mode == "latest" and settings.key_spec is not None,
     }
@@ -555,8 +555,30 @@ def _check_typed(settings: ExportSettings) -> None:
         if settings.key_spec and (plain or bad == ["--mode latest"]):
             what = f"--key-format {settings.key_spec.format}"  # plain values typed for their keys' sake
         raise JobConfigError(
-            f"{what} does not take {', '.join(bad)} yet: typed values are exported by batch runs on the deltalake "
-            "engine, decoded keys by append runs (docs/guides/typed-tables.md)"
+            f"{what} does not take {', '.join(bad)} yet: typed values are exported by batch runs, decoded keys by "
+            "append runs (docs/guides/typed-tables.md)"
+        )
+
+
+def _check_spark_iceberg_types(settings: ExportSettings) -> None:
+    """Refuse typed values with a time of day (Avro time-millis/micros: an Iceberg `time` column) on an Iceberg
+    table with --engine spark: Iceberg's Spark runtime opens no table with a time column.
+
+    Raises:
+        JobConfigError: one line naming the flag and the fields.
+    """
+    import pyarrow as pa
+
+    from tank_spark.export.schema import all_fields, table_schema
+
+    if settings.engine != "spark" or settings.table_format != "iceberg":
+        return
+    found = sorted(path for path, f, _ in all_fields(table_schema(settings)) if pa.types.is_time(f.type))
+    if found:
+        raise JobConfigError(
+            f"--engine spark does not take typed values with a time of day into an Iceberg table (field(s) "
+            f"{', '.join(found)}: Iceberg's Spark runtime opens no table with a time column); use --engine "
+            "deltalake (pyiceberg writes it)"
         )
 
 

@@ -25,9 +25,14 @@ if TYPE_CHECKING:
 
 
 def decoded_frame(
-    spark: SparkSession, ctx: JobContext, settings: ExportSettings, plans: list[PartitionPlan]
+    spark: SparkSession,
+    ctx: JobContext,
+    settings: ExportSettings,
+    plans: list[PartitionPlan],
+    schema: pa.Schema | None = None,
 ) -> DataFrame:
-    """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date)."""
+    """The DataFrame of rows to export, with the table's columns (decoded values, quarantine columns, date); typed
+    values (`settings.typed`) in the columns of `schema`, the table's (`typed_frame`)."""
     from tank_spark.ranges import format_seq_ranges
     from tank_spark.source import register
 
@@ -38,7 +43,27 @@ def decoded_frame(
     reader = spark.read.format("tank").option("seq_ranges", format_seq_ranges(ranges))
     if settings.since_ms is not None:
         reader = reader.option("min_ts", str(settings.since_ms))
-    return table_frame(settings, reader.load(",".join(ctx.data_dirs)))
+    rows = reader.load(",".join(ctx.data_dirs))
+    if settings.typed:
+        assert schema is not None  # the table's columns: `schema.evolved_schema`'s order and types
+        return typed_frame(settings, rows, schema)
+    return table_frame(settings, rows)
+
+
+def typed_frame(settings: ExportSettings, df: DataFrame, schema: pa.Schema) -> DataFrame:
+    """Rows of the tank source → the table's typed columns (engine spark): each batch decoded in Spark's tasks by
+    `typed_rows` (the deltalake engine's decoders), the bad values left out (the run found them before and put them
+    in the dead-letter table: `job._decode_pre_pass`); the Spark schema is the table's Arrow `schema` (a timestamp
+    without a time zone: TIMESTAMP_NTZ)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def decode(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for b in batches:
+            good = typed_rows(b, settings, schema).good
+            if good.num_rows:
+                yield good.cast(schema)  # the source's `ts` comes in the session's time zone: the same instants
+
+    return df.mapInArrow(decode, from_arrow_schema(schema, prefer_timestamp_ntz=True))
 
 
 def table_frame(settings: ExportSettings, df: DataFrame) -> DataFrame:

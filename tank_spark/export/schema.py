@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -52,7 +53,50 @@ def table_schema(settings: ExportSettings) -> pa.Schema:
         fields += json_fields(settings.value_schema)
     if settings.value_format != "binary" and settings.value_spec is None:
         fields += QUARANTINE_FIELDS
+    if delta_spark_typed(settings):
+        fields = [f.with_type(nullable_nested(f.type)) for f in fields]
     return pa.schema(fields + DERIVED_FIELDS + list(EVOLVABLE))  # last: tables made before them gain them
+
+
+def delta_spark_typed(settings: ExportSettings) -> bool:
+    """Whether delta-spark writes these typed values (`--engine spark`, Delta). It checks a field that is NOT NULL
+    inside a struct column even in rows where the struct itself is null (a tombstone's, a union's other branch;
+    delta-io/delta#860) and fails the write: such a table's struct fields are all nullable (`nullable_nested`)."""
+    return settings.typed and settings.engine == "spark" and settings.table_format == "delta"
+
+
+def nullable_nested(t: pa.DataType) -> pa.DataType:
+    """`t` with every field of a struct in it nullable, at any depth (in lists and maps too)."""
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(nullable_nested(f.type)).with_nullable(True) for f in t])
+    if pa.types.is_map(t):
+        key, item = t.key_field, t.item_field
+        return pa.map_(key.with_type(nullable_nested(key.type)), item.with_type(nullable_nested(item.type)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return pa.list_(t.value_field.with_type(nullable_nested(t.value_type)))
+    return t
+
+
+def not_null_nested(schema: pa.Schema) -> list[str]:
+    """The paths of the NOT NULL fields inside struct columns of `schema` (delta-spark cannot write them:
+    `delta_spark_typed`)."""
+    return sorted(path for path, f, in_struct in all_fields(schema) if in_struct and not f.nullable)
+
+
+def all_fields(schema: pa.Schema) -> Iterator[tuple[str, pa.Field, bool]]:
+    """Every field of `schema` at any depth, with its path (a list's items `a[]`, a map's `a.key` and `a.value`) and
+    whether it is a struct's field (a column, a list's items, a map's keys and values are not)."""
+    todo = [(f.name, f, False) for f in schema]
+    while todo:
+        path, f, in_struct = todo.pop()
+        yield path, f, in_struct
+        t = f.type
+        if pa.types.is_struct(t):
+            todo += [(f"{path}.{c.name}", c, True) for c in t]
+        elif pa.types.is_map(t):
+            todo += [(f"{path}.key", t.key_field, False), (f"{path}.value", t.item_field, False)]
+        elif pa.types.is_list(t) or pa.types.is_large_list(t):
+            todo.append((f"{path}[]", t.value_field, False))
 
 
 def key_field(settings: ExportSettings) -> pa.Field:
@@ -213,6 +257,13 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     from tank_log.values import evolve
 
     have = table.arrow_schema()
+    strict = not_null_nested(have) if delta_spark_typed(settings) else []
+    if strict:
+        raise RunFailed(
+            f"--engine spark: table {settings.table} has NOT NULL fields inside struct columns ({', '.join(strict[:3])}"
+            f"{', ...' if len(strict) > 3 else ''}), which delta-spark checks even where the struct is null "
+            "(delta-io/delta#860): nothing committed; export it with --engine deltalake, or to a new table"
+        )
     _check_key(settings, have)
     old = [f for f in have if f.name not in own_columns(settings)]
     new = typed_fields(settings, metadata=True)
@@ -246,6 +297,8 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
         w = want.get(f.name)
         if w is not None and kept.get(f.name, w.type) != w.type:  # narrowed: the wider column (`conform` casts)
             w = w.with_type(kept[f.name])
+        if w is not None and plain_type(f.type) == nullable_nested(w.type) != w.type:  # made by delta-spark
+            w = w.with_type(nullable_nested(w.type))
         columns.append(f if w is None else w)
     return pa.schema(columns)
 
