@@ -32,6 +32,16 @@ def typed_config(tmp_path, mode="dead_letter"):
                   value_wire="confluent", on_bad_record=mode)  # fmt: skip
 
 
+def metrics_of(results, summary):
+    """The Prometheus metrics `--metrics-file` writes of a run with these results (`tank_log.metrics`)."""
+    from prometheus_client import generate_latest
+
+    from tank_log.metrics import report_registry
+
+    report = {"job": "export_delta", "status": "ok", "summary": summary, "partitions": results}
+    return generate_latest(report_registry(report)).decode()
+
+
 def recorded(table, fmt, partition):
     return TableLocation.of(table, {}, fmt, None, default_source()).existing().recorded_version("clicks", partition)
 
@@ -76,6 +86,8 @@ def test_killed_between_the_dead_letters_and_the_table_then_restarted(spark, tmp
     by_part = {r["partition"]: r for r in results}
     assert summary["dead_lettered"] == 2 and by_part[0]["dead_lettered"] == by_part[1]["dead_lettered"] == 1
     assert summary["dead_letter_table"] == table + "_dead_letters" and summary["stopped"] == "query ended"
+    metric = f'tank_log_export_dead_lettered_records{{partition="1",table="{table}",topic="clicks"}} 1.0'
+    assert metric in metrics_of(results, summary)
     main, dead = rows(table, "partition,seq"), rows(table + "_dead_letters", "partition,seq,error")
     assert sorted(main + [d[:2] for d in dead]) == [(p, s) for p in (0, 1) for s in range(1, 11)]  # each once
     assert [d[:2] for d in dead] == [(0, s) for s in (*sorted(BAD_SEQS), 10)] + [(1, 10)]
@@ -113,6 +125,8 @@ def test_iceberg_skip_and_fail(spark, tmp_path, monkeypatch):
     results, summary = continuous(spark, "--config", typed_config(tmp_path, "skip"), *common, "--table", table,
                                   "--checkpoint", str(tmp_path / "ck-skip"))  # fmt: skip
     assert summary["skipped_bad_records"] == 3 and {r["partition"]: r["rows"] for r in results} == {0: 5, 1: 8}
+    metric = f'tank_log_export_skipped_bad_records{{partition="0",table="{table}",topic="clicks"}} 3.0'
+    assert metric in metrics_of(results, summary)
     assert not os.path.exists(table + "_dead_letters")
     assert recorded(table, "iceberg", 0) == 8 and recorded(table, "iceberg", 1) == 8
     metadata = TableLocation.of(table, {}, "iceberg").existing().table.metadata_location.removeprefix("file://")
