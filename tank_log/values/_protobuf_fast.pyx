@@ -22,6 +22,7 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
+from cython.view cimport array as cvarray
 
 # node kinds (protobuf._FastPlan gives the same numbers)
 cdef enum:
@@ -167,15 +168,21 @@ cdef inline bint _utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
 cdef inline void _init(Ctx* c, Py_ssize_t g, Py_ssize_t s) noexcept nogil:
     """Slot `s` of every node of group `g` at its default (a repeated field: empty, at its group's end)."""
     cdef Py_ssize_t k, m, e
+    cdef int64_t kind
     for k in range(c.gfirst[g], c.gfirst[g] + c.gcount[g]):
         m = c.gmembers[k]
-        c.v[m][s] = 0
-        c.l[m][s] = 0
         c.valid[m][s] = <uint8_t>c.defvalid[m]
-        if c.kind[m] == K_LIST or c.kind[m] == K_MAP:
+        kind = c.kind[m]
+        if kind == K_MSG:
+            continue
+        if kind == K_LIST or kind == K_MAP:
             e = c.gsize[c.group[c.elem[m]]]
             c.v[m][s] = <uint64_t>e
             c.l[m][s] = e
+            continue
+        c.v[m][s] = 0
+        if kind == K_STRING or kind == K_BYTES:
+            c.l[m][s] = 0
 
 
 cdef int _grow(Ctx* c, Py_ssize_t g, Py_ssize_t at_least=0) noexcept nogil:
@@ -183,17 +190,21 @@ cdef int _grow(Ctx* c, Py_ssize_t g, Py_ssize_t at_least=0) noexcept nogil:
     if cap < at_least:
         cap = at_least
     cdef Py_ssize_t k, m
+    cdef int64_t kind
     cdef void* p
     for k in range(c.gfirst[g], c.gfirst[g] + c.gcount[g]):
         m = c.gmembers[k]
-        p = realloc(c.v[m], cap * 8)
-        if p == NULL:
-            return _fail(c, E_NOMEM)
-        c.v[m] = <uint64_t*>p
-        p = realloc(c.l[m], cap * 8)
-        if p == NULL:
-            return _fail(c, E_NOMEM)
-        c.l[m] = <int64_t*>p
+        kind = c.kind[m]
+        if kind != K_MSG:  # a message has its validity only
+            p = realloc(c.v[m], cap * 8)
+            if p == NULL:
+                return _fail(c, E_NOMEM)
+            c.v[m] = <uint64_t*>p
+        if kind == K_STRING or kind == K_BYTES or kind == K_LIST or kind == K_MAP:  # lengths, elements' ends
+            p = realloc(c.l[m], cap * 8)
+            if p == NULL:
+                return _fail(c, E_NOMEM)
+            c.l[m] = <int64_t*>p
         p = realloc(c.valid[m], cap)
         if p == NULL:
             return _fail(c, E_NOMEM)
@@ -403,6 +414,17 @@ cdef int _msg(Ctx* c, Py_ssize_t node, Py_ssize_t s, Py_ssize_t pos, Py_ssize_t 
     return 0
 
 
+cdef object _hand(void** block, Py_ssize_t m, Py_ssize_t itemsize, char* fmt):
+    """The first `m` items of a malloc'd block as a buffer that frees it (no copy); the block is the buffer's now."""
+    if m == 0 or block[0] == NULL:
+        return b""
+    cdef cvarray out = cvarray(shape=(m,), itemsize=itemsize, format=fmt, mode="c", allocate_buffer=False)
+    out.data = <char*>block[0]
+    out.callback_free_data = free
+    block[0] = NULL
+    return out
+
+
 def decode(
     const uint8_t[::1] data,
     const int64_t[::1] starts,
@@ -425,9 +447,9 @@ def decode(
 ):
     """Decode the eligible rows; a bad one (or one handed back) gets its code in `codes` and null columns.
 
-    Returns per group its slot count, and per node (valid, values, ends) as bytes: uint8 per slot; uint64 per slot
-    for a scalar, its elements' start for a repeated field or map (else empty); int64 per slot, its elements' end
-    for a repeated field or map (else empty); for a string or bytes node (valid, int32 offsets, its bytes). None when a
+    Returns per group its slot count, and per node (valid, values, ends) as buffers: uint8 per slot; uint64 per
+    slot for a scalar, its elements' start for a repeated field or map (else empty); int64 per slot, its elements'
+    end for a repeated field or map (else empty); for a string or bytes node (valid, int32 offsets, its bytes). None when a
     string or bytes column would pass 2 GiB (int32 offsets): nothing of the batch is then usable."""
     cdef Py_ssize_t n = starts.shape[0]
     cdef Py_ssize_t nodes = kind.shape[0]
@@ -496,7 +518,7 @@ def decode(
         out = []
         for j in range(nodes):
             m = c.gsize[group[j]]
-            valid = PyBytes_FromStringAndSize(<char*>c.valid[j], m) if m else b""
+            valid = _hand(<void**>&c.valid[j], m, 1, b"B")
             if kind[j] == K_STRING or kind[j] == K_BYTES:
                 total = 0
                 for s in range(m):
@@ -515,10 +537,10 @@ def decode(
                         total += c.l[j][s]
                     offs[s + 1] = <int32_t>total
                 out.append((valid, offsets, chars))
-            elif m and kind[j] != K_MSG:
-                values = PyBytes_FromStringAndSize(<char*>c.v[j], m * 8)
+            elif kind[j] != K_MSG:
+                values = _hand(<void**>&c.v[j], m, 8, b"Q")
                 if kind[j] == K_LIST or kind[j] == K_MAP:
-                    out.append((valid, values, PyBytes_FromStringAndSize(<char*>c.l[j], m * 8)))
+                    out.append((valid, values, _hand(<void**>&c.l[j], m, 8, b"q")))
                 else:
                     out.append((valid, values, b""))
             else:

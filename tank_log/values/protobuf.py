@@ -714,7 +714,7 @@ class _Build:
         seconds = np.frombuffer(self.slots[seconds_node][1], dtype=np.int64)
         nanos = np.frombuffer(self.slots[nanos_node][1], dtype=np.int64)  # sign-extended int32
         limit = 10**12 if wkt == "google.protobuf.Timestamp" else 9 * 10**12
-        inside = np.abs(seconds) <= limit
+        inside = (seconds >= -limit) & (seconds <= limit)  # (not np.abs: it keeps -2**63 negative)
         safe = np.where(inside, seconds, 0)
         if wkt == "google.protobuf.Timestamp":
             us = safe * 1_000_000 + nanos // 1000

@@ -33,14 +33,15 @@ def both(spec: ValueSpec) -> tuple[ProtobufDecoder, ProtobufDecoder]:
     return fast, slow
 
 
-def same(fast: ProtobufDecoder, slow: ProtobufDecoder, values: pa.Array) -> list[str | None]:
-    """Decode with both paths and check they agree: the same columns (Arrow-equal), bad rows, errors and ids."""
+def same(fast: ProtobufDecoder, slow: ProtobufDecoder, values: pa.Array, nan: bool = False) -> list[str | None]:
+    """Decode with both paths and check they agree: the same columns (Arrow-equal, unless `nan`: a damaged float
+    may be a NaN, which is not equal to itself), bad rows, errors and ids."""
     a, b = fast.decode(values), slow.decode(values)
     assert a.columns.type == b.columns.type == fast.arrow_type
     mine, theirs = a.columns.to_pylist(), b.columns.to_pylist()
     for i, (x, y) in enumerate(zip(mine, theirs, strict=True)):
         assert repr(x) == repr(y), (i, values[i].as_py())  # repr: a damaged float may be a NaN
-    assert a.columns.equals(b.columns)
+    assert nan or a.columns.equals(b.columns)
     assert a.bad.tolist() == b.bad.tolist()
     assert a.errors.to_pylist() == b.errors.to_pylist()
     assert a.schema_ids.to_pylist() == b.schema_ids.to_pylist()
@@ -99,6 +100,7 @@ WIRE_CASES = [
     b"\x82\x7d\x01\x07",  # field 4000 (u32) as a length: another wire type, skipped
     b"\x85\x7d\x01\x02\x03\x04",  # field 4000 as fixed32: skipped
     b"\xa8\x01\x01",  # `big` as a varint: skipped
+    b"\x7a\x0b\x08" + b"\x80" * 9 + b"\x01",  # a Timestamp of -2**63 seconds: protobuf.py's error (handed back)
 ]
 
 
@@ -113,9 +115,10 @@ def test_every_field_kind_and_wire_form_decodes_as_protobufs_parser_does():
     fast, slow = both(ValueSpec("protobuf", schema_file=KINDS, message="kinds.v1.Row"))
     values = pa.array(kinds_rows(fast._cls) + WIRE_CASES, pa.binary())
     errors = same(fast, slow, values)
-    good = {0, 1, 2, 3, 6, 9, 10, 11, 12, 14, 17, 21, 26, 28, 29, 30}
+    good = {0, 1, 2, 3, 6, 9, 10, 11, 12, 14, 17, 21, 26, 28, 29, 30}  # and 31: protobuf.py's conversion error
     assert {i for i, e in enumerate(errors) if e is None} == good
     assert errors[4] == "protobuf: date value out of range"  # protobuf.py's conversion, on its path
+    assert errors[31] == "protobuf: Python int too large to convert to C int"
     assert errors[5] == "protobuf: not representable in its column: Timedelta too large to fit in 64-bit integer"
     utf8 = "protobuf: the message: Error parsing message with type 'kinds.v1.Row': String field had bad UTF-8"
     assert errors[15] == errors[16] == utf8
@@ -152,7 +155,7 @@ def test_random_damage_gives_the_same_rows_verdicts_and_errors():
         fast, slow = both(spec)
         bases = [m.SerializeToString() for m in rows(fast._cls)] if rows else kinds_rows(fast._cls)[:3]
         values = damaged(rng, bases, 3000)
-        errors = same(fast, slow, values)
+        errors = same(fast, slow, values, nan=True)
         bad = sum(e is not None for e in errors)
         assert 0 < bad < len(values)
         assert any("bad UTF-8" in e for e in errors if e) and any("corrupt" in e for e in errors if e)
