@@ -30,7 +30,10 @@ log = logging.getLogger("tank_log.job")
 # Settings every run's Spark holds whatever the config says: the tables it writes are the ones the delta-rs engine
 # writes. Parquet timestamps as 64-bit microseconds (Spark's default, INT96, is read as nanoseconds by Arrow, delta-rs,
 # Polars: a ts past 2262-04-11 comes back wrapped, e.g. 3000 as 1830; `ts` goes up to 9999-12-31).
-FIXED_CONF = {"spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS"}
+FIXED_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.session.timeZone": "UTC",  # dates and generated partition columns derived from ts are UTC's
+}
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,6 @@ def spark_context(ctx: JobContext, *, delta: bool = False) -> SparkContext:
     if not conf.contains("spark.master"):
         conf.setMaster(job_master(ctx))
     conf.setAppName(f"{ctx.config.spark.app_name}-{ctx.job}")
-    conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in ctx.config.spark.conf.items():
         if k in FIXED_CONF and v != FIXED_CONF[k]:
             log.warning("%s: spark.conf %s=%s ignored: the job writes %s", ctx.job, k, v, FIXED_CONF[k])
@@ -171,7 +173,6 @@ def remote_session(ctx: JobContext) -> SparkSession:
 
     assert ctx.remote is not None
     session = SparkSession.builder.remote(ctx.remote).getOrCreate()
-    session.conf.set("spark.sql.session.timeZone", "UTC")  # dates derived from ts are UTC dates
     for k, v in FIXED_CONF.items():
         session.conf.set(k, v)
     return session

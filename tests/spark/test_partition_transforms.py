@@ -235,7 +235,9 @@ def test_delta_generated_columns_are_sparks(spark, tmp_path):
     assert r.returncode == 0 and "optimize rewrote" in r.stderr, r.stderr[-3000:]
     appended += roll_and_append(base, "seqgap", 10)
     args = ["--data-dir", base, "--topics", ",".join(sorted(TOPICS)), "--table", table, "--partition-by", DELTA_SPEC]
+    spark.conf.set("spark.sql.session.timeZone", "Pacific/Kiritimati")  # a user's session: the export writes UTC
     assert export_on(spark, *args, "--engine", "spark")[1]["engine"] == "spark"
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
     df = spark.read.format("delta").load(table)
     assert df.where(INCONSISTENT).count() == 0
     assert df.where("seq > 0").count() == len(dump_rows("A_multi", TOPICS)) + len(appended) == 16481 + 85
