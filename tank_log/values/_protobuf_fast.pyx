@@ -10,9 +10,9 @@ wins), a message read again merges into its slot, a repeated field appends to it
 
 Every message is checked as upb checks it (google.protobuf's parser), so that both give the same verdict and the
 same error: tags of at most 5 bytes and 32 bits, field number 0, wire types 6 and 7, varints of at most 10 bytes,
-packed fixed-width lengths, end-group tags, a nesting depth of 100, UTF-8 strings; lengths within the value, and a
-field that runs past its message's end found after it is read (as upb does: a string there is checked for UTF-8
-first). Fields of unknown numbers or of another wire type are skipped (a map entry with one is left out of its map,
+packed fixed-width lengths, end-group tags, a nesting depth of 100, UTF-8 strings; a message within its parent's
+end, other lengths within the value and a field that runs past its message's end found after it is read (as upb
+does: a string there is checked for UTF-8 first). Fields of unknown numbers or of another wire type are skipped (a map entry with one is left out of its map,
 as upb moves it to the unknown fields). A message whose oneof switches away from a message member is handed back
 (E_DEFER) to protobuf's parser: upb starts that member afresh, which slots cannot.
 """
@@ -223,8 +223,9 @@ cdef inline Py_ssize_t _open(Ctx* c, Py_ssize_t g) noexcept nogil:
     return s
 
 
-cdef int _skip(Ctx* c, int wt, uint64_t num, Py_ssize_t* pos, Py_ssize_t end, int depth) noexcept nogil:
-    """Skip an unknown field's value (a group to its end-group tag), as upb does."""
+cdef int _skip(Ctx* c, int wt, uint64_t num, Py_ssize_t* pos, Py_ssize_t end, int depth, bint in_group=False) noexcept nogil:
+    """Skip an unknown field's value (a group to its end-group tag), as upb does: field number 0 is malformed in a
+    message, not inside an unknown group (upb skips a group's fields without looking at their numbers)."""
     cdef uint64_t x
     cdef Py_ssize_t n
     if wt == 0:
@@ -246,7 +247,7 @@ cdef int _skip(Ctx* c, int wt, uint64_t num, Py_ssize_t* pos, Py_ssize_t end, in
             return -1
     else:
         return _fail(c, E_MALFORMED)
-    if num == 0:
+    if num == 0 and not in_group:
         return _fail(c, E_MALFORMED)
     return 0
 
@@ -261,7 +262,7 @@ cdef int _group(Ctx* c, Py_ssize_t* pos, Py_ssize_t end, int depth, uint64_t num
             if (tag >> 3) == num:
                 return 0
             return _fail(c, E_MALFORMED)
-        if _skip(c, <int>(tag & 7), tag >> 3, pos, end, depth):
+        if _skip(c, <int>(tag & 7), tag >> 3, pos, end, depth, True):
             return -1
     return _fail(c, E_MALFORMED)  # its end (or past it) before its end-group tag
 
@@ -317,7 +318,7 @@ cdef int _value(Ctx* c, Py_ssize_t node, Py_ssize_t s, Py_ssize_t* pos, Py_ssize
     else:  # K_MSG
         if _size(c.base, pos, c.stop, &n):
             return _fail(c, E_MALFORMED)
-        if depth - 1 < 0:
+        if n > end - pos[0] or depth - 1 < 0:  # upb limits a message (not a string) to its parent's end at once
             return _fail(c, E_MALFORMED)
         c.valid[node][s] = 1  # before its fields: a map entry's unknown field unsets it
         if _msg(c, node, s, pos[0], pos[0] + n, depth - 1):
