@@ -89,10 +89,10 @@ def all_rows(table: str, fmt: str) -> list[dict]:
 
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_every_type_by_the_spark_engine_as_by_the_deltalake_engine(spark, tmp_path, fmt):
-    """Avro values of every type but a 40-digit decimal (all_types.avsc) and a Protobuf message of every field kind,
-    each with a tombstone and a value cut short: the spark engine's table holds the rows the deltalake engine's holds,
-    Spark and DuckDB read each column with its type, the bad value is in the dead-letter table; a rerun adds
-    nothing."""
+    """Avro values of every type but a 40-digit decimal (all_types.avsc) and a Protobuf message of every field kind
+    (with UTF-8 keys), each with a tombstone and a value cut short: the spark engine's table holds the rows the
+    deltalake engine's holds, Spark and DuckDB read each column with its type, the bad value is in the dead-letter
+    table; a rerun adds nothing."""
     from test_values_avro import ORDER
     from test_values_protobuf import DESC, full_order, order_decoder
 
@@ -115,7 +115,16 @@ def test_every_type_by_the_spark_engine_as_by_the_deltalake_engine(spark, tmp_pa
     write_topic(base, "pb", {0: [order, b"\x0a\xff", b"", order]})
     typed = {
         "orders": ["--value-format", "avro", "--value-schema-file", narrow],
-        "pb": ["--value-format", "protobuf", "--value-schema-file", DESC, "--value-message", "shop.v1.Order"],
+        "pb": [
+            "--value-format",
+            "protobuf",
+            "--value-schema-file",
+            DESC,
+            "--value-message",
+            "shop.v1.Order",
+            "--key-format",
+            "utf8",
+        ],  # fmt: skip
     }
     for topic, flags in typed.items():
         by_spark, by_rs = str(tmp_path / f"{topic}_spark"), str(tmp_path / f"{topic}_rs")
@@ -154,7 +163,7 @@ def test_every_type_by_the_spark_engine_as_by_the_deltalake_engine(spark, tmp_pa
             if fmt == "delta":  # microseconds since midnight: Delta has no time type
                 assert (types["tod_ms"], duck["tod_ms"]) == ("bigint", "BIGINT")
         else:
-            want_spark = {"i64": "bigint", "u32": "bigint", "u64": "decimal(20,0)", "status": "string",
+            want_spark = {"key": "string", "i64": "bigint", "u32": "bigint", "u64": "decimal(20,0)", "status": "string",
                           "at": "timestamp", "took": "bigint", "address": "struct<city:string,zip:int>",
                           "tags": "array<string>"}  # fmt: skip
             want_duck = {"i64": "BIGINT", "u64": "DECIMAL(20,0)", "at": "TIMESTAMP WITH TIME ZONE"}
@@ -164,7 +173,12 @@ def test_every_type_by_the_spark_engine_as_by_the_deltalake_engine(spark, tmp_pa
         if topic == "orders":
             assert (first["address"]["city"], str(first["price"]), first["lines"][1]["sku"]) == ("Oslo", "12.34", "s-2")
         else:
-            assert (first["u32"], first["took"], first["address"]["city"]) == (2**32 - 1, 90_000_500, "Oslo")
+            assert (first["key"], first["u32"], first["took"], first["address"]["city"]) == (
+                "k0",
+                2**32 - 1,
+                90_000_500,
+                "Oslo",
+            )
 
         _, summary = export_by_spark(spark, fmt, *args, "--table", by_spark)  # nothing new
         assert summary["rows"] == 0 and all_rows(by_spark, fmt) == got
