@@ -555,8 +555,8 @@ def _check_typed(settings: ExportSettings) -> None:
         if settings.key_spec and (plain or bad == ["--mode latest"]):
             what = f"--key-format {settings.key_spec.format}"  # plain values typed for their keys' sake
         raise JobConfigError(
-            f"{what} does not take {', '.join(bad)} yet: typed values are exported by batch runs, decoded keys by "
-            "append runs (docs/guides/typed-tables.md)"
+            f"{what} does not take {', '.join(bad)}: dead letters are replayed by an export run, decoded keys "
+            "exported by append runs (docs/guides/typed-tables.md)"
         )
 
 
