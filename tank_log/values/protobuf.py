@@ -429,7 +429,7 @@ class ProtobufDecoder(BatchDecoder):
         for i in np.flatnonzero(bad).tolist():
             at_text = f"the message at byte {where[i]}" if self._framed else "the message"
             reason = "String field had bad UTF-8" if codes[i] == E_UTF8 else "Wire format was corrupt"
-            errors[i] = f"protobuf: {at_text}: Error parsing message with type '{self._message}': {reason}"
+            errors[i] = f"{self.format_label}: {at_text}: Error parsing message with type '{self._message}': {reason}"
         slow = ~eligible | (codes == E_DEFER)
         slow[handed_back] = True
         return merge(values, columns, bad, errors, np.flatnonzero(slow), found, super().decode)
