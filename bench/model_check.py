@@ -806,10 +806,11 @@ class ProductMachine(RuleBasedStateMachine):
         COVERED[f"import --append {self.combo.fmt}"] += 1
 
     @precondition(lambda self: self.combo is not None and self.combo.importable and self.recorded)
-    @rule(append=st.booleans(), k=st.integers(min_value=1, max_value=80), then=st.sampled_from(["rerun", "repair"]))
+    @rule(append=st.booleans(), k=st.sampled_from(range(1, 61)), then=st.sampled_from(["rerun", "repair"]))
     def import_killed_then_run_again(self, append: bool, k: int, then: str) -> None:
-        """The import SIGKILLed right after its k-th file operation, into a fresh base path or (`append`, once a
-        base path was restored) with `--append` into the restored one; then what the import guide tells the
+        """The import SIGKILLed right after its k-th file operation (k in 1..60: an import of the model's four
+        partitions makes ~60 file operations, its commit point half way), into a fresh base path or (`append`, once
+        a base path was restored) with `--append` into the restored one; then what the import guide tells the
         operator (an import interrupted after its commit point is finished, one interrupted before it removed, by
         the next import or by `tank-log repair BASE`; run it again with `--append`): the import again with
         `--append`, after `tank-log repair` when `then="repair"`. The base path holds exactly the table's messages,
