@@ -356,9 +356,11 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
 
 
 def growth(sizes: list[dict]) -> None:
-    """Add s/GB, s/partition and the growth (s/GB over the smallest size's) to every step of every size."""
+    """Add s/GB, s/partition and the growth (s/GB over the smallest size's) to every step of every size; from the
+    third size on, the marginal growth too: the CPU per GB added since the size before, over that added from the
+    first to the second (fixed costs, such as Spark's start, cancel out of it: above 1 is super-linear)."""
     first = sizes[0]
-    for s in sizes:
+    for i, s in enumerate(sizes):
         gb, parts = s["host"]["bytes"] / GB, s["host"]["partitions"]
         for name, r in s["steps"].items():
             r["s_per_gb"] = round(r["wall_s"] / gb, 2)
@@ -368,11 +370,22 @@ def growth(sizes: list[dict]) -> None:
             if base:
                 r["growth"] = round(r["s_per_gb"] / base["s_per_gb"], 2) if base["s_per_gb"] else None
                 r["cpu_growth"] = round(r["cpu_s_per_gb"] / base["cpu_s_per_gb"], 2) if base["cpu_s_per_gb"] else None
+            if i >= 2 and all(name in z["steps"] for z in sizes[:i]):
+                first_added = _added_cpu_per_gb(sizes[0], sizes[1], name)
+                r["cpu_marginal_growth"] = (
+                    round(_added_cpu_per_gb(sizes[i - 1], s, name) / first_added, 2) if first_added > 0 else None
+                )
+
+
+def _added_cpu_per_gb(smaller: dict, larger: dict, step: str) -> float:
+    """The CPU seconds a step took per GB added from one size to the next."""
+    cpu = larger["steps"][step]["cpu_s"] - smaller["steps"][step]["cpu_s"]
+    return cpu / ((larger["host"]["bytes"] - smaller["host"]["bytes"]) / GB)
 
 
 def table(sizes: list[dict]) -> str:
     cols = ("size", "step", "load before", "load during", "wall s", "CPU s", "s/GB", "CPU s/GB", "growth",
-            "CPU growth", "ms/part", "peak RSS MiB", "peak of", "driver RSS MiB", "read MB", "written MB",
+            "CPU growth", "marginal", "ms/part", "peak RSS MiB", "peak of", "driver RSS MiB", "read MB", "written MB",
             "table files")  # fmt: skip
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for s in sizes:
@@ -381,7 +394,8 @@ def table(sizes: list[dict]) -> str:
         for name, r in s["steps"].items():
             lo, _, hi = r["load_during"]
             row = (label, name, r["load_average"], f"{lo}–{hi}", r["wall_s"], r["cpu_s"], r["s_per_gb"],
-                   r["cpu_s_per_gb"], r.get("growth"), r.get("cpu_growth"), r["ms_per_partition"],
+                   r["cpu_s_per_gb"], r.get("growth"), r.get("cpu_growth"), r.get("cpu_marginal_growth", ""),
+                   r["ms_per_partition"],
                    r["peak_rss_mib"], r["peak_rss_of"], r["driver_rss_mib"], r["read_mb"], r["written_mb"],
                    r.get("table_files", ""))  # fmt: skip
             lines.append("| " + " | ".join(str(x) for x in row) + " |")
