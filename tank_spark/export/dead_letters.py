@@ -10,19 +10,24 @@ version per partition (an app id of its own, `tank_log.lakehouse`), and a run co
   table's version (they are there already); the good ones go to the table as before. Decoding is a function of the
   value and the schema settings: a rerun with other settings may decode a value the first run dead-lettered (it is
   then in both tables; `replay` says how to leave it in one).
+
+The files of a run killed before the dead-letter commit are orphans of the dead-letter table: the first time a later
+run opens it (batch, continuous or replay), it sweeps them by the table's rules and horizon (`orphans.py`), once per
+run, and reports the sweep as `dead_letter_orphans` beside the table's `orphans`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from tank_log.lakehouse import text_column
 from tank_spark.export.hooks import hold
+from tank_spark.export.orphans import OrphanSweep, RunTooOld, check_run_age, sweep_orphans
 from tank_spark.export.plan import ExportSettings, PartitionPlan
 
 if TYPE_CHECKING:
@@ -46,8 +51,9 @@ def dead_letter_settings(settings: ExportSettings) -> ExportSettings:
     )
 
 
-def open_dead_letters(settings: ExportSettings, create: bool) -> LakeTable | None:
-    """The dead-letter table (created when `create` and missing)."""
+def open_dead_letters(settings: ExportSettings, create: bool, *, dry_run: bool = False) -> LakeTable | None:
+    """The dead-letter table (created when `create` and missing), its orphans swept the first time a run opens it
+    (`sweep_dead_letters`)."""
     from tank_spark.export.schema import DEAD_LETTER_SCHEMA
 
     dead = dead_letter_settings(settings)
@@ -55,7 +61,35 @@ def open_dead_letters(settings: ExportSettings, create: bool) -> LakeTable | Non
     if table is None and create:
         table = dead.location.create(DEAD_LETTER_SCHEMA, dead.partition_by, None)
         log.info("export: created the dead-letter table %s", dead.table)
+    if table is not None:
+        sweep_dead_letters(settings, table, dry_run)
     return table
+
+
+# Per dead-letter table, the settings of the last run that swept it (a run's settings are one object, over its
+# commit attempts: `plan.prepare`) and its sweep.
+_SWEPT: dict[str, tuple[ExportSettings, OrphanSweep]] = {}
+
+
+def sweep_dead_letters(settings: ExportSettings, table: LakeTable, dry_run: bool = False) -> OrphanSweep:
+    """Remove the dead-letter table's orphans: files of runs killed before their dead-letter commit, by the rules and
+    horizon of the table's own (`orphans.py`). Once per run: later calls return the run's first sweep."""
+    dead = dead_letter_settings(settings)
+    done = _SWEPT.get(dead.table)
+    if done is not None and done[0] is settings:
+        return done[1]
+    where = f"the dead-letter table {dead.table}: "
+    sweep = sweep_orphans(dead.location, table, settings.orphan_horizon_ms, dry_run=dry_run, where=where)
+    _SWEPT[dead.table] = (settings, sweep)
+    return sweep
+
+
+def dead_letter_orphans(settings: ExportSettings, summary: dict[str, Any], dry_run: bool) -> None:
+    """The run's sweep of the dead-letter table (made now when the run has not opened it: a dry run, nothing to
+    export) into `summary`, as `dead_letter_orphans` beside the table's `orphans`; nothing for values not typed or
+    no dead-letter table."""
+    if settings.typed and open_dead_letters(settings, create=False, dry_run=dry_run) is not None:
+        summary["dead_letter_orphans"] = asdict(_SWEPT[dead_letter_settings(settings).table][1])
 
 
 def recorded(table: LakeTable | None, plans: Iterable[PartitionPlan]) -> dict[tuple[str, int], int | None]:
@@ -160,6 +194,7 @@ def commit_dead_letters(
     ]
     if not work:
         return None
+    check_run_age(run_id, settings.orphan_horizon_ms)  # past it, a sweep may have taken the files: `orphans.py`
     version = commit(dead, DEAD_LETTER_SCHEMA, files, work, run_id)
     log.info("export: committed %d dead-letter file(s): %s version %s", len(files), dead.table, version)
     hold(HOLD_AFTER_DEAD_LETTERS)  # test hook
@@ -215,14 +250,15 @@ class BadRun:
         return Cut(plans, kept, failures)
 
     def commit(self, settings: ExportSettings, plans: list[PartitionPlan], run_id: str) -> None:
-        """Commit the dead letters (before the table: module doc); a conflict removes their files."""
+        """Commit the dead letters (before the table: module doc); a conflict, or a run past the orphan horizon,
+        removes their files."""
         from tank_spark.export.commit import ConcurrentExport
 
         if self.table is None:
             return
         try:
             self.version = commit_dead_letters(settings, self.table, self.dead_files, plans, run_id)
-        except ConcurrentExport:
+        except (ConcurrentExport, RunTooOld):
             _remove_dead(settings, self.dead_files)
             raise
 
@@ -250,6 +286,9 @@ class BadRun:
         if self.table is not None:
             summary["dead_letter_table"] = self.name
             summary["dead_letter_version"] = self.version
+            swept = _SWEPT.get(self.name or "")  # this run's: it opened the table (`open_dead_letters`)
+            if swept is not None:
+                summary["dead_letter_orphans"] = asdict(swept[1])
 
 
 def _remove_dead(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
@@ -279,6 +318,8 @@ def replay(settings: ExportSettings, topics: Collection[str] | None, run_id: str
     dead = open_dead_letters(settings, create=False)
     summary: dict[str, Any] = {"dead_letter_table": dead_letter_settings(settings).table, "table": settings.table}
     letters = _letters(dead, topics, settings.source) if dead is not None else None
+    if dead is not None:
+        summary["dead_letter_orphans"] = asdict(sweep_dead_letters(settings, dead))  # swept as it opened
     if dead is None or letters is None or not letters.num_rows:
         summary.update(replayed=0, still_bad=0, settled=0)
         return [], summary

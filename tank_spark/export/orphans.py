@@ -1,4 +1,6 @@
-"""Orphaned Parquet files: what a run that died before its commit left under the table, removed by the next run.
+"""Orphaned Parquet files: what a run that died before its commit left under the table, removed by the next run
+(the table's at the start of each export, `job.py`; the dead-letter table's when a run first opens it,
+`dead_letters.py`).
 
 A file is an orphan — and removed — only when all of these hold:
 - its name carries a run id (`run_id.py`: files of other writers, e.g. delta-rs's optimize, are never touched);
@@ -54,9 +56,16 @@ def check_run_age(run_id: str, horizon_ms: int, now_ms: int | None = None) -> No
 
 
 def sweep_orphans(
-    location: TableLocation, table: LakeTable, horizon_ms: int, *, dry_run: bool = False, now_ms: int | None = None
+    location: TableLocation,
+    table: LakeTable,
+    horizon_ms: int,
+    *,
+    dry_run: bool = False,
+    now_ms: int | None = None,
+    where: str = "",
 ) -> OrphanSweep:
-    """Remove the files of runs that never committed and are older than `horizon_ms` (see the module doc)."""
+    """Remove the files of runs that never committed and are older than `horizon_ms` (see the module doc); `where`
+    names the table in the log (the dead-letter table's sweep: `dead_letters.py`)."""
     now = now_ms if now_ms is not None else _now_ms()
     history = table.run_history()
     committed = {h.run for h in history}
@@ -79,7 +88,8 @@ def sweep_orphans(
     if orphans:
         verb = "would remove" if dry_run else "removing"
         log.info(
-            "export: %s %d orphaned files (%d bytes) of %d runs that never committed: %s",
+            "export: %s%s %d orphaned files (%d bytes) of %d runs that never committed: %s",
+            where,
             verb,
             len(orphans),
             sum(f.size for f in orphans),
@@ -89,7 +99,7 @@ def sweep_orphans(
         if not dry_run:
             location.delete([f.rel for f in orphans])
     if recent:
-        log.info("export: %d uncommitted files are younger than the orphan horizon: left alone", recent)
+        log.info("export: %s%d uncommitted files are younger than the orphan horizon: left alone", where, recent)
     return OrphanSweep(len(orphans), sum(f.size for f in orphans), runs, recent, dry_run)
 
 
