@@ -5,6 +5,7 @@ Iceberg; the export runs in the driver (no JVM): killed as `jobs/export_delta.py
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -16,6 +17,23 @@ from conftest import ROOT
 from test_typed_export import BAD_SEQS, SMALL, config, export, mixed_values, rows, write_topic
 
 from tank_log.lakehouse import TableLocation
+from tank_spark.export.dead_letters import commit_dead_letters, dead_letter_orphans
+from tank_spark.export.orphans import RunTooOld
+from tank_spark.export.plan import ExportSettings, PartitionPlan
+from tank_spark.export.run_id import new_run_id
+
+
+def prepared(*argv: str) -> tuple[ExportSettings, list[PartitionPlan]]:
+    """A run's settings and plans, as the job makes them before it starts."""
+    from tank_spark.context import build_context
+    from tank_spark.export import job
+    from tank_spark.job_options import job_parser
+
+    parser = job_parser("export_delta", "")
+    job.add_options(parser)
+    args = parser.parse_args(list(argv))
+    settings, plans, _ = job._prepare(build_context("export_delta", args), args)
+    return settings, plans
 
 
 def stored(table: str, fmt: str) -> tuple[set[str], set[str]]:
@@ -25,6 +43,7 @@ def stored(table: str, fmt: str) -> tuple[set[str], set[str]]:
     return {f.rel for f in location.data_files()}, t.referenced_files()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["delta", "iceberg"])
 def test_a_later_run_removes_the_dead_letters_of_a_run_killed_before_their_commit(tmp_path, fmt):
     base, table, dead = str(tmp_path / "data"), str(tmp_path / "t"), str(tmp_path / "t_dead_letters")
@@ -58,8 +77,20 @@ def test_a_later_run_removes_the_dead_letters_of_a_run_killed_before_their_commi
     assert crashed <= files and not crashed & referenced
     committed = referenced
 
-    # the killed run started over a second ago, longer than a 1 s horizon: its files go, nothing else
+    # the killed run started over a second ago, longer than a 1 s horizon: a dry run says its files would go ...
     time.sleep(max(0.0, 1.5 - (time.monotonic() - crashed_at)))
+    settings, plans = prepared(*args, "--topics", "views", "--orphan-horizon=1s")
+    dry: dict = {}
+    dead_letter_orphans(settings, dry, dry_run=True)
+    assert (dry["dead_letter_orphans"]["files"], dry["dead_letter_orphans"]["dry_run"]) == (len(crashed), True)
+    assert stored(dead, fmt)[0] == files
+    # ... and a run that old does not commit dead letters, which a sweep may have taken
+    old_run = new_run_id(dt.datetime.now(dt.UTC) - dt.timedelta(seconds=2))
+    with pytest.raises(RunTooOld):
+        commit_dead_letters(settings, TableLocation.of(dead, {}, fmt).existing(), [], plans, old_run)
+    assert stored(dead, fmt) == (files, committed)
+
+    # the next run removes them, nothing else
     assert export(*args, "--topics", "views", "--orphan-horizon=1s", "--report", str(tmp_path / "r2.json")) == 0
     summary = json.load(open(tmp_path / "r2.json"))["summary"]
     swept = summary["dead_letter_orphans"]
