@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -152,6 +153,8 @@ def _rows_above(
     in_file = [c for c in ("topic", "partition") if c in names]
     sourced = source is not None and "source" in names  # another broker's rows are not this export's partition's
     data = pq.read_table(path, filesystem=filesystem, columns=["seq", *in_file, *(["source"] if sourced else [])])
+    # delta-rs's MERGE writes strings as string_view, which pyarrow's compute does not compare with a str
+    data = data.cast(pa.schema([f.with_type(pa.string()) if f.type == pa.string_view() else f for f in data.schema]))
     if source is not None and not sourced and not source[1]:
         return {}  # a file of before sources: its rows are another source's
     out = {}
