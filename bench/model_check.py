@@ -722,6 +722,7 @@ class ProductMachine(RuleBasedStateMachine):
             self._record_exported(disk)
         else:
             self._exported(disk, code, out, "export after a kill")
+        COVERED[f"export after a kill {self.combo}"] += 1
 
     @precondition(
         lambda self: (
