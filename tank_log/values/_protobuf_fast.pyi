@@ -1,6 +1,7 @@
 """Types of the compiled Protobuf fast path (`_protobuf_fast.pyx`), driven by protobuf.py's `_FastPlan`."""
 
 import numpy as np
+from typing_extensions import Buffer  # bytes, or a buffer that frees its block (cython.view.array)
 
 def decode(
     data: np.ndarray,
@@ -21,4 +22,4 @@ def decode(
     gcount: np.ndarray,
     gmembers: np.ndarray,
     codes: np.ndarray,
-) -> tuple[list[int], list[tuple[bytes, bytes, bytes]]] | None: ...
+) -> tuple[list[int], list[tuple[Buffer, Buffer, Buffer]]] | None: ...

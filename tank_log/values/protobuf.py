@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +52,9 @@ from tank_log.values.spec import (
     require_file,
     zigzag_varint,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # bytes, or a buffer that frees its block (cython.view.array)
 
 try:
     from tank_log.values import _protobuf_fast
@@ -629,7 +632,7 @@ class _FastPlan:
 class _Build:
     """The Arrow arrays of one decoded batch (the slots `_protobuf_fast.decode` gives) by the plan."""
 
-    def __init__(self, plan: _FastPlan, sizes: list[int], slots: list[tuple[bytes, bytes, bytes]]) -> None:
+    def __init__(self, plan: _FastPlan, sizes: list[int], slots: list[tuple[Buffer, Buffer, Buffer]]) -> None:
         self.plan = plan
         self.sizes = sizes
         self.slots = slots
@@ -637,10 +640,10 @@ class _Build:
         self.handed_back: list[np.ndarray] = []
 
     def _valid(self, node: int) -> np.ndarray:
-        return np.frombuffer(self.slots[node][0], dtype=np.uint8).view(bool)
+        return np.frombuffer(memoryview(self.slots[node][0]), dtype=np.uint8).view(bool)
 
     def _ints(self, node: int, part: int) -> np.ndarray:
-        return np.frombuffer(self.slots[node][part], dtype=np.int64)
+        return np.frombuffer(memoryview(self.slots[node][part]), dtype=np.int64)
 
     def _row_of(self, group: int) -> np.ndarray:
         """The row of each slot of `group`."""
@@ -684,7 +687,7 @@ class _Build:
 
     def _scalar(self, node: int, t: pa.DataType, n: int, valid: np.ndarray, mask: pa.Buffer) -> pa.Array:
         ptype = self.plan.ptype[node]
-        raw = np.frombuffer(self.slots[node][1], dtype=np.uint64)
+        raw = np.frombuffer(memoryview(self.slots[node][1]), dtype=np.uint64)
         if ptype == TYPE_ENUM:
             names = self.plan.enums[node]
             numbers, index = np.unique(raw.astype(np.int32), return_inverse=True)
@@ -711,8 +714,8 @@ class _Build:
         """A Timestamp (µs since the epoch, floored as protobuf.py's `_timestamp`) or a Duration (µs, truncated as
         `_duration`); one protobuf.py cannot convert (out of Python's or Arrow's range) is handed back."""
         seconds_node, nanos_node = self.plan.fields[node]
-        seconds = np.frombuffer(self.slots[seconds_node][1], dtype=np.int64)
-        nanos = np.frombuffer(self.slots[nanos_node][1], dtype=np.int64)  # sign-extended int32
+        seconds = np.frombuffer(memoryview(self.slots[seconds_node][1]), dtype=np.int64)
+        nanos = np.frombuffer(memoryview(self.slots[nanos_node][1]), dtype=np.int64)  # sign-extended int32
         limit = 10**12 if wkt == "google.protobuf.Timestamp" else 9 * 10**12
         inside = (seconds >= -limit) & (seconds <= limit)  # (not np.abs: it keeps -2**63 negative)
         safe = np.where(inside, seconds, 0)
