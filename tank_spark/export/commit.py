@@ -196,7 +196,7 @@ def write_with_delta_spark(
                 .options(**options)
                 .option("txnAppId", p.app_id)
                 .option("txnVersion", p.end)
-                .option("userMetadata", _user_metadata(settings, p, run_id))
+                .option("userMetadata", user_metadata(settings, p, run_id))
                 # the table exists (delta-rs made it): a transform's partition column is generated, Delta computes
                 # it, and naming it in partitionBy would ask the frame for it
                 .partitionBy(*([] if delta_columns(settings.partition_by) else settings.partition_by))
@@ -215,7 +215,7 @@ def write_with_delta_spark(
     return table_version(loc.open())
 
 
-def _user_metadata(settings: ExportSettings, p: PartitionPlan, run_id: str) -> str:
+def user_metadata(settings: ExportSettings, p: PartitionPlan, run_id: str) -> str:
     """The summary of one partition's delta-spark commit (`summary`), as the JSON of its commitInfo's `userMetadata`
     (delta-spark writes no other field of ours; DESCRIBE HISTORY shows this one)."""
     parsed = parse_app_id(p.app_id or "")

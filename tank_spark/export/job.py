@@ -216,7 +216,7 @@ def _export(
         add_ts_raw(table)
     _claim_legacy_versions(settings, table, plans)
     if settings.mode == "latest":
-        return _named_losses(*_latest(ctx, workers, settings, schema, plans, summary, t0))
+        return _named_losses(*_latest(ctx, spark, workers, settings, schema, plans, summary, t0))
     if settings.engine == "spark" and settings.table_format == "iceberg":
         assert spark is not None
         run = append_with_iceberg_spark(ctx, spark, workers, settings, schema, plans)
@@ -473,6 +473,7 @@ def _appended_report(run: _Appended, cut: Cut, summary: dict[str, Any], t0: floa
 
 def _latest(
     ctx: JobContext,
+    spark: SparkSession | None,
     workers: Workers,
     settings: ExportSettings,
     schema: pa.Schema,
@@ -482,7 +483,7 @@ def _latest(
 ) -> JobResult:
     """--mode latest (`latest.py`): read, reduce to the latest per key and MERGE in one commit; the same report, with
     each partition's keys merged, tombstones among them and keyless messages skipped."""
-    run = merge_latest(ctx, workers, settings, schema, plans, COMMIT_ATTEMPTS)
+    run = merge_latest(ctx, spark, workers, settings, schema, plans, COMMIT_ATTEMPTS)
     results = _results(run.plans)
     for o in run.outcomes:
         _count(results[o.key], o.rows, o.min_seq, o.max_seq)

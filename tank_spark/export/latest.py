@@ -10,6 +10,11 @@ partition + key: a newer message updates the key's row, a tombstone deletes it, 
 live key is inserted. The MERGE's commit carries every partition's new app-transaction version, so a rerun, or a
 rerun after a crash before the commit, changes nothing twice.
 
+`--engine spark` (Delta tables) computes the same rows and applies them with delta-spark's MERGE, one commit per
+partition: Delta's idempotent DML records the partition's version (the session's `txnAppId`/`txnVersion`, the app id
+the deltalake engine records too) in that MERGE's own commit, so a run killed between two partitions' MERGEs leaves
+the merged ones recorded and its rerun merges the others; both engines can take turns on one table.
+
 Typed values (`dead_letters.py`) decode before the reduction: a value that does not decode is a dead letter, never
 a key's latest, so the table holds each key's latest message that decodes (a key whose newest message is bad keeps
 its older row; the dead-letter table names the newer message). The dead letters commit first, then the MERGE, by
@@ -29,11 +34,11 @@ from tank_log.errors import JobConfigError
 from tank_log.format.latest import TOMBSTONE
 from tank_log.lakehouse import LEGACY_SOURCE_KEY, MODE_KEY, SOURCE_COLUMN, CommitConflict, table_mode
 from tank_log.lakehouse.partitioning import check_rewritable
-from tank_spark.export.commit import ConcurrentExport, commit
+from tank_spark.export.commit import ConcurrentExport, commit, user_metadata
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.dead_letters import BadRecords, BadRun
 from tank_spark.export.files import Written
-from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
+from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_after_first_partition, crash_before_commit, hold
 from tank_spark.export.orphans import RunTooOld, check_run_age
 from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
 from tank_spark.export.rows import direct_ranges, table_batches
@@ -42,6 +47,8 @@ from tank_spark.export.topic_config import topic_config_metadata
 from tank_spark.tasks import Workers, map_dealt
 
 if TYPE_CHECKING:
+    from pyspark.sql import Column, SparkSession
+
     from tank_log.lakehouse import LakeTable
     from tank_spark.context import JobContext
     from tank_spark.ranges import SegmentRange
@@ -81,7 +88,6 @@ def check_mode(prepared: Prepared) -> None:
         )
     clashes = {
         "--continuous": settings.continuous,
-        "--engine spark": settings.engine == "spark",
         "--value-format json": settings.value_format == "json" and not settings.typed,  # a DDL schema: Spark SQL
         # producer timestamps are not ordered by seq: a cut by time could keep an older value of a key as its latest
         "--since": settings.since_ms is not None,
@@ -89,8 +95,8 @@ def check_mode(prepared: Prepared) -> None:
     bad = [f for f, on in clashes.items() if on]
     if bad:
         raise JobConfigError(
-            f"--mode latest does not take {', '.join(bad)}: its MERGE runs in batch runs on delta-rs, with binary, "
-            "utf8 or typed values (--value-schema-file)"
+            f"--mode latest does not take {', '.join(bad)}: its MERGE runs in batch runs, with binary, utf8 or "
+            "typed values (--value-schema-file)"
         )
 
 
@@ -112,6 +118,7 @@ class LatestRun:
 
 def merge_latest(
     ctx: JobContext,
+    spark: SparkSession | None,
     workers: Workers,
     settings: ExportSettings,
     schema: pa.Schema,
@@ -119,7 +126,8 @@ def merge_latest(
     attempts: int,
 ) -> LatestRun:
     """Read and reduce every partition's new range, then MERGE it into the table with the new versions, in one
-    commit; after a concurrent commit, re-plan and read again (at most `attempts` runs in all).
+    commit (`--engine spark`: `_merge_with_delta_spark`, one per partition); after a concurrent commit, re-plan and
+    read again (at most `attempts` runs in all).
 
     Raises:
         ConcurrentExport: another export kept committing to these partitions (nothing committed).
@@ -127,7 +135,7 @@ def merge_latest(
     attempt = 1
     while True:
         try:
-            return _merge_once(ctx, workers, settings, schema, plans, new_run_id())
+            return _merge_once(ctx, spark, workers, settings, schema, plans, new_run_id())
         except ConcurrentExport as conflict:
             if attempt == attempts:
                 raise ConcurrentExport(
@@ -141,6 +149,7 @@ def merge_latest(
 
 def _merge_once(
     ctx: JobContext,
+    spark: SparkSession | None,
     workers: Workers,
     settings: ExportSettings,
     schema: pa.Schema,
@@ -171,7 +180,8 @@ def _merge_once(
         if bad is not None:
             bad.discard(settings)
         return run
-    crash_before_commit(len(source))  # test hook
+    if settings.engine != "spark":  # delta-spark's: after the first partition's MERGE
+        crash_before_commit(len(source))  # test hook
     hold(HOLD_BEFORE_COMMIT)  # test hook
     if bad is not None:
         try:
@@ -181,7 +191,11 @@ def _merge_once(
             bad.discard(settings)
             raise
         bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
-    run.version, run.metrics = _merge(settings, schema, source, work, run_id)
+    if settings.engine == "spark":
+        assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
+        run.version, run.metrics = _merge_with_delta_spark(spark, settings, source, work, run_id)
+    else:
+        run.version, run.metrics = _merge(settings, schema, source, work, run_id)
     return run
 
 
@@ -317,3 +331,101 @@ def _merge(
     version = table.version()
     log.info("export: merged %d keys into table version %s: %s", source.num_rows, version, metrics)
     return version, metrics
+
+
+TXN_CONF = ("spark.databricks.delta.write.txnAppId", "spark.databricks.delta.write.txnVersion")  # idempotent DML
+USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentTransactionException")
+
+
+def _merge_with_delta_spark(
+    spark: SparkSession, settings: ExportSettings, source: pa.Table, work: list[PartitionPlan], run_id: str
+) -> tuple[int, dict[str, int]]:
+    """engine=spark: one delta-spark MERGE per partition, matched and conditioned as delta-rs's (`merge_latest` of
+    `tank_log.lakehouse.delta`), with the partition's new version in the MERGE's own commit: Delta's idempotent DML
+    takes the app transaction from the session (`TXN_CONF`) and skips a version not above the recorded one. Not
+    atomic across partitions: a run that dies midway leaves the merged partitions recorded, the next merges the
+    others. A partition with nothing keyed records its version with an empty append (`commit.write_with_delta_spark`'s
+    options).
+
+    Raises:
+        ConcurrentExport: a partition's recorded version moved since planning, or Delta refused a MERGE that met
+            another writer's commit (nothing of that partition merged).
+    """
+    import pyarrow.compute as pc
+    from delta.tables import DeltaTable
+
+    from tank_log.lakehouse.delta import _matches
+    from tank_log.lakehouse.table import owns_unsourced
+    from tank_spark.context import FIXED_CONF
+
+    loc = settings.location
+    path, options = loc.spark_path(), loc.spark_options()
+    for k, v in FIXED_CONF.items():  # a session the job did not start (tank_spark.context) writes the same files
+        spark.conf.set(k, v)
+    metrics: dict[str, int] = {}
+    for p in work:
+        table = _check_versions(settings, [p])
+        assert p.app_id is not None and p.end is not None  # a partition with work of a table that exists
+        rows = source.filter(pc.and_(pc.equal(source["topic"], p.topic), pc.equal(source["partition"], p.partition)))
+        try:
+            spark.conf.set(USER_METADATA_CONF, user_metadata(settings, p, run_id))
+            if not rows.num_rows:  # nothing keyed: the version alone
+                empty = spark.createDataFrame(rows.drop_columns([TOMBSTONE]))
+                empty.write.format("delta").mode("append").options(**options).option("txnAppId", p.app_id).option(
+                    "txnVersion", p.end
+                ).save(path)
+            else:
+                spark.conf.set(TXN_CONF[0], p.app_id)
+                spark.conf.set(TXN_CONF[1], str(p.end))
+                columns = [c for c in rows.column_names if c != TOMBSTONE]
+                values: dict[str, str | Column] = {c: f"s.`{c}`" for c in columns}
+                unsourced = owns_unsourced(loc.source, table.properties().get(LEGACY_SOURCE_KEY))
+                newer = "s.seq > t.seq"
+                out = (
+                    DeltaTable.forPath(spark, path, options)
+                    .alias("t")
+                    .merge(
+                        spark.createDataFrame(rows).alias("s"),
+                        " AND ".join(_matches(k, unsourced) for k in KEY),
+                    )
+                    .whenMatchedDelete(f"s.{TOMBSTONE} AND {newer}")
+                    .whenMatchedUpdate(f"NOT s.{TOMBSTONE} AND {newer}", values)
+                    .whenNotMatchedInsert(f"NOT s.{TOMBSTONE}", values)
+                    .execute()
+                )
+                for k, n in _merge_metrics(out).items():
+                    metrics[k] = metrics.get(k, 0) + n
+        except Exception as err:
+            conflict = _conflict(err)
+            if conflict is None:
+                raise
+            raise ConcurrentExport(
+                f"{p.topic}/{p.partition}: delta-spark's MERGE met another commit: {conflict}"
+            ) from None
+        finally:
+            for k in (*TXN_CONF, USER_METADATA_CONF):
+                spark.conf.unset(k)
+        log.info("export: %s/%s: merged %d keys through delta-spark", p.topic, p.partition, rows.num_rows)
+        crash_after_first_partition()  # test hook
+    return loc.existing().version(), metrics
+
+
+def _merge_metrics(out: Any) -> dict[str, int]:
+    """delta-spark's MERGE metrics (its result's one row) under delta-rs's names; none for a skipped MERGE."""
+    rows = out.collect() if out is not None else []
+    if not rows:
+        return {}
+    got = rows[0].asDict()
+    names = {"inserted": "num_inserted_rows", "updated": "num_updated_rows", "deleted": "num_deleted_rows"}
+    return {f"num_target_rows_{k}": int(got[v]) for k, v in names.items() if got.get(v) is not None}
+
+
+def _conflict(err: BaseException) -> str | None:
+    """One line of delta-spark's refusal of a commit that conflicts with a concurrent one; None for other errors."""
+    java = getattr(err, "java_exception", None) or getattr(err, "_origin", None)
+    while java is not None:
+        if java.getClass().getSimpleName() in CONFLICTS:
+            return " ".join(str(java.getMessage()).split())[:300]
+        java = java.getCause()
+    return None

@@ -512,8 +512,9 @@ def _check_format(settings: ExportSettings) -> None:
     bad = [f for f, on in clashes.items() if on]
     if bad:
         raise JobConfigError(
-            f"--format iceberg does not take {', '.join(bad)}: those write Delta tables only "
-            "(docs/guides/export-iceberg.md)"
+            f"--format iceberg does not take {', '.join(bad)}: the partitions' recorded versions must be in the "
+            "MERGE's own snapshot, which Iceberg's Spark runtime does not let a job set (--engine deltalake merges "
+            "Iceberg tables; docs/guides/export-iceberg.md)"
         )
 
 

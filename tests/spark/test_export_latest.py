@@ -167,11 +167,13 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
         assert export("--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", *flags) == 2
         assert f"--mode latest does not take {flags[0]}" in capsys.readouterr().err
     r = run_job_script(
-        "export_delta", "--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", "--engine", "spark"
-    )
+        "export_delta", "--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", "--engine", "spark",
+        "--format", "iceberg",
+    )  # fmt: skip
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
-        "export_delta: --mode latest does not take --engine spark: its MERGE runs in batch runs on delta-rs, with "
-        "binary, utf8 or typed values (--value-schema-file)"
+        "export_delta: --format iceberg does not take --engine spark with --mode latest: the partitions' recorded "
+        "versions must be in the MERGE's own snapshot, which Iceberg's Spark runtime does not let a job set "
+        "(--engine deltalake merges Iceberg tables; docs/guides/export-iceberg.md)"
     )
 
 
