@@ -2,8 +2,8 @@
 
 The compiled core is one module per concern, each beside the pure-Python code it speeds up, each with a `.pyi`:
 `format/_codec.pyx` (the walk, decode, encoders and Arrow gather), `tools/_dump_lines.pyx` (`tank-log dump`'s JSON
-lines), `maintenance/compaction/_key_map.pyx` (compaction's key map) and `values/_avro_fast.pyx` (Avro values to
-typed columns). `pip install` builds them when a C compiler
+lines), `maintenance/compaction/_key_map.pyx` (compaction's key map), `values/_avro_fast.pyx` and
+`values/_protobuf_fast.pyx` (Avro and Protobuf values to typed columns). `pip install` builds them when a C compiler
 is there; they run when all of them were built.
 
 Each concern's home module declares its implementations once, as a `Choice` of a pure-Python object and a compiled
