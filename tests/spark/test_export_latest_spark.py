@@ -8,6 +8,7 @@ merging nothing, a run killed between its two partitions' MERGEs then rerun, typ
 import json
 import os
 
+import pytest
 from conftest import copy_tree, data_dir, run_job_script
 from deltalake import DeltaTable
 from test_delta_spark import export, export_on, spark_transactions
@@ -46,6 +47,8 @@ def test_a_run_after_two_merges_reads_the_files_delta_rs_merged(tmp_path):
         assert export(*args) == 0
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_spark_merges_what_deltalake_merges_and_the_engines_take_turns(spark, tmp_path, capsys):
     base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
     ref, uri = str(tmp_path / "ref"), str(tmp_path / "table")
@@ -77,6 +80,8 @@ def test_spark_merges_what_deltalake_merges_and_the_engines_take_turns(spark, tm
     audit_ok(base, uri, capsys)
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_a_run_killed_between_two_partitions_merges_is_completed_by_the_rerun(spark, tmp_path, capsys):
     base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
     ref, uri = str(tmp_path / "ref"), str(tmp_path / "table")
@@ -98,6 +103,8 @@ def test_a_run_killed_between_two_partitions_merges_is_completed_by_the_rerun(sp
     audit_ok(base, uri, capsys)
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_typed_values_keep_each_keys_latest_value_that_decodes(spark, tmp_path, capsys):
     """Avro values: a key whose newest value does not decode keeps its older row; the bad value is a dead letter,
     committed before the MERGE; the same tables as the deltalake engine's."""
