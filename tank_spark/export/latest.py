@@ -354,6 +354,7 @@ def _merge_with_delta_spark(
     """
     import pyarrow.compute as pc
     from delta.tables import DeltaTable
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from tank_log.lakehouse.delta import _matches
     from tank_log.lakehouse.table import owns_unsourced
@@ -371,7 +372,8 @@ def _merge_with_delta_spark(
         try:
             spark.conf.set(USER_METADATA_CONF, user_metadata(settings, p, run_id))
             if not rows.num_rows:  # nothing keyed: the version alone
-                empty = spark.createDataFrame(rows.drop_columns([TOMBSTONE]))
+                empty = rows.drop_columns([TOMBSTONE])
+                empty = spark.createDataFrame(empty, from_arrow_schema(empty.schema, prefer_timestamp_ntz=True))
                 empty.write.format("delta").mode("append").options(**options).option("txnAppId", p.app_id).option(
                     "txnVersion", p.end
                 ).save(path)
@@ -386,7 +388,10 @@ def _merge_with_delta_spark(
                     DeltaTable.forPath(spark, path, options)
                     .alias("t")
                     .merge(
-                        spark.createDataFrame(rows).alias("s"),
+                        # the Spark types of the append path (`rows.typed_frame`): a local timestamp is TIMESTAMP_NTZ
+                        spark.createDataFrame(rows, from_arrow_schema(rows.schema, prefer_timestamp_ntz=True)).alias(
+                            "s"
+                        ),
                         " AND ".join(_matches(k, unsourced) for k in KEY),
                     )
                     .whenMatchedDelete(f"s.{TOMBSTONE} AND {newer}")
