@@ -15,7 +15,8 @@ Engines: `deltalake` (delta-rs; default, no JVM jars) commits as above. `spark` 
 partition but not atomic across partitions); its Spark loads Delta's jars (`tank_spark/jars.py`: those
 scripts/setup.sh fetched, or the submission's own), which are checked first with a clear error. Typed values
 (`--value-format avro`, ...) decode in its tasks (`rows.typed_frame`), after a first pass that finds the bad ones and
-commits their dead letters (`decode_pre_pass`).
+commits their dead letters (`decode_pre_pass`). With `--mode latest` (Delta) it applies the latest rows with
+delta-spark's MERGE, one idempotent commit per partition (`latest.py`).
 
 Table layout: partition columns (default `topic`, `date` — the UTC date of ts), target file size; values as
 `binary` (default), `utf8`, or `json` with a schema (DDL) giving typed columns. Rows whose value cannot be decoded
