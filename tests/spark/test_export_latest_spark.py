@@ -7,6 +7,8 @@ merging nothing, a run killed between its two partitions' MERGEs then rerun, typ
 
 import json
 import os
+import threading
+import time
 
 import pytest
 from conftest import copy_tree, data_dir, run_job_script
@@ -49,7 +51,7 @@ def test_a_run_after_two_merges_reads_the_files_delta_rs_merged(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_merges_what_deltalake_merges_and_the_engines_take_turns(spark, tmp_path, capsys):
+def test_spark_merges_what_deltalake_merges_and_the_engines_take_turns(spark, tmp_path, capsys, caplog, monkeypatch):
     base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
     ref, uri = str(tmp_path / "ref"), str(tmp_path / "table")
     args = ["--data-dir", base, "--topics", TOPIC, "--mode", "latest"]
@@ -73,6 +75,27 @@ def test_spark_merges_what_deltalake_merges_and_the_engines_take_turns(spark, tm
     produce(base, TOPIC)
     _, summary = export_on(spark, *args, "--table", uri, "--engine", "spark")
     assert summary["by_status"] == {"exported": 2}
+
+    # a delta-spark run held before its MERGEs while delta-rs merges the same messages: it re-plans, merges nothing
+    produce(base, TOPIC)
+    hold = str(tmp_path / "release")
+    monkeypatch.setenv("TANK_LOG_EXPORT_HOLD", hold)
+    held: dict = {}
+    run = threading.Thread(target=lambda: held.update(out=export_on(spark, *args, "--table", uri, "--engine", "spark")))
+    run.start()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(hold + ".ready") and run.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(hold + ".ready")
+    monkeypatch.delenv("TANK_LOG_EXPORT_HOLD")  # this process's next run is not held
+    caplog.clear()
+    assert export(*args, "--table", uri) == 0
+    merged = DeltaTable(uri).version()
+    open(hold, "w").close()
+    run.join(120)
+    assert held["out"][1]["by_status"] == {"up-to-date": 2} and "re-planning (attempt 2)" in caplog.text
+    assert DeltaTable(uri).version() == merged
+
     once = str(tmp_path / "once")
     assert export(*args, "--table", once) == 0
     assert state(uri) == state(once) != want
