@@ -41,6 +41,11 @@ def test_a_replay_after_the_fix_moves_the_dead_letters_into_the_table(tmp_path, 
     common, fixed = setup(tmp_path, fmt)
     table = common[3]
     report = str(tmp_path / "r.json")
+    assert export(*common, *fixed, "--replay-dead-letters", "--dry-run", "--report", report) == 0
+    summary = json.load(open(report))["summary"]  # a dry run counts and writes nothing
+    assert (summary["dry_run"], summary["replayed"], summary["still_bad"], summary["settled"]) == (True, 3, 0, 0)
+    assert rows(table, "seq", fmt) == [(1,), (3,), (5,)]
+    assert rows(table + "_dead_letters", "seq", fmt) == [(2,), (4,), (6,)]
     assert export(*common, *fixed, "--replay-dead-letters", "--report", report) == 0
     summary = json.load(open(report))["summary"]
     assert (summary["replayed"], summary["still_bad"], summary["settled"]) == (3, 0, 0)

@@ -301,33 +301,40 @@ def _remove_dead(settings: ExportSettings, files: list[dict[str, Any]]) -> None:
 HOLD_AFTER_REPLAY = "TANK_LOG_REPLAY_HOLD"  # test hook: PATH: wait between the table's commit and the removal
 
 
-def replay(settings: ExportSettings, topics: Collection[str] | None, run_id: str) -> JobResult:
+def replay(
+    settings: ExportSettings, topics: Collection[str] | None, run_id: str, *, dry_run: bool = False
+) -> JobResult:
     """`--replay-dead-letters`: decode the dead letters again with the current settings (a fixed schema), append
-    those that now decode to the table and remove them from the dead-letter table; the others stay.
+    those that now decode to the table and remove them from the dead-letter table; the others stay. With `dry_run`,
+    the same counts and nothing written (no table made, no orphan removed, no letter removed).
 
     The table's commit comes first, then the removal: a run killed between them leaves the replayed rows in both
     tables, and the next replay finds them in the table and only removes them (every message ends in exactly one
     table; nothing is appended twice). The table's recorded versions do not move: the replayed rows are at or below
     them already.
     """
+    import numpy as np
+
     from tank_spark.export.commit import commit
     from tank_spark.export.files import make_file_writer
     from tank_spark.export.rows import typed_rows
     from tank_spark.export.schema import evolved_schema, table_schema
 
-    dead = open_dead_letters(settings, create=False)
+    dead = open_dead_letters(settings, create=False, dry_run=dry_run)
     summary: dict[str, Any] = {"dead_letter_table": dead_letter_settings(settings).table, "table": settings.table}
+    if dry_run:
+        summary["dry_run"] = True
     letters = _letters(dead, topics, settings.source) if dead is not None else None
     if dead is not None:
-        summary["dead_letter_orphans"] = asdict(sweep_dead_letters(settings, dead))  # swept as it opened
+        summary["dead_letter_orphans"] = asdict(sweep_dead_letters(settings, dead, dry_run))  # swept as it opened
     if dead is None or letters is None or not letters.num_rows:
         summary.update(replayed=0, still_bad=0, settled=0)
         return [], summary
     table = settings.location.open()
-    if table is None:
+    if table is None and not dry_run:
         table = settings.location.create(table_schema(settings), settings.partition_by, None)
-    schema = evolved_schema(settings, table)
-    held = _held_by(table, letters, settings.source)
+    schema = evolved_schema(settings, table) if table is not None else table_schema(settings)
+    held = _held_by(table, letters, settings.source) if table is not None else np.zeros(letters.num_rows, bool)
     settled = letters.filter(pa.array(held))  # a previous replay appended them, then died before the removal
     todo = letters.filter(pa.array(~held))
     good: list[pa.RecordBatch] = []
@@ -337,6 +344,19 @@ def replay(settings: ExportSettings, topics: Collection[str] | None, run_id: str
         good.append(rows.good)
         bad.append(rows.bad)
     decoded = pa.Table.from_batches(good, schema) if good else schema.empty_table()
+    if dry_run:
+        results = [
+            {"topic": topic, "partition": partition, "status": "dry-run", "rows": n}
+            for (topic, partition), n in _count(decoded).items()
+        ]
+        still = sum(b.num_rows for b in bad)
+        summary.update(replayed=decoded.num_rows, still_bad=still, settled=settled.num_rows)
+        log.info(
+            "export: --dry-run: %d dead letters would be replayed, %d removed as held already, %d still do not decode",
+            decoded.num_rows, settled.num_rows, still,
+        )  # fmt: skip
+        return results, summary
+    assert table is not None
     if decoded.num_rows:
         writer = make_file_writer(settings.location, schema, settings.partition_by, settings.target_file_bytes, run_id)
         files = [m for meta in writer(decoded.to_batches()) for m in meta.to_pylist()]

@@ -50,7 +50,7 @@ from tank_spark.export.commit import (
 )
 from tank_spark.export.continuous import run_continuous
 from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption, scan_ranges
-from tank_spark.export.dead_letters import BadCounts, BadRun, replay
+from tank_spark.export.dead_letters import BadCounts, BadRun, dead_letter_orphans, replay
 from tank_spark.export.files import (
     FILE_META_SCHEMA,
     count_files,
@@ -89,7 +89,7 @@ def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> 
     """Sweep orphans of crashed runs, then export once (and optimize/vacuum as asked) or continuously."""
     settings, plans, table = prepared
     if settings.replay_dead_letters:
-        return replay(settings, ctx.topics, new_run_id())
+        return replay(settings, ctx.topics, new_run_id(), dry_run=ctx.dry_run)
     sweep = (
         None
         if table is None
@@ -105,6 +105,7 @@ def execute(ctx: JobContext, prepared: Prepared, spark: SparkSession | None) -> 
             summary["upkeep"] = [asdict(s) for s in steps]
     if sweep is not None:
         summary["orphans"] = asdict(sweep)
+    dead_letter_orphans(settings, summary, ctx.dry_run)  # the dead-letter table's sweep (once per run)
     return results, summary
 
 
