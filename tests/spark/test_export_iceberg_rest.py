@@ -199,3 +199,50 @@ def test_a_stale_writer_gets_the_catalogs_conflict_and_commits_nothing(server):
     assert sorted(server.catalog().load_table("tank.stale").scan().to_arrow()["seq"].to_pylist()) == [1, 2, 3]
     assert table.referenced_files() == {"topic=a/first.parquet"}
     assert [h.run for h in table.run_history() if h.run] == ["run-1"]
+
+
+def test_two_hosts_export_once_and_a_recreated_table_starts_afresh(tmp_path, server):
+    """Two writers on two "hosts" (two processes, each in its own working directory) export the same partitions
+    into `tank.shared`: one waits at its commit while the other commits everything; released, it meets the catalog's
+    conflict, re-plans against the new versions and commits nothing: each message once. The table dropped and created
+    again under the same name is another table (another uuid): the watermarks were the old one's, so the next export
+    writes every message again, once."""
+    base = copy_tree(data_dir("A_multi"), str(tmp_path / "a"))
+    cfg = config(tmp_path, server, "tank.shared")
+    args = ["--data-dir", base, "--topics", ",".join(sorted(TOPICS))]
+    expected = dump_rows("A_multi", TOPICS)
+    job = [sys.executable, os.path.join(ROOT, "jobs", "export_delta.py"), "--master", "local[1]", "--config", cfg]
+    hosts = [tmp_path / "host-a", tmp_path / "host-b"]
+    for h in hosts:
+        h.mkdir()
+    hold = str(tmp_path / "release")
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    a = subprocess.Popen(
+        [*job, *args, "--report", str(tmp_path / "a.json")],
+        cwd=hosts[0],
+        env=dict(env, TANK_LOG_EXPORT_HOLD=hold),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_hold(hold + ".ready", a)
+        b = subprocess.run(
+            [*job, *args, "--report", str(tmp_path / "b.json")], cwd=hosts[1], env=env, capture_output=True, text=True
+        )
+        assert b.returncode == 0, b.stderr[-3000:]
+        assert summary(tmp_path / "b.json")["rows"] == len(expected)
+    finally:
+        open(hold, "w").close()
+        _, err = a.communicate(timeout=300)
+    assert a.returncode == 0, err[-3000:]
+    assert summary(tmp_path / "a.json")["rows"] == 0  # re-planned: the other host had committed it all
+    assert rows(server, "tank.shared") == expected
+    old = str(server.catalog().load_table("tank.shared").metadata.table_uuid)
+
+    server.catalog().drop_table("tank.shared")
+    r = run(cfg, *args, "--report", str(tmp_path / "again.json"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert str(server.catalog().load_table("tank.shared").metadata.table_uuid) != old
+    assert summary(tmp_path / "again.json")["rows"] == len(expected)
+    assert rows(server, "tank.shared") == expected
