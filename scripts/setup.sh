@@ -15,7 +15,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.tank-log-installed
 pyx=$(find tank_log -name '*.pyx' | sort)
-want=$(cat pyproject.toml setup.py $pyx | sha256sum | cut -d' ' -f1)
+pxd=$(find tank_log -name '*.pxd' | sort)  # C declarations and inline helpers the .pyx files cimport
+want=$(cat pyproject.toml setup.py $pyx $pxd | sha256sum | cut -d' ' -f1)
 missing=0
 for f in $pyx; do
     ls "${f%.pyx}".*.so >/dev/null 2>&1 || missing=1

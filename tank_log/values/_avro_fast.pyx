@@ -15,6 +15,8 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
 
+from tank_log.values._fast_common cimport valid_utf8
+
 # node kinds (avro._FastPlan gives the same numbers)
 cdef enum:
     K_NULL = 0
@@ -115,42 +117,6 @@ cdef inline int _long(Ctx* c, Py_ssize_t node, int64_t* out) noexcept nogil:
     return 0
 
 
-cdef inline bint _utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
-    """Whether `s` is valid UTF-8 as Python decodes it (no overlong forms, no surrogates, at most U+10FFFF)."""
-    cdef Py_ssize_t i = 0
-    cdef uint8_t b, b1
-    while i < n:
-        b = s[i]
-        if b < 0x80:
-            i += 1
-            continue
-        if b < 0xC2 or b > 0xF4:
-            return False
-        if b < 0xE0:
-            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
-                return False
-            i += 2
-            continue
-        if i + 1 >= n:
-            return False
-        b1 = s[i + 1]
-        if (b1 & 0xC0) != 0x80:
-            return False
-        if b < 0xF0:
-            if (b == 0xE0 and b1 < 0xA0) or (b == 0xED and b1 > 0x9F):
-                return False
-            if i + 2 >= n or (s[i + 2] & 0xC0) != 0x80:
-                return False
-            i += 3
-            continue
-        if (b == 0xF0 and b1 < 0x90) or (b == 0xF4 and b1 > 0x8F):
-            return False
-        if i + 3 >= n or (s[i + 2] & 0xC0) != 0x80 or (s[i + 3] & 0xC0) != 0x80:
-            return False
-        i += 4
-    return True
-
-
 cdef inline int _append(Ctx* c, Py_ssize_t node, const uint8_t* src, Py_ssize_t length) noexcept nogil:
     cdef Py_ssize_t need = c.size[node] + length
     cdef Py_ssize_t cap = c.cap[node]
@@ -214,7 +180,7 @@ cdef int _node(Ctx* c, Py_ssize_t node) noexcept nogil:
             return _fail(c, E_TRUNCATED, c.end, node, 0)
         start = c.pos
         c.pos += v
-        if k == K_STRING and not _utf8(c.p + start, v):
+        if k == K_STRING and not valid_utf8(c.p + start, v):
             return _fail(c, E_UTF8, c.pos, node, start)
         return _append(c, node, c.p + start, v)
     if _long(c, node, &v):

@@ -22,6 +22,8 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport free, realloc
 from libc.string cimport memcpy, memset
+
+from tank_log.values._fast_common cimport valid_utf8
 from cython.view cimport array as cvarray
 
 # node kinds (protobuf._FastPlan gives the same numbers)
@@ -127,42 +129,6 @@ cdef inline int _size(const uint8_t* p, Py_ssize_t* pos, Py_ssize_t end, Py_ssiz
         return -1
     out[0] = <Py_ssize_t>n
     return 0
-
-
-cdef inline bint _utf8(const uint8_t* s, Py_ssize_t n) noexcept nogil:
-    """Whether `s` is valid UTF-8 (no overlong forms, no surrogates, at most U+10FFFF): upb's rule, and Python's."""
-    cdef Py_ssize_t i = 0
-    cdef uint8_t b, b1
-    while i < n:
-        b = s[i]
-        if b < 0x80:
-            i += 1
-            continue
-        if b < 0xC2 or b > 0xF4:
-            return False
-        if b < 0xE0:
-            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
-                return False
-            i += 2
-            continue
-        if i + 1 >= n:
-            return False
-        b1 = s[i + 1]
-        if (b1 & 0xC0) != 0x80:
-            return False
-        if b < 0xF0:
-            if (b == 0xE0 and b1 < 0xA0) or (b == 0xED and b1 > 0x9F):
-                return False
-            if i + 2 >= n or (s[i + 2] & 0xC0) != 0x80:
-                return False
-            i += 3
-            continue
-        if (b == 0xF0 and b1 < 0x90) or (b == 0xF4 and b1 > 0x8F):
-            return False
-        if i + 3 >= n or (s[i + 2] & 0xC0) != 0x80 or (s[i + 3] & 0xC0) != 0x80:
-            return False
-        i += 4
-    return True
 
 
 cdef inline void _init(Ctx* c, Py_ssize_t g, Py_ssize_t s) noexcept nogil:
@@ -310,7 +276,7 @@ cdef int _value(Ctx* c, Py_ssize_t node, Py_ssize_t s, Py_ssize_t* pos, Py_ssize
     elif k == K_STRING or k == K_BYTES:
         if _size(c.base, pos, c.stop, &n):
             return _fail(c, E_MALFORMED)
-        if k == K_STRING and not _utf8(c.base + pos[0], n):
+        if k == K_STRING and not valid_utf8(c.base + pos[0], n):
             return _fail(c, E_UTF8)
         c.v[node][s] = <uint64_t>pos[0]
         c.l[node][s] = n
