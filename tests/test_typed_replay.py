@@ -11,9 +11,12 @@ import signal
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
 from conftest import ROOT, wait_for_hold
-from test_typed_export import SMALL, avro, config, export, framed, rows, write_topic
+from test_typed_export import SMALL, VALUES, avro, config, export, framed, rows, write_topic
+
+SMALL_V2 = os.path.join(VALUES, "small_v2.avsc")  # a field added, `ms` widened, `user` renamed by an alias
 
 
 def values() -> list[bytes]:
@@ -109,3 +112,24 @@ def test_a_replay_decodes_the_keys_too(tmp_path):
     assert export(*common, "--config", fixed, "--replay-dead-letters") == 0
     assert rows(table, "seq,key,user") == [(s, {"id": s - 1}, s - 1) for s in range(1, 6)]
     assert rows(table + "_dead_letters", "seq") == []
+
+
+def test_a_dry_run_replay_leaves_the_tables_schema_as_it_is(tmp_path):
+    """A replay with a newer reader schema (a field added, a column widened) evolves the table when it runs; its
+    dry run decodes and counts, and leaves the table's schema (as its rows) as they were."""
+    from tank_log.lakehouse import TableLocation
+
+    def columns(table: str) -> pa.Schema:
+        return TableLocation.of(table, {}, "iceberg").existing().arrow_schema()
+
+    common, _ = setup(tmp_path, "iceberg")
+    table = common[3]
+    section = {"value_format": "avro", "value_schema_file": SMALL_V2, "value_wire": "confluent"}
+    newer = config(tmp_path, **section, value_schema_ids={1: SMALL, 2: SMALL})
+    before = columns(table)
+    report = str(tmp_path / "r.json")
+    assert export(*common, "--config", newer, "--replay-dead-letters", "--dry-run", "--report", report) == 0
+    summary = json.load(open(report))["summary"]
+    assert (summary["dry_run"], summary["replayed"], summary["still_bad"]) == (True, 3, 0)
+    assert columns(table) == before
+    assert rows(table, "seq", "iceberg") == [(1,), (3,), (5,)]

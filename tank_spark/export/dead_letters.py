@@ -333,7 +333,8 @@ def replay(
     table = settings.location.open()
     if table is None and not dry_run:
         table = settings.location.create(table_schema(settings), settings.partition_by, None)
-    schema = evolved_schema(settings, table) if table is not None else table_schema(settings)
+    # a dry run evolves nothing: it decodes into the decoder's own columns (what decodes does not depend on the table)
+    schema = evolved_schema(settings, table) if table is not None and not dry_run else table_schema(settings)
     held = _held_by(table, letters, settings.source) if table is not None else np.zeros(letters.num_rows, bool)
     settled = letters.filter(pa.array(held))  # a previous replay appended them, then died before the removal
     todo = letters.filter(pa.array(~held))
