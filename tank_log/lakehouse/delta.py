@@ -63,16 +63,116 @@ def recorded_version(
 ) -> tuple[str, int | None]:
     """(app id, last exported seq recorded in the table for the partition of `source` — None: this host's, as the
     export's default —, None if never), as the table records it (`DeltaLakeTable.recorded` checks its history)."""
+    from pyarrow import fs
+
     from tank_log.lakehouse.table import default_source
 
     source = source or default_source()
     owner = table.metadata().configuration.get(LEGACY_SOURCE_KEY)
     ids = candidate_ids(table_id(table), table_path, topic, partition, source, owner)
+    filesystem, root = fs.FileSystem.from_uri(table_path)
+    return _first_recorded(app_transactions(table, filesystem, root.rstrip("/")), ids)
+
+
+def _first_recorded(txns: dict[str, int], ids: list[str]) -> tuple[str, int | None]:
+    """The first of `ids` that `txns` records, and its version; (the first id, None) if none."""
     for aid in ids:
-        version = table.transaction_version(aid)
-        if version is not None:
-            return aid, version
+        if aid in txns:
+            return aid, txns[aid]
     return ids[0], None
+
+
+TXN_RETENTION_KEY = "delta.setTransactionRetentionDuration"
+_COMMIT_FILE = re.compile(r"(\d{20})\.json")
+# classic (one file or parts of n), or V2 (a UUID; its sidecars hold file actions only, never a txn)
+_CHECKPOINT_FILE = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10})|\.[0-9a-fA-F-]{36})?\.(parquet|json)")
+
+
+def app_transactions(table: DeltaTable, filesystem: Any, root: str) -> dict[str, int]:
+    """Every app transaction of the table at its version, app id → version: what `transaction_version` returns for
+    each id (the id's last `txn` action in the log; one whose `lastUpdated` is older than the table's
+    `delta.setTransactionRetentionDuration` has expired), from one read of the log: the latest complete checkpoint
+    at or before the version (its `txn` column; each part of a multi-part one; a V2 one's top-level file), then each
+    commit after it. delta-rs has no bulk call, and its `transaction_version` replays the log's transactions for
+    each id: a pass over a table's partitions was O(partitions²).
+
+    Raises:
+        TableUnreadable: a log file the version needs is missing or cannot be read.
+    """
+    import time
+
+    from pyarrow import fs
+
+    version, log_dir = table.version(), f"{root}/_delta_log"
+    try:
+        listing = filesystem.get_file_info(fs.FileSelector(log_dir))
+    except OSError as err:
+        raise TableUnreadable(f"{root}: cannot list the table's log to read its recorded versions: {err}") from err
+    commits: set[int] = set()
+    checkpoints: dict[int, dict[str, list[str]]] = {}  # version → its checkpoints, each a list of parts
+    for info in listing:
+        if m := _COMMIT_FILE.fullmatch(info.base_name):
+            commits.add(int(m.group(1)))
+        elif (m := _CHECKPOINT_FILE.fullmatch(info.base_name)) and int(m.group(1)) <= version:
+            one = f"of{m.group(3)}" if m.group(3) else info.base_name  # a multi-part one: its n parts together
+            checkpoints.setdefault(int(m.group(1)), {}).setdefault(one, []).append(info.path)
+    start, parts = -1, []
+    for v in sorted(checkpoints, reverse=True):  # an incomplete multi-part checkpoint is skipped, as readers must
+        complete = [p for key, p in checkpoints[v].items() if not key.startswith("of") or len(p) == int(key[2:])]
+        if complete:
+            start, parts = v, sorted(complete[0])
+            break
+    latest: dict[str, tuple[int, int | None]] = {}  # app id → (version, lastUpdated)
+    for path in parts:
+        _checkpoint_txns(filesystem, path, latest)
+    for v in range(start + 1, version + 1):
+        if v not in commits:
+            raise TableUnreadable(
+                f"{log_dir}: commit {v:020d}.json is missing and no checkpoint at or after it precedes table version "
+                f"{version}: its recorded versions cannot be read"
+            )
+        path = f"{log_dir}/{v:020d}.json"
+        try:
+            with filesystem.open_input_stream(path) as f:
+                _json_txns(f.read().decode(), latest)
+        except (OSError, ValueError) as err:
+            raise TableUnreadable(f"{path}: cannot read the commit's app transactions: {err}") from err
+    retention = table.metadata().configuration.get(TXN_RETENTION_KEY)
+    expired = None if retention is None else int(time.time() * 1000) - _interval_ms(retention, TXN_RETENTION_KEY)
+    return {a: v for a, (v, at) in latest.items() if expired is None or at is None or at > expired}
+
+
+def _json_txns(text: str, latest: dict[str, tuple[int, int | None]]) -> None:
+    """The `txn` actions of a log file of JSON lines into `latest`, in order (a later one of an id supersedes)."""
+    for line in text.splitlines():
+        if '"txn"' in line:  # only these are parsed: a commit's add actions are most of its lines
+            txn = json.loads(line).get("txn")
+            if txn:
+                latest[txn["appId"]] = (int(txn["version"]), txn.get("lastUpdated"))
+
+
+def _checkpoint_txns(filesystem: Any, path: str, latest: dict[str, tuple[int, int | None]]) -> None:
+    """The `txn` actions of one checkpoint file (Parquet: its `txn` column only; JSON: a V2 checkpoint) into
+    `latest`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.endswith(".json"):
+            with filesystem.open_input_stream(path) as f:
+                _json_txns(f.read().decode(), latest)
+            return
+        with filesystem.open_input_file(path) as f:
+            parquet = pq.ParquetFile(f)
+            if "txn" not in parquet.schema_arrow.names:  # a writer that leaves out an action no row has
+                return
+            column = parquet.read(columns=["txn"]).column("txn").combine_chunks()
+    except (OSError, ValueError, pa.ArrowException) as err:
+        raise TableUnreadable(f"{path}: cannot read the checkpoint's app transactions: {err}") from err
+    txns = column.filter(column.is_valid())
+    stamps = txns.field("lastUpdated").to_pylist() if "lastUpdated" in {f.name for f in txns.type} else None
+    for i, (aid, v) in enumerate(zip(txns.field("appId").to_pylist(), txns.field("version").to_pylist(), strict=True)):
+        latest[aid] = (int(v), None if stamps is None else stamps[i])
 
 
 UNBOUNDED = "null["  # how a guarantee from a missing statistic prints: `(topic >= null[string])`
@@ -447,6 +547,7 @@ class _Lineage:
         self.table, self.version = table, table.version()
         self._txns: dict[int, set[str]] = {}
         self._at: dict[int, DeltaTable] = {}
+        self._recorded: dict[int, dict[str, int]] = {}  # table version → its app transactions (`app_transactions`)
         key = (table.table_id, self.version)
         if key not in _RESTORES:  # a run opens the table several times (plan, commit): its history is read once
             history = table.history()
@@ -492,12 +593,10 @@ class _Lineage:
         return self._at[version]
 
     def _recorded_at(self, version: int, ids: list[str]) -> tuple[str, int | None]:
-        table = self._table_at(version)
-        for aid in ids:
-            value = table.transaction_version(aid)
-            if value is not None:
-                return aid, value
-        return ids[0], None
+        if version not in self._recorded:  # the log is read once per version, not once per partition
+            filesystem, root = self.table.location.filesystem()
+            self._recorded[version] = app_transactions(self._table_at(version), filesystem, root)
+        return _first_recorded(self._recorded[version], ids)
 
     def _recorded_since(self, aid: str, restore: int, at: int) -> bool:
         """Whether a commit after the RESTORE at version `restore`, up to `at`, recorded `aid`."""
@@ -789,11 +888,11 @@ _UNITS_MS = {"millisecond": 1, "second": 1000, "minute": 60_000, "hour": 3_600_0
 _UNITS_MS["week"] = 7 * _UNITS_MS["day"]
 
 
-def _interval_ms(value: str) -> int:
+def _interval_ms(value: str, key: str = "delta.deletedFileRetentionDuration") -> int:
     """A Delta table property interval, e.g. `interval 7 days`."""
     m = re.fullmatch(r"\s*(?:interval\s+)?(\d+)\s*([a-z]+?)s?\s*", value.lower())
     if not m or m.group(2) not in _UNITS_MS:
-        raise JobConfigError(f"table property delta.deletedFileRetentionDuration={value!r}: not an interval")
+        raise JobConfigError(f"table property {key}={value!r}: not an interval")
     return int(m.group(1)) * _UNITS_MS[m.group(2)]
 
 
