@@ -19,14 +19,17 @@ is on disk at or below the recorded seq), **kept after a tombstone** and **missi
 value in the dead-letter table is **dead-lettered** (accounted for) and never a key's latest: the key's row is its
 latest message that decoded.
 
-The work is bulk Arrow and numpy per partition: the table is scanned once per topic (its seq, and for latest tables
-its key; a table partitioned by topic reads only that topic's files), the log read once in Arrow batches; memory is
-that of the seqs (and keys) of one topic's partitions.
+The work is bulk Arrow and numpy per partition: the table is read a range of a topic's partitions at a time (its
+seq, and for latest tables its key; the filter on topic and partition skips the files outside the range: a table
+partitioned by topic reads only that topic's files), after one pass over its `partition` column that sizes the
+ranges; the log is read once in Arrow batches. Memory is that of one range's rows (`ROW_BUDGET`, or one partition's
+if it holds more), whatever the size of the table or of a topic.
 """
 
 from __future__ import annotations
 
 import os
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -43,9 +46,12 @@ from tank_log.storage.completeness import HoleError, SegmentAudit, audited, segm
 from tank_log.storage.datadir import Partition, Unread, classify_path, scan_partitions
 
 if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
     from tank_log.lakehouse import LakeTable
 
 RANGES_SHOWN = 20  # seq ranges listed per finding; the counts are always whole
+ROW_BUDGET = 1 << 20  # the table's rows read at once: a range of partitions holds at most these (or one partition)
 
 OK, PENDING, UNACCOUNTED, DAMAGED = "ok", "pending", "unaccounted", "damaged"
 Ranges = list[list[int]]
@@ -151,38 +157,66 @@ def audit_table(
     parts, left_out = scan_partitions(base, topics)
     in_partitions = {id(u) for p in parts for u in p.unread}  # named with their partition's audit
     report.unread = [str(u) for u in left_out if id(u) not in in_partitions]
+    rows_ds = table.to_pyarrow_dataset()
+    dead_ds = dead_letters.to_pyarrow_dataset() if dead_letters is not None else None
     by_topic: dict[str, list[Partition]] = {}
     for p in parts:
         by_topic.setdefault(p.topic, []).append(p)
     kind = classify_path(base)
     if kind == "base":  # the table's topics the base no longer has: every row was deleted since export
-        scope = {t for t in _table_topics(table, rows_of) if topics is None or t in topics} | set(by_topic)
+        scope = {t for t in _table_topics(rows_ds, rows_of) if topics is None or t in topics} | set(by_topic)
     else:  # a topic or partition directory: that topic (that partition) only
         scope = set(by_topic)
     for topic in sorted(scope):
-        rows = _table_rows(table, topic, rows_of, latest=mode == "latest")
-        dead = _table_rows(dead_letters, topic, rows_of, latest=False) if dead_letters is not None else {}
         on_disk = {p.id: p for p in by_topic.get(topic, [])}
-        ids = sorted(on_disk) if kind == "partition" else sorted(set(on_disk) | set(rows))
-        for pid in ids:
-            got = rows.get(pid, _EMPTY_LATEST if mode == "latest" else _EMPTY)
-            res = PartitionAudit(topic, pid, recorded_seq=table.recorded_version(topic, pid))
-            res.table_rows = len(got)
-            part = on_disk.get(pid)
-            log = _read_log(part, res, latest=mode == "latest") if part is not None else _EMPTY_LOG
-            letters = dead.get(pid)
-            if mode == "latest":
-                if letters is not None and len(letters):  # never a key's latest: the table holds the one before
-                    log = _dead_lettered(res, log, np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
-                _compare_latest(res, log, got)
-            else:
-                if letters is not None and len(letters):
-                    res.dead_lettered = _finding(np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
-                    got = pa.concat_tables([got, letters]).sort_by("seq")
-                _compare_append(res, log, got)
-            res.verdict = _verdict(res)
-            report.partitions.append(res)
+        if kind == "partition":  # one partition: one range
+            counts, ids = {}, sorted(on_disk)
+        else:
+            counts = _partition_rows(rows_ds, topic, rows_of)
+            ids = sorted(set(on_disk) | set(counts))
+        empty = _EMPTY_LATEST if mode == "latest" else _EMPTY
+        for lo, hi in _ranges(ids, counts):
+            rows = _table_rows(rows_ds, topic, rows_of, (lo, hi), latest=mode == "latest")
+            dead = _table_rows(dead_ds, topic, rows_of, (lo, hi), latest=False) if dead_ds is not None else {}
+            for pid in ids[bisect_left(ids, lo) : bisect_right(ids, hi)]:
+                res = PartitionAudit(topic, pid, recorded_seq=table.recorded_version(topic, pid))
+                _compare(res, on_disk.get(pid), rows.pop(pid, empty), dead.get(pid), latest=mode == "latest")
+                report.partitions.append(res)
     return report
+
+
+def _compare(
+    res: PartitionAudit, part: Partition | None, got: pa.Table, letters: pa.Table | None, *, latest: bool
+) -> None:
+    """One partition's audit: its log (`part`; None: the base no longer has it) against the table's rows of it
+    (`got`) and its dead letters."""
+    res.table_rows = len(got)
+    log = _read_log(part, res, latest=latest) if part is not None else _EMPTY_LOG
+    if latest:
+        if letters is not None and len(letters):  # never a key's latest: the table holds the one before
+            log = _dead_lettered(res, log, np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
+        _compare_latest(res, log, got)
+    else:
+        if letters is not None and len(letters):
+            res.dead_lettered = _finding(np.asarray(letters["seq"].to_numpy(), dtype=np.int64))
+            got = pa.concat_tables([got, letters]).sort_by("seq")
+        _compare_append(res, log, got)
+    res.verdict = _verdict(res)
+
+
+def _ranges(ids: list[int], counts: dict[int, int]) -> Iterator[tuple[int, int]]:
+    """`ids` (sorted) as ranges (first, last) of consecutive ones whose rows in the table (`counts`) add up to at most
+    `ROW_BUDGET` (a partition that holds more is a range of its own)."""
+    first, rows = None, 0
+    for i, pid in enumerate(ids):
+        n = counts.get(pid, 0)
+        if first is not None and rows + n > ROW_BUDGET:
+            yield first, ids[i - 1]
+            first, rows = None, 0
+        first = pid if first is None else first
+        rows += n
+    if first is not None:
+        yield first, ids[-1]
 
 
 # ---- the two sides ---------------------------------------------------------------------------------------------------
@@ -203,35 +237,63 @@ def _of_source(table: LakeTable, source: str | None) -> tuple[str, bool] | None:
 
 
 def _scan(
-    table: LakeTable, columns: list[str], rows_of: tuple[str, bool] | None, topic: str | None = None
+    dataset: ds.Dataset,
+    columns: list[str],
+    rows_of: tuple[str, bool] | None,
+    topic: str | None = None,
+    partitions: tuple[int, int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """The table's rows of the source (and of `topic`), `columns` only, filtered by the dataset: a table partitioned
-    by topic reads only that topic's files, others skip files by their statistics (the datasets' guarantees are
-    sound: `lakehouse.delta`)."""
-    import pyarrow.dataset as ds
+    """The table's rows of the source (and of `topic`, of partitions `partitions` (first, last)), `columns` only,
+    filtered by the dataset (one the table made: `LakeTable.to_pyarrow_dataset`): a table partitioned by topic reads
+    only that topic's files, others skip files by their statistics (the datasets' guarantees are sound:
+    `lakehouse.delta`)."""
+    import pyarrow.dataset as pads
 
     wanted: ds.Expression | None = None if topic is None else text_column("topic") == topic
+    if partitions is not None:
+        lo, hi = partitions
+        in_range = (pads.field("partition") >= lo) & (pads.field("partition") <= hi)
+        wanted = in_range if wanted is None else wanted & in_range
     if rows_of is not None:
         source, unsourced = rows_of
         mine = text_column("source") == source
-        mine = mine | ds.field("source").is_null() if unsourced else mine
+        mine = mine | pads.field("source").is_null() if unsourced else mine
         wanted = mine if wanted is None else wanted & mine
-    for batch in table.to_pyarrow_dataset().to_batches(columns=columns, filter=wanted):
+    for batch in dataset.to_batches(columns=columns, filter=wanted):
         if batch.num_rows:
             yield batch
 
 
-def _table_topics(table: LakeTable, rows_of: tuple[str, bool] | None) -> set[str]:
+def _table_topics(dataset: ds.Dataset, rows_of: tuple[str, bool] | None) -> set[str]:
     topics: set[str] = set()
-    for batch in _scan(table, ["topic"], rows_of):
+    for batch in _scan(dataset, ["topic"], rows_of):
         topics.update(str(t) for t in pc.unique(batch["topic"]).to_pylist() if t is not None)
     return topics
 
 
-def _table_rows(table: LakeTable, topic: str, rows_of: tuple[str, bool] | None, *, latest: bool) -> dict[int, pa.Table]:
-    """The table's rows of `topic` by partition: their seqs (and keys for a latest table), sorted by seq."""
+def _partition_rows(dataset: ds.Dataset, topic: str, rows_of: tuple[str, bool] | None) -> dict[int, int]:
+    """The table's rows of `topic` by partition: how many (its `partition` column only, a batch at a time)."""
+    counts: dict[int, int] = {}
+    for batch in _scan(dataset, ["partition"], rows_of, topic):
+        tally = pc.value_counts(batch["partition"])
+        for pid, n in zip(tally.field("values").to_pylist(), tally.field("counts").to_pylist(), strict=True):
+            if pid is not None:
+                counts[int(pid)] = counts.get(int(pid), 0) + n
+    return counts
+
+
+def _table_rows(
+    dataset: ds.Dataset,
+    topic: str,
+    rows_of: tuple[str, bool] | None,
+    partitions: tuple[int, int],
+    *,
+    latest: bool,
+) -> dict[int, pa.Table]:
+    """The table's rows of `topic`'s partitions `partitions` (first, last) by partition: their seqs (and keys for a
+    latest table), sorted by seq."""
     columns = ["partition", "seq", "key"] if latest else ["partition", "seq"]
-    kept = list(_scan(table, columns, rows_of, topic))
+    kept = list(_scan(dataset, columns, rows_of, topic, partitions))
     schema = pa.schema([pa.field(c, _TYPES[c]) for c in columns])
     got = pa.Table.from_batches([b.cast(schema) for b in kept if b.num_rows], schema=schema)
     out: dict[int, pa.Table] = {}
