@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
     from pyiceberg.table import Table, Transaction
+    from pyiceberg.types import IcebergType
 
     from tank_log.lakehouse.location import LakeTable, RestCatalog, TableLocation
 
@@ -294,8 +295,8 @@ class IcebergTable:
     def check_compatible(
         self, name: str, schema: pa.Schema, partition_by: tuple[str, ...], *, evolvable: tuple[str, ...], spark: bool
     ) -> bool:
-        have = [(f.name, str(f.field_type), f.required) for f in self.table.schema().fields]
-        want = [(f.name, str(f.field_type), f.required) for f in _iceberg_schema(schema).fields]
+        have = [(f.name, _shape(f.field_type), f.required) for f in self.table.schema().fields]
+        want = [(f.name, _shape(f.field_type), f.required) for f in _iceberg_schema(schema).fields]
         lacks_last = lacks_only(have, want, evolvable)
         if have != want and not lacks_last:
             diff = [
@@ -753,6 +754,21 @@ def _partitions_filter(partitions: list[tuple[tuple[str, Any], ...]]) -> Boolean
             one = And(one, IsNull(term=term) if value is None else EqualTo(term=term, value=literal(value)))
         out = Or(out, one)
     return out
+
+
+def _shape(t: IcebergType) -> str:
+    """A type as `str` writes it, without the ids of the fields inside it: a table's follow the columns it had when
+    the struct was added, `_iceberg_schema`'s fresh ones all of this export's (an added column shifts them)."""
+    from pyiceberg.types import ListType, MapType, StructType
+
+    if isinstance(t, StructType):
+        fields = (f"{f.name}: {'required' if f.required else 'optional'} {_shape(f.field_type)}" for f in t.fields)
+        return f"struct<{', '.join(fields)}>"
+    if isinstance(t, ListType):
+        return f"list<{_shape(t.element_type)}>"
+    if isinstance(t, MapType):
+        return f"map<{_shape(t.key_type)}, {_shape(t.value_type)}>"
+    return str(t)
 
 
 def _iceberg_schema(schema: pa.Schema) -> Schema:

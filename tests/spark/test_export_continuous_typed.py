@@ -9,6 +9,8 @@ ends): on the tests' shared Spark session, or as `jobs/export_delta.py` where a 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -42,8 +44,8 @@ def metrics_of(results, summary):
     return generate_latest(report_registry(report)).decode()
 
 
-def recorded(table, fmt, partition):
-    return TableLocation.of(table, {}, fmt, None, default_source()).existing().recorded_version("clicks", partition)
+def recorded(table, fmt, partition, topic="clicks"):
+    return TableLocation.of(table, {}, fmt, None, default_source()).existing().recorded_version(topic, partition)
 
 
 @pytest.mark.slow
@@ -146,3 +148,137 @@ def test_iceberg_skip_and_fail(spark, tmp_path, monkeypatch):
     assert ": seq 3: " in message and "truncated" in message and "nothing of batch 0 was committed" in message
     assert "\n" not in message
     assert rows(failing, "seq", "iceberg") == [] and recorded(failing, "iceberg", 0) is None
+
+
+def keyed(base: str, topic: str, partition: int, first: int, pairs: list[tuple[bytes, bytes]]) -> None:
+    """(key, value) messages from seq `first` in a new active segment of the partition, its active one rolled first
+    (as `roll_and_append`)."""
+    from test_typed_export import TS
+
+    from tank_log.format.bundle import Message
+    from tank_log.storage.datadir import partitions_at
+    from tank_log.storage.writer import write_segment
+
+    d = os.path.join(base, topic, str(partition))
+    if os.path.isdir(d):
+        (a,) = [p.active for p in partitions_at(base, [topic]) if p.id == partition]
+        os.rename(a.path, os.path.join(d, f"{a.base}-{first - 1}_{a.name.ts}.ilog"))
+    os.makedirs(d, exist_ok=True)
+    msgs = [Message(first + i, TS + first + i, k, v) for i, (k, v) in enumerate(pairs)]
+    write_segment(d, msgs, active=True, ts=TS // 1000 + first)
+
+
+@pytest.mark.slow
+def test_protobuf_json_schema_and_decoded_keys(spark, tmp_path, monkeypatch):
+    """Iceberg: Protobuf values in the Confluent wire format (magic byte, schema id, message indexes) with Avro keys:
+    the bad values (cut short, an unknown id, a wrong magic byte) and a bad key are dead letters (the raw key kept),
+    the rest typed rows; restarted under a newer .proto (a widened field, an added one) the table, with its struct
+    key column, evolves and the next batch's rows and dead letters join: every message in exactly one table, each
+    partition's version its last seq. Delta: JSON values with a JSON Schema and UTF-8 keys, `skip` counts the bad
+    ones (a date-time with an offset stored in UTC); `fail` stops at the first, naming it, nothing committed."""
+    from test_typed_export import VALUES
+
+    from tank_log.errors import RunFailed
+    from tank_log.values import ValueSpec, decoder_for
+
+    monkeypatch.setenv(AVAILABLE_NOW, "1")
+    desc = os.path.join(VALUES, "shop.desc")
+    click_v2 = tmp_path / "click_v2.proto"  # Click with ms widened and a field added (compiled by protoc at load)
+    click_v2.write_text('syntax = "proto3";\npackage shop.v1;\nmessage Click {\n  int64 user = 1;\n  string page = 2;\n'
+                        '  int64 ms = 3;\n  optional string referrer = 4;\n}\n')  # fmt: skip
+    base = str(tmp_path / "data")
+    key_schema = tmp_path / "key.avsc"
+    key_schema.write_text(json.dumps({"type": "record", "name": "K", "fields": [
+        {"name": "id", "type": "long"}, {"name": "region", "type": "string"}]}))  # fmt: skip
+
+    def key(i: int) -> bytes:
+        return avro(str(key_schema), {"id": i, "region": "eu"})
+
+    v1 = decoder_for(ValueSpec("protobuf", schema_file=desc, message="shop.v1.Click"))._cls
+    v2 = decoder_for(ValueSpec("protobuf", schema_file=str(click_v2)))._cls
+
+    def pb(i: int, schema_id: int = 3, magic: int = 0) -> bytes:  # indexes [2]: the file's third message, Click
+        return framed(schema_id, b"\x02\x04" + v1(user=i, page=f"/p{i}", ms=i).SerializeToString(), magic)
+
+    def pb2(i: int) -> bytes:  # the file's only message: indexes [0], one 0 byte
+        return framed(4, b"\x00" + v2(user=i, page=f"/q{i}", ms=2**40 + i, referrer="r").SerializeToString())
+
+    p0 = [(key(1), pb(1)), (key(2), pb(2)[:-1]), (key(3), pb(3, schema_id=9)), (key(4), pb(4, magic=7)),
+          (b"\x02", pb(5)), (key(6), b""), (b"", pb(7)), (key(8), pb(8))]  # fmt: skip
+    keyed(base, "clicks", 0, 1, p0)
+    keyed(base, "clicks", 1, 1, [(key(i), pb(i)) for i in (1, 2, 3)])
+    table, ck = str(tmp_path / "pb"), str(tmp_path / "ck-pb")
+    args = ["--data-dir", base, "--format", "iceberg", "--table", table, "--checkpoint", ck]
+    keys = {"key_format": "avro", "key_schema_file": str(key_schema), "key_wire": "plain"}
+    cfg = config(tmp_path, value_format="protobuf", value_schema_file=desc, value_message="shop.v1.Click",
+                 value_schema_ids={3: desc}, value_wire="confluent", **keys)  # fmt: skip
+    results, summary = continuous(spark, "--config", cfg, *args)
+    assert summary["dead_lettered"] == 4 and summary["rows"] == 7, summary
+    dead = rows(table + "_dead_letters", "partition,seq,key,schema_id,error", "iceberg")
+    assert [d[:4] for d in dead] == [(0, 2, key(2), 3), (0, 3, key(3), 9), (0, 4, key(4), None), (0, 5, b"\x02", 3)]
+    assert "schema id 9" in dead[1][4] and "magic byte 0x07" in dead[2][4] and dead[3][4].startswith("key: ")
+    assert (recorded(table, "iceberg", 0), recorded(table, "iceberg", 1)) == (8, 3)
+
+    # restarted under a newer .proto (ms int32 -> int64, an added optional field): the table evolves; the older
+    # values' id still decodes (into the newer message)
+    keyed(base, "clicks", 0, 9, [(key(9), pb2(9)), (key(10), pb(10)), (key(11), pb2(11)[:-2])])
+    keyed(base, "clicks", 1, 4, [(key(4), pb2(4))])
+    cfg = config(tmp_path, value_format="protobuf", value_schema_file=str(click_v2), value_message="shop.v1.Click",
+                 value_schema_ids={3: desc, 4: str(click_v2)},
+                 value_wire="confluent", **keys)  # fmt: skip
+    results, summary = continuous(spark, "--config", cfg, *args)
+    assert summary["dead_lettered"] == 1 and summary["rows"] == 3, summary
+    main = rows(table, "partition,seq", "iceberg")
+    dead = rows(table + "_dead_letters", "partition,seq,schema_id,error", "iceberg")
+    assert sorted(main + [d[:2] for d in dead]) == [(0, s) for s in range(1, 12)] + [(1, s) for s in range(1, 5)]
+    assert [d[:3] for d in dead][-1] == (0, 11, 4) and dead[-1][3].startswith("protobuf: ")
+    assert [d[:2] for d in dead] == [(0, s) for s in (2, 3, 4, 5, 11)]  # each message once, in one table
+    assert (recorded(table, "iceberg", 0), recorded(table, "iceberg", 1)) == (11, 4)
+    metadata = TableLocation.of(table, {}, "iceberg").existing().table.metadata_location.removeprefix("file://")
+    con = duckdb_with("avro", "iceberg")
+    scan = f"iceberg_scan('{metadata}')"
+    types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM {scan}").fetchall())
+    assert [types[c] for c in ("key", "user", "page", "ms", "referrer")] == [
+        "STRUCT(id BIGINT, region VARCHAR)", "BIGINT", "VARCHAR", "BIGINT", "VARCHAR",
+    ]  # fmt: skip
+    query = f'SELECT partition, seq, key.id, "user", page, ms, referrer FROM {scan} ORDER BY partition, seq'
+    assert con.execute(query).fetchall() == [
+        (0, 1, 1, 1, "/p1", 1, None), (0, 6, 6, None, None, None, None), (0, 7, None, 7, "/p7", 7, None),
+        (0, 8, 8, 8, "/p8", 8, None), (0, 9, 9, 9, "/q9", 2**40 + 9, "r"), (0, 10, 10, 10, "/p10", 10, None),
+        (1, 1, 1, 1, "/p1", 1, None), (1, 2, 2, 2, "/p2", 2, None), (1, 3, 3, 3, "/p3", 3, None),
+        (1, 4, 4, 4, "/q4", 2**40 + 4, "r"),
+    ]  # fmt: skip
+
+    # Delta: JSON values by a JSON Schema, UTF-8 keys
+    doc = {"id": 7, "total": 12.5, "paid": True, "at": "2024-02-29T23:59:59.123456+01:00", "day": "2024-02-29"}
+    docs = [(b"a", json.dumps(doc).encode()), (b"b", b'{"id": 0}'), (b"\xff", json.dumps(doc).encode()),
+            (b"", json.dumps({**doc, "id": 8}).encode()), (b"e", b"")]  # fmt: skip
+    keyed(base, "docs", 0, 1, docs)
+    js = {"value_format": "json", "value_schema_file": os.path.join(VALUES, "order.schema.json"), "key_format": "utf8"}
+    common = ["--data-dir", base, "--topics", "docs"]
+    table = str(tmp_path / "js")
+    results, summary = continuous(spark, "--config", config(tmp_path, on_bad_record="skip", **js), *common,
+                                  "--table", table, "--checkpoint", str(tmp_path / "ck-js"))  # fmt: skip
+    assert summary["skipped_bad_records"] == 2 and summary["rows"] == 3, summary
+    assert not os.path.exists(table + "_dead_letters") and recorded(table, "delta", 0, "docs") == 5
+    con = duckdb_with("delta")
+    con.execute("SET TimeZone = 'UTC'")
+    types = dict(r[:2] for r in con.execute(f"DESCRIBE SELECT * FROM delta_scan('{table}')").fetchall())
+    assert [types[c] for c in ("key", "id", "total", "paid", "at", "day")] == [
+        "VARCHAR", "BIGINT", "DOUBLE", "BOOLEAN", "TIMESTAMP WITH TIME ZONE", "DATE",
+    ]  # fmt: skip
+    query = f'SELECT seq, key, id, total, paid, "at", "day" FROM delta_scan(\'{table}\') ORDER BY seq'
+    at, day = dt.datetime(2024, 2, 29, 22, 59, 59, 123456, tzinfo=dt.UTC), dt.date(2024, 2, 29)  # +01:00 in UTC
+    got = [
+        (s, k, i, t, p, a.astimezone(dt.UTC) if a else a, d) for s, k, i, t, p, a, d in con.execute(query).fetchall()
+    ]
+    assert got == [(1, "a", 7, 12.5, True, at, day), (4, None, 8, 12.5, True, at, day), (5, "e", *[None] * 5)]
+
+    failing = str(tmp_path / "f")
+    with pytest.raises(RunFailed) as err:
+        continuous(spark, "--config", config(tmp_path, on_bad_record="fail", **js), *common, "--table", failing,
+                   "--checkpoint", str(tmp_path / "ck-fail"))  # fmt: skip
+    message = str(err.value)
+    assert message.startswith(f"continuous export stopped: {os.path.join(base, 'docs', '0')}"), message
+    assert ": seq 2: json: " in message and "nothing of batch 0 was committed (2 such value(s)" in message
+    assert rows(failing, "seq") == [] and recorded(failing, "delta", 0, "docs") is None
