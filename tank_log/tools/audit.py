@@ -164,19 +164,19 @@ def audit_table(
         by_topic.setdefault(p.topic, []).append(p)
     kind = classify_path(base)
     if kind == "base":  # the table's topics the base no longer has: every row was deleted since export
-        scope = {t for t in _table_topics(rows_ds, rows_of) if topics is None or t in topics} | set(by_topic)
+        held = _partition_rows(rows_ds, rows_of)
+        scope = {t for t in held if topics is None or t in topics} | set(by_topic)
     else:  # a topic or partition directory: that topic (that partition) only
         scope = set(by_topic)
+        held = {} if kind == "partition" else {t: _partition_rows(rows_ds, rows_of, t).get(t, {}) for t in scope}
     for topic in sorted(scope):
         on_disk = {p.id: p for p in by_topic.get(topic, [])}
-        if kind == "partition":  # one partition: one range
-            counts, ids = {}, sorted(on_disk)
-        else:
-            counts = _partition_rows(rows_ds, topic, rows_of)
-            ids = sorted(set(on_disk) | set(counts))
+        topic_ds = _files_of(rows_ds, topic)
+        counts = held.get(topic, {})  # a partition directory's audit: one range
+        ids = sorted(on_disk) if kind == "partition" else sorted(set(on_disk) | set(counts))
         empty = _EMPTY_LATEST if mode == "latest" else _EMPTY
         for lo, hi in _ranges(ids, counts):
-            rows = _table_rows(rows_ds, topic, rows_of, (lo, hi), latest=mode == "latest")
+            rows = _table_rows(topic_ds, topic, rows_of, (lo, hi), latest=mode == "latest")
             dead = _table_rows(dead_ds, topic, rows_of, (lo, hi), latest=False) if dead_ds is not None else {}
             for pid in ids[bisect_left(ids, lo) : bisect_right(ids, hi)]:
                 res = PartitionAudit(topic, pid, recorded_seq=table.recorded_version(topic, pid))
@@ -264,21 +264,30 @@ def _scan(
             yield batch
 
 
-def _table_topics(dataset: ds.Dataset, rows_of: tuple[str, bool] | None) -> set[str]:
-    topics: set[str] = set()
-    for batch in _scan(dataset, ["topic"], rows_of):
-        topics.update(str(t) for t in pc.unique(batch["topic"]).to_pylist() if t is not None)
-    return topics
+def _files_of(dataset: ds.Dataset, topic: str) -> ds.Dataset:
+    """The files of `dataset` that may hold rows of `topic` (by their partition values and bounds), as a dataset: the
+    scans of the topic's ranges then weigh only these (each file's guarantee is checked once per topic)."""
+    import pyarrow.dataset as pads
+
+    if not isinstance(dataset, pads.FileSystemDataset):
+        return dataset
+    files = list(dataset.get_fragments(filter=text_column("topic") == topic))
+    return pads.FileSystemDataset(files, dataset.schema, dataset.format, dataset.filesystem)
 
 
-def _partition_rows(dataset: ds.Dataset, topic: str, rows_of: tuple[str, bool] | None) -> dict[int, int]:
-    """The table's rows of `topic` by partition: how many (its `partition` column only, a batch at a time)."""
-    counts: dict[int, int] = {}
-    for batch in _scan(dataset, ["partition"], rows_of, topic):
-        tally = pc.value_counts(batch["partition"])
-        for pid, n in zip(tally.field("values").to_pylist(), tally.field("counts").to_pylist(), strict=True):
-            if pid is not None:
-                counts[int(pid)] = counts.get(int(pid), 0) + n
+def _partition_rows(
+    dataset: ds.Dataset, rows_of: tuple[str, bool] | None, topic: str | None = None
+) -> dict[str, dict[int, int]]:
+    """How many rows the table holds of each topic's partitions (of `topic` only, if given): one pass over its
+    `topic` and `partition` columns, a batch at a time."""
+    counts: dict[str, dict[int, int]] = {}
+    for batch in _scan(dataset, ["topic", "partition"], rows_of, topic):
+        tally = pa.table({"topic": batch["topic"].cast(pa.string()), "partition": batch["partition"]})
+        tally = tally.group_by(["topic", "partition"]).aggregate([([], "count_all")])
+        for t, pid, n in zip(*(tally[c].to_pylist() for c in ("topic", "partition", "count_all")), strict=True):
+            if t is not None and pid is not None:
+                of = counts.setdefault(str(t), {})
+                of[int(pid)] = of.get(int(pid), 0) + n
     return counts
 
 
