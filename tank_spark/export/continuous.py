@@ -25,7 +25,8 @@ Values that do not decode go by `--on-bad-record`: `dead_letter` commits them in
 each partition's version, then the table (a batch replayed after a kill between the two commits drops the dead
 letters at or below that table's version: each message ends in exactly one table); `skip` counts them; `fail` stops
 the query naming the file, seq and error, nothing of the batch committed. Each partition's version is the highest
-seq the batch read of it, decoded or not.
+seq the batch read of it, decoded or not. A schema registry out of reach is no bad value: it stops the query in one
+line naming it, nothing of the batch committed (exit 1), and the next start reads the batch again.
 
 Compaction gaps: a `cleanup` partition whose log now starts past what the table holds (our compaction removed the
 seqs in between before they were exported) is reported as the batch export reports it: the seqs named in an ERROR
@@ -633,6 +634,7 @@ def _run_until_stopped(query: StreamingQuery, exporter: BatchExporter) -> tuple[
 
 
 _RAISED = re.compile(r"^\s*(?:\w+\.)*(BadRecordFailed|IncompatibleSchema|RunFailed): (.+)$")  # a raised error's line
+_OURS = re.compile(r"^\s*(?:tank_log|tank_spark)(?:\.\w+)+: (.+)$")  # any other error of ours, by its module path
 
 
 def _reason(err: Exception) -> str:
@@ -646,4 +648,8 @@ def _reason(err: Exception) -> str:
         for line in text.splitlines():
             if marker in line:
                 return line.strip()
+    for line in text.splitlines():  # e.g. a schema registry out of reach in a task (`RegistryUnavailable`)
+        ours = _OURS.match(line)
+        if ours:
+            return ours.group(1).strip()
     return text.strip().splitlines()[0] if text.strip() else type(err).__name__

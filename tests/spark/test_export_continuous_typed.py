@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -172,7 +173,8 @@ def keyed(base: str, topic: str, partition: int, first: int, pairs: list[tuple[b
 def test_protobuf_json_schema_and_decoded_keys(spark, tmp_path, monkeypatch):
     """Iceberg: Protobuf values in the Confluent wire format (magic byte, schema id, message indexes) with Avro keys:
     the bad values (cut short, an unknown id, a wrong magic byte) and a bad key are dead letters (the raw key kept),
-    the rest typed rows; restarted under a newer .proto (a widened field, an added one) the table, with its struct
+    the rest typed rows; a restart that needs a schema registry out of reach stops in one line, nothing committed;
+    restarted under a newer .proto (a widened field, an added one) the table, with its struct
     key column, evolves and the next batch's rows and dead letters join: every message in exactly one table, each
     partition's version its last seq. Delta: JSON values with a JSON Schema and UTF-8 keys, `skip` counts the bad
     ones (a date-time with an offset stored in UTC); `fail` stops at the first, naming it, nothing committed."""
@@ -223,6 +225,18 @@ def test_protobuf_json_schema_and_decoded_keys(spark, tmp_path, monkeypatch):
     # values' id still decodes (into the newer message)
     keyed(base, "clicks", 0, 9, [(key(9), pb2(9)), (key(10), pb(10)), (key(11), pb2(11)[:-2])])
     keyed(base, "clicks", 1, 4, [(key(4), pb2(4))])
+    # first with the newer id left to a schema registry out of reach (a socket bound, not listening): the query
+    # stops in one line naming it, nothing of the batch committed (exit 1, not dead letters)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        cfg = config(tmp_path, value_format="protobuf", value_schema_file=str(click_v2), value_message="shop.v1.Click",
+                     value_schema_ids={3: desc}, value_registry_url=url, value_wire="confluent", **keys)  # fmt: skip
+        with pytest.raises(RunFailed) as err:
+            continuous(spark, "--config", cfg, *args)
+    assert str(err.value).startswith(f"continuous export stopped: schema registry {url}/schemas/ids/4: cannot reach")
+    assert "\n" not in str(err.value) and (recorded(table, "iceberg", 0), recorded(table, "iceberg", 1)) == (8, 3)
+    assert len(rows(table, "seq", "iceberg")) == 7 and len(rows(table + "_dead_letters", "seq", "iceberg")) == 4
     cfg = config(tmp_path, value_format="protobuf", value_schema_file=str(click_v2), value_message="shop.v1.Click",
                  value_schema_ids={3: desc, 4: str(click_v2)},
                  value_wire="confluent", **keys)  # fmt: skip
