@@ -269,15 +269,6 @@ def test_bad_settings_are_refused_in_one_line(tmp_path, capfd):
         "no such file": ["--value-format", "avro", "--value-schema-file", str(tmp_path / "missing.avsc")],
         "--value-message": ["--value-format", "protobuf", "--value-schema-file", SMALL],
         "seq": ["--value-format", "avro", "--value-schema-file", str(clash)],
-        "--format iceberg does not take --engine spark with --mode latest": [
-            *avro_values,
-            "--mode",
-            "latest",
-            "--engine",
-            "spark",
-            "--format",
-            "iceberg",
-        ],
         "--key-format utf8 does not take --mode latest": ["--key-format", "utf8", "--mode", "latest"],
         "--key-format avro does not take --mode latest": [
             *avro_values,

@@ -380,13 +380,15 @@ class IcebergTable:
         snapshot that is not the table's current one): they are appended as they are, with the properties of the new
         versions, by a snapshot that names the staged one (`source-snapshot-id`, `published-wap-id`, as Iceberg's
         own cherry-pick does: Iceberg's snapshot expiry then knows its files were published). The staged snapshot
-        is then removed (its files are this commit's).
+        is then removed (its files are this commit's). A staged copy-on-write MERGE also removed files: the commit
+        is then an overwrite removing them too, published only onto the snapshot the MERGE staged from.
 
         Raises:
-            RunFailed: no snapshot staged under `wap_id`.
+            RunFailed: no snapshot staged under `wap_id`, or one with delete files (merge-on-read).
             CommitConflict: another writer committed first (nothing of this commit is in the table).
         """
         from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 
         staged = next(
             (s for s in self.table.snapshots() if s.summary and s.summary.additional_properties.get(WAP_ID) == wap_id),
@@ -394,13 +396,26 @@ class IcebergTable:
         )
         if staged is None:
             raise RunFailed(f"table {self.location}: no snapshot staged by Spark under wap.id {wap_id}")
-        files = [
-            entry.data_file
-            for manifest in staged.manifests(self.table.io)
-            if manifest.added_snapshot_id == staged.snapshot_id
-            for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=True)
-            if entry.snapshot_id == staged.snapshot_id
-        ]
+        files: list[Any] = []
+        removed: list[Any] = []  # pyiceberg's DataFile
+        for manifest in staged.manifests(self.table.io):
+            if manifest.added_snapshot_id != staged.snapshot_id:
+                continue
+            if manifest.content != ManifestContent.DATA:
+                raise RunFailed(
+                    f"table {self.location}: Spark staged delete files under wap.id {wap_id} (merge-on-read): "
+                    "only data files are published"
+                )
+            for entry in manifest.fetch_manifest_entry(self.table.io, discard_deleted=False):
+                if entry.snapshot_id == staged.snapshot_id:
+                    deleted = entry.status == ManifestEntryStatus.DELETED
+                    (removed if deleted else files).append(entry.data_file)
+        current = self.table.current_snapshot()
+        if removed and staged.parent_snapshot_id != (current.snapshot_id if current else None):
+            raise CommitConflict(
+                f"commit conflict: Spark staged its MERGE on snapshot {staged.parent_snapshot_id}, the table is at "
+                f"{current.snapshot_id if current else 'none'} (another writer committed since)"
+            )
         for data_file in files:  # Hadoop's spelling of a local path (`file:/x`) as this table's files have it
             path = data_file.file_path
             if path.startswith("file:/") and not path.startswith("file:///"):
@@ -410,7 +425,10 @@ class IcebergTable:
         tx = self.table.transaction()
         recording = self._recording(tx, versions)
         properties = {**summary, **metadata, **recording, **published}
-        with tx.update_snapshot(snapshot_properties=properties).fast_append() as append:
+        update = tx.update_snapshot(snapshot_properties=properties)
+        with update.overwrite() if removed else update.fast_append() as append:
+            for data_file in removed:
+                append.delete_data_file(data_file)
             for data_file in files:
                 append.append_data_file(data_file)
         self._commit_transaction(tx)

@@ -18,28 +18,37 @@ off and the table's current snapshot as its requirement, appending the staged fi
 - A concurrent writer's commit fails this one (`CommitConflict`): the run re-plans, as the deltalake engine's.
 - The commit names the staged snapshot (`source-snapshot-id`, `published-wap-id`, as Iceberg's cherry-pick does), and
   the staged snapshot is then removed: Iceberg's snapshot expiry knows the files as published either way.
+
+`--mode latest` (`merge_with_iceberg_spark`) stages Spark SQL's MERGE the same way: a copy-on-write MERGE's staged
+snapshot removes the files holding the keys it changes and adds their rewrites, and the one commit publishes both,
+with the versions, only onto the snapshot the MERGE read (any other commit since is a conflict: re-plan). Iceberg's
+Spark runtime can name snapshot properties of a MERGE's own commit (`spark.sql.iceberg.snapshot-property.*`, or
+`CommitMetadata.withCommitProperties` around it), but not the table properties that hold the recorded versions, in
+the same commit: staging keeps one commit for both, as the append does, and needs no JVM callback (Spark Connect).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from tank_log.errors import JobConfigError
+from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse.iceberg import IcebergTable
 from tank_log.lakehouse.location import RestCatalog
 from tank_spark import jars
-from tank_spark.export.commit import ConcurrentExport, commit_staged
+from tank_spark.export.commit import ConcurrentExport, check_unmoved, commit, commit_staged
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_before_commit, hold
 from tank_spark.export.run_id import new_run_id
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from tank_log.lakehouse import LakeTable
     from tank_log.lakehouse.location import TableLocation
     from tank_spark.context import JobContext
     from tank_spark.export.plan import ExportSettings, PartitionPlan
@@ -48,6 +57,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ICEBERG_CLASS = "org.apache.iceberg.spark.SparkCatalog"
+MERGE_MODE = "write.merge.mode"  # Iceberg's table property: copy-on-write (the default) or merge-on-read
 
 
 def check_iceberg_spark(spark: SparkSession) -> None:
@@ -147,3 +157,133 @@ def append_with_iceberg_spark(
                 results[(p.topic, p.partition)]["rows"] -= bad.counts[(p.topic, p.partition)].bad
         return job._Appended(results, [], cut, version, bad)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_merge_mode(name: str, table: LakeTable) -> None:
+    """Raises:
+    JobConfigError: a merge-on-read Iceberg table (Spark's MERGE writes delete files, which the commit of
+        `merge_with_iceberg_spark` does not publish).
+    """
+    mode = table.properties().get(MERGE_MODE, "copy-on-write")
+    if mode != "copy-on-write":
+        raise JobConfigError(
+            f"table {name}: {MERGE_MODE} is {mode}: --mode latest --engine spark merges copy-on-write Iceberg tables "
+            "(its commit publishes data files, not delete files); use --engine deltalake"
+        )
+
+
+def merge_with_iceberg_spark(
+    spark: SparkSession,
+    settings: ExportSettings,
+    schema: pa.Schema,
+    source: pa.Table,
+    work: list[PartitionPlan],
+    run_id: str,
+    *,
+    keys: tuple[str, ...],
+    tombstone: str,
+) -> tuple[int, dict[str, int]]:
+    """--mode latest, engine=spark, Iceberg table: Spark SQL's MERGE of `source` (one row per key with its
+    `tombstone` flag, matched on `keys` and conditioned as delta-spark's: `latest._merge_with_delta_spark`), staged
+    under the run's id as the append's write is (module docstring), then ONE commit publishing it with every
+    partition's new version (`commit.commit_staged`): the files the MERGE removed and added, in one overwrite onto
+    the snapshot the MERGE read. A kill before that commit leaves the table as it was, and the rerun plans from the
+    same versions and merges once. The rows inserted, updated and deleted are counted by joining `source` with that
+    snapshot. A source with no row, or a MERGE that changed nothing, records the versions alone (pyiceberg).
+
+    Raises:
+        JobConfigError: a merge-on-read table (its MERGE writes delete files, which the commit does not publish).
+        ConcurrentExport: a partition's recorded version moved, or another writer committed after the MERGE read.
+    """
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from tank_log.lakehouse.delta import _matches
+    from tank_log.lakehouse.table import LEGACY_SOURCE_KEY, owns_unsourced
+
+    table = settings.location.existing()
+    assert isinstance(table, IcebergTable)  # the job checked the format
+    check_merge_mode(settings.table, table)
+    check_unmoved(table, work)
+    if not source.num_rows:  # nothing keyed: the versions alone
+        return commit(settings, schema, [], work, run_id), {}
+    table.enable_staging()
+    name = spark_table(spark, settings.location)
+    view = "tank_log_latest_" + re.sub(r"\W", "_", run_id)
+    frame = spark.createDataFrame(source, from_arrow_schema(source.schema, prefer_timestamp_ntz=True))
+    frame.createOrReplaceTempView(view)
+    match = " AND ".join(
+        _matches(k, owns_unsourced(settings.location.source, table.properties().get(LEGACY_SOURCE_KEY))) for k in keys
+    )
+    columns = [f"`{c}`" for c in source.column_names if c != tombstone]
+    gone = f"s.`{tombstone}`"
+    t0 = time.monotonic()
+    spark.conf.set("spark.wap.id", run_id)
+    try:
+        _run_merge(
+            spark,
+            f"MERGE INTO {name} t USING {view} s ON {match} "
+            f"WHEN MATCHED AND {gone} AND s.seq > t.seq THEN DELETE "
+            f"WHEN MATCHED AND NOT {gone} AND s.seq > t.seq THEN UPDATE SET "
+            + ", ".join(f"t.{c} = s.{c}" for c in columns)
+            + f" WHEN NOT MATCHED AND NOT {gone} THEN INSERT ({', '.join(columns)}) "
+            + f"VALUES ({', '.join(f's.{c}' for c in columns)})",
+        )
+        staged = spark.sql(
+            f"SELECT snapshot_id, parent_id FROM {name}.snapshots WHERE summary['wap.id'] = '{run_id}'"
+        ).collect()
+        if staged:
+            read = None if staged[0].parent_id is None else f"{name} VERSION AS OF {staged[0].parent_id}"
+        else:
+            read = None if table.version() == 0 else name
+        metrics = _merge_counts(spark, view, read, match, gone)
+    finally:
+        spark.conf.unset("spark.wap.id")
+        spark.catalog.dropTempView(view)
+    took = time.monotonic() - t0
+    log.info("export: Spark's Iceberg MERGE of %d keys staged in %.2fs (wap.id %s)", source.num_rows, took, run_id)
+    crash_before_commit(source.num_rows)  # test hook
+    if not staged:  # nothing to publish: the versions alone, if the MERGE had nothing to change
+        if any(metrics.values()):
+            raise RunFailed(
+                f"table {settings.table}: Spark's MERGE staged no snapshot under wap.id {run_id} though it changes "
+                f"rows ({metrics}): nothing recorded"
+            )
+        return commit(settings, schema, [], work, run_id), metrics
+    return commit_staged(settings, work, run_id), metrics
+
+
+ICEBERG_CONFLICTS = ("org.apache.iceberg.exceptions.CommitFailedException", "org.apache.iceberg.exceptions.Validation")
+
+
+def _run_merge(spark: SparkSession, sql: str) -> None:
+    """Run the MERGE; Iceberg's refusal of its staged commit after another writer's (a conflict: the table's commit
+    retries are off, `tank_log.lakehouse.iceberg`) is a `ConcurrentExport`, read from the error's text (Spark
+    Connect's errors hold no JVM exception).
+
+    Raises:
+        ConcurrentExport: another writer committed while the MERGE ran (nothing staged is published).
+    """
+    try:
+        spark.sql(sql)
+    except Exception as err:
+        text = str(err)
+        found = next((c for c in ICEBERG_CONFLICTS if c in text), None)
+        if found is None:
+            raise
+        raise ConcurrentExport(f"Spark's Iceberg MERGE met another commit: {found.rsplit('.', 1)[-1]}") from None
+
+
+def _merge_counts(spark: SparkSession, view: str, target: str | None, match: str, gone: str) -> dict[str, int]:
+    """The MERGE's rows inserted, updated and deleted, under delta-rs's names: `view` (the source) joined with
+    `target` (the snapshot the MERGE read; None: the table had none)."""
+    if target is None:
+        (row,) = spark.sql(f"SELECT count_if(NOT {gone}) AS inserted FROM {view} s").collect()
+        counts = {"inserted": row.inserted, "updated": 0, "deleted": 0}
+    else:
+        (row,) = spark.sql(
+            "SELECT count_if(t.seq IS NULL AND NOT {g}) AS inserted, "
+            "count_if(s.seq > t.seq AND NOT {g}) AS updated, count_if(s.seq > t.seq AND {g}) AS deleted "
+            f"FROM {view} s LEFT JOIN {target} t ON {match}".format(g=gone)
+        ).collect()
+        counts = row.asDict()
+    return {f"num_target_rows_{k}": int(v or 0) for k, v in counts.items()}

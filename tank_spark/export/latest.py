@@ -10,10 +10,12 @@ partition + key: a newer message updates the key's row, a tombstone deletes it, 
 live key is inserted. The MERGE's commit carries every partition's new app-transaction version, so a rerun, or a
 rerun after a crash before the commit, changes nothing twice.
 
-`--engine spark` (Delta tables) computes the same rows and applies them with delta-spark's MERGE, one commit per
+`--engine spark` computes the same rows and applies them to a Delta table with delta-spark's MERGE, one commit per
 partition: Delta's idempotent DML records the partition's version (the session's `txnAppId`/`txnVersion`, the app id
 the deltalake engine records too) in that MERGE's own commit, so a run killed between two partitions' MERGEs leaves
-the merged ones recorded and its rerun merges the others; both engines can take turns on one table.
+the merged ones recorded and its rerun merges the others; both engines can take turns on one table. An Iceberg table
+(`iceberg_spark.merge_with_iceberg_spark`) takes one Spark SQL MERGE of every partition, staged (write-audit-publish)
+and published by one pyiceberg commit with the new versions, as the deltalake engine's single commit.
 
 Typed values (`dead_letters.py`) decode before the reduction: a value that does not decode is a dead letter, never
 a key's latest, so the table holds each key's latest message that decodes (a key whose newest message is bad keeps
@@ -39,6 +41,7 @@ from tank_spark.export.corruption import Cut, RangeOutcome, cut_at_corruption
 from tank_spark.export.dead_letters import BadRecords, BadRun
 from tank_spark.export.files import Written
 from tank_spark.export.hooks import HOLD_BEFORE_COMMIT, crash_after_first_partition, crash_before_commit, hold
+from tank_spark.export.iceberg_spark import check_merge_mode, merge_with_iceberg_spark
 from tank_spark.export.orphans import RunTooOld, check_run_age
 from tank_spark.export.plan import ExportSettings, PartitionPlan, Prepared, plan_export
 from tank_spark.export.rows import direct_ranges, table_batches
@@ -81,6 +84,8 @@ def check_mode(prepared: Prepared) -> None:
     if settings.mode != "latest":
         return
     check_rewritable(settings.partition_by, f"--mode latest into {settings.table}", settings.table_format)
+    if table is not None and settings.engine == "spark" and settings.table_format == "iceberg":
+        check_merge_mode(settings.table, table)
     if settings.replay_dead_letters:
         raise JobConfigError(
             "--mode latest does not take --replay-dead-letters: a replayed value is older than its key's messages "
@@ -191,8 +196,13 @@ def _merge_once(
             bad.discard(settings)
             raise
         bad.commit(settings, cut.plans, run_id)  # first: dead_letters.py
-    if settings.engine == "spark":
+    if settings.engine == "spark" and settings.table_format == "iceberg":
         assert spark is not None  # `in_driver`: only delta-rs exports run without Spark
+        run.version, run.metrics = merge_with_iceberg_spark(
+            spark, settings, schema, source, work, run_id, keys=KEY, tombstone=TOMBSTONE
+        )
+    elif settings.engine == "spark":
+        assert spark is not None
         run.version, run.metrics = _merge_with_delta_spark(spark, settings, source, work, run_id)
     else:
         run.version, run.metrics = _merge(settings, schema, source, work, run_id)

@@ -302,7 +302,6 @@ def prepare(ctx: JobContext, args: argparse.Namespace) -> Prepared:
         replay_dead_letters=args.replay_dead_letters,
     )
     settings = replace(settings, **_continuous_settings(ctx, args, settings))
-    _check_format(settings)
     _check_typed(settings)
     if settings.upkeep_only and not (settings.optimize or settings.vacuum_retention_ms is not None):
         log.info("export: --upkeep-only without --optimize/--vacuum: only orphaned files are removed")
@@ -496,26 +495,6 @@ def _since_and_horizon(args: argparse.Namespace) -> tuple[int | None, int | None
     if horizon == 0:
         raise JobConfigError("--orphan-horizon: must be more than 0 (it protects runs in flight)")
     return since, horizon
-
-
-def _check_format(settings: ExportSettings) -> None:
-    """Refuse what an Iceberg export does not do, before anything is written.
-
-    Raises:
-        JobConfigError: one line naming the flags.
-    """
-    if settings.table_format != "iceberg":
-        return
-    clashes = {
-        "--engine spark with --mode latest": settings.engine == "spark" and settings.mode == "latest",
-    }
-    bad = [f for f, on in clashes.items() if on]
-    if bad:
-        raise JobConfigError(
-            f"--format iceberg does not take {', '.join(bad)}: the partitions' recorded versions must be in the "
-            "MERGE's own snapshot, which Iceberg's Spark runtime does not let a job set (--engine deltalake merges "
-            "Iceberg tables; docs/guides/export-iceberg.md)"
-        )
 
 
 def _check_typed(settings: ExportSettings) -> None:

@@ -166,15 +166,6 @@ def test_a_table_keeps_its_mode(tmp_path, capsys):
         capsys.readouterr()
         assert export("--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", *flags) == 2
         assert f"--mode latest does not take {flags[0]}" in capsys.readouterr().err
-    r = run_job_script(
-        "export_delta", "--data-dir", base, "--table", str(tmp_path / "t"), "--mode", "latest", "--engine", "spark",
-        "--format", "iceberg",
-    )  # fmt: skip
-    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
-        "export_delta: --format iceberg does not take --engine spark with --mode latest: the partitions' recorded "
-        "versions must be in the MERGE's own snapshot, which Iceberg's Spark runtime does not let a job set "
-        "(--engine deltalake merges Iceberg tables; docs/guides/export-iceberg.md)"
-    )
 
 
 def test_a_concurrent_latest_export_makes_the_other_replan(tmp_path):

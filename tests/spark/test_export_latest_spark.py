@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import copy_tree, data_dir, run_job_script
+from conftest import copy_tree, data_dir, duckdb_with, run_job_script
 from deltalake import DeltaTable
 from test_delta_spark import export, export_on, spark_transactions
 from test_export_latest import produce, state
@@ -27,11 +27,11 @@ def versions(spark, uri):
     return {a.split("@", 1)[1].split(":", 1)[1]: v for a, v in spark_transactions(spark, uri).items()}
 
 
-def audit_ok(base, table, capsys):
+def audit_ok(base, table, capsys, *flags):
     from tank_log.tools.cli import main
 
     capsys.readouterr()
-    rc = main(["audit", base, "--table", table, "--json"])
+    rc = main(["audit", base, "--table", table, "--json", *flags])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0, out
     assert {p["verdict"] for p in out["partitions"]} == {"ok"}, out
@@ -152,3 +152,114 @@ def test_typed_values_keep_each_keys_latest_value_that_decodes(spark, tmp_path, 
     assert latest_state(ref) == latest_state(table)
     found = audit_ok(base, table, capsys)[0]
     assert (found["unaccounted"], found["dead_lettered"]["count"]) == (0, 3)
+
+
+def test_a_merge_on_read_iceberg_table_is_refused_before_spark_starts(tmp_path, capsys):
+    """Spark's MERGE into a merge-on-read Iceberg table writes delete files, which the spark engine's commit does not
+    publish: refused in one line, exit 2, nothing written (the deltalake engine merges such a table)."""
+    base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
+    ice = str(tmp_path / "ice")
+    args = ["--data-dir", base, "--topics", TOPIC, "--mode", "latest", "--table", ice, "--format", "iceberg"]
+    assert export(*args) == 0
+    with iceberg_table(ice).transaction() as tx:
+        tx.set_properties({"write.merge.mode": "merge-on-read"})
+    produce(base, TOPIC)
+    capsys.readouterr()
+    assert export(*args, "--engine", "spark") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"export_delta: table {ice}: write.merge.mode is merge-on-read: --mode latest --engine spark merges "
+        "copy-on-write Iceberg tables (its commit publishes data files, not delete files); use --engine deltalake"
+    )
+    assert iceberg_versions(ice) == {"kvlive:0": 8000, "kvlive:1": 5000}
+    assert export(*args) == 0 and iceberg_versions(ice) == {"kvlive:0": 8005, "kvlive:1": 5005}
+
+
+def iceberg_state(path):
+    """`state` of an Iceberg latest table, through pyiceberg."""
+    from tank_log.lakehouse import TableLocation
+
+    d = TableLocation.of(path, {}, "iceberg").existing().table.scan().to_arrow().to_pydict()
+    keys = list(zip(d["topic"], d["partition"], d["key"], strict=True))
+    assert len(keys) == len(set(keys))
+    return dict(zip(keys, zip(d["seq"], d["value"], strict=True), strict=True))
+
+
+def iceberg_table(path):
+    """pyiceberg's table."""
+    from tank_log.lakehouse import TableLocation
+
+    return TableLocation.of(path, {}, "iceberg").existing().table
+
+
+def iceberg_versions(path):
+    """{"topic:partition": version} of the table's properties (the app ids name the table and source too)."""
+    from tank_log.lakehouse import TableLocation
+
+    props = TableLocation.of(path, {}, "iceberg").existing().properties()
+    return {k.split("@", 1)[1].split(":", 1)[1]: int(v) for k, v in props.items() if "@" in k and "#" not in k}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path, capsys):
+    """`--format iceberg`: Spark SQL's MERGE, staged (write-audit-publish) and published by one pyiceberg commit with
+    the recorded versions (tank_spark/export/iceberg_spark.py). The same table as the Delta export's; a rerun merges
+    nothing; the engines take turns; a run killed after Spark staged its MERGE and before the commit leaves the table
+    as it was, and the rerun merges once; pyiceberg, DuckDB and Spark read the same rows."""
+    from test_export_typed_spark import forget_catalogs, spark_frame
+
+    base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
+    ref, ice = str(tmp_path / "ref"), str(tmp_path / "ice")
+    args = ["--data-dir", base, "--topics", TOPIC, "--mode", "latest"]
+    on_iceberg = [*args, "--table", ice, "--format", "iceberg", "--engine", "spark"]
+    assert export(*args, "--table", ref) == 0
+    forget_catalogs(spark)  # an earlier test's table's SQLite catalog
+    _, summary = export_on(spark, *on_iceberg)
+    assert summary["engine"] == "spark" and summary["by_status"] == {"exported": 2}, summary
+    want = state(ref)
+    assert iceberg_state(ice) == want
+    assert iceberg_versions(ice) == versions(spark, ref) == {"kvlive:0": 8000, "kvlive:1": 5000}
+    assert summary["merge"] == {"num_target_rows_inserted": len(want)} | dict.fromkeys(
+        ("num_target_rows_updated", "num_target_rows_deleted"), 0
+    )
+    snapshots = iceberg_table(ice).snapshots()  # one: the staged MERGE's published, the staged one removed
+    assert len(snapshots) == 1 and "wap.id" not in snapshots[0].summary.additional_properties
+
+    _, summary = export_on(spark, *on_iceberg)  # a rerun merges nothing
+    assert summary["by_status"] == {"up-to-date": 2} and len(iceberg_table(ice).snapshots()) == 1
+
+    # the engines take turns: new messages merged by Spark (an update, a tombstone, a new key in each partition:
+    # Spark's copy-on-write MERGE rewrites files, the commit removes those it replaced), then more by pyiceberg
+    produce(base, TOPIC)
+    _, summary = export_on(spark, *on_iceberg)
+    assert summary["by_status"] == {"exported": 2}
+    assert summary["merge"] == {f"num_target_rows_{k}": 2 for k in ("inserted", "updated", "deleted")}
+    assert iceberg_table(ice).current_snapshot().summary.operation.value == "overwrite"
+    produce(base, TOPIC)
+    assert export(*args, "--table", ice, "--format", "iceberg") == 0
+
+    # killed after Spark staged its MERGE, before the commit: nothing of it in the table, the rerun merges it once
+    produce(base, TOPIC)
+    before, recorded = iceberg_state(ice), iceberg_versions(ice)
+    r = run_job_script(*["export_delta", *on_iceberg], env_extra={"TANK_LOG_EXPORT_CRASH": "before-commit"})
+    assert r.returncode == 137, r.stderr[-3000:]
+    assert "dying after writing" in r.stderr
+    assert iceberg_state(ice) == before and iceberg_versions(ice) == recorded
+    assert [s.summary.additional_properties.get("wap.id") is not None for s in iceberg_table(ice).snapshots()][-1]
+    forget_catalogs(spark)
+    _, summary = export_on(spark, *on_iceberg)
+    assert summary["by_status"] == {"exported": 2}
+
+    once = str(tmp_path / "once")  # everything in one run of the deltalake engine into Delta
+    assert export(*args, "--table", once) == 0
+    assert iceberg_state(ice) == state(once) != want
+    assert iceberg_versions(ice) == versions(spark, once)
+    metadata = iceberg_table(ice).metadata_location.removeprefix("file://")
+    duck = duckdb_with("avro", "iceberg").execute(
+        f"SELECT topic, partition, key, seq, value FROM iceberg_scan('{metadata}')"
+    )
+    assert {(t, p, k): (s, v) for t, p, k, s, v in duck.fetchall()} == state(once)
+    forget_catalogs(spark)
+    frame = spark_frame(spark, ice, "iceberg").select("topic", "partition", "key", "seq", "value")
+    assert {(t, p, bytes(k)): (s, bytes(v)) for t, p, k, s, v in frame.collect()} == state(once)
+    audit_ok(base, ice, capsys, "--format", "iceberg")
