@@ -42,7 +42,7 @@ def test_every_combination_keeps_the_invariants(tmp_path):
 @pytest.mark.slow
 @pytest.mark.spark
 def test_every_combination_on_spark_keeps_the_invariants(tmp_path):
-    out = run_model_check(tmp_path, "--short-spark", "--seed", "1")  # a seed whose draws start Spark
+    out = run_model_check(tmp_path, "--short-spark", "--seed", "1")  # every example starts with an export on Spark
     assert '"spark session started": 1' in out and "executors" in out
 
 
