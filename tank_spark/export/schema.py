@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -16,7 +17,10 @@ from tank_spark.export.plan import (
 from tank_spark.schema import KEY_COLUMNS, ROW_SCHEMA, TS_RAW
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from tank_log.lakehouse import LakeTable
+    from tank_log.lakehouse.delta import DeltaLakeTable
 
 log = logging.getLogger(__name__)
 
@@ -249,13 +253,22 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     """The schema to write typed values into an existing table, after evolving it to the decoder's columns
     (`tank_log.values.evolve`): fields the new schema adds become nullable columns of the table (Delta: a schema
     change commit; Iceberg: `update_schema`, new field ids, the others kept), fields it dropped stay (null in new
-    rows). The table's column order is kept.
+    rows), a widened type widens the column in place (Iceberg: `widen_column`; Delta: delta-spark's typeWidening
+    table feature, `--engine spark` only: `_widen_delta`). The table's column order is kept.
 
     Raises:
         IncompatibleSchema: a field changed incompatibly (the field's path and both types; nothing committed).
+        RunFailed: a widening this engine or format cannot make (the field and both types; nothing committed).
+        JobConfigError: a Delta table with type widening, which delta-rs neither reads nor writes, on its path.
     """
     from tank_log.values import evolve
 
+    delta = _delta_of(settings, table)
+    widening = delta is not None and delta_widening(delta)
+    if widening and (settings.engine != "spark" or settings.replay_dead_letters):
+        raise JobConfigError(
+            widening_refused(settings, "--replay-dead-letters" if settings.replay_dead_letters else "")
+        )
     have = table.arrow_schema()
     strict = not_null_nested(have) if delta_spark_typed(settings) else []
     if strict:
@@ -274,24 +287,31 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     by_name = {f.name: f for f in new}
     known = {f.name: plain_type(f.type) for f in old}
     widened = [(f.name, known[f.name], f.type) for f in merged if f.name in known and f.type != known[f.name]]
-    widen = getattr(table, "widen_column", None)  # Iceberg's type promotions; delta-rs writes no type widening
-    refused = [w for w in widened if widen is None or not promotable(w[1], w[2])]
-    if refused:
-        name, was, now = refused[0]
-        raise RunFailed(
-            f"field {name}: {was} -> {now} is a compatible change, but this export cannot change a column's type "
-            f"so in a {settings.table_format} table ({settings.table}): nothing committed; export to a new table"
-        )
-    for name, was, now in widened:
-        assert widen is not None  # else refused above
-        log.info("export: widening column %s from %s to %s in %s (schema evolution)", name, was, now, settings.table)
-        widen(name, now)
     added = [by_name.get(f.name, f).remove_metadata() for f in merged if f.name not in known]
-    for f in added:
-        log.info("export: adding column %s %s to %s (schema evolution)", f.name, f.type, settings.table)
-        table.add_column(f)
+    if delta_spark_typed(settings):  # a struct column delta-spark writes: its fields nullable (`nullable_nested`)
+        added = [f.with_type(nullable_nested(f.type)) for f in added]
+    _refuse_unwidenable(settings, table, widened)
+    spark = _spark_session() if delta is not None and (widened or (added and widening)) else None
+    deferred = delta is not None and spark is None and bool(widened or (added and widening))
+    if deferred:  # the spark engine without Spark: this run writes no rows (`job.needs_spark`); a run that does widens
+        log.info(
+            "export: %s: no Spark session, nothing to write: its columns change in a run that writes", settings.table
+        )
+    elif delta is not None and spark is not None:
+        _widen_delta(spark, settings, delta, widened, added)
+    else:
+        widen = getattr(table, "widen_column", None)  # Iceberg's promotions (`_refuse_unwidenable` checked them)
+        for name, was, now in widened:
+            assert widen is not None
+            log.info(
+                "export: widening column %s from %s to %s in %s (schema evolution)", name, was, now, settings.table
+            )
+            widen(name, now)
+        _add_columns(table, settings, added)
     want = {f.name: f for f in table_schema(settings)}
     kept = {f.name: f.type for f in merged if not pa.types.is_nested(f.type)}
+    if deferred:
+        kept.update((name, was) for name, was, _ in widened)
     columns = []
     for f in table.arrow_schema():
         w = want.get(f.name)
@@ -301,6 +321,189 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
             w = w.with_type(nullable_nested(w.type))
         columns.append(f if w is None else w)
     return pa.schema(columns)
+
+
+def _add_columns(table: LakeTable, settings: ExportSettings, added: list[pa.Field]) -> None:
+    for f in added:
+        log.info("export: adding column %s %s to %s (schema evolution)", f.name, f.type, settings.table)
+        table.add_column(f)
+
+
+TYPE_WIDENING = ("typeWidening", "typeWidening-preview")
+"""Delta's table feature of widened columns (delta-spark 4.0; its 3.2 preview's name): delta-rs (deltalake 1.6.6)
+refuses to read the rows of such a table ("reader features {'typeWidening'} ... not yet supported by the deltalake
+reader") and to commit to it ("Unsupported table features required: [TypeWidening]"); its log it reads."""
+
+
+def _delta_of(settings: ExportSettings, table: LakeTable) -> DeltaLakeTable | None:
+    from tank_log.lakehouse.delta import DeltaLakeTable
+
+    return table if settings.table_format == "delta" and isinstance(table, DeltaLakeTable) else None
+
+
+def delta_widening(table: DeltaLakeTable) -> bool:
+    """Whether the Delta table has the type widening table feature (`TYPE_WIDENING`)."""
+    from tank_log.lakehouse.delta import table_features
+
+    return bool(table_features(table) & set(TYPE_WIDENING))
+
+
+def widening_refused(settings: ExportSettings, what: str = "") -> str:
+    """The one line refusing a Delta table with type widening to a path that reads or writes it with delta-rs
+    (`what`: that path's flag; the deltalake engine by default)."""
+    if what:
+        return (
+            f"table {settings.table} uses table feature typeWidening (a column widened by delta-spark): {what} "
+            "writes with delta-rs, which neither reads nor writes such a table: nothing written"
+        )
+    return (
+        f"table {settings.table} uses table feature typeWidening (a column widened by delta-spark), which delta-rs "
+        "neither reads nor writes: nothing written; export it with --engine spark"
+    )
+
+
+def _refuse_unwidenable(settings: ExportSettings, table: LakeTable, widened: list[Widening]) -> None:
+    """Refuse, before anything is committed, the first widening this run cannot make: on Iceberg one pyiceberg does
+    not promote (`promotable`); on Delta one delta-spark does not make (`delta_promotable`), or any with another
+    engine than `--engine spark` (delta-rs cannot widen, nor read or write a table once delta-spark has) or in a
+    replay of dead letters (delta-rs writes it).
+
+    Raises:
+        RunFailed: one line naming the field, both types, and what to do.
+    """
+    delta = settings.table_format == "delta"
+    for name, was, now in widened:
+        head = f"field {name}: {was} -> {now} is a compatible change, but "
+        if pa.types.is_nested(was) or pa.types.is_nested(now):  # a struct's field: top-level columns only
+            why = f"this export cannot change a column's type so in a {settings.table_format} table"
+        elif delta and not delta_promotable(was, now):
+            why = "delta-spark's type widening does not make it"
+        elif delta and settings.replay_dead_letters:
+            why = "--replay-dead-letters writes with delta-rs, which cannot widen a column"
+        elif delta and settings.engine != "spark":
+            raise RunFailed(
+                f"{head}delta-rs cannot widen a column of the delta table {settings.table}: nothing committed; "
+                "rerun with --engine spark (delta-spark widens it in place: table feature typeWidening, after which "
+                "only --engine spark writes the table), or export to a new table"
+            )
+        elif not delta and (getattr(table, "widen_column", None) is None or not promotable(was, now)):
+            why = f"this export cannot change a column's type so in a {settings.table_format} table"
+        else:
+            continue
+        raise RunFailed(f"{head}{why} ({settings.table}): nothing committed; export to a new table")
+
+
+Widening = tuple[str, pa.DataType, pa.DataType]  # a top-level column: its name, the table's type, the wider one
+
+SQL_TYPES = {pa.int16(): "SMALLINT", pa.int32(): "INT", pa.int64(): "BIGINT", pa.float64(): "DOUBLE"}
+
+
+def delta_promotable(was: pa.DataType, now: pa.DataType) -> bool:
+    """Whether delta-spark's type widening (Delta 4.0's, docs.delta.io "Delta type widening") changes a column of
+    type `was` to `now` with `ALTER COLUMN ... TYPE`, among what `evolve` merges: an integer to a wider one, an int
+    (or narrower) or a float to double, a decimal to more digits at the same scale. Not a long to double (delta-spark
+    refuses it: a double does not hold every long)."""
+    ints = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+    if was in ints and now in ints:
+        return ints.index(now) > ints.index(was)
+    if pa.types.is_float64(now):
+        return was in ints[:3] or pa.types.is_float32(was)
+    return promotable(was, now)
+
+
+def _spark_session() -> SparkSession | None:
+    """The run's Spark session (the job's, active in its thread), or None: the spark engine starts none for a run
+    with nothing to write (`job.needs_spark`)."""
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession()
+
+
+def _widen_delta(
+    spark: SparkSession, settings: ExportSettings, table: DeltaLakeTable, widened: list[Widening], added: list[pa.Field]
+) -> None:
+    """Widen columns of a Delta table in place through delta-spark: its type widening table feature enabled (a
+    commit of its own, the first time), then every column's new type in one `ALTER TABLE ... ALTER COLUMN` commit;
+    the columns `added` by `ALTER TABLE ... ADD COLUMNS` (delta-rs commits nothing to such a table). The older files
+    keep their narrower Parquet types, which Delta's readers widen as they read. A change delta-spark refuses raises
+    before any row is written (only the feature's commit may be in the table then).
+
+    Raises:
+        RunFailed: the table disables type widening, or delta-spark refused (its first line).
+    """
+    target = f"delta.{_quoted(settings.location.spark_path())}"
+    enabled = table.metadata().configuration.get("delta.enableTypeWidening")
+    if widened and enabled == "false":
+        name, was, now = widened[0]
+        raise RunFailed(
+            f"field {name}: {was} -> {now}: table {settings.table} sets delta.enableTypeWidening=false: nothing "
+            "committed; set it to true to let the export widen the column, or export to a new table"
+        )
+    statements = []
+    if widened and enabled != "true":
+        statements.append(f"ALTER TABLE {target} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+    if widened:
+        changes = ", ".join(f"{_quoted(n)} TYPE {_sql_type(now)}" for n, _, now in widened)
+        statements.append(f"ALTER TABLE {target} ALTER COLUMN {changes}")
+    if added:
+        statements.append(f"ALTER TABLE {target} ADD COLUMNS ({_ddl(spark, added)})")
+    for name, was, now in widened:
+        log.info("export: widening column %s from %s to %s in %s (schema evolution, delta-spark)", name, was, now,
+                 settings.table)  # fmt: skip
+    for f in added:
+        log.info("export: adding column %s %s to %s (schema evolution, delta-spark)", f.name, f.type, settings.table)
+    with _hadoop_options(spark, settings.location.spark_options()):
+        for sql in statements:
+            try:
+                spark.sql(sql)
+            except Exception as err:  # Spark's AnalysisException, py4j's errors: one line, the change named
+                what = "; ".join(f"field {n}: {was} -> {now}" for n, was, now in widened)
+                what = what or f"new column(s) {', '.join(f.name for f in added)}"
+                first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+                table.refresh()
+                raise RunFailed(
+                    f"{what}: delta-spark did not change table {settings.table} ({first}): no rows committed "
+                    f"(table version {table.version()})"
+                ) from None
+    table.refresh()
+
+
+def _sql_type(t: pa.DataType) -> str:
+    if pa.types.is_decimal(t):
+        return f"DECIMAL({t.precision}, {t.scale})"
+    return SQL_TYPES[t]
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _ddl(spark: SparkSession, fields: list[pa.Field]) -> str:
+    """`fields` as Spark SQL column definitions (`a BIGINT, b STRUCT<...>`), their types as delta-rs maps them to
+    Delta's (which are Spark's, in Delta's JSON schema), printed by Spark itself."""
+    from deltalake import Schema
+
+    as_json = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in fields])).to_json()
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return str(jvm.org.apache.spark.sql.types.DataType.fromJson(as_json).toDDL())
+
+
+@contextmanager
+def _hadoop_options(spark: SparkSession, options: dict[str, str]) -> Iterator[None]:
+    """The table's storage options (`spark_options`: s3a's) in the session's conf while SQL runs on the table (a
+    DataFrame's reader and writer take them as options; SQL takes the session's Hadoop conf), then as they were."""
+    before: dict[str, str | None] = {k: spark.conf.get(k, None) for k in options}
+    for k, v in options.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, was in before.items():
+            if was is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, was)
 
 
 def promotable(was: pa.DataType, now: pa.DataType) -> bool:
