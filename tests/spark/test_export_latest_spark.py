@@ -128,29 +128,33 @@ def test_a_run_killed_between_two_partitions_merges_is_completed_by_the_rerun(sp
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_typed_values_keep_each_keys_latest_value_that_decodes(spark, tmp_path, capsys):
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_typed_values_keep_each_keys_latest_value_that_decodes(spark, tmp_path, capsys, fmt):
     """Avro values: a key whose newest value does not decode keeps its older row; the bad value is a dead letter,
     committed before the MERGE; the same tables as the deltalake engine's."""
+    from test_export_typed_spark import forget_catalogs
+
     from tank_log.storage.appender import PartitionAppender
 
     base, table, ref = str(tmp_path / "data"), str(tmp_path / "t"), str(tmp_path / "ref")
     d = os.path.join(base, "clicks", "0")
     os.makedirs(d)
     write_segment(d, latest_messages(1, LATEST_FIRST), active=True, ts=TS // 1000)
-    args = ["--config", config(tmp_path, **LATEST_CFG), "--data-dir", base]
+    args = ["--config", config(tmp_path, **LATEST_CFG), "--data-dir", base, "--format", fmt]
+    forget_catalogs(spark)  # an earlier test's Iceberg table's SQLite catalog
     _, summary = export_on(spark, *args, "--table", table, "--engine", "spark")
     assert summary["dead_lettered"] == 2
-    assert latest_state(table) == [("a", 3, 3, "/p3"), ("b", 2, 2, "/p2")]
-    assert rows(table + "_dead_letters", "seq,key") == [(5, b"b"), (8, b"d")]
+    assert latest_state(table, fmt) == [("a", 3, 3, "/p3"), ("b", 2, 2, "/p2")]
+    assert rows(table + "_dead_letters", "seq,key", fmt) == [(5, b"b"), (8, b"d")]
     app = PartitionAppender(d)
     app.append(latest_messages(9, [(b"b", good(9)[:6]), (b"a", good(10)), (b"d", good(11))]))
     _, summary = export_on(spark, *args, "--table", table, "--engine", "spark")
     assert summary["dead_lettered"] == 1
-    assert latest_state(table) == [("a", 10, 10, "/p10"), ("b", 2, 2, "/p2"), ("d", 11, 11, "/p11")]
-    assert rows(table + "_dead_letters", "seq") == [(5,), (8,), (9,)]
-    assert export(*args, "--table", ref) == 0  # delta-rs, in one run
-    assert latest_state(ref) == latest_state(table)
-    found = audit_ok(base, table, capsys)[0]
+    assert latest_state(table, fmt) == [("a", 10, 10, "/p10"), ("b", 2, 2, "/p2"), ("d", 11, 11, "/p11")]
+    assert rows(table + "_dead_letters", "seq", fmt) == [(5,), (8,), (9,)]
+    assert export(*args, "--table", ref) == 0  # delta-rs or pyiceberg, in one run
+    assert latest_state(ref, fmt) == latest_state(table, fmt)
+    found = audit_ok(base, table, capsys, "--format", fmt)[0]
     assert (found["unaccounted"], found["dead_lettered"]["count"]) == (0, 3)
 
 
