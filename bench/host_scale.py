@@ -20,6 +20,7 @@ reaped process's bytes end up); files in the table; seconds per GB and per parti
 the smallest size's. The load average is read before each step and sampled every second during it (min, mean, max).
 
 Run: python bench/host_scale.py [--sizes 0.25,1,4] [--partition-mb 2.5] [--steps ...] [--workdir DIR]
+     python bench/host_scale.py --partitions 2000 --steps export_delta,audit   (many small partitions)
      python bench/host_scale.py --short      (a few MB over ~20 partitions: the suite's check that it still works)
 """
 
@@ -88,9 +89,18 @@ def du(path: str) -> tuple[int, int]:
     return size, files
 
 
-def make_host(base: str, size_gb: float, partition_mb: float, topics: int, segment_bytes: int, cache: str) -> dict:
-    """A base path of about `size_gb` GB: `topics` topics (half `cleanup`, half `delete` with a retention limit of
-    about half a partition), partitions of about `partition_mb` MiB, copies of a few generated template partitions."""
+def make_host(
+    base: str,
+    size_gb: float,
+    partition_mb: float,
+    topics: int,
+    segment_bytes: int,
+    cache: str,
+    partitions: int | None = None,
+) -> dict:
+    """A base path of about `size_gb` GB (or of `partitions` partitions): `topics` topics (half `cleanup`, half
+    `delete` with a retention limit of about half a partition), partitions of about `partition_mb` MiB, copies of a
+    few generated template partitions."""
     bundles = max(2, int(partition_mb * MIB / (52 * BUNDLE)))  # BENCH.md: 52 B/msg on disk
     key = f"{bundles}-{segment_bytes}"
     templates = os.path.join(cache, key)
@@ -101,7 +111,7 @@ def make_host(base: str, size_gb: float, partition_mb: float, topics: int, segme
             write_template(os.path.join(tmp, str(t)), t * bundles, bundles, segment_bytes)
         os.rename(tmp, templates)
     part_bytes = du(os.path.join(templates, "0"))[0]
-    partitions = max(topics, round(size_gb * GB / part_bytes))
+    partitions = partitions or max(topics, round(size_gb * GB / part_bytes))
     per_topic = [partitions // topics + (1 if i < partitions % topics else 0) for i in range(topics)]
     shutil.rmtree(base, ignore_errors=True)
     for i, n in enumerate(per_topic):
@@ -298,7 +308,8 @@ def one_size(work: str, size_gb: float, args: argparse.Namespace) -> dict:
     os.makedirs(d)
     base, copy, copy2 = (os.path.join(d, n) for n in ("base", "base-job", "base-executors"))
     t0 = time.perf_counter()
-    host = make_host(base, size_gb, args.partition_mb, args.topics, args.segment_bytes, os.path.join(work, "cache"))
+    cache = os.path.join(work, "cache")
+    host = make_host(base, size_gb, args.partition_mb, args.topics, args.segment_bytes, cache, args.partitions)
     host["write_s"] = round(time.perf_counter() - t0, 1)
     steps = args.steps.split(",")
     for name, path in (("maintain_job", copy), ("maintain_executors", copy2)):
@@ -416,11 +427,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="default: a new temporary directory, removed at the end")
     ap.add_argument("--keep", action="store_true", help="keep each size's directories")
     ap.add_argument("--short", action="store_true", help="one tiny host (~5 MB, 20 partitions): checks the script runs")
+    ap.add_argument(
+        "--partitions",
+        type=int,
+        help="one host of this many partitions of ~10 KB each (--partition-mb 0.01; --sizes is ignored): the costs "
+        "that grow with the partitions, not the bytes (e.g. 2000 with --steps export_delta,audit)",
+    )
     args = ap.parse_args(argv)
     if args.short:
         args.sizes, args.partition_mb, args.segment_bytes, args.topics = "0.005", 0.25, 64 << 10, 4
         if args.steps == ",".join(STEPS):
             args.steps = ",".join(s for s in STEPS if s not in ON_EXECUTORS)
+    if args.partitions:
+        args.partition_mb = 0.01 if args.partition_mb == 2.5 else args.partition_mb
+        args.sizes = f"{args.partitions * args.partition_mb * MIB / GB:.4f}"  # for the label: the host is counted
     sizes = sorted(float(s) for s in args.sizes.split(","))
     for s in args.steps.split(","):
         if s not in STEPS:

@@ -84,6 +84,16 @@ def spark_transactions(spark, uri):
     return out
 
 
+def recorded_versions(uri):
+    """The app transactions our one pass over the table's log reads (`lakehouse.delta.app_transactions`)."""
+    from deltalake import DeltaTable
+    from pyarrow.fs import LocalFileSystem
+
+    from tank_log.lakehouse.delta import app_transactions
+
+    return app_transactions(DeltaTable(uri), LocalFileSystem(), uri)
+
+
 def files_read(df):
     """How many files a query's scans read (Spark's `numFiles` metric, after data skipping)."""
     df.collect()
@@ -260,6 +270,7 @@ def test_our_export_appends_exactly_once_to_a_table_spark_made(spark, reference,
             export_on(spark, *args)
         got = spark_rows(spark, table)
         assert [r[:3] for r in got] == sorted([r[:3] for r in expected] + [a[:3] for a in appended]), feature
+        assert recorded_versions(table) == spark_transactions(spark, table), feature  # read in one pass
         if generated:
             assert spark.read.format("delta").load(table).where("seq_bucket <> seq DIV 100").count() == 0
         check_delta_rs_reads(table, got, read_refusal)
