@@ -26,7 +26,7 @@ import numpy as np
 from tank_log.errors import TankFormatError
 from tank_log.format.bundle import SPARSE
 from tank_log.format.decode import BundleTable
-from tank_log.format.index import disagreeing_entries, usable_entries, verify_index
+from tank_log.format.index import disagreeing_entries, usable_entry_array, verify_index
 from tank_log.format.names import FileName, Kind, parse_name
 from tank_log.format.varint import decode_varint
 from tank_log.problems import Problem
@@ -137,11 +137,16 @@ class SegmentAudit:
         self.start = start
         self.start_seq = seg.base if next_seq is None else next_seq
         self.stop_offset, self.stop_seq = stop_offset, stop_seq
-        entries = np.array(usable_entries(seg.index_path, seg.size), dtype=np.int64).reshape(-1, 2)
-        keep = entries[:, 1] >= start
-        if stop_offset is not None:
-            keep &= entries[:, 1] < stop_offset
-        self.entries = entries[keep]
+        entries = usable_entry_array(seg.index_path, seg.size)
+        if start or stop_offset is not None:
+            keep = entries[:, 1] >= start
+            if stop_offset is not None:
+                keep &= entries[:, 1] < stop_offset
+            entries = entries[keep]
+        self.entries = entries
+        self._offsets = np.ascontiguousarray(self.entries[:, 1])
+        # a valid index's offsets increase: a chunk's entries are then a slice (else a mask picks them)
+        self._increasing = bool(np.all(self._offsets[1:] > self._offsets[:-1]))
         self.first_seq: int | None = None
         self.last_seq: int | None = None
         self.end = start  # file offset after the last complete bundle read
@@ -158,9 +163,15 @@ class SegmentAudit:
         if not n:
             return
         if seq is None:
-            held = np.flatnonzero(table.counts > 0)
-            count = int(table.counts.sum())
-            lo, hi = (int(table.firsts[held[0]]), int(table.lasts[held[-1]])) if len(held) else (None, None)
+            counts = table.counts
+            count = int(counts.sum())
+            if not count:
+                lo, hi = None, None
+            elif counts[0] and counts[-1]:
+                lo, hi = int(table.firsts[0]), int(table.lasts[-1])
+            else:
+                held = np.flatnonzero(counts > 0)
+                lo, hi = int(table.firsts[held[0]]), int(table.lasts[held[-1]])
         else:
             count = len(seq)
             lo, hi = (int(seq[0]), int(seq[-1])) if count else (None, None)
@@ -175,8 +186,12 @@ class SegmentAudit:
         lo, self.end = file_offset + int(table.offsets[0]), file_offset + int(table.ends[-1])
         if self.mismatch is not None or not len(self.entries):
             return
-        offs = self.entries[:, 1]
-        inside = self.entries[(offs >= lo) & (offs < self.end)]
+        offs = self._offsets
+        if self._increasing:
+            first, stop = np.searchsorted(offs, (lo, self.end)).tolist()
+            inside = self.entries[first:stop]
+        else:
+            inside = self.entries[(offs >= lo) & (offs < self.end)]
         if not len(inside):
             return
         starts = table.offsets + file_offset
