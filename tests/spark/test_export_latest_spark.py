@@ -267,3 +267,18 @@ def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path
     frame = spark_frame(spark, ice, "iceberg").select("topic", "partition", "key", "seq", "value")
     assert {(t, p, bytes(k)): (s, bytes(v)) for t, p, k, s, v in frame.collect()} == state(once)
     audit_ok(base, ice, capsys, "--format", "iceberg")
+
+    # a MERGE that changes no row (a tombstone of a key the table never held): the versions advance, nothing else
+    from tank_log.format.bundle import Message
+    from tank_log.storage.appender import PartitionAppender
+    from tank_log.storage.datadir import partitions_at
+
+    for part in partitions_at(base, [TOPIC]):
+        app = PartitionAppender(part.path)
+        app.append([Message(app.next_seq, 1_800_000_000_000, b"never-held", b"")])
+    forget_catalogs(spark)
+    _, summary = export_on(spark, *on_iceberg)
+    assert summary["by_status"] == {"exported": 2}
+    assert summary["merge"] == {f"num_target_rows_{k}": 0 for k in ("inserted", "updated", "deleted")}
+    assert iceberg_state(ice) == state(once)
+    assert iceberg_versions(ice) == {k: v + 1 for k, v in versions(spark, once).items()}
