@@ -1,8 +1,10 @@
-"""`--continuous` with typed values (tank_spark/export/continuous.py, docs/guides/export-continuous.md): Avro values
-stream into Delta and Iceberg tables that DuckDB reads with their types; values that do not decode go to the
-dead-letter table (committed first), are skipped and counted, or stop the query with nothing of the batch committed;
-a query killed between the dead letters' commit and the table's is restarted and every message is in exactly one
-table; a newer schema of the values evolves the table, an incompatible one is refused in one line.
+"""`--continuous` with typed values (tank_spark/export/continuous.py, docs/guides/export-continuous.md): Avro,
+Protobuf and JSON Schema values (the Confluent wire format where framed) and decoded keys stream into Delta and
+Iceberg tables that DuckDB reads with their types; values that do not decode go to the dead-letter table (committed
+first), are skipped and counted, or stop the query with nothing of the batch committed, and so does a schema registry
+out of reach; a query killed between the dead letters' commit and the table's is restarted and every message is in
+exactly one table; a newer schema of the values evolves the table, an older one writes its columns, an incompatible
+one is refused in one line.
 
 Each query runs with `TANK_LOG_STREAM_AVAILABLE_NOW` (a trigger that reads what exists when the query starts, then
 ends): on the tests' shared Spark session, or as `jobs/export_delta.py` where a test kills it."""
