@@ -205,7 +205,7 @@ def iceberg_versions(path):
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path, capsys):
+def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path, capsys, caplog, monkeypatch):
     """`--format iceberg`: Spark SQL's MERGE, staged (write-audit-publish) and published by one pyiceberg commit with
     the recorded versions (tank_spark/export/iceberg_spark.py). The same table as the Delta export's; a rerun merges
     nothing; the engines take turns; a run killed after Spark staged its MERGE and before the commit leaves the table
@@ -241,6 +241,32 @@ def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path
     assert iceberg_table(ice).current_snapshot().summary.operation.value == "overwrite"
     produce(base, TOPIC)
     assert export(*args, "--table", ice, "--format", "iceberg") == 0
+
+    # another writer commits (an empty append) after Spark staged the MERGE, before its commit: the staged MERGE is
+    # not published onto it, the run re-plans and merges onto the new snapshot
+    from tank_spark.export import iceberg_spark
+
+    publish = iceberg_spark.commit_staged
+
+    def another_writer_first(*a):
+        monkeypatch.setattr(iceberg_spark, "commit_staged", publish)
+        tx = iceberg_table(ice).transaction()
+        with tx.update_snapshot().fast_append():
+            pass
+        tx.commit_transaction()
+        return publish(*a)
+
+    produce(base, TOPIC)
+    monkeypatch.setattr(iceberg_spark, "commit_staged", another_writer_first)
+    caplog.clear()
+    _, summary = export_on(spark, *on_iceberg)
+    assert summary["by_status"] == {"exported": 2} and "re-planning (attempt 2)" in caplog.text
+    assert "Spark staged its MERGE on snapshot" in caplog.text
+    assert summary["merge"] == {
+        "num_target_rows_inserted": 0,
+        "num_target_rows_updated": 4,
+        "num_target_rows_deleted": 0,
+    }
 
     # killed after Spark staged its MERGE, before the commit: nothing of it in the table, the rerun merges it once
     produce(base, TOPIC)
