@@ -14,6 +14,7 @@ import pytest
 from conftest import copy_tree, data_dir, duckdb_with, run_job_script
 from deltalake import DeltaTable
 from test_delta_spark import export, export_on, spark_transactions
+from test_export_iceberg_rest import server  # noqa: F401 (the module's REST catalog server)
 from test_export_latest import produce, state
 from test_typed_export import LATEST_CFG, LATEST_FIRST, TS, config, good, latest_messages, latest_state, rows
 
@@ -308,3 +309,29 @@ def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path
     assert summary["merge"] == {f"num_target_rows_{k}": 0 for k in ("inserted", "updated", "deleted")}
     assert iceberg_state(ice) == state(once)
     assert iceberg_versions(ice) == {k: v + 1 for k, v in versions(spark, once).items()}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_an_iceberg_table_in_a_rest_catalog_merges_through_spark(spark, tmp_path, server):  # noqa: F811
+    """A table named in Iceberg's REST catalog (the reference server): Spark's staged MERGE is published through the
+    REST protocol's commit; new messages rewrite files; a rerun merges nothing; the rows are the Delta export's."""
+    from test_export_iceberg_rest import config
+
+    base = copy_tree(data_dir("B2_compaction_live"), str(tmp_path / "data"))
+    ref = str(tmp_path / "ref")
+    args = ["--data-dir", base, "--topics", TOPIC, "--mode", "latest"]
+    on_rest = ["--config", config(tmp_path, server, "tank.latest"), *args, "--engine", "spark"]
+    for _ in range(2):
+        _, summary = export_on(spark, *on_rest)
+        assert summary["by_status"] == {"exported": 2}, summary
+        assert export(*args, "--table", ref) == 0
+        produce(base, TOPIC)
+    _, summary = export_on(spark, *on_rest)
+    assert export(*args, "--table", ref) == 0
+    _, again = export_on(spark, *on_rest)
+    assert summary["by_status"] == {"exported": 2} and again["by_status"] == {"up-to-date": 2}
+    d = server.catalog().load_table("tank.latest").scan().to_arrow().to_pydict()
+    keys = list(zip(d["topic"], d["partition"], d["key"], strict=True))
+    assert len(keys) == len(set(keys))
+    assert dict(zip(keys, zip(d["seq"], d["value"], strict=True), strict=True)) == state(ref)
