@@ -10,7 +10,9 @@ shows its files, maps and command line only under a thread's entry (`/proc/<pid>
 
 One look at every process serves every partition of a run (`partition_holders`): a scan of `/proc` indexed by path,
 so that a partition's check is a few lookups, not a read of every process's descriptors and maps (a topic of 65,530
-partition directories, most of them empty, is a legal layout). The scan is kept fresh enough to keep the broker out:
+partition directories, most of them empty, is a legal layout). The mapped files are indexed at a scan's second check:
+its first searches each process's `maps` as the scan read it (a scan that serves one partition, as each of a run's
+slow partitions gets, does not parse them). The scan is kept fresh enough to keep the broker out:
 - a process started since the scan is seen within `NEW_S` (the pid list is read again, new pids read in full): a
   broker started during a run is seen by the next partition's check; a process the scan saw in its first `SETTLE_S`
   (a fork's child that may not have exec'd the broker yet) has its command line read again at each check until then;
@@ -156,6 +158,7 @@ class _Proc:
     named: list[str] | None = None  # the real paths its command line names
     opened: list[str] | None = None  # its descriptors' targets as /proc shows them (maybe ending " (deleted)")
     mapped: list[str] | None = None  # its mapped files as `maps` writes them (a newline as `\\012`)
+    maps_text: bytes | None = None  # its `maps` as a full look read it, until the scan takes it (`_Scan.take_maps`)
 
     @property
     def exiting(self) -> bool:
@@ -202,10 +205,13 @@ class _Scan:
         self._runs: dict[int, bool] = {}
         self._reals: dict[str, str] = {}
         self.watched: set[int] = set()  # holders without a command line watched for `UNNAMED_WAIT_S` already
+        self.checks = 0
+        self.unindexed: dict[int, bytes] | None = {}  # pid → `maps` not yet in the index (None: all of it is)
         entries: tuple[list[_Entry], list[_Entry], list[_Entry]] = ([], [], [])
         for p in self.procs.values():
             for index, more in zip(entries, _entries(p), strict=True):
                 index += more
+            self.take_maps(p)
         self.index = tuple(sorted(index) for index in entries)
         self.taken = self.listed = time.monotonic()
         self.max_age = max(RESCAN_S, RESCAN_SHARE * (self.taken - t0))
@@ -248,6 +254,26 @@ class _Scan:
         for index, more in zip(self.index, _entries(p), strict=True):
             for entry in more:
                 bisect.insort(index, entry)
+        self.take_maps(p)
+
+    def take_maps(self, p: _Proc) -> None:
+        """The `maps` a full look at `p` read: kept as read until the scan's second check, in the index after it."""
+        if p.maps_text is None:
+            return
+        if self.unindexed is None:
+            for m in _parse_maps(p.maps_text):
+                bisect.insort(self.index[2], (m, p.pid, _maps(m)))
+        else:  # what a process mapped before it changed stays a candidate, as in the index
+            self.unindexed[p.pid] = self.unindexed.get(p.pid, b"") + p.maps_text
+        p.maps_text = None
+
+    def _index_maps(self) -> None:
+        """Every `maps` kept as read, into the index (a scan's second check: it serves more than one partition)."""
+        assert self.unindexed is not None
+        named, opened, mapped = self.index
+        more = [(m, pid, _maps(m)) for pid, text in self.unindexed.items() for m in _parse_maps(text)]
+        self.index = (named, opened, sorted(mapped + more))
+        self.unindexed = None
 
     def real(self, path: str) -> str:
         """`os.path.realpath` of a partition directory or base path, its parent's resolved once per scan (a topic's
@@ -278,6 +304,9 @@ class _Scan:
         """pid → how, for what the index (the scan and the processes started since) says holds `dirs` or names
         `exact`."""
         found: dict[int, str] = {}
+        self.checks += 1
+        if self.unindexed is not None and self.checks > 1:
+            self._index_maps()
         named, opened, mapped = self.index
         for index, keys in ((named, [*dirs, *exact]), (opened, dirs)):
             for key in keys:
@@ -286,6 +315,11 @@ class _Scan:
         for prefix in _as_in_maps(dirs):
             for _, pid, how in _under_prefix(mapped, os.fsdecode(prefix)):
                 found.setdefault(pid, how)
+            # `maps` not indexed yet: a mapped path under `dirs` starts with the prefix, so its text holds it (a
+            # process whose text holds it elsewhere is read again, as every candidate is, and is no holder)
+            for pid, text in (self.unindexed or {}).items():
+                if prefix in text:
+                    found.setdefault(pid, _maps(os.fsdecode(prefix)))
         return found
 
     def ours(self) -> set[int]:
@@ -420,7 +454,7 @@ def _look(pid: int, *, lazily: bool = False) -> _Proc | None:
     if not lazily and p.where is not None:
         _fill_named(p)
         p.opened = list(_links(p.where))
-        p.mapped = _mapped(p.where)
+        p.maps_text = _maps_text(p.where)
     return p
 
 
@@ -596,9 +630,16 @@ _MAPPED = re.compile(rb"^\S+ \S+ \S+ \S+ \S+ +(/[^\n]*)$", re.MULTILINE)
 def _mapped(where: str) -> list[str]:
     """The files a process maps, each once, as `maps` writes them (a JVM maps thousands of regions of a few hundred
     files)."""
+    return _parse_maps(_maps_text(where))
+
+
+def _maps_text(where: str) -> bytes:
     try:
         with open(f"{where}/maps", "rb") as fh:
-            text = fh.read()
+            return fh.read()
     except OSError:
-        return []
-    return list(dict.fromkeys(os.fsdecode(m) for m in _MAPPED.findall(text)))
+        return b""
+
+
+def _parse_maps(text: bytes) -> list[str]:
+    return [os.fsdecode(m) for m in dict.fromkeys(_MAPPED.findall(text))]
