@@ -5,7 +5,12 @@
 2. Compacts it in a fresh process (library, single thread): wall and CPU time, msg/s, MB/s, peak RSS, output size.
 3. Runs jobs/compact.py over 8 copies of a smaller partition on local[1] and local[2] (scaling).
 
-Run: python bench/compact.py [--workdir DIR] [--skip-scaling]
+With `--against CHECKOUT` (another checkout of tank-log, its compiled core built in place), step 2 instead
+compacts the same copy of the partition with this checkout and that one, alternately (A B, then B A), `--ab-rounds`
+times each: wall, CPU of the compaction and CPU (user + sys) of the whole process, medians and ranges, and the load
+during the runs, for a machine others share (CPU seconds move less with the load than wall seconds).
+
+Run: python bench/compact.py [--workdir DIR] [--skip-scaling] [--against CHECKOUT [--ab-rounds N]]
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -83,13 +89,14 @@ def snappy_pass_s(part_dir: str) -> tuple[float, float]:
     return best, best_cpu
 
 
-def compact_in_subprocess(base: str, pure: bool = False, allocator_setting: bool = True) -> dict:
+def compact_in_subprocess(base: str, pure: bool = False, allocator_setting: bool = True, root: str = ROOT) -> dict:
     """Compact base/bench/0 in a fresh interpreter (on the pure-Python codec core if `pure`), with the allocator
-    setting every job task makes (jobs/allocator.py) unless `allocator_setting` is False; returns its result +
-    timings + peak RSS + minor page faults."""
+    setting every job task makes (jobs/allocator.py) unless `allocator_setting` is False, with the tank-log of the
+    checkout `root`; returns its result + timings + peak RSS + minor page faults + the CPU seconds (user + sys) of
+    the whole process, its imports included."""
     code = f"""
 import json, resource, sys, time
-sys.path.insert(0, {ROOT!r})
+sys.path.insert(0, {root!r})
 if {allocator_setting!r}:
     from tank_log.jobs.allocator import reuse_freed_buffers
     reuse_freed_buffers()
@@ -108,8 +115,12 @@ print(json.dumps({{"result": res.to_dict(), "wall_s": wall, "cpu_s": cpu, "rss_b
                   "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0}}))
 """
     env = {**os.environ, "TANK_LOG_PURE_PYTHON": "1" if pure else ""}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["process_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res
 
 
 def run_compaction(data_dir: str, master: str, *options: str) -> dict:
@@ -253,6 +264,42 @@ def library_compaction(work: str, base: str, pdir: str, in_bytes: int) -> dict:
     return out
 
 
+def against(work: str, base: str, other: str, rounds: int) -> dict:
+    """The partition compacted with this checkout (A) and with `other` (B) in fresh processes, alternately (A B,
+    then B A), `rounds` times each, each run on a fresh copy of the same input: medians and ranges of the wall and
+    CPU seconds of the compaction and the CPU seconds of the whole process, B over A by the medians."""
+    runs: dict[str, list[dict]] = {"A": [], "B": []}
+    roots = {"A": ROOT, "B": os.path.abspath(other)}
+    loads = [load_average()]
+    for i in range(rounds):
+        for variant in ("A", "B") if i % 2 == 0 else ("B", "A"):
+            work_copy = os.path.join(work, "run")
+            shutil.rmtree(work_copy, ignore_errors=True)
+            shutil.copytree(base, work_copy)
+            os.sync()  # the copy's writeback does not run during the compaction
+            runs[variant].append(compact_in_subprocess(work_copy, root=roots[variant]))
+            loads.append(load_average())
+    out: dict = {
+        "A": roots["A"],
+        "B": roots["B"],
+        "rounds": rounds,
+        "load_average": {"min": min(loads), "max": max(loads)},
+    }
+    for key in ("wall_s", "cpu_s", "process_cpu_s"):
+        figures = {v: [r[key] for r in rs] for v, rs in runs.items()}
+        medians = {v: statistics.median(xs) for v, xs in figures.items()}
+        out[key] = {
+            **{
+                v: {"median": round(medians[v], 3), "range": [round(min(xs), 3), round(max(xs), 3)]}
+                for v, xs in figures.items()
+            },
+            "B/A": round(medians["B"] / medians["A"], 3),
+        }
+    results = {(r["result"]["messages_after"], r["result"]["bytes_after"]) for rs in runs.values() for r in rs}
+    out["same_output"] = len(results) == 1  # messages and bytes after: both checkouts compact alike
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir")
@@ -260,6 +307,8 @@ def main() -> None:
     ap.add_argument("--scaling-bundles", type=int, default=INPUT_BUNDLES, help="bundles per partition (scaling)")
     ap.add_argument("--scaling-only", action="store_true", help="only the jobs over 8 partitions")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the scaling runs")
+    ap.add_argument("--against", metavar="CHECKOUT", help="compare with another checkout's compaction (A/B)")
+    ap.add_argument("--ab-rounds", type=int, default=6, help="runs of each checkout with --against")
     args = ap.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="tank-compact-")
     out: dict = {"machine": machine()}
@@ -278,7 +327,9 @@ def main() -> None:
         "messages": INPUT_BUNDLES * BUNDLE,
         "bytes_per_msg": round(in_bytes / (INPUT_BUNDLES * BUNDLE), 1),
     }
-    if not args.scaling_only:
+    if args.against:
+        out["against"] = against(work, base, args.against, args.ab_rounds)
+    elif not args.scaling_only:
         out.update(library_compaction(work, base, pdir, in_bytes))
         print(json.dumps(out, indent=2), flush=True)
 
