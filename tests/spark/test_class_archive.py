@@ -47,20 +47,30 @@ spark.stop()
 
 
 def test_a_job_driver_maps_the_hosts_archive_by_itself_unless_turned_off(tmp_path):
-    """Also one that loads Delta's jars: they go into its class loader, its classpath stays the archive's."""
+    """Also one that loads Delta's jars: they go into its class loader, its classpath stays the archive's. The two
+    drivers (archive on, archive off) run side by side: each mostly waits on its JVM's start."""
     archive = default_path()
     opts = " ".join(o for o in os.environ["SPARK_SUBMIT_OPTS"].split() if "SharedArchiveFile" not in o)
     env = dict(os.environ, SPARK_SUBMIT_OPTS=opts, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    for setting, want in (("", "mapped"), ("off", "not mapped")):
-        run = subprocess.run(
-            [sys.executable, "-c", JOB_DRIVER, archive, str(tmp_path / f"table-{setting}")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(env, TANK_LOG_CLASS_ARCHIVE=setting),
-        )
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert run.stdout.strip().splitlines()[-1] == want, (setting, run.stdout)
+    runs = {}
+    try:
+        for setting in ("", "off"):
+            runs[setting] = subprocess.Popen(
+                [sys.executable, "-c", JOB_DRIVER, archive, str(tmp_path / f"table-{setting}")],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=dict(env, TANK_LOG_CLASS_ARCHIVE=setting),
+            )
+        for (setting, run), want in zip(runs.items(), ("mapped", "not mapped"), strict=True):
+            stdout, stderr = run.communicate(timeout=300)
+            assert run.returncode == 0, stderr[-2000:]
+            assert stdout.strip().splitlines()[-1] == want, (setting, stdout)
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.wait()
 
 
 def test_prune_removes_the_archives_of_installations_that_are_gone_or_changed(tmp_path):
