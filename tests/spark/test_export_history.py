@@ -337,7 +337,10 @@ def test_app_ids_name_the_source():
 @pytest.mark.slow
 def test_sources_on_spark_executors_and_through_spark_sql(tmp_path):
     """On Spark's executors (binary values: the direct path) and through Spark SQL (JSON values): the same source
-    column and versions; after a RESTORE, the executors' run exports the lost rows again."""
+    column and versions; after a RESTORE, the executors' run exports the lost rows again. The JSON run (its own
+    table, from `b`, which nothing changes) goes on beside the others' runs."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from deltalake import DeltaTable
     from test_job_export import run_job
 
@@ -345,24 +348,25 @@ def test_sources_on_spark_executors_and_through_spark_sql(tmp_path):
     uri, juri = str(tmp_path / "table"), str(tmp_path / "json-table")
     pdir = _logs(a, [(1, 10)], 11)
     _logs(b, [(1, 10)], 11)
-    r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", executors=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = run_job("--data-dir", b, "--table", uri, "--source", "broker-b", executors=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert {s for s, *_ in seqs_of(uri)} == {"broker-a", "broker-b"} and len(seqs_of(uri)) == 40
-    _roll(pdir, [21], 31)
-    r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", executors=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    DeltaTable(uri).restore(2)  # undoes broker-a's second export
-    report = tmp_path / "restored.json"
-    r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", "--report", str(report), executors=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    (p,) = json.loads(report.read_text())["partitions"]
-    assert (p["from_seq"], p["rows"], p["recorded_version"]) == (21, 20, 40) and "RESTORE" in p["undone"]
-    assert [s for src, _, _, s in seqs_of(uri) if src == "broker-a"] == list(range(1, 41))
-
-    flags = ["--value-format", "json", "--value-schema", "v string"]
-    r = run_job("--data-dir", b, "--table", juri, "--source", "broker-b", *flags, executors=True)
+    json_args = ["--data-dir", b, "--table", juri, "--source", "broker-b", "--value-format", "json"]
+    with ThreadPoolExecutor(1) as pool:
+        json_run = pool.submit(run_job, *json_args, "--value-schema", "v string", executors=True)
+        r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", executors=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        r = run_job("--data-dir", b, "--table", uri, "--source", "broker-b", executors=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert {s for s, *_ in seqs_of(uri)} == {"broker-a", "broker-b"} and len(seqs_of(uri)) == 40
+        _roll(pdir, [21], 31)
+        r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", executors=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        DeltaTable(uri).restore(2)  # undoes broker-a's second export
+        report = tmp_path / "restored.json"
+        r = run_job("--data-dir", a, "--table", uri, "--source", "broker-a", "--report", str(report), executors=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+        (p,) = json.loads(report.read_text())["partitions"]
+        assert (p["from_seq"], p["rows"], p["recorded_version"]) == (21, 20, 40) and "RESTORE" in p["undone"]
+        assert [s for src, _, _, s in seqs_of(uri) if src == "broker-a"] == list(range(1, 41))
+        r = json_run.result()
     assert r.returncode == 0, r.stderr[-3000:]
     assert {s for s, *_ in seqs_of(juri)} == {"broker-b"}
     assert ExportedSeqs(juri, source="broker-b").last_seq("logs", 0) == 20
