@@ -11,6 +11,7 @@ from decimal import Decimal as D
 
 import pyarrow as pa
 import pytest
+from conftest import duckdb_with
 from test_typed_export import SMALL, TS, avro, export, rows, write_topic
 
 from tank_log.format.bundle import Message
@@ -25,6 +26,32 @@ def schema_file(tmp_path, name: str, extra: list[dict], drop: str | None = None)
     path = os.path.join(tmp_path, name)
     json.dump(schema, open(path, "w"))
     return path
+
+
+def proto(tmp_path, name: str, fields: str) -> str:
+    path = os.path.join(tmp_path, name)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(f'syntax = "proto3";\npackage shop.v1;\nmessage Click {{ int64 n = 1; {fields} }}\n')
+    return path
+
+
+def click_pb(n: int, three: bytes) -> bytes:
+    """Click n (field 1, a varint) and its field 3 (`three`: the field's key and value, encoded)."""
+    return bytes([0x08, n]) + three
+
+
+def text3(s: str) -> bytes:
+    return bytes([0x1A, len(s)]) + s.encode()  # field 3, length-delimited
+
+
+def duckdb_rows(table: str, fmt: str, sql: str) -> list[tuple]:
+    """`sql` (FROM t) over the table, read by DuckDB."""
+    if fmt == "delta":
+        con, scan = duckdb_with("delta"), f"delta_scan('{table}')"
+    else:
+        metadata = TableLocation.of(table, {}, fmt).existing().table.metadata_location.removeprefix("file://")
+        con, scan = duckdb_with("avro", "iceberg"), f"iceberg_scan('{metadata}')"  # the manifests are Avro
+    return con.execute(sql.replace("FROM t", f"FROM {scan}")).fetchall()
 
 
 def roll_and_append(base: str, topic: str, values: list[bytes]) -> None:
@@ -123,3 +150,34 @@ def test_a_widened_type_evolves_where_the_format_allows_it(tmp_path, fmt, caplog
     roll_and_append(base, "clicks", [avro(v1, {"user": 3, "page": "/r", "ms": 3, "score": 1.5, "price": D("2")})])
     assert export(*common, "--value-schema-file", v1) == 0
     assert rows(table, "seq,ms", fmt)[-1] == (3, 3)
+
+
+@pytest.mark.parametrize("fmt", ["delta", "iceberg"])
+def test_a_renamed_protobuf_field_keeps_its_column_by_number(tmp_path, fmt, caplog):
+    """v1's `string user = 3` renamed `user_id = 3` in v2: the table records each column's field number (a table
+    property), so the column keeps its name and takes the newer rows; a number reused for another type is refused
+    in one line naming the field, its new name and both types, nothing committed."""
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    v1 = proto(tmp_path, "v1.proto", "string user = 3;")
+    v2 = proto(tmp_path, "v2.proto", "string user_id = 3; string page = 4;")
+    write_topic(base, "clicks", {0: [click_pb(1, text3("a")), click_pb(2, text3("b"))]})
+    common = ["--data-dir", base, "--table", table, "--format", fmt, "--value-format", "protobuf",
+              "--value-message", "shop.v1.Click"]  # fmt: skip
+    assert export(*common, "--value-schema-file", v1) == 0
+    roll_and_append(base, "clicks", [click_pb(3, text3("c") + b"\x22\x02/p")])
+    assert export(*common, "--value-schema-file", v2) == 0
+    t = TableLocation.of(table, {}, fmt, None, default_source()).existing()
+    assert [n for n in t.arrow_schema().names if n in ("n", "user", "user_id", "page")] == ["n", "user", "page"]
+    got = duckdb_rows(table, fmt, 'SELECT seq, n, "user", page FROM t ORDER BY seq')
+    assert got == [(1, 1, "a", None), (2, 2, "b", None), (3, 3, "c", "/p")]
+    # the same number, another type: refused, naming the column, the field's new name and both types
+    v3 = proto(tmp_path, "v3.proto", "int64 clicks = 3; string page = 4;")
+    roll_and_append(base, "clicks", [click_pb(4, bytes([0x18, 7]))])
+    before = t.version()
+    caplog.clear()
+    assert export(*common, "--value-schema-file", v3) == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    want = "field user (renamed clicks, number 3): string cannot become int64 (not a compatible schema change)"
+    assert line == f"export_delta failed: {want}"
+    t.refresh()
+    assert t.version() == before and rows(table, "seq", fmt) == [(1,), (2,), (3,)]

@@ -42,13 +42,14 @@ def _number(field: pa.Field) -> bytes | None:
 
 
 def _matches(targets: list[pa.Field], sources: list[pa.Field]) -> dict[int, int]:
-    """target index → source index: the same name first, then an Avro alias, then the same Protobuf number."""
+    """target index → source index: the same name first (unless both have Protobuf numbers and they differ: another
+    field), then an Avro alias, then the same Protobuf number."""
     out: dict[int, int] = {}
     used: set[int] = set()
     by_name = {f.name: i for i, f in enumerate(sources)}
     for ti, t in enumerate(targets):
         si = by_name.get(t.name)
-        if si is not None:
+        if si is not None and not _numbered_apart(t, sources[si]):
             out[ti] = si
             used.add(si)
     for ti, t in enumerate(targets):
@@ -66,6 +67,11 @@ def _matches(targets: list[pa.Field], sources: list[pa.Field]) -> dict[int, int]
     return out
 
 
+def _numbered_apart(a: pa.Field, b: pa.Field) -> bool:
+    """Whether both fields have Protobuf numbers, and not the same one."""
+    return _number(a) is not None and _number(b) is not None and _number(a) != _number(b)
+
+
 def _struct(old: pa.StructType, new: pa.StructType, path: str) -> pa.StructType:
     olds, news = list(old), list(new)
     matched = _matches(olds, news)
@@ -76,7 +82,14 @@ def _struct(old: pa.StructType, new: pa.StructType, path: str) -> pa.StructType:
             continue
         n = news[matched[oi]]
         where = f"{path}.{o.name}" if path else o.name
-        merged = _type(o.type, n.type, where)
+        try:
+            merged = _type(o.type, n.type, where)
+        except IncompatibleSchema as err:
+            if err.field != where or n.name == o.name:
+                raise
+            number = _number(n)  # renamed (an alias, a number): the new schema's field named too
+            renamed = f"{where} (renamed {n.name}" + (f", number {number.decode()})" if number is not None else ")")
+            raise IncompatibleSchema(renamed, err.old_type, err.new_type) from None
         metadata = {**(o.metadata or {}), **(n.metadata or {})} or None
         fields.append(pa.field(o.name, merged, nullable=o.nullable or n.nullable, metadata=metadata))
     taken = set(matched.values())

@@ -19,7 +19,7 @@ from tank_spark import jars
 from tank_spark.context import FIXED_CONF
 from tank_spark.export.hooks import crash_after_first_partition
 from tank_spark.export.plan import ExportSettings, PartitionPlan
-from tank_spark.export.schema import EVOLVABLE
+from tank_spark.export.schema import EVOLVABLE, protobuf_numbers
 from tank_spark.export.topic_config import topic_config_metadata
 
 if TYPE_CHECKING:
@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 
 
 def create_table(settings: ExportSettings, schema: pa.Schema, configuration: dict[str, str] | None = None) -> LakeTable:
-    """A new table; `configuration`: keys of ours it records (`latest.table_configuration`)."""
-    return settings.location.create(schema, settings.partition_by, configuration)
+    """A new table; `configuration`: keys of ours it records (`latest.table_configuration`), and the Protobuf field
+    numbers of its columns (`schema.protobuf_numbers`)."""
+    recorded = {**(configuration or {}), **protobuf_numbers(settings)} or configuration
+    return settings.location.create(schema, settings.partition_by, recorded)
 
 
 def check_compatible(settings: ExportSettings, schema: pa.Schema, table: LakeTable) -> bool:

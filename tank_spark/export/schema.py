@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 
 from tank_log.errors import JobConfigError, RunFailed
 from tank_log.lakehouse.table import SOURCE_COLUMN
+from tank_log.values.spec import NUMBER_KEY
 from tank_spark.export.plan import (
     ExportSettings,
 )
@@ -155,6 +157,71 @@ def typed_fields(settings: ExportSettings, *, metadata: bool = False) -> list[pa
     return fields
 
 
+PROTOBUF_NUMBERS_KEY = "tank_log.export.protobuf_numbers"
+"""The table property recording the Protobuf field number of each value column (a JSON object, column → number):
+a later schema that renames a field keeps its number, and its column (`evolved_schema`)."""
+
+
+def protobuf_numbers(settings: ExportSettings) -> dict[str, str]:
+    """What a new table of Protobuf values records of its columns (`PROTOBUF_NUMBERS_KEY`); nothing for others."""
+    if settings.value_spec is None or settings.value_spec.format != "protobuf":
+        return {}
+    return {PROTOBUF_NUMBERS_KEY: _numbers_json(_numbers_of(typed_fields(settings, metadata=True)))}
+
+
+def _numbers_of(fields: Iterable[pa.Field]) -> dict[str, int]:
+    return {f.name: int(f.metadata[NUMBER_KEY]) for f in fields if f.metadata and NUMBER_KEY in f.metadata}
+
+
+def _numbers_json(numbers: dict[str, int]) -> str:
+    return json.dumps(numbers, sort_keys=True, separators=(",", ":"))
+
+
+def recorded_numbers(settings: ExportSettings, table: LakeTable) -> dict[str, int] | None:
+    """The Protobuf field numbers the table records of its columns (`PROTOBUF_NUMBERS_KEY`), None when it records
+    none (a table made before the export recorded them, or of other values).
+
+    Raises:
+        RunFailed: the property is not a JSON object of column → number (one line naming the table and key).
+    """
+    raw = table.properties().get(PROTOBUF_NUMBERS_KEY)
+    if raw is None:
+        return None
+    try:
+        numbers = json.loads(raw)
+        if not isinstance(numbers, dict):
+            raise ValueError("not an object")
+        return {str(k): int(v) for k, v in numbers.items()}
+    except (ValueError, TypeError) as err:
+        raise RunFailed(
+            f"table {settings.table}: table property {PROTOBUF_NUMBERS_KEY} is not a JSON object of column -> "
+            f"Protobuf field number ({err}): nothing committed"
+        ) from None
+
+
+def _check_unrecorded(settings: ExportSettings, old: list[pa.Field], new: list[pa.Field]) -> None:
+    """Refuse a new Protobuf field that may be a column renamed: its name no column's, its number none the table
+    records, while a column whose number the table does not record is not in the new schema. Without that number
+    the export cannot tell a renamed field from a removed one and an added one.
+
+    Raises:
+        RunFailed: one line naming the field(s), the column(s), and what to do.
+    """
+    known = {f.name for f in old}
+    recorded = {f.metadata[NUMBER_KEY] for f in old if f.metadata and NUMBER_KEY in f.metadata}
+    names = {f.name for f in new}
+    numbered = [f for f in new if f.metadata and NUMBER_KEY in f.metadata]
+    fresh = [f for f in numbered if f.name not in known and f.metadata[NUMBER_KEY] not in recorded]
+    unnumbered = [f.name for f in old if not (f.metadata and NUMBER_KEY in f.metadata) and f.name not in names]
+    if fresh and unnumbered:
+        what = ", ".join(f"{f.name} (number {f.metadata[NUMBER_KEY].decode()})" for f in fresh)
+        raise RunFailed(
+            f"table {settings.table} records no Protobuf field number of column(s) {', '.join(unnumbered)}, which "
+            f"the new schema lacks: field(s) {what} may be one of them renamed: nothing committed; export once with "
+            "the schema file the table was made with (that run records the numbers), then with the new one"
+        )
+
+
 def json_fields(ddl: str | None) -> list[pa.Field]:
     """The table columns of a JSON value schema (DDL). Parsed by the active Spark session: an export of JSON values
     always starts Spark (`job.needs_spark`)."""
@@ -278,8 +345,10 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
             "(delta-io/delta#860): nothing committed; export it with --engine deltalake, or to a new table"
         )
     _check_key(settings, have)
-    old = [f for f in have if f.name not in own_columns(settings)]
+    recorded = recorded_numbers(settings, table)
+    old = [_numbered(f, (recorded or {}).get(f.name)) for f in have if f.name not in own_columns(settings)]
     new = typed_fields(settings, metadata=True)
+    _check_unrecorded(settings, old, new)
     merged = evolve(
         pa.struct([f.with_type(plain_type(f.type)) for f in old]),
         pa.struct([f.with_type(plain_type(f.type)) for f in new]),
@@ -308,6 +377,11 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
             )
             widen(name, now)
         _add_columns(table, settings, added)
+    columns_now = set(table.arrow_schema().names)  # a deferred column is recorded when it is added
+    numbers = {**(recorded or {}), **_numbers_of(merged)}  # a column's recorded number, a new one's, a named one's
+    numbers = {name: n for name, n in numbers.items() if name in columns_now}
+    if numbers and numbers != recorded:
+        _record_numbers(settings, table, numbers)
     want = {f.name: f for f in table_schema(settings)}
     kept = {f.name: f.type for f in merged if not pa.types.is_nested(f.type)}
     if deferred:
@@ -320,7 +394,37 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
         if w is not None and plain_type(f.type) == nullable_nested(w.type) != w.type:  # made by delta-spark
             w = w.with_type(nullable_nested(w.type))
         columns.append(f if w is None else w)
-    return pa.schema(columns)
+    return pa.schema([_numbered(f, numbers.get(f.name)) for f in columns])  # `conform` finds a renamed field
+
+
+def _numbered(f: pa.Field, number: int | None) -> pa.Field:
+    """`f` with its Protobuf field number (`NUMBER_KEY`, what `evolve` and `conform` match by) when it has one."""
+    return f if number is None else f.with_metadata({**(f.metadata or {}), NUMBER_KEY: str(number).encode()})
+
+
+def _record_numbers(settings: ExportSettings, table: LakeTable, numbers: dict[str, int]) -> None:
+    """Record the columns' Protobuf field numbers in the table (`PROTOBUF_NUMBERS_KEY`): a commit of its own. Not in
+    a Delta table with type widening, which delta-rs cannot commit to: there a later renamed field of a column added
+    since is refused (`_check_unrecorded`), not made a new column."""
+    value = _numbers_json(numbers)
+    delta = _delta_of(settings, table)
+    if delta is not None and delta_widening(delta):
+        log.warning(
+            "export: %s: delta-rs cannot record the Protobuf field numbers of columns in a table with type widening",
+            settings.table,
+        )
+        return
+    log.info("export: recording the Protobuf field numbers of %s's columns: %s", settings.table, value)
+    if delta is not None:
+        delta.alter.set_table_properties({PROTOBUF_NUMBERS_KEY: value}, raise_if_not_exists=False)
+        delta.refresh()
+        return
+    from tank_log.lakehouse.iceberg import IcebergTable
+
+    assert isinstance(table, IcebergTable)
+    with table.table.transaction() as tx:
+        tx.set_properties({PROTOBUF_NUMBERS_KEY: value})
+    table.refresh()
 
 
 def _add_columns(table: LakeTable, settings: ExportSettings, added: list[pa.Field]) -> None:
