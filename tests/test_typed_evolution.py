@@ -181,3 +181,49 @@ def test_a_renamed_protobuf_field_keeps_its_column_by_number(tmp_path, fmt, capl
     assert line == f"export_delta failed: {want}"
     t.refresh()
     assert t.version() == before and rows(table, "seq", fmt) == [(1,), (2,), (3,)]
+
+
+def test_a_table_that_records_no_protobuf_numbers(tmp_path, caplog):
+    """A Protobuf table made before the export recorded field numbers: a new field beside a column the new schema
+    lacks (a rename, or a removal and an addition?) is refused in one line, nothing committed; a run with the
+    table's own schema records the numbers, and the rename then keeps its column."""
+    base, made, table = str(tmp_path / "data"), str(tmp_path / "made"), str(tmp_path / "t")
+    v1 = proto(tmp_path, "v1.proto", "string user = 3;")
+    v2 = proto(tmp_path, "v2.proto", "string user_id = 3;")
+    write_topic(base, "clicks", {0: [click_pb(1, text3("a"))]})
+    flags = ["--data-dir", base, "--value-format", "protobuf", "--value-message", "shop.v1.Click"]
+    assert export(*flags, "--table", made, "--value-schema-file", v1) == 0
+    like = TableLocation.of(made, {}, "delta").existing()  # the same columns, no numbers recorded: made before
+    TableLocation.of(table, {}, "delta").create(like.arrow_schema(), tuple(like.partition_spec()), None)
+    caplog.clear()
+    assert export(*flags, "--table", table, "--value-schema-file", v2) == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith(
+        f"export_delta failed: table {table} records no Protobuf field number of column(s) user, which the new "
+        "schema lacks: field(s) user_id (number 3) may be one of them renamed: nothing committed; export once with "
+        "the schema file the table was made with"
+    ), line
+    assert rows(table, "seq") == []
+    assert export(*flags, "--table", table, "--value-schema-file", v1) == 0  # records the numbers
+    roll_and_append(base, "clicks", [click_pb(2, text3("b"))])
+    assert export(*flags, "--table", table, "--value-schema-file", v2) == 0
+    assert rows(table, "seq,user") == [(1, "a"), (2, "b")]
+    assert "user_id" not in TableLocation.of(table, {}, "delta").existing().arrow_schema().names
+
+
+def test_an_iceberg_table_with_a_struct_key_column_gains_a_column(tmp_path):
+    """An Iceberg table's struct column (an Avro key) is compared without its fields' ids (they follow the columns
+    the table had when it was added): a newer value schema adds a column, and the export goes on."""
+    key = str(tmp_path / "key.avsc")
+    json.dump({"type": "record", "name": "K", "fields": [{"name": "id", "type": "long"}]}, open(key, "w"))
+    base, table = str(tmp_path / "data"), str(tmp_path / "t")
+    os.makedirs(os.path.join(base, "clicks", "0"))
+    msgs = [Message(1, TS, avro(key, {"id": 1}), avro(SMALL, {"user": 1, "page": "/p", "ms": 1}))]
+    write_segment(os.path.join(base, "clicks", "0"), msgs, active=True, ts=TS // 1000)
+    common = ["--data-dir", base, "--table", table, "--format", "iceberg", "--value-format", "avro",
+              "--key-format", "avro", "--key-schema-file", key]  # fmt: skip
+    assert export(*common, "--value-schema-file", SMALL) == 0
+    v2 = schema_file(tmp_path, "v2.avsc", [{"name": "referrer", "type": ["null", "string"], "default": None}])
+    roll_and_append(base, "clicks", [avro(v2, {"user": 2, "page": "/q", "ms": 2, "referrer": "r"})])  # key b"n": 55
+    assert export(*common, "--value-schema-file", v2) == 0
+    assert rows(table, "seq,key,referrer", "iceberg") == [(1, {"id": 1}, None), (2, {"id": 55}, "r")]
