@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import ROOT, copy_tree, data_dir, free_port, load_dump, run_job_script, wait_for_port
@@ -141,11 +142,17 @@ def test_the_export_runs_through_spark_connect_exactly_once(connect_url, tmp_pat
     assert rows() == sorted(expected + appended) and DeltaTable(table).version() == version + 1
     assert export(3)["summary"]["rows"] == 0 and DeltaTable(table).version() == version + 1
 
-    for job, more, why in [
+    refused = [
         ("export_delta", ["--engine", "spark"], "--engine spark"),
         ("export_delta", ["--remote", "localhost:15002"], "sc://HOST:PORT"),
         ("compact", [], "RDDs"),
-    ]:
-        r = run_job_script(job, *args, *more) if job == "export_delta" else run_job_script(job, *args[:4])
-        assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
+    ]
+    with ThreadPoolExecutor(len(refused)) as pool:  # each refused before it starts anything: side by side
+        runs = [
+            pool.submit(run_job_script, job, *(args + more if job == "export_delta" else args[:4]))
+            for job, more, _ in refused
+        ]
+        for (_, _, why), run in zip(refused, runs, strict=True):
+            r = run.result()
+            assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr[-3000:]
     assert rows() == sorted(expected + appended)
