@@ -285,6 +285,11 @@ def test_iceberg_tables_merge_through_spark_as_through_pyiceberg(spark, tmp_path
     assert export(*args, "--table", once) == 0
     assert iceberg_state(ice) == state(once) != want
     assert iceberg_versions(ice) == versions(spark, once)
+    by_pyiceberg = str(tmp_path / "by_pyiceberg")  # and into Iceberg: every column, typed as pyiceberg writes them
+    assert export(*args, "--table", by_pyiceberg, "--format", "iceberg") == 0
+    every = [("partition", "ascending"), ("key", "ascending")]
+    got, written = (iceberg_table(t).scan().to_arrow().sort_by(every) for t in (ice, by_pyiceberg))
+    assert got.schema == written.schema and got.to_pylist() == written.to_pylist()
     metadata = iceberg_table(ice).metadata_location.removeprefix("file://")
     duck = duckdb_with("avro", "iceberg").execute(
         f"SELECT topic, partition, key, seq, value FROM iceberg_scan('{metadata}')"
