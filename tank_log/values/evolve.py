@@ -5,8 +5,9 @@ Compatible: an added field (a nullable column; older rows hold null), a removed 
 nullable), a widened type (int8 → int16 → int32 → int64, float32 → float64, any int → float64, a decimal with more
 digits at the same scale), a narrowed one (the column keeps its wider type), a nullable field made required or the
 other way round (the column is nullable), a renamed field that is the same field (an Avro alias naming the
-column, the same Protobuf field number): the column keeps its name. Nested structs, lists and maps follow the same
-rules. Anything else raises IncompatibleSchema naming the field's path and both types.
+column, the same Protobuf field number): the column keeps its name. A field of a column's name is another field
+when both have Protobuf numbers and they differ. Nested structs, lists and maps follow the same rules. Anything
+else raises IncompatibleSchema naming the field's path (and a renamed field's new name) and both types.
 """
 
 from __future__ import annotations

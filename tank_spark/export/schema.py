@@ -321,10 +321,14 @@ def evolved_schema(settings: ExportSettings, table: LakeTable) -> pa.Schema:
     (`tank_log.values.evolve`): fields the new schema adds become nullable columns of the table (Delta: a schema
     change commit; Iceberg: `update_schema`, new field ids, the others kept), fields it dropped stay (null in new
     rows), a widened type widens the column in place (Iceberg: `widen_column`; Delta: delta-spark's typeWidening
-    table feature, `--engine spark` only: `_widen_delta`). The table's column order is kept.
+    table feature, `--engine spark` only: `_widen_delta`). The table's column order is kept. Protobuf values: a
+    column is matched by the field number the table records of it (`PROTOBUF_NUMBERS_KEY`), so a renamed field
+    keeps its column; the numbers of new columns are recorded, and on the returned schema's columns (`conform`).
 
     Raises:
         IncompatibleSchema: a field changed incompatibly (the field's path and both types; nothing committed).
+        RunFailed: a new Protobuf field that may be a column whose number the table does not record, renamed
+            (`_check_unrecorded`).
         RunFailed: a widening this engine or format cannot make (the field and both types; nothing committed).
         JobConfigError: a Delta table with type widening, which delta-rs neither reads nor writes, on its path.
     """
