@@ -282,12 +282,20 @@ def _partition_rows(
     `topic` and `partition` columns, a batch at a time."""
     counts: dict[str, dict[int, int]] = {}
     for batch in _scan(dataset, ["topic", "partition"], rows_of, topic):
-        tally = pa.table({"topic": batch["topic"].cast(pa.string()), "partition": batch["partition"]})
-        tally = tally.group_by(["topic", "partition"]).aggregate([([], "count_all")])
-        for t, pid, n in zip(*(tally[c].to_pylist() for c in ("topic", "partition", "count_all")), strict=True):
-            if t is not None and pid is not None:
-                of = counts.setdefault(str(t), {})
-                of[int(pid)] = of.get(int(pid), 0) + n
+        names = pc.unique(batch["topic"]).to_pylist()
+        if len(names) == 1:  # a file of one topic: no row's topic is looked at again
+            groups = [(names[0], batch["partition"])]
+        else:
+            of_row = batch["topic"].cast(pa.string())
+            groups = [(t, batch["partition"].filter(pc.equal(of_row, t))) for t in names if t is not None]
+        for t, pids in groups:
+            if t is None:
+                continue
+            tally = pc.value_counts(pids)
+            of = counts.setdefault(str(t), {})
+            for pid, n in zip(tally.field("values").to_pylist(), tally.field("counts").to_pylist(), strict=True):
+                if pid is not None:
+                    of[int(pid)] = of.get(int(pid), 0) + n
     return counts
 
 
