@@ -235,12 +235,16 @@ def merge_with_iceberg_spark(
             read = None if staged[0].parent_id is None else f"{name} VERSION AS OF {staged[0].parent_id}"
         else:
             read = None if table.version() == 0 else name
+        t1 = time.monotonic()
         metrics = _merge_counts(spark, view, read, match, gone)
     finally:
         spark.conf.unset("spark.wap.id")
         spark.catalog.dropTempView(view)
-    took = time.monotonic() - t0
-    log.info("export: Spark's Iceberg MERGE of %d keys staged in %.2fs (wap.id %s)", source.num_rows, took, run_id)
+    took, counted = t1 - t0, time.monotonic() - t1
+    log.info(
+        "export: Spark's Iceberg MERGE of %d keys staged in %.2fs, counted in %.2fs (wap.id %s)",
+        source.num_rows, took, counted, run_id,
+    )  # fmt: skip
     crash_before_commit(source.num_rows)  # test hook
     if not staged:  # nothing to publish: the versions alone, if the MERGE had nothing to change
         if any(metrics.values()):
