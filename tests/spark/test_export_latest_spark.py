@@ -3,7 +3,10 @@ as the deltalake engine computes them, applied by delta-spark's MERGE with each 
 MERGE's own commit (Delta's idempotent DML). On the two-partition `kvlive` topic of B2_compaction_live (keys,
 updates, tombstones): the same table as the deltalake engine's, both engines taking turns on one table, a rerun
 merging nothing, a run killed between its two partitions' MERGEs then rerun, typed Avro values with bad newer ones;
-`tank-log audit` of each table says ok. The runs share the suite's Spark session, but for the killed one."""
+`tank-log audit` of each table says ok. Iceberg tables (tank_spark/export/iceberg_spark.py, `merge_with_iceberg_spark`):
+Spark SQL's MERGE staged and published by one pyiceberg commit with the versions, the same scenario plus a commit of
+another writer between staging and publishing, a MERGE that changes nothing, a table in a REST catalog, and a
+merge-on-read table refused. The runs share the suite's Spark session, but for the killed ones."""
 
 import json
 import os
