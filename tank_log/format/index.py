@@ -172,7 +172,7 @@ def disagreeing_entries(entries: np.ndarray, starts: np.ndarray, firsts: np.ndar
     if not len(starts):
         return np.arange(len(entries))
     offs = entries[:, 1]
-    pos = np.minimum(np.searchsorted(starts, offs), len(starts) - 1)  # past the last start: it cannot be equal
+    pos = np.minimum(starts.searchsorted(offs), len(starts) - 1)  # past the last start: it cannot be equal
     ok = starts[pos] == offs
     ok &= firsts[pos] == (entries[:, 0] + base).astype(np.uint64)
     return np.flatnonzero(~ok)

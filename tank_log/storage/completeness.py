@@ -164,7 +164,7 @@ class SegmentAudit:
             return
         if seq is None:
             counts = table.counts
-            count = int(counts.sum())
+            count = int(np.add.reduce(counts))  # no numpy dispatch: once per walked chunk of every read
             if not count:
                 lo, hi = None, None
             elif counts[0] and counts[-1]:
@@ -188,7 +188,7 @@ class SegmentAudit:
             return
         offs = self._offsets
         if self._increasing:
-            first, stop = np.searchsorted(offs, (lo, self.end)).tolist()
+            first, stop = offs.searchsorted((lo, self.end)).tolist()
             inside = self.entries[first:stop]
         else:
             inside = self.entries[(offs >= lo) & (offs < self.end)]
