@@ -238,9 +238,14 @@ class DeltaLakeTable(DeltaTable):
         """The current version's rows, INT96 timestamps read as microseconds (delta-spark wrote them by default
         before the export set TIMESTAMP_MICROS): Arrow's default, nanoseconds, wraps any ts past 2262-04-11."""
         import pyarrow.dataset as pads
+        from deltalake.exceptions import DeltaProtocolError
 
         kwargs.setdefault("parquet_read_options", pads.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-        return _sound_guarantees(self, super().to_pyarrow_dataset(*args, **kwargs))
+        try:
+            dataset = super().to_pyarrow_dataset(*args, **kwargs)
+        except DeltaProtocolError as err:  # a reader feature delta-rs lacks (typeWidening): never a wrong read
+            raise TableUnreadable(f"{self.location}: delta-rs cannot read the table's rows: {err}") from None
+        return _sound_guarantees(self, dataset)
 
     def refresh(self) -> None:
         self.update_incremental()
@@ -476,6 +481,7 @@ class DeltaLakeTable(DeltaTable):
 
     def compact_files(self, target_bytes: int, *, dry_run: bool) -> UpkeepStep:
         """delta-rs optimize: one commit; readers and app transactions are unaffected."""
+        self._check_maintainable("optimize")
         files, size = self.live_files()
         if dry_run:
             return UpkeepStep("optimize", files, size, files, size, dry_run=True)
@@ -493,9 +499,19 @@ class DeltaLakeTable(DeltaTable):
         removed, written = metrics.get("numFilesRemoved"), metrics.get("numFilesAdded")
         return UpkeepStep("optimize", files, size, *after, files_removed=removed, files_written=written)
 
+    def _check_maintainable(self, step: str) -> None:
+        """Refuse, before any file is written or deleted, a table with a feature delta-rs cannot commit to."""
+        unsupported = sorted(table_features(self) - APPENDABLE_FEATURES)
+        if unsupported:
+            raise JobConfigError(
+                f"{self.location}: --{step}: the table uses table feature(s) {', '.join(unsupported)}, which delta-rs "
+                f"cannot commit to; run delta-spark's {step.upper()} on it instead"
+            )
+
     def remove_unreferenced(self, retention_ms: int, *, dry_run: bool) -> UpkeepStep:
         """delta-rs vacuum: files removed by optimize or an overwrite, once no version within the retention needs
         them; files and bytes are every data file in storage."""
+        self._check_maintainable("vacuum")
         stored = {f.rel: f.size for f in self.location.data_files()}
         before = (len(stored), sum(stored.values()))
         hours = -(-retention_ms // 3_600_000)  # delta-rs takes whole hours: round up, never below what was asked

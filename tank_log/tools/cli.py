@@ -206,7 +206,11 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     if table is None:
         raise UsageError(f"{location}: no {fmt} table there")
     dead = locate(_dead_letter_table(args, name), options, fmt, catalog, source).open()  # typed values'
-    report = audit_table(args.path, table, str(location), args.topics, source, dead)
+    try:
+        report = audit_table(args.path, table, str(location), args.topics, source, dead)
+    except TableUnreadable as err:  # e.g. a reader feature delta-rs lacks: what the table holds is unknown
+        print(f"tank-log audit: {err}".splitlines()[0], file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:

@@ -14,7 +14,8 @@ from conftest import ROOT, duckdb_with
 from test_delta_spark import export_on
 
 from tank_log.errors import IncompatibleSchema, RunFailed
-from tank_log.lakehouse import TableLocation
+from tank_log.lakehouse import TableLocation, TableUnreadable
+from tank_log.tools.cli import main as cli_main
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 from test_typed_evolution import roll_and_append, schema_file  # noqa: E402
@@ -48,7 +49,7 @@ def test_an_int_widened_to_long_widens_the_delta_column(spark, tmp_path, capsys)
     scan = f"delta_scan('{table}')"
     assert con.execute(f"SELECT typeof(ms) FROM {scan} LIMIT 1").fetchone() == ("BIGINT",)
     assert con.execute(f"SELECT seq, ms, geo.lat FROM {scan} ORDER BY seq").fetchall() == want
-    with pytest.raises(Exception, match="typeWidening"):  # delta-rs refuses to read the rows: no wrong read
+    with pytest.raises(TableUnreadable, match="typeWidening"):  # delta-rs refuses to read the rows: no wrong read
         delta.to_pyarrow_dataset()
 
     # the deltalake engine refuses the table in one line; the older, narrower schema writes by --engine spark
@@ -58,6 +59,16 @@ def test_an_int_widened_to_long_widens_the_delta_column(spark, tmp_path, capsys)
     assert export(*common, "--value-schema-file", v1) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert "table feature typeWidening" in line and "--engine spark" in line, line
+    assert TableLocation.of(table, {}, "delta").existing().version() == version
+    # what else delta-rs would do on the table is refused in one line too, nothing written: the audit (its rows
+    # cannot be read: exit 1) and the upkeep (delta-rs cannot commit: exit 2)
+    assert cli_main(["audit", "--table", table, base]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "delta-rs cannot read the table's rows" in line and "typeWidening" in line, line
+    for step in (["--optimize"], ["--vacuum", "168h"]):
+        assert export("--data-dir", base, "--table", table, "--upkeep-only", *step) == 2
+        (line,) = [x for x in capsys.readouterr().err.splitlines() if "typeWidening" in x]
+        assert f"{step[0]}: the table uses table feature(s) typeWidening" in line, line
     assert TableLocation.of(table, {}, "delta").existing().version() == version
     _, summary = export_on(spark, *common, "--value-schema-file", v1, "--engine", "spark")
     assert summary["rows"] == 1, summary
