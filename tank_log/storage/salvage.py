@@ -37,9 +37,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from tank_log.errors import NeedsAttention, TankFormatError
 from tank_log.format.bundle import BundleHeader
-from tank_log.format.decode import INCOMPLETE, decode_messages, walk_bundles
+from tank_log.format.codecs import CODECS
+from tank_log.format.decode import INCOMPLETE, MIN_MESSAGE_BYTES, decode_messages, walk_bundles
 from tank_log.format.index import build_rebuild_rule, encode_index, read_index
 from tank_log.format.names import (
     SIDE_FILE,
@@ -51,6 +54,7 @@ from tank_log.format.names import (
     segment_logs,
     side_file_name,
 )
+from tank_log.format.varint import U64_MAX, decode_varint
 from tank_log.storage.fsutil import StepHook, atomic_write, fsync_dir, write_temp_then_rename
 from tank_log.storage.segment import Segment, Tail
 
@@ -89,10 +93,38 @@ def data_beyond_break(seg: Segment, tail: Tail) -> DataBeyond | None:
     with open(seg.path, "rb") as fh:
         fh.seek(tail.valid_end)
         buf = fh.read(min(tail.torn_bytes, RESYNC_SCAN_BYTES))
-    for p in range(1, len(buf) - 2):
-        if _chain_at(buf, p, tail.next_seq, reaches_eof=tail.valid_end + len(buf) == tail.file_size):
-            return DataBeyond(tail.valid_end + p, "complete bundles resume")
+    p = resync_offset(buf, tail.next_seq, reaches_eof=tail.valid_end + len(buf) == tail.file_size)
+    return None if p is None else DataBeyond(tail.valid_end + p, "complete bundles resume")
+
+
+def resync_offset(buf: bytes, next_seq: int, *, reaches_eof: bool) -> int | None:
+    """The first offset p in 1..len(buf)-3 where a chain of bundles resumes (`_chain_at`), or None.
+
+    `_chain_at` runs only at the offsets `_resync_candidates` keeps: a bulk filter that rejects an offset only by a
+    rule the walk from it is certain to break, so the answer is the one of trying every offset. Offsets are
+    filtered in growing windows: data found right after the break costs little."""
+    lo, size = 1, _FIRST_WINDOW
+    while lo < len(buf) - 2:
+        hi = min(lo + size, len(buf) - 2)
+        for p in _resync_candidates(buf, lo, hi, next_seq, reaches_eof=reaches_eof).tolist():
+            if _first_bundle_decodes(buf, p, next_seq) and _chain_at(buf, p, next_seq, reaches_eof=reaches_eof):
+                return int(p)
+        lo, size = hi, min(size * 4, _CHUNK)
     return None
+
+
+def _first_bundle_decodes(buf: bytes, p: int, next_seq: int) -> bool:
+    """Whether the walk from p accepts its first bundle and its messages decode: bundles decode independently, so
+    a chain from p cannot hold otherwise. One bundle's work, where `_chain_at` walks and decodes the whole chain
+    (up to the walk's message budget) before it fails."""
+    try:
+        res = walk_bundles(buf, p, next_seq, collect=True, max_bytes=1)
+        if not len(res.table):
+            return False
+        decode_messages(res.table)
+    except TankFormatError:
+        return False
+    return True
 
 
 def _chain_at(buf: bytes, p: int, next_seq: int, *, reaches_eof: bool) -> bool:
@@ -108,6 +140,200 @@ def _chain_at(buf: bytes, p: int, next_seq: int, *, reaches_eof: bool) -> bool:
         return False
     ends_at_eof = res.stop == len(buf) and res.reason != INCOMPLETE
     return len(res.table) >= 2 or (ends_at_eof and reaches_eof)
+
+
+# what a bundle header at an offset is to the walk (§3.1, §3.3), judged on its own bytes, whatever the seqs before it
+_PASS = 0  # a complete bundle whose header may be valid: the walk may go on past it
+_STOP = 1  # the walk stops there without an error: zero length, a bundle or length varint cut by the buffer's end
+_BAD = 2  # the walk raises there: a malformed length varint, flags bit 7, an unknown codec, an impossible count...
+_HOPS = 4  # bundles of a chain the filter follows (the walk must not raise on any of them before its budget)
+_FIRST_WINDOW = 1 << 12  # offsets filtered first; each next window 4 times larger up to _CHUNK
+_CHUNK = 1 << 20  # offsets filtered at once at most: bounds the filter's temporaries (~60 bytes an offset)
+_KNOWN_CODEC = np.array([i == 0 or i in CODECS for i in range(4)])
+_SHIFT5 = np.array([0, 7, 14, 21, 28], dtype=np.int64)
+
+
+def _resync_candidates(buf: bytes, lo: int, hi: int, next_seq: int, *, reaches_eof: bool) -> np.ndarray:
+    """The offsets in lo..hi-1 (within 1..len(buf)-3), increasing, where `_chain_at` may hold. An offset is
+    dropped only when
+    - its bundle is not complete and header-valid (§3.1 length ≥ 1 within the buffer, §3.3 flags bit 7 clear, a
+      known codec, a 4-bit count that fits a plain message set, a sparse header within the bundle whose first seq
+      is non-zero and not below `next_seq`), or
+    - that bundle is the buffer's last without `reaches_eof`, or the one after it is not complete and
+      header-valid (a chain needs two bundles otherwise), or
+    - the walk raises on a later bundle of the chain while every bundle before it has a 4-bit count (so the walk's
+      message budget cannot have stopped it first)."""
+    n = len(buf)
+    a = np.frombuffer(buf, dtype=np.uint8)
+    p = np.arange(lo, hi, dtype=np.int64)
+    cls, end, small, sparse = _classify(buf, a, p)
+    ok = cls == _PASS
+    chk = np.flatnonzero(ok & sparse)
+    ok[chk] = _first_bundle_ok(a, p[chk], next_seq)
+    p, x, live = p[ok], end[ok], small[ok]
+    if not reaches_eof:
+        keep = x < n
+        p, x, live = p[keep], x[keep], live[keep]
+    cls, end, small, _ = _classify(buf, a, x)  # the second bundle (x == n: _STOP)
+    keep = (x == n) | (cls == _PASS)
+    p, x, live = p[keep], end[keep], live[keep] & small[keep] & (x[keep] < n)
+    for _ in range(_HOPS - 2):  # live: every bundle so far has a 4-bit count, and x, the next, is in the buffer
+        idx = np.flatnonzero(live & (x < n))
+        if not len(idx):
+            break
+        cls, end, small, _ = _classify(buf, a, x[idx])
+        p[idx[cls == _BAD]] = -1
+        live[:] = False
+        live[idx] = (cls == _PASS) & small
+        x[idx] = end
+    kept: np.ndarray = p[p >= 0]
+    return kept
+
+
+def _classify(buf: bytes, a: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For offsets x (0..len(buf)) of `buf`: the class of each, the end of its bundle if _PASS (else len(buf)),
+    whether it is _PASS with a 4-bit count, and whether that header is also sparse. Offsets whose length varint
+    could reach the buffer's end are classified one by one, by the walk's own varint decoder."""
+    n = len(buf)
+    near = np.flatnonzero(x >= n - 5)
+    if not len(near):
+        return _classify_bulk(a, x)
+    far = np.flatnonzero(x < n - 5)
+    cls = np.empty(len(x), dtype=np.uint8)
+    end = np.empty(len(x), dtype=np.int64)
+    small = np.empty(len(x), dtype=bool)
+    sparse = np.empty(len(x), dtype=bool)
+    cls[far], end[far], small[far], sparse[far] = _classify_bulk(a, x[far])
+    for i in near.tolist():
+        cls[i], end[i], small[i], sparse[i] = _classify_one(buf, int(x[i]))
+    return cls, end, small, sparse
+
+
+def _classify_bulk(a: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`_classify` of offsets at least 6 bytes before the end of `a`."""
+    n = len(a)
+    blen = a[x].astype(np.int64)
+    length = np.ones(len(x), dtype=np.int64)
+    bad = np.zeros(len(x), dtype=bool)
+    multi = np.flatnonzero(blen >= 0x80)  # length varints of 2..5 bytes (§3.2): decoded apart, they are rare
+    if len(multi):
+        w = a[x[multi, None] + np.arange(5)]
+        cont = w >= 0x80
+        lm = np.where(cont[:, :4].all(axis=1), 5, np.argmin(cont, axis=1) + 1)
+        parts = (w & 0x7F).astype(np.int64) << _SHIFT5
+        parts[np.arange(5)[None, :] >= lm[:, None]] = 0
+        blen[multi] = parts.sum(axis=1)
+        length[multi] = lm
+        bad[multi] = (lm == 5) & (w[:, 4] > 0x0F)
+    hp = x + length
+    end = hp + blen
+    complete = ~bad & (blen > 0) & (end <= n)
+    f = a[hp]
+    c4 = (f >> 2) & 0x0F
+    sparse = (f & 0x40) != 0
+    bad |= complete & (((f & 0x80) != 0) | ~_KNOWN_CODEC[f & 0x03])
+    bad |= complete & (c4 != 0) & ((f & 0x43) == 0) & (c4 > (blen - 1) // MIN_MESSAGE_BYTES)  # plain, §3.3
+    bad |= complete & (c4 != 0) & sparse & (blen < 9)  # the sparse first seq runs past the bundle
+    bad |= complete & (c4 != 0) & sparse & ((f & 0x03) == 0) & (c4 > (blen - 9) // MIN_MESSAGE_BYTES)
+    _first_message_flags(a, hp, end, f, c4, sparse, complete & ~bad, bad)
+    cls = np.where(bad, _BAD, np.where(complete, _PASS, _STOP)).astype(np.uint8)
+    ok = complete & ~bad
+    return cls, np.where(ok, end, n), ok & (c4 != 0), ok & (c4 != 0) & sparse
+
+
+def _varints4(a: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The varints at `pos` (§3.2) as (value, length, judged): only those of 1..4 bytes are judged."""
+    w = a[np.minimum(pos[:, None] + np.arange(4), len(a) - 1)]
+    cont = w >= 0x80
+    length = np.argmin(cont, axis=1) + 1
+    parts = (w & 0x7F).astype(np.int64) << _SHIFT5[:4]
+    parts[np.arange(4)[None, :] >= length[:, None]] = 0
+    judged: np.ndarray = ~np.all(cont, axis=1)
+    return parts.sum(axis=1), length, judged
+
+
+def _first_message_flags(
+    a: np.ndarray,
+    hp: np.ndarray,
+    end: np.ndarray,
+    f: np.ndarray,
+    c4: np.ndarray,
+    sparse: np.ndarray,
+    rows: np.ndarray,
+    bad: np.ndarray,
+) -> None:
+    """Set `bad` where a bundle of `rows` (complete, headers valid so far) cannot be walked or decoded for what the
+    start of its message set shows (§3.3–3.5): a count varint of 0, a count the plain set cannot hold, a first
+    message whose flags have unknown bits 3-7; Snappy: a block claiming fewer bytes than the count needs, not
+    starting with a literal (a copy has nothing to copy from), or whose literal starts with such flags. Headers
+    with a count varint and a sparse header, and varints of 5 bytes, are left alone."""
+    n = len(a)
+    count = c4.astype(np.int64)
+    s0 = hp + 1
+    judged = rows & ~((c4 == 0) & sparse)
+    v = np.flatnonzero(judged & (c4 == 0))  # the count in a varint (§3.3)
+    if len(v):
+        cnt, ln, ok = _varints4(a, s0[v])
+        count[v], s0[v] = cnt, s0[v] + ln
+        bad[v] |= ok & (cnt == 0) & (s0[v] <= end[v])
+        judged[v] &= ok & (cnt > 0)
+    s0 = s0 + np.where(sparse, 8, 0)
+    sp = np.flatnonzero(judged & sparse & (c4 > 1) & (s0 < end))  # last - first - 1 follows the first seq
+    if len(sp):
+        _, ln, ok = _varints4(a, s0[sp])
+        s0[sp] += ln
+        judged[sp] &= ok
+    judged &= s0 <= end
+    pl = np.flatnonzero(judged & ((f & 0x03) == 0))
+    pe, ps = end[pl], s0[pl]
+    bad[pl] |= (count[pl] > (pe - ps) // MIN_MESSAGE_BYTES) | ((ps < pe) & ((a[np.minimum(ps, n - 1)] & 0xF8) != 0))
+    sn = np.flatnonzero(judged & ((f & 0x03) == 1) & (s0 < end))
+    if not len(sn):
+        return
+    s, e = s0[sn], end[sn]
+    ulen, lv, ok = _varints4(a, s)
+    t = s + lv
+    tag = a[np.minimum(t, n - 1)].astype(np.int64)
+    m0 = t + 1 + np.where(tag >> 2 >= 60, (tag >> 2) - 59, 0)
+    first_flags = a[np.minimum(m0, n - 1)]
+    no = (count[sn] > ulen // MIN_MESSAGE_BYTES) | ((tag & 0x03) != 0) | ((m0 < e) & ((first_flags & 0xF8) != 0))
+    bad[sn] |= ok & (t < e) & no
+
+
+def _classify_one(buf: bytes, x: int) -> tuple[int, int, bool, bool]:
+    """`_classify_bulk` for one offset near the buffer's end, by the walk's own varint decoder."""
+    n = len(buf)
+    try:
+        blen, hp = decode_varint(buf, x, n)
+    except TankFormatError:
+        return (_STOP if all(b >= 0x80 for b in buf[x:]) else _BAD), n, False, False
+    if not blen or hp + blen > n:
+        return _STOP, n, False, False
+    end = hp + blen
+    f = buf[hp]
+    c4 = (f >> 2) & 0x0F
+    q = hp + 1
+    if f & 0x80 or (f & 0x03 and f & 0x03 not in CODECS):
+        return _BAD, n, False, False
+    if c4 and f & 0x40 and q + 8 > end:
+        return _BAD, n, False, False
+    if c4 and not f & 0x43 and c4 > (end - q) // MIN_MESSAGE_BYTES:
+        return _BAD, n, False, False
+    return _PASS, end, bool(c4), bool(c4 and f & 0x40)
+
+
+def _first_bundle_ok(a: np.ndarray, p: np.ndarray, next_seq: int) -> np.ndarray:
+    """Of _PASS offsets p whose headers are sparse with a 4-bit count: False where the first seq is 0 or below
+    `next_seq` (§3.3, §3.6), which the walk from p rejects."""
+    last = len(a) - 1  # a _PASS length varint ends before the buffer does: clamping only stops a run
+    length = np.ones(len(p), dtype=np.int64)
+    for i in range(1, 5):
+        length += np.all(a[np.minimum(p[:, None] + np.arange(i), last)] >= 0x80, axis=1)
+    q = p + length + 1
+    le = a[q[:, None] + np.arange(8)].astype(np.uint64) << (np.arange(8, dtype=np.uint64) * np.uint64(8))
+    first = np.bitwise_or.reduce(le, axis=1)
+    ok: np.ndarray = (first != 0) & (first >= np.uint64(min(next_seq, U64_MAX)))
+    return ok
 
 
 # ---- forward -----------------------------------------------------------------------------------------------------
