@@ -4,9 +4,11 @@
 #   bash scripts/airflow-demo.sh setup     set up only (idempotent; existing demo data is kept)
 #   bash scripts/airflow-demo.sh start     start the demo broker, the API server, the scheduler and the DAG processor
 #                                          in the background; returns once the UI serves and the DAGs are parsed
-#   bash scripts/airflow-demo.sh wait      wait until no DAG run is queued or running; print each run that finished
-#                                          since the last `wait`, with its reports; exit 1 if one of them failed
-#   bash scripts/airflow-demo.sh stop      stop the services and the demo broker
+#   bash scripts/airflow-demo.sh wait      wait until no DAG run is queued or running or about to be (an Asset event
+#                                          queued); print each run that finished since the last `wait`, with its
+#                                          reports; exit 1 if one of them failed
+#   bash scripts/airflow-demo.sh stop      stop the services (SIGTERM) and the demo broker (SIGINT); returns once no
+#                                          process of theirs is left
 #   bash scripts/airflow-demo.sh broker-start | broker-stop   the demo broker alone (the maintenance window's
 #                                          start and stop commands)
 # Everything lives under $TANK_LOG_AIRFLOW_DIR (default ./.airflow): env.sh to source, AIRFLOW_HOME (SQLite), the job
@@ -25,7 +27,7 @@ WORK=$(mkdir -p "${TANK_LOG_AIRFLOW_DIR:-.airflow}" && cd "${TANK_LOG_AIRFLOW_DI
 SERVICES=(api-server scheduler dag-processor)
 
 usage() {
-    sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
 }
 
@@ -38,7 +40,12 @@ need_setup() {
     source "$WORK/env.sh"
 }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+alive() {  # the pid file's process runs: it exists and is no zombie (one that exited, still to be reaped)
+    local pid stat
+    pid=$(cat "$1" 2>/dev/null) && [[ $pid =~ ^[0-9]+$ ]] && stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    [ "${stat%% *}" != Z ]
+}
 
 port_free() {  # $1 port, $2 what listens there, $3 the variable that sets it: exit 2 when something else has it
     if (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; then
@@ -190,33 +197,9 @@ start() {
     echo "== Airflow UI: http://127.0.0.1:$AIRFLOW__API__PORT (logs: $WORK/logs, reports: $WORK/reports)"
 }
 
-stop() {
+stop() {  # every process of each service's session, then the broker's: see scripts/airflow_demo.py, `stop`
     need_setup
-    local pids=() pid
-    for svc in "${SERVICES[@]}"; do
-        if alive "$WORK/run/$svc.pid"; then
-            pid=$(cat "$WORK/run/$svc.pid")
-            kill -TERM -- "-$pid" 2>/dev/null || true
-            pids+=("$pid")
-        fi
-    done
-    for _ in $(seq 150); do  # up to 15 s for a clean exit, then SIGKILL what is left of each service's group
-        local left=0
-        for pid in "${pids[@]}"; do kill -0 -- "-$pid" 2>/dev/null && left=1; done
-        [ "$left" = 0 ] && break
-        sleep 0.1
-    done
-    for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
-    for svc in "${SERVICES[@]}"; do rm -f "$WORK/run/$svc.pid"; done
-    [ "${#pids[@]}" = 0 ] || echo "stopped ${SERVICES[*]}"
-    if alive "$WORK/run/broker.pid"; then
-        pid=$(cat "$WORK/run/broker.pid")
-        kill -INT "$pid"
-        for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        echo "stopped the demo broker"
-    fi
-    rm -f "$WORK/run/broker.pid"
+    python "$ROOT/scripts/airflow_demo.py" stop
 }
 
 run_one() {  # set up, then one run of the nightly compaction DAG on fresh demo data, in this process

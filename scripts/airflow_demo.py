@@ -1,17 +1,23 @@
 """The demo Airflow's REST API for scripts/airflow-demo.sh (run with the environment of its env.sh):
 
 python scripts/airflow_demo.py ready   until the API server serves and the DAG processor has parsed every DAG
-python scripts/airflow_demo.py wait    until no run of a tank-log DAG is queued or running; then one line per run
-                                       that finished since the last `wait`, with what its reports say; exit 1 if
-                                       one of those runs failed, 2 if a run waits on a paused DAG
+python scripts/airflow_demo.py wait    until no run of a tank-log DAG is queued or running and no Asset event
+                                       waits to start one; then one line per run that finished since the last
+                                       `wait`, with what its reports say; exit 1 if one of those runs failed, 2 if a
+                                       run waits on a paused DAG
+python scripts/airflow_demo.py stop    SIGTERM to each service's process group, then SIGINT to the broker; returns
+                                       once no process of their sessions is left (SIGKILL after GRACE_S, said on
+                                       stderr)
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
+import signal
 import sys
 import time
 import urllib.error
@@ -33,7 +39,8 @@ PORT = int(os.environ.get("AIRFLOW__API__PORT", "8080"))
 WORK = os.environ.get("TANK_LOG_AIRFLOW_DIR", ".airflow")
 REPORTS = os.environ.get("AIRFLOW_VAR_TANK_LOG_REPORTS", os.path.join(WORK, "reports"))
 MARK = os.path.join(WORK, "run", "last-wait")  # when the last `wait` returned: older runs were shown then
-SETTLE_S = 5.0  # quiet this long before `wait` returns: the run an export's Asset event starts comes a moment later
+POLL_S = 0.2  # the API answers a poll in milliseconds
+GRACE_S = 30.0  # what `stop` gives a session to exit after its signal, before SIGKILL
 
 
 class Api:
@@ -55,10 +62,7 @@ def ready(timeout: float = 300) -> int:
     api, deadline, seen = Api(), time.monotonic() + timeout, set()
     while time.monotonic() < deadline:
         for service in SERVICES:  # one that exited will not come back: say so at once
-            pidfile = os.path.join(WORK, "run", f"{service}.pid")
-            try:
-                os.kill(int(open(pidfile).read()), 0)
-            except (OSError, ValueError):
+            if _pid(service) is None:
                 print(f"airflow-demo: {service} exited: see {WORK}/logs/{service}.log", file=sys.stderr)
                 return 1
         try:
@@ -67,7 +71,7 @@ def ready(timeout: float = 300) -> int:
                 return 0
         except (OSError, urllib.error.URLError, KeyError, ValueError):
             pass  # not serving yet
-        time.sleep(1)
+        time.sleep(POLL_S)
     missing = sorted(set(DAG_IDS) - seen)
     print(
         f"airflow-demo: after {timeout:.0f} s the API on port {PORT} lists no DAG(s) {', '.join(missing)}: "
@@ -100,13 +104,22 @@ def _report_line(path: str) -> str:
 
 
 def wait(timeout: float = 1800) -> int:
+    """Until no run of DAG_IDS is queued or running and none is about to be: an export's Asset event queues a run
+    of each unpaused DAG scheduled on it (Airflow's AssetDagRunQueue) when the export's task succeeds, before the
+    export's run ends; the scheduler creates that run and deletes the queued event in one transaction. So when one
+    look saw no active run, and a later look saw no queued event and then no active run, none is to come."""
     api, deadline = Api(), time.monotonic() + timeout
     since = open(MARK).read().strip() if os.path.exists(MARK) else ""
-    quiet_since: float | None = None
+    on_assets = [dag for dag in DAG_IDS if api.get(f"dags/{dag}/details").get("asset_expression")]
+    was_quiet = not on_assets  # without a DAG on assets, one look without an active run is enough
     while True:
-        runs = {dag: api.get(f"dags/{dag}/dagRuns?limit=100")["dag_runs"] for dag in DAG_IDS}
-        active = [(dag, r) for dag, rs in runs.items() for r in rs if r["state"] in ("queued", "running")]
-        paused = {dag for dag, _ in active if api.get(f"dags/{dag}")["is_paused"]}
+        queued = [dag for dag in on_assets if api.get(f"dags/{dag}/assets/queuedEvents")["total_entries"]]
+        runs = api.get("dags/~/dagRuns?state=queued&state=running&limit=100")["dag_runs"]
+        active = [r for r in runs if r["dag_id"] in DAG_IDS]
+        if not active and not queued and was_quiet:
+            break
+        was_quiet = not active
+        paused = {dag for dag in {r["dag_id"] for r in active} | set(queued) if api.get(f"dags/{dag}")["is_paused"]}
         if paused:
             print(
                 f"airflow-demo: runs of paused DAG(s) {', '.join(sorted(paused))} stay queued: "
@@ -114,23 +127,15 @@ def wait(timeout: float = 1800) -> int:
                 file=sys.stderr,
             )
             return 2
-        if active:
-            quiet_since = None
-            if time.monotonic() > deadline:
-                print(
-                    f"airflow-demo: still running after {timeout:.0f} s: "
-                    + ", ".join(f"{dag} {r['dag_run_id']}" for dag, r in active),
-                    file=sys.stderr,
-                )
-                return 1
-            time.sleep(2)
-            continue
-        quiet_since = quiet_since or time.monotonic()
-        if time.monotonic() - quiet_since >= SETTLE_S:
-            break
-        time.sleep(2)
+        if time.monotonic() > deadline:
+            waiting = [f"{r['dag_id']} {r['dag_run_id']}" for r in active]
+            waiting += [f"{dag} (a queued Asset event)" for dag in queued]
+            print(f"airflow-demo: still running after {timeout:.0f} s: " + ", ".join(waiting), file=sys.stderr)
+            return 1
+        time.sleep(POLL_S)
+    runs_of = {dag: api.get(f"dags/{dag}/dagRuns?limit=100")["dag_runs"] for dag in DAG_IDS}
     finished = sorted(
-        ((r["end_date"] or "", dag, r) for dag, rs in runs.items() for r in rs if (r["end_date"] or "") > since),
+        ((r["end_date"] or "", dag, r) for dag, rs in runs_of.items() for r in rs if (r["end_date"] or "") > since),
         key=lambda x: x[0],
     )
     failed = 0
@@ -150,8 +155,96 @@ def wait(timeout: float = 1800) -> int:
     return 1 if failed else 0
 
 
+def _live(sessions: set[int]) -> dict[int, list[str]]:
+    """The live processes of each session, as `pid command line`. A zombie has exited: it holds nothing, and only
+    its parent's wait() removes it, which an orphan's adopter (a container's PID 1) may never do."""
+    found: dict[int, list[str]] = {sid: [] for sid in sessions}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
+            if fields[0] in ("Z", "X") or int(fields[3]) not in found:
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            found[int(fields[3])].append(f"{name} {command[:100]}")
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return found
+
+
+def _pid(name: str) -> int | None:
+    """The session named by run/NAME.pid (its leader's pid: every process of the demo starts with `setsid`) while a
+    process of it lives. A pid file outliving its session may name a pid given since to another process: the leader
+    must have started before its pid file was written. (While a session has members, Linux gives its id to no new
+    process: a leader gone and its children not is still the demo's session.)"""
+    path = os.path.join(WORK, "run", f"{name}.pid")
+    try:
+        with open(path) as fh:
+            sid = int(fh.read())
+        written = os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+    if not _live({sid})[sid]:
+        return None
+    try:
+        with open(f"/proc/{sid}/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])  # starttime: clock ticks after boot
+        with open("/proc/stat") as fh:
+            boot = next(int(line.split()[1]) for line in fh if line.startswith("btime "))
+    except (OSError, IndexError, ValueError, StopIteration):
+        return sid  # the leader is gone (or a zombie): its session's members are left
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    return sid if started <= written + 2 else None  # btime is whole seconds
+
+
+def _stop(sessions: dict[str, int], sig: signal.Signals) -> list[str]:
+    """`sig` to each session's process group; then, once no process of theirs lives or after GRACE_S, SIGKILL to
+    every process left in them; what had to be killed."""
+    for pid in sessions.values():
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + GRACE_S
+    left = _live(set(sessions.values()))
+    while any(left.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = _live(set(sessions.values()))
+    killed = []
+    for name, pid in sessions.items():
+        for line in left[pid]:
+            try:
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+                killed.append(f"{name}: {line}")
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def stop() -> int:
+    """The services (SIGTERM: each ends its own children, e.g. the scheduler its LocalExecutor workers, which ignore
+    SIGTERM and leave when the scheduler's executor ends), then the broker (SIGINT, its clean shutdown)."""
+    services = {name: pid for name in SERVICES if (pid := _pid(name)) is not None}
+    killed = _stop(services, signal.SIGTERM)
+    for name in SERVICES:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(WORK, "run", f"{name}.pid"))
+    if services:
+        print(f"stopped {' '.join(services)}")
+    broker = _pid("broker")
+    if broker is not None:
+        killed += _stop({"broker": broker}, signal.SIGINT)
+        print("stopped the demo broker")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(WORK, "run", "broker.pid"))
+    for line in killed:
+        print(f"airflow-demo: SIGKILL after {GRACE_S:.0f} s: {line}", file=sys.stderr)
+    return 0
+
+
 if __name__ == "__main__":
-    verbs = {"ready": ready, "wait": wait}
+    verbs = {"ready": ready, "wait": wait, "stop": stop}
     if len(sys.argv) != 2 or sys.argv[1] not in verbs:
         print(f"usage: python scripts/airflow_demo.py {{{'|'.join(verbs)}}}", file=sys.stderr)
         sys.exit(2)

@@ -10,6 +10,7 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -143,13 +144,35 @@ def test_the_guides_local_demo_runs_every_dag_successfully(tmp_path):
             if f.endswith(".pid"):
                 sessions.append(int(open(os.path.join(run_dir, f)).read()))
         try:
-            run_blocks(blocks[-1:], env, log, timeout=120)  # the guide's stop
+            before = len(open(log).read()) if os.path.exists(log) else 0
+            stopped = run_blocks(blocks[-1:], env, log, timeout=120)[before:]  # the guide's stop
+            assert "SIGKILL" not in stopped, stopped  # every service and the broker ended on its signal
             left = {sid: session_processes(sid) for sid in sessions}
             assert left == dict.fromkeys(sessions, []), left
             assert not _serves(port) and not _serves(broker_port)
         finally:
             for sid in sessions:
                 kill_session(sid)
+
+
+ADOPTER = """
+import ctypes, json, os, socket, subprocess, sys, time
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: adopt the orphans; never reap them
+demo, port = sys.argv[1], int(sys.argv[2])
+subprocess.run(["bash", demo, "broker-start"], check=True, stdout=subprocess.DEVNULL)
+deadline = time.monotonic() + 60
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        break
+    except OSError:
+        assert time.monotonic() < deadline, "the broker does not serve"
+        time.sleep(0.1)
+pid = int(open(os.path.join(os.environ["TANK_LOG_AIRFLOW_DIR"], "run", "broker.pid")).read())
+start = time.monotonic()
+r = subprocess.run(["bash", demo, "stop"], capture_output=True, text=True, check=True)
+print(json.dumps([pid, time.monotonic() - start, r.stdout, r.stderr]))
+"""
 
 
 def test_with_tank_bin_the_demo_broker_runs_that_binary_and_stops_it_with_sigint(tmp_path):
@@ -207,6 +230,23 @@ def test_with_tank_bin_the_demo_broker_runs_that_binary_and_stops_it_with_sigint
             assert time.monotonic() < deadline, session_processes(pid)
             time.sleep(0.1)
         assert not _serves(broker_port)
+
+        # `stop` under a parent that adopts the orphaned broker and never reaps it (a container's PID 1 may not): the
+        # broker exits on SIGINT and stays a zombie, which `stop` must count as gone, not wait out its grace period
+        r = subprocess.run(
+            [sys.executable, "-c", ADOPTER, os.path.join(ROOT, "scripts", "airflow-demo.sh"), str(broker_port)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+        pid, took, out, err = json.loads(r.stdout)
+        assert "stopped the demo broker" in out and not err, (out, err)
+        assert took < 10, f"stop took {took:.1f} s"  # the old stop waited out its 15 s on the zombie
+        assert not session_processes(pid) and not _serves(broker_port)
+        assert not os.path.exists(os.path.join(work, "run", "broker.pid"))
     finally:
         if pid is not None:
             kill_session(pid)
