@@ -467,7 +467,7 @@ class DeltaLakeTable(DeltaTable):
                 "delta-rs does not read (its columns would come back null)"
             )
         try:
-            self.to_pyarrow_dataset()
+            DeltaTable.to_pyarrow_dataset(self)  # delta-rs's own: ours turns its refusal into TableUnreadable
         except DeltaProtocolError as err:
             raise JobConfigError(
                 f"table {self.location}: delta-rs cannot read it: {err} (Spark can drop the feature: ALTER TABLE ... "
