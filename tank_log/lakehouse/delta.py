@@ -687,6 +687,13 @@ LEGACY_WRITER_FEATURES = {
 }
 
 
+def delta_schema_json(schema: pa.Schema) -> str:
+    """An Arrow schema as Delta's JSON schema (Spark's types), as delta-rs maps the types."""
+    from deltalake import Schema
+
+    return str(Schema.from_arrow(schema).to_json())
+
+
 def table_features(table: DeltaTable) -> set[str]:
     """The writer features of the table's protocol (legacy versions below 7 translated)."""
     protocol = table.protocol()

@@ -589,9 +589,9 @@ def _quoted(name: str) -> str:
 def _ddl(spark: SparkSession, fields: list[pa.Field]) -> str:
     """`fields` as Spark SQL column definitions (`a BIGINT, b STRUCT<...>`), their types as delta-rs maps them to
     Delta's (which are Spark's, in Delta's JSON schema), printed by Spark itself."""
-    from deltalake import Schema
+    from tank_log.lakehouse.delta import delta_schema_json
 
-    as_json = Schema.from_arrow(pa.schema([f.with_nullable(True) for f in fields])).to_json()
+    as_json = delta_schema_json(pa.schema([f.with_nullable(True) for f in fields]))
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     return str(jvm.org.apache.spark.sql.types.DataType.fromJson(as_json).toDDL())
