@@ -63,15 +63,14 @@ def recorded_version(
 ) -> tuple[str, int | None]:
     """(app id, last exported seq recorded in the table for the partition of `source` — None: this host's, as the
     export's default —, None if never), as the table records it (`DeltaLakeTable.recorded` checks its history)."""
-    from pyarrow import fs
-
+    from tank_log.lakehouse.location import TableLocation
     from tank_log.lakehouse.table import default_source
 
     source = source or default_source()
     owner = table.metadata().configuration.get(LEGACY_SOURCE_KEY)
     ids = candidate_ids(table_id(table), table_path, topic, partition, source, owner)
-    filesystem, root = fs.FileSystem.from_uri(table_path)
-    return _first_recorded(app_transactions(table, filesystem, root.rstrip("/")), ids)
+    filesystem, root = TableLocation.of(table_path).filesystem()  # a relative path too, as the table was opened
+    return _first_recorded(app_transactions(table, filesystem, root), ids)
 
 
 def _first_recorded(txns: dict[str, int], ids: list[str]) -> tuple[str, int | None]:
