@@ -180,7 +180,7 @@ def write_with_delta_spark(
     path, options = loc.spark_path(), loc.spark_options()
     committed = {} if committed is None else committed
     table = loc.existing()  # one snapshot, brought up to date before each partition: opening the table each time cost
-    for p in work:  # O(table files) a partition (35 ms at 8,000 partitions), reading only new commits ~1 ms
+    for p in work:  # ~28 ms a partition at 8,000 partitions, bringing it up to date after a commit ~8 ms
         table.refresh()  # the latest version: a snapshot from planning, or the last partition's, misses other runs
         now = table.recorded_version(p.topic, p.partition)
         if now != p.previous:
