@@ -266,7 +266,10 @@ class DeltaLakeTable(DeltaTable):
         return self.recorded(topic, partition).version
 
     def claim_legacy_versions(self, source: str) -> None:
-        self.alter.set_table_properties({LEGACY_SOURCE_KEY: source}, raise_if_not_exists=False)
+        self.set_properties({LEGACY_SOURCE_KEY: source})
+
+    def set_properties(self, properties: dict[str, str]) -> None:
+        self.alter.set_table_properties(properties, raise_if_not_exists=False)
         self.update_incremental()
 
     def owns_unsourced_rows(self) -> bool:

@@ -276,8 +276,11 @@ class IcebergTable:
         return self.recorded(topic, partition).version
 
     def claim_legacy_versions(self, source: str) -> None:
+        self.set_properties({LEGACY_SOURCE_KEY: source})
+
+    def set_properties(self, properties: dict[str, str]) -> None:
         with self.table.transaction() as tx:
-            tx.set_properties({LEGACY_SOURCE_KEY: source})
+            tx.set_properties(properties)
         self.refresh()
 
     def _recording(self, tx: Any, versions: dict[str, int]) -> dict[str, str]:

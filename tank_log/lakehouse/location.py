@@ -390,6 +390,10 @@ class LakeTable(Protocol):
         """Record that the versions written before sources existed are `source`'s (`LEGACY_SOURCE_KEY`)."""
         ...
 
+    def set_properties(self, properties: dict[str, str]) -> None:
+        """Set table properties of ours (`properties`), in a commit of their own."""
+        ...
+
     def arrow_schema(self) -> pa.Schema:
         """The table's columns as Arrow."""
         ...

@@ -419,16 +419,7 @@ def _record_numbers(settings: ExportSettings, table: LakeTable, numbers: dict[st
         )
         return
     log.info("export: recording the Protobuf field numbers of %s's columns: %s", settings.table, value)
-    if delta is not None:
-        delta.alter.set_table_properties({PROTOBUF_NUMBERS_KEY: value}, raise_if_not_exists=False)
-        delta.refresh()
-        return
-    from tank_log.lakehouse.iceberg import IcebergTable
-
-    assert isinstance(table, IcebergTable)
-    with table.table.transaction() as tx:
-        tx.set_properties({PROTOBUF_NUMBERS_KEY: value})
-    table.refresh()
+    table.set_properties({PROTOBUF_NUMBERS_KEY: value})
 
 
 def _add_columns(table: LakeTable, settings: ExportSettings, added: list[pa.Field]) -> None:
