@@ -24,7 +24,6 @@ from tank_log.lakehouse.table import (
     APP_ID_PREFIX,
     LEGACY_SOURCE_KEY,
     RUN_KEY,
-    SOURCE_COLUMN,
     USER_METADATA,
     CommitConflict,
     DataFile,
@@ -36,6 +35,7 @@ from tank_log.lakehouse.table import (
     candidate_ids,
     commit_summary,
     lacks_only,
+    merge_match,
     owns_unsourced,
     summary_json,
 )
@@ -375,7 +375,7 @@ class DeltaLakeTable(DeltaTable):
         merger = (
             self.merge(
                 source,
-                predicate=" AND ".join(_matches(k, self.owns_unsourced_rows()) for k in keys),
+                predicate=" AND ".join(merge_match(k, self.owns_unsourced_rows()) for k in keys),
                 source_alias="s",
                 target_alias="t",
                 commit_properties=CommitProperties(
@@ -543,13 +543,6 @@ def _commit_info(
 
 
 _RESTORES: dict[tuple[str, int], list[tuple[int, int]]] = {}  # (table id, version) → its RESTOREs (`_Lineage`)
-
-
-def _matches(column: str, unsourced_too: bool) -> str:
-    """The MERGE's match on one key column: on `source`, rows written before sources (null) are the owner's."""
-    if column == SOURCE_COLUMN and unsourced_too:
-        return f"(t.{column} = s.{column} OR t.{column} IS NULL)"
-    return f"t.{column} = s.{column}"
 
 
 class _Lineage:

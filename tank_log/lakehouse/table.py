@@ -139,6 +139,14 @@ def owns_unsourced(source: str | None, owner: str | None) -> bool:
     return source is not None and owner in (None, source)
 
 
+def merge_match(column: str, unsourced_too: bool) -> str:
+    """A latest table's MERGE match on one key column (target `t`, source `s`), in any engine's SQL: on `source`,
+    rows written before sources (null) are the owner's (`owns_unsourced`)."""
+    if column == SOURCE_COLUMN and unsourced_too:
+        return f"(t.{column} = s.{column} OR t.{column} IS NULL)"
+    return f"t.{column} = s.{column}"
+
+
 def default_source() -> str:
     """The source of a run that declares none: this host's name."""
     return socket.gethostname().split(".")[0] or "localhost"

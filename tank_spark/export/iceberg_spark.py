@@ -197,8 +197,7 @@ def merge_with_iceberg_spark(
     """
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from tank_log.lakehouse.delta import _matches
-    from tank_log.lakehouse.table import LEGACY_SOURCE_KEY, owns_unsourced
+    from tank_log.lakehouse.table import LEGACY_SOURCE_KEY, merge_match, owns_unsourced
 
     table = settings.location.existing()
     assert isinstance(table, IcebergTable)  # the job checked the format
@@ -211,9 +210,8 @@ def merge_with_iceberg_spark(
     view = "tank_log_latest_" + re.sub(r"\W", "_", run_id)
     frame = spark.createDataFrame(source, from_arrow_schema(source.schema, prefer_timestamp_ntz=True))
     frame.createOrReplaceTempView(view)
-    match = " AND ".join(
-        _matches(k, owns_unsourced(settings.location.source, table.properties().get(LEGACY_SOURCE_KEY))) for k in keys
-    )
+    unsourced = owns_unsourced(settings.location.source, table.properties().get(LEGACY_SOURCE_KEY))
+    match = " AND ".join(merge_match(k, unsourced) for k in keys)
     columns = [f"`{c}`" for c in source.column_names if c != tombstone]
     gone = f"s.`{tombstone}`"
     t0 = time.monotonic()

@@ -366,8 +366,7 @@ def _merge_with_delta_spark(
     from delta.tables import DeltaTable
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from tank_log.lakehouse.delta import _matches
-    from tank_log.lakehouse.table import owns_unsourced
+    from tank_log.lakehouse.table import merge_match, owns_unsourced
     from tank_spark.context import FIXED_CONF
 
     loc = settings.location
@@ -402,7 +401,7 @@ def _merge_with_delta_spark(
                         spark.createDataFrame(rows, from_arrow_schema(rows.schema, prefer_timestamp_ntz=True)).alias(
                             "s"
                         ),
-                        " AND ".join(_matches(k, unsourced) for k in KEY),
+                        " AND ".join(merge_match(k, unsourced) for k in KEY),
                     )
                     .whenMatchedDelete(f"s.{TOMBSTONE} AND {newer}")
                     .whenMatchedUpdate(f"NOT s.{TOMBSTONE} AND {newer}", values)
